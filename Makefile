@@ -1,0 +1,23 @@
+# The two commands that matter:  `make demo` (three-arm demo)  and  `make test` (test suite).
+# Both create or reuse .venv through tools/setup_env.sh, which installs everything needed.
+PY := .venv/bin/python
+DEMO_CONFIG ?= configs/demo/mask_rcnn_vit_tiny.py
+DEMO_OUTPUT ?= output/demo
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-fast demo bench
+
+venv:
+	bash tools/setup_env.sh
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+
+demo: venv
+	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --arm all train.output_dir=$(DEMO_OUTPUT)
+
+bench: venv
+	$(PY) bench/run_all.py
