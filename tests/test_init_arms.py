@@ -66,6 +66,12 @@ def _timm_swin():
     return WindowAttention(dim=48, num_heads=4, window_size=4), lambda: (torch.randn(3, 16, 48),)
 
 
+def _timm_class_attn():
+    from timm.models.cait import ClassAttn
+
+    return ClassAttn(dim=48, num_heads=4, qkv_bias=True), lambda: (torch.randn(2, 9, 48),)
+
+
 LAYOUTS = {
     "d2_vit": _d2_vit,
     "d2_swin": _d2_swin,
@@ -75,6 +81,7 @@ LAYOUTS = {
     "timm_vit": _timm_vit,
     "timm_xcit": _timm_xcit,
     "timm_swin": _timm_swin,
+    "timm_class_attn": _timm_class_attn,
 }
 
 

@@ -12,6 +12,7 @@ from .sites import (
     Projection,
     find_attention,
     fused_qkv_layout,
+    separate_qkv_layout,
     register_attention_adapter,
     select_sites,
     supported_layouts,
@@ -37,6 +38,7 @@ __all__ = [
     "register_attention_adapter",
     "resolve_options",
     "select_sites",
+    "separate_qkv_layout",
     "site_generator",
     "supported_layouts",
 ]

@@ -6,6 +6,7 @@ included. Blocks are computed in float64 on the CPU and cast to each parameter's
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -145,7 +146,10 @@ def apply_init(
         )
     sites = select_sites(sites, include, exclude)
     reports = []
-    with torch.no_grad():
+    # The conditioned arm's draws are small QRs ([D_in, dh]); spreading each over OpenMP threads
+    # costs more than it saves, badly so on a busy machine. Mimetic's D x D factorizations keep them.
+    threads = 1 if arm == "conditioned" else torch.get_num_threads()
+    with torch.no_grad(), _num_threads(threads):
         for site in sites:
             generator = site_generator(seed, site.name)
             if arm == "conditioned":
@@ -156,6 +160,16 @@ def apply_init(
                 changed, note = [], ""
             reports.append(SiteReport(**site.describe(), changed=changed, note=note))
     return InitReport(arm=arm, seed=int(seed), options=resolved, sites=reports)
+
+
+@contextlib.contextmanager
+def _num_threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _write(target: torch.Tensor, value: torch.Tensor) -> None:

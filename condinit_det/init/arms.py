@@ -64,16 +64,22 @@ def mimetic_qk(z: torch.Tensor, *, alpha: float, beta: float, head_dim: int) -> 
     M = U S V^T, returns ``W_q = (U[:, :dh] sqrt(S[:dh]))^T`` (``[dh, D_in]``) and
     ``W_k = (V[:, :dh] sqrt(S[:dh]))^T`` (``[dh, D_k_in]``), so ``W_q^T W_k`` is the best rank-dh
     approximation of M.
+
+    Only the top dh right singular vectors are needed, so they come from the symmetric eigensolver
+    on M^T M (several times cheaper than a full SVD; this runs once per head), and
+    U[:, :dh] S[:dh] = M V[:, :dh].
     """
     m = alpha * z + beta * rectangular_identity(*z.shape)
     if head_dim > min(m.shape):
         raise ValueError(
             f"mimetic Q/K needs head_dim <= min(D_in, D_k_in); got head_dim={head_dim} for a {tuple(m.shape)} target"
         )
-    u, s, vh = torch.linalg.svd(m, full_matrices=False)
-    root = s[:head_dim].sqrt()
-    w_q = (u[:, :head_dim] * root).T
-    w_k = (vh[:head_dim].T * root).T
+    eigvals, eigvecs = torch.linalg.eigh(m.T @ m)  # ascending
+    v = eigvecs[:, -head_dim:].flip(-1)
+    s = eigvals[-head_dim:].flip(-1).clamp_min(0).sqrt()
+    root = s.sqrt()
+    w_q = ((m @ v) / root).T  # (U S / sqrt(S))^T = (U sqrt(S))^T
+    w_k = (v * root).T
     return w_q.contiguous(), w_k.contiguous()
 
 

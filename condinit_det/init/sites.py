@@ -29,6 +29,7 @@ __all__ = [
     "find_attention",
     "select_sites",
     "fused_qkv_layout",
+    "separate_qkv_layout",
 ]
 
 ROLES = ("q", "k", "v", "o")
@@ -212,6 +213,16 @@ def fused_qkv_layout(module: nn.Module, *, num_heads: int, qkv: str = "qkv", pro
     )
 
 
+def separate_qkv_layout(module: nn.Module, *, num_heads: int, q: str = "q", k: str = "k", v: str = "v",
+                        proj: str = "proj") -> AttentionLayout:
+    """Layout of a module with one Linear per projection (``q``, ``k``, ``v``, output ``proj``)."""
+    projections = {}
+    for role, name in zip(ROLES, (q, k, v, proj)):
+        has_bias = getattr_path(module, f"{name}.bias") is not None
+        projections[role] = Projection(f"{name}.weight", bias=f"{name}.bias" if has_bias else None)
+    return AttentionLayout(num_heads=num_heads, projections=projections)
+
+
 def _multihead_attention_layout(module: nn.MultiheadAttention) -> AttentionLayout:
     e = module.embed_dim
     bias = "in_proj_bias" if module.in_proj_bias is not None else None
@@ -338,3 +349,6 @@ for _kind, _cls in (
     ("timm_swin", "timm.models.swin_transformer.WindowAttention"),
 ):
     register_attention_adapter(_kind, _cls, lambda m: fused_qkv_layout(m, num_heads=m.num_heads))
+# Class attention of CaiT / XCiT classifiers (the class token attends to the patch tokens).
+register_attention_adapter("timm_class_attn", "timm.models.cait.ClassAttn",
+                           lambda m: separate_qkv_layout(m, num_heads=m.num_heads))

@@ -1,0 +1,158 @@
+"""yacs config keys of condinit-det (for detectron2's ``get_cfg()`` / yaml workflow).
+
+    from detectron2.config import get_cfg
+    from condinit_det.config import add_condinit_config
+    cfg = get_cfg()
+    add_condinit_config(cfg)
+    cfg.merge_from_file("configs/yacs/mask_rcnn_vit_tiny_embedded.yaml")
+    model = build_model(cfg)   # the backbone builder applies cfg.MODEL.CONDINIT's arm
+
+Keys added:
+- ``MODEL.CONDINIT``: the attention-init arm (ARM, SEED, INCLUDE, EXCLUDE) and its options.
+  Options left at ``None`` take :func:`condinit_det.init.apply_init`'s defaults; only options
+  that are set are passed, so the arm rejects options that are not its own.
+- ``MODEL.VIT``, ``MODEL.SWIN``, ``MODEL.XCIT``: backbone hyper-parameters for the builders in
+  :mod:`condinit_det.modeling.backbones`.
+- ``MODEL.SIMPLE_FPN``: the simple feature pyramid put on the single-scale ViT / XCiT output.
+- ``SOLVER.OPTIMIZER`` ("SGD" | "ADAMW"), ``SOLVER.BETAS`` and ``SOLVER.NO_WEIGHT_DECAY_KEYS``, read
+  by :func:`build_optimizer` (detectron2's yacs trainer only builds SGD).
+"""
+import torch
+
+from detectron2.config import CfgNode as CN
+from detectron2.solver.build import get_default_optimizer_params, maybe_add_gradient_clipping
+
+__all__ = ["add_condinit_config", "build_optimizer", "condinit_options"]
+
+OPTIMIZERS = ("SGD", "ADAMW")
+
+# yacs key -> apply_init keyword
+_OPTION_KEYS = {
+    "GAIN_QK": "gain_qk",
+    "GAIN_V": "gain_v",
+    "VALUE_MODE": "value_mode",
+    "CONDITION_OUTPUT": "condition_output",
+    "ALPHA1": "alpha1",
+    "BETA1": "beta1",
+    "ALPHA2": "alpha2",
+    "BETA2": "beta2",
+    "NOISE": "noise",
+}
+
+
+def add_condinit_config(cfg: CN) -> CN:
+    """Add condinit-det's keys to a detectron2 yacs config in place; returns ``cfg``.
+
+    Calling it twice is harmless (existing values are kept).
+    """
+    _C = cfg
+    if "CONDINIT" in _C.MODEL:
+        return cfg
+
+    _C.MODEL.CONDINIT = CN()
+    # False: the builders do not call apply_init at all (the stock constructor init).
+    _C.MODEL.CONDINIT.ENABLED = True
+    # "default" | "mimetic" | "conditioned"
+    _C.MODEL.CONDINIT.ARM = "default"
+    # Seed of the arm's own generator; the global RNG is never advanced.
+    _C.MODEL.CONDINIT.SEED = 0
+    # fnmatch patterns on site names as they appear in the full model (e.g. "backbone.net.*");
+    # empty list: every attention site of the backbone.
+    _C.MODEL.CONDINIT.INCLUDE = []
+    _C.MODEL.CONDINIT.EXCLUDE = []
+    # conditioned: GAIN_QK, GAIN_V (floats), VALUE_MODE ("identity" | "shared_block"),
+    # CONDITION_OUTPUT (bool). mimetic: ALPHA1, BETA1, ALPHA2, BETA2 (floats), NOISE
+    # ("normal" | "uniform"). None: the arm's default.
+    for key in _OPTION_KEYS:
+        setattr(_C.MODEL.CONDINIT, key, None)
+
+    # Plain ViT (detectron2.modeling.ViT) for build_condinit_vit_backbone.
+    _C.MODEL.VIT = CN()
+    _C.MODEL.VIT.IMG_SIZE = 1024  # input size; sizes the relative-position tables of global blocks
+    _C.MODEL.VIT.PRETRAIN_IMG_SIZE = 224  # grid of the absolute position embedding (interpolated)
+    _C.MODEL.VIT.PATCH_SIZE = 16
+    _C.MODEL.VIT.EMBED_DIM = 768
+    _C.MODEL.VIT.DEPTH = 12
+    _C.MODEL.VIT.NUM_HEADS = 12
+    _C.MODEL.VIT.MLP_RATIO = 4.0
+    _C.MODEL.VIT.QKV_BIAS = True
+    _C.MODEL.VIT.DROP_PATH_RATE = 0.1
+    _C.MODEL.VIT.WINDOW_SIZE = 14
+    _C.MODEL.VIT.WINDOW_BLOCK_INDEXES = [0, 1, 3, 4, 6, 7, 9, 10]
+    _C.MODEL.VIT.USE_REL_POS = True
+    _C.MODEL.VIT.USE_ACT_CHECKPOINT = False
+
+    # Swin (detectron2.modeling.SwinTransformer) + FPN for build_condinit_swin_fpn_backbone.
+    _C.MODEL.SWIN = CN()
+    _C.MODEL.SWIN.EMBED_DIM = 96
+    _C.MODEL.SWIN.DEPTHS = [2, 2, 6, 2]
+    _C.MODEL.SWIN.NUM_HEADS = [3, 6, 12, 24]
+    _C.MODEL.SWIN.WINDOW_SIZE = 7
+    _C.MODEL.SWIN.MLP_RATIO = 4.0
+    _C.MODEL.SWIN.QKV_BIAS = True
+    _C.MODEL.SWIN.DROP_PATH_RATE = 0.2
+    _C.MODEL.SWIN.APE = False
+    _C.MODEL.SWIN.PATCH_NORM = True
+    _C.MODEL.SWIN.OUT_FEATURES = ["p0", "p1", "p2", "p3"]  # stages p0..p3 = strides 4..32
+    _C.MODEL.SWIN.USE_CHECKPOINT = False
+
+    # XCiT (condinit_det.modeling.xcit.XCiT) for build_condinit_xcit_backbone; XCiT-S12/16 here.
+    _C.MODEL.XCIT = CN()
+    _C.MODEL.XCIT.PATCH_SIZE = 16
+    _C.MODEL.XCIT.EMBED_DIM = 384
+    _C.MODEL.XCIT.DEPTH = 12
+    _C.MODEL.XCIT.NUM_HEADS = 8
+    _C.MODEL.XCIT.MLP_RATIO = 4.0
+    _C.MODEL.XCIT.QKV_BIAS = True
+    _C.MODEL.XCIT.ETA = 1.0
+    _C.MODEL.XCIT.DROP_PATH_RATE = 0.05
+    _C.MODEL.XCIT.SYNC_BN = False
+    _C.MODEL.XCIT.USE_ACT_CHECKPOINT = False
+
+    # Simple feature pyramid on single-scale (ViT / XCiT) outputs; channels: MODEL.FPN.OUT_CHANNELS.
+    _C.MODEL.SIMPLE_FPN = CN()
+    _C.MODEL.SIMPLE_FPN.SCALE_FACTORS = [4.0, 2.0, 1.0, 0.5]
+    _C.MODEL.SIMPLE_FPN.NORM = "LN"
+    _C.MODEL.SIMPLE_FPN.SQUARE_PAD = 0  # > 0: pad inputs to this square size (ViTDet LSJ: 1024)
+    _C.MODEL.SIMPLE_FPN.TOP_BLOCK = True  # add a max-pooled level after the coarsest one
+
+    _C.SOLVER.OPTIMIZER = "SGD"
+    _C.SOLVER.BETAS = (0.9, 0.999)  # ADAMW only
+    # Parameter names (last component, e.g. "relative_position_bias_table") without weight decay.
+    _C.SOLVER.NO_WEIGHT_DECAY_KEYS = []
+    return cfg
+
+
+def build_optimizer(cfg: CN, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """SGD or AdamW per ``SOLVER.OPTIMIZER``, with detectron2's parameter groups and gradient clipping.
+
+    Norm layers use ``SOLVER.WEIGHT_DECAY_NORM``, biases ``SOLVER.BIAS_LR_FACTOR`` /
+    ``WEIGHT_DECAY_BIAS``, and parameters named in ``SOLVER.NO_WEIGHT_DECAY_KEYS`` no weight decay.
+    """
+    name = str(cfg.SOLVER.OPTIMIZER).upper()
+    if name not in OPTIMIZERS:
+        raise ValueError(f"SOLVER.OPTIMIZER={cfg.SOLVER.OPTIMIZER!r} is not supported; accepted: {OPTIMIZERS}")
+    params = get_default_optimizer_params(
+        model,
+        base_lr=cfg.SOLVER.BASE_LR,
+        weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_NORM,
+        bias_lr_factor=cfg.SOLVER.BIAS_LR_FACTOR,
+        weight_decay_bias=cfg.SOLVER.WEIGHT_DECAY_BIAS,
+        overrides={key: {"weight_decay": 0.0} for key in cfg.SOLVER.NO_WEIGHT_DECAY_KEYS},
+    )
+    if name == "SGD":
+        return maybe_add_gradient_clipping(cfg, torch.optim.SGD)(
+            params,
+            lr=cfg.SOLVER.BASE_LR,
+            momentum=cfg.SOLVER.MOMENTUM,
+            nesterov=cfg.SOLVER.NESTEROV,
+            weight_decay=cfg.SOLVER.WEIGHT_DECAY,
+        )
+    return maybe_add_gradient_clipping(cfg, torch.optim.AdamW)(
+        params, lr=cfg.SOLVER.BASE_LR, betas=tuple(cfg.SOLVER.BETAS), weight_decay=cfg.SOLVER.WEIGHT_DECAY
+    )
+
+
+def condinit_options(node: CN) -> dict:
+    """``apply_init`` keyword options from a ``MODEL.CONDINIT`` node (the keys that are set)."""
+    return {kw: node[key] for key, kw in _OPTION_KEYS.items() if node.get(key) is not None}

@@ -1,0 +1,175 @@
+"""yacs-config backbone builders (``MODEL.BACKBONE.NAME``) that apply the attention-init arm.
+
+Registered in detectron2's ``BACKBONE_REGISTRY`` (importing this module registers them):
+
+- ``build_condinit_vit_backbone``: detectron2 ``ViT`` + ``SimpleFeaturePyramid`` (ViTDet).
+- ``build_condinit_swin_fpn_backbone``: detectron2 ``SwinTransformer`` + ``FPN``.
+- ``build_condinit_xcit_backbone``: :class:`condinit_det.modeling.xcit.XCiT` + ``SimpleFeaturePyramid``.
+
+Each builds the backbone with its constructor's init and then applies ``MODEL.CONDINIT``'s arm
+with :func:`condinit_det.init.apply_init`, before detectron2 builds the heads and before any
+checkpoint is loaded. Site names are those of the full model (``backbone.net.blocks.0.attn``),
+so ``MODEL.CONDINIT.INCLUDE`` patterns read the same as the lazy configs' ``condinit.include``.
+The arm draws from its own generator, so the rest of the model is initialized exactly as
+without it. The report is kept on ``backbone.condinit_report``. Requires
+:func:`condinit_det.config.add_condinit_config`.
+"""
+import logging
+import math
+from functools import partial
+
+import torch.nn as nn
+
+from detectron2.layers import ShapeSpec
+from detectron2.modeling import BACKBONE_REGISTRY, FPN, Backbone, SimpleFeaturePyramid, SwinTransformer, ViT
+from detectron2.modeling.backbone.fpn import LastLevelMaxPool
+
+from ..config import condinit_options
+from ..init import apply_init
+from .xcit import XCiT
+
+__all__ = [
+    "apply_condinit_cfg",
+    "build_condinit_vit_backbone",
+    "build_condinit_swin_fpn_backbone",
+    "build_condinit_xcit_backbone",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _check_cfg(cfg) -> None:
+    if "CONDINIT" not in cfg.MODEL:
+        raise KeyError(
+            "cfg.MODEL.CONDINIT is missing: call condinit_det.config.add_condinit_config(cfg) "
+            "before merging the yaml and building the model"
+        )
+
+
+def apply_condinit_cfg(cfg, backbone: Backbone) -> Backbone:
+    """Apply ``cfg.MODEL.CONDINIT``'s arm to ``backbone`` (as ``model.backbone``); return it."""
+    _check_cfg(cfg)
+    node = cfg.MODEL.CONDINIT
+    if not node.ENABLED:
+        return backbone
+    # Wrap so that site names carry the "backbone." prefix they have in the built model.
+    holder = nn.Module()
+    holder.backbone = backbone
+    report = apply_init(
+        holder,
+        node.ARM,
+        seed=node.SEED,
+        include=list(node.INCLUDE) or None,
+        exclude=list(node.EXCLUDE) or None,
+        **condinit_options(node),
+    )
+    logger.info("Attention init of the backbone: %s", report.summary())
+    backbone.condinit_report = report
+    return backbone
+
+
+def _simple_feature_pyramid(cfg, net: Backbone) -> SimpleFeaturePyramid:
+    sfp = cfg.MODEL.SIMPLE_FPN
+    in_feature = net._out_features[0]
+    top_block = None
+    if sfp.TOP_BLOCK:
+        top_block = LastLevelMaxPool()
+        # Pool the coarsest pyramid level, whatever the scale factors make it (p5 for ViTDet's).
+        coarsest = net.output_shape()[in_feature].stride / min(sfp.SCALE_FACTORS)
+        top_block.in_feature = f"p{int(math.log2(coarsest))}"
+    return SimpleFeaturePyramid(
+        net=net,
+        in_feature=in_feature,
+        out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
+        scale_factors=tuple(sfp.SCALE_FACTORS),
+        top_block=top_block,
+        norm=sfp.NORM,
+        square_pad=sfp.SQUARE_PAD,
+    )
+
+
+@BACKBONE_REGISTRY.register()
+def build_condinit_vit_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
+    """ViTDet backbone (plain ViT + simple feature pyramid) from ``MODEL.VIT`` / ``MODEL.SIMPLE_FPN``."""
+    _check_cfg(cfg)
+    v = cfg.MODEL.VIT
+    net = ViT(
+        img_size=v.IMG_SIZE,
+        patch_size=v.PATCH_SIZE,
+        in_chans=input_shape.channels,
+        embed_dim=v.EMBED_DIM,
+        depth=v.DEPTH,
+        num_heads=v.NUM_HEADS,
+        mlp_ratio=v.MLP_RATIO,
+        qkv_bias=v.QKV_BIAS,
+        drop_path_rate=v.DROP_PATH_RATE,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        window_size=v.WINDOW_SIZE,
+        window_block_indexes=tuple(v.WINDOW_BLOCK_INDEXES),
+        use_rel_pos=v.USE_REL_POS,
+        use_act_checkpoint=v.USE_ACT_CHECKPOINT,
+        pretrain_img_size=v.PRETRAIN_IMG_SIZE,
+        out_feature="last_feat",
+    )
+    return apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))
+
+
+@BACKBONE_REGISTRY.register()
+def build_condinit_swin_fpn_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
+    """Swin + FPN from ``MODEL.SWIN`` / ``MODEL.FPN`` (FPN.IN_FEATURES names Swin stages p0..p3)."""
+    _check_cfg(cfg)
+    s = cfg.MODEL.SWIN
+    out_indices = []
+    for name in s.OUT_FEATURES:
+        if not (name.startswith("p") and name[1:].isdigit() and int(name[1:]) < len(s.DEPTHS)):
+            raise ValueError(
+                f"MODEL.SWIN.OUT_FEATURES entry {name!r} is not a Swin stage; accepted: "
+                f"{['p%d' % i for i in range(len(s.DEPTHS))]}"
+            )
+        out_indices.append(int(name[1:]))
+    bottom_up = SwinTransformer(
+        patch_size=4,
+        in_chans=input_shape.channels,
+        embed_dim=s.EMBED_DIM,
+        depths=tuple(s.DEPTHS),
+        num_heads=tuple(s.NUM_HEADS),
+        window_size=s.WINDOW_SIZE,
+        mlp_ratio=s.MLP_RATIO,
+        qkv_bias=s.QKV_BIAS,
+        drop_path_rate=s.DROP_PATH_RATE,
+        ape=s.APE,
+        patch_norm=s.PATCH_NORM,
+        out_indices=tuple(out_indices),
+        use_checkpoint=s.USE_CHECKPOINT,
+    )
+    backbone = FPN(
+        bottom_up=bottom_up,
+        in_features=cfg.MODEL.FPN.IN_FEATURES,
+        out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
+        norm=cfg.MODEL.FPN.NORM,
+        top_block=LastLevelMaxPool(),
+        fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
+    )
+    return apply_condinit_cfg(cfg, backbone)
+
+
+@BACKBONE_REGISTRY.register()
+def build_condinit_xcit_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
+    """XCiT + simple feature pyramid from ``MODEL.XCIT`` / ``MODEL.SIMPLE_FPN``."""
+    _check_cfg(cfg)
+    x = cfg.MODEL.XCIT
+    net = XCiT(
+        patch_size=x.PATCH_SIZE,
+        in_chans=input_shape.channels,
+        embed_dim=x.EMBED_DIM,
+        depth=x.DEPTH,
+        num_heads=x.NUM_HEADS,
+        mlp_ratio=x.MLP_RATIO,
+        qkv_bias=x.QKV_BIAS,
+        eta=x.ETA,
+        drop_path_rate=x.DROP_PATH_RATE,
+        sync_bn=x.SYNC_BN,
+        use_act_checkpoint=x.USE_ACT_CHECKPOINT,
+        out_feature="last_feat",
+    )
+    return apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))

@@ -1,0 +1,78 @@
+# XCiT-S12/16 Mask R-CNN on COCO, XCiT's 3x recipe (Swin's optimizer settings): multi-scale
+# training with random crops, AdamW (lr 1e-4, weight decay 0.05, none on norms), 36 epochs at 16
+# images per iteration, LR x0.1 at epochs 27 and 33, stochastic depth 0.05.
+#
+# Neck: detectron2's SimpleFeaturePyramid on XCiT's stride-16 output (the ViTDet neck), not XCiT's
+# own deconvolution neck on blocks 3/5/7/11, so XCiT and ViT detectors differ only in the trunk.
+# Heads: the standard Mask R-CNN FPN heads of the recipe (2fc box head, 4conv mask head).
+#
+# Trained from random initialization so the attention-init arm decides how every XCA block starts.
+# To start from an ImageNet XCiT checkpoint, convert it with
+# condinit_det.modeling.xcit.convert_timm_xcit_checkpoint (prefix "backbone.net."), save it as
+# {"model": converted} and set train.init_checkpoint to that file; it then overwrites the arm for
+# the weights it holds.
+#
+# Arm: "default" (timm's XCiT init, truncated normal std 0.02). Select another with
+# `condinit.arm=conditioned` / `condinit.arm=mimetic`, or all three with `--arm all`.
+from functools import partial
+
+import torch.nn as nn
+
+from detectron2 import model_zoo
+from detectron2.config import LazyCall as L
+from detectron2.modeling import SimpleFeaturePyramid
+from detectron2.modeling.backbone.fpn import LastLevelMaxPool
+
+from condinit_det.modeling.xcit import XCiT
+
+from ..common.coco_loader_multiscale_crop import dataloader
+from ..common.coco_schedule_epochs import multistep_epochs
+from ..common.condinit import condinit
+
+model = model_zoo.get_config("common/models/mask_rcnn_fpn.py").model
+model.backbone = L(SimpleFeaturePyramid)(
+    net=L(XCiT)(
+        patch_size=16,
+        embed_dim=384,
+        depth=12,
+        num_heads=8,
+        mlp_ratio=4.0,
+        qkv_bias=True,
+        eta=1.0,
+        drop_path_rate=0.05,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        # ~2 images per GPU: synchronize the BatchNorms of the patch embedding and LPI.
+        sync_bn=True,
+        out_feature="last_feat",
+    ),
+    in_feature="${.net.out_feature}",
+    out_channels=256,
+    # strides 4, 8, 16, 32 from the stride-16 output, plus max-pooled stride 64: p2..p6
+    scale_factors=(4.0, 2.0, 1.0, 0.5),
+    top_block=L(LastLevelMaxPool)(),
+    norm="LN",
+    # Multi-scale inputs up to 1333 px: no square canvas (ViTDet pads to 1024 for LSJ).
+    square_pad=0,
+)
+# XCiT is trained on ImageNet-normalized RGB.
+model.pixel_mean = [123.675, 116.280, 103.530]
+model.pixel_std = [58.395, 57.120, 57.375]
+model.input_format = "RGB"
+
+# Attention sites: backbone.net.blocks.{0..11}.attn (timm XCA, fused qkv).
+condinit.arm = "default"
+condinit.include = ["backbone.net.*"]
+
+train = model_zoo.get_config("common/train.py").train
+train.amp.enabled = True
+train.init_checkpoint = ""
+train.output_dir = "./output/COCO/mask_rcnn_xcit_s12_3x"
+train.max_iter, lr_multiplier = multistep_epochs(
+    epochs=36, milestone_epochs=(27, 33), images_per_batch=dataloader.train.total_batch_size, warmup_iters=500
+)
+train.checkpointer.period = 10000
+train.eval_period = 10000
+
+optimizer = model_zoo.get_config("common/optim.py").AdamW
+optimizer.lr = 1e-4
+optimizer.weight_decay = 0.05

@@ -1,0 +1,194 @@
+"""COCO lazy configs: recipes, augmentations, and that every model builds, runs and takes its arm."""
+import glob
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import detectron2.data.transforms as T
+from detectron2.config import LazyConfig, instantiate
+
+from condinit_det.evaluation import FastCOCOEvaluator
+from condinit_det.init import find_attention
+from condinit_det.modeling.arm import apply_arm_config
+from condinit_det.modeling.xcit import XCiT
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+COCO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "COCO")
+
+# config -> (site kind, number of sites, site-name prefix)
+MODELS = {
+    "mask_rcnn_vitdet_b_100ep.py": ("d2_vit", 12, "backbone.net.blocks."),
+    "mask_rcnn_swin_t_3x.py": ("d2_swin", 2 + 2 + 6 + 2, "backbone.bottom_up.layers."),
+    "mask_rcnn_swin_b_3x.py": ("d2_swin", 2 + 2 + 18 + 2, "backbone.bottom_up.layers."),
+    "mask_rcnn_xcit_s12_3x.py": ("timm_xcit", 12, "backbone.net.blocks."),
+}
+ALL_CONFIGS = sorted(MODELS) + ["mask_rcnn_vitdet_b_100ep_pretrained.py"]
+# 36 epochs of coco_2017_train (118287 images) at 16 images per iteration; steps at epochs 27, 33.
+ITERS_3X, STEPS_3X = 266146, [199609, 243967]
+
+
+def test_every_mask_rcnn_config_is_covered():
+    found = {os.path.basename(p) for p in glob.glob(os.path.join(COCO_DIR, "mask_rcnn_*.py"))}
+    assert found == set(ALL_CONFIGS)
+
+
+def _load(name):
+    return LazyConfig.load(os.path.join(COCO_DIR, name))
+
+
+def _lr_at(cfg, it):
+    return instantiate(cfg.lr_multiplier)(it / cfg.train.max_iter)
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_common_fields(name):
+    cfg = _load(name)
+    assert set(cfg) >= {"model", "dataloader", "train", "optimizer", "lr_multiplier", "condinit"}
+    assert cfg.condinit.arm == "default" and cfg.condinit.seed == 0
+    assert cfg.condinit.exclude is None and dict(cfg.condinit.options) == {}
+    assert cfg.optimizer._target_ is torch.optim.AdamW
+    assert cfg.dataloader.evaluator._target_ is FastCOCOEvaluator
+    assert cfg.dataloader.train.dataset.names == "coco_2017_train"
+    assert cfg.dataloader.test.dataset.names == "coco_2017_val"
+    assert cfg.dataloader.train.mapper.image_format == "RGB" and cfg.model.input_format == "RGB"
+    assert cfg.dataloader.train.mapper.recompute_boxes is True
+    assert cfg.train.output_dir.endswith(name[: -len(".py")])
+    assert cfg.train.amp.enabled is True
+
+
+def test_vitdet_recipe_and_pretrained_variant():
+    cfg = _load("mask_rcnn_vitdet_b_100ep.py")
+    assert cfg.train.init_checkpoint == ""
+    assert list(cfg.condinit.include) == ["backbone.net.*"]
+    assert cfg.dataloader.train.total_batch_size == 64
+    assert cfg.train.max_iter == 184375
+    sched = cfg.lr_multiplier
+    assert list(sched.scheduler.milestones) == [163889, 177546]
+    assert sched.warmup_length == pytest.approx(250 / 184375)
+    assert _lr_at(cfg, 100) < 0.5 and _lr_at(cfg, 1000) == pytest.approx(1.0)
+    assert _lr_at(cfg, 170000) == pytest.approx(0.1) and _lr_at(cfg, 180000) == pytest.approx(0.01)
+    assert cfg.optimizer.lr == 1e-4 and cfg.optimizer.weight_decay == 0.1
+    lr_factor = cfg.optimizer.params.lr_factor_func
+    assert lr_factor("backbone.net.blocks.11.mlp.fc1.weight") == pytest.approx(0.7)
+    assert lr_factor("backbone.net.patch_embed.proj.weight") == pytest.approx(0.7**13)
+    assert lr_factor("roi_heads.box_predictor.cls_score.weight") == 1.0
+    net = cfg.model.backbone.net
+    assert (net.embed_dim, net.depth, net.num_heads, net.drop_path_rate) == (768, 12, 12, 0.1)
+
+    pre = _load("mask_rcnn_vitdet_b_100ep_pretrained.py")
+    assert pre.train.init_checkpoint.startswith("detectron2://ImageNetPretrained/MAE/mae_pretrain_vit_base.pth")
+    # Same model, data, optimizer and schedule: only the starting weights differ.
+    for key in ("model", "dataloader", "optimizer", "lr_multiplier", "condinit"):
+        assert LazyConfig.to_py(pre[key], prefix=key + ".") == LazyConfig.to_py(cfg[key], prefix=key + "."), key
+    assert pre.train.max_iter == cfg.train.max_iter
+
+
+@pytest.mark.parametrize(
+    "name, backbone",
+    [
+        ("mask_rcnn_swin_t_3x.py", dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], drop_path_rate=0.2)),
+        ("mask_rcnn_swin_b_3x.py", dict(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32], drop_path_rate=0.3)),
+        ("mask_rcnn_xcit_s12_3x.py", dict(embed_dim=384, depth=12, num_heads=8, eta=1.0, drop_path_rate=0.05)),
+    ],
+)
+def test_3x_recipes(name, backbone):
+    cfg = _load(name)
+    assert cfg.train.init_checkpoint == ""
+    assert cfg.dataloader.train.total_batch_size == 16
+    assert cfg.train.max_iter == ITERS_3X
+    assert list(cfg.lr_multiplier.scheduler.milestones) == STEPS_3X
+    assert _lr_at(cfg, 10) < 0.05 and _lr_at(cfg, 600) == pytest.approx(1.0)
+    assert _lr_at(cfg, STEPS_3X[0] + 1) == pytest.approx(0.1) and _lr_at(cfg, STEPS_3X[1] + 1) == pytest.approx(0.01)
+    assert cfg.optimizer.lr == 1e-4 and cfg.optimizer.weight_decay == 0.05
+    assert cfg.optimizer.params.weight_decay_norm == 0.0
+    if "swin" in name:
+        trunk = cfg.model.backbone.bottom_up
+        assert list(cfg.condinit.include) == ["backbone.bottom_up.*"]
+        assert list(cfg.model.backbone.in_features) == ["p0", "p1", "p2", "p3"]
+        assert cfg.optimizer.params.overrides["relative_position_bias_table"] == {"weight_decay": 0.0}
+    else:
+        trunk = cfg.model.backbone.net
+        assert trunk._target_ is XCiT and trunk.patch_size == 16 and trunk.sync_bn is True
+        assert list(cfg.condinit.include) == ["backbone.net.*"]
+        assert cfg.model.backbone.square_pad == 0
+    for key, value in backbone.items():
+        got = trunk[key]
+        assert (list(got) if isinstance(value, list) else got) == value, key
+
+
+@pytest.mark.parametrize(
+    "loader, check",
+    [
+        ("coco_loader_multiscale_crop", lambda h, w: 480 <= min(h, w) <= 800 and max(h, w) <= 1333),
+        ("coco_loader_lsj", lambda h, w: h <= 1024 and w <= 1024),
+    ],
+)
+def test_train_augmentations(loader, check):
+    cfg = _load("mask_rcnn_swin_t_3x.py" if "multiscale" in loader else "mask_rcnn_vitdet_b_100ep.py")
+    augs = T.AugmentationList(instantiate(cfg.dataloader.train.mapper.augmentations))
+    rng_state = np.random.get_state()
+    np.random.seed(0)
+    try:
+        shapes = set()
+        for _ in range(12):
+            aug_input = T.AugInput(np.zeros((480, 640, 3), dtype=np.uint8))
+            augs(aug_input)
+            h, w = aug_input.image.shape[:2]
+            assert check(h, w), (h, w)
+            shapes.add((h, w))
+        assert len(shapes) > 3  # the scale is random
+    finally:
+        np.random.set_state(rng_state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_builds_takes_arm_and_runs(name):
+    kind, num_sites, prefix = MODELS[name]
+    cfg = _load(name)
+    LazyConfig.apply_overrides(cfg, ["condinit.arm=conditioned"])
+    # CPU-sized forward: no 1024 square canvas for ViTDet, 50 proposals instead of 1000.
+    if "square_pad" in cfg.model.backbone:
+        cfg.model.backbone.square_pad = 0
+    cfg.model.proposal_generator.post_nms_topk = (1000, 50)
+    torch.manual_seed(0)
+    model = instantiate(cfg.model)
+
+    backbone_sites = ["backbone." + s.name for s in find_attention(model.backbone)]
+    assert len(backbone_sites) == num_sites
+    assert [s.name for s in find_attention(model)] == backbone_sites  # no attention outside the backbone
+    assert all(n.startswith(prefix) and n.endswith(".attn") for n in backbone_sites)
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = apply_arm_config(model, cfg.condinit)
+    assert report.arm == "conditioned"
+    assert [s.name for s in report.sites] == backbone_sites
+    assert {s.kind for s in report.sites} == {kind}
+    changed = {p for s in report.sites for p in s.changed}
+    assert all(s.changed for s in report.sites)
+    after = model.state_dict()
+    for key, value in before.items():
+        if key not in changed:
+            assert torch.equal(value, after[key]), f"{key} changed outside the arm's sites"
+        elif key.endswith(".weight"):  # biases were zero and are set to zero again
+            assert not torch.equal(value, after[key]), f"{key} reported changed but equal"
+
+    # The conditioned invariant on the last site: every Q and K head block has orthonormal rows.
+    site = find_attention(model)[-1]
+    for role in ("q", "k"):
+        w = site.weight(role).double()
+        for h in range(site.num_heads):
+            block = w[h * site.head_dim:(h + 1) * site.head_dim]
+            torch.testing.assert_close(block @ block.T, torch.eye(site.head_dim, dtype=torch.float64), atol=1e-5, rtol=0)
+
+    model.eval()
+    image = torch.randint(0, 256, (3, 192, 256), generator=torch.Generator().manual_seed(0)).float()
+    with torch.no_grad():
+        out = model([{"image": image, "height": 192, "width": 256}])
+    inst = out[0]["instances"]
+    assert inst.image_size == (192, 256)
+    assert len(inst) <= 50 and inst.pred_masks.shape[1:] == (192, 256)
+    assert torch.isfinite(inst.pred_boxes.tensor).all()
