@@ -1,0 +1,164 @@
+"""Training hooks: periodic COCO AP evaluation recorded into the run's results file."""
+import logging
+import math
+import os
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from detectron2.engine import hooks
+from detectron2.utils import comm
+
+from .results import ResultsFile
+
+__all__ = ["AP_METRICS", "ap_record", "APHook", "build_best_checkpointer"]
+
+AP_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+_TASKS = ("bbox", "segm")
+
+logger = logging.getLogger(__name__)
+
+
+def _finite_or_none(value) -> Optional[float]:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def ap_record(
+    results: Mapping[str, Any],
+    *,
+    iteration: int,
+    arm: Optional[str],
+    seed: Optional[int],
+    config: Optional[str],
+    kind: str = "ap",
+) -> Dict[str, Any]:
+    """
+    A results-file record from a COCO evaluator's output.
+
+    results: ``{"bbox": {"AP": ..., ...}, "segm": {...}}`` as returned by detectron2's
+        COCOEvaluator (AP in percent). A task the evaluator did not run is stored as ``None``;
+        an undefined metric (NaN, e.g. APs without small objects) as ``None``.
+        With several test datasets (``{dataset: {"bbox": ...}}``) the first one is recorded.
+    iteration: number of completed training iterations when the model was evaluated.
+    """
+    if (
+        isinstance(results, Mapping)
+        and results
+        and not any(t in results for t in _TASKS)
+        and all(isinstance(v, Mapping) for v in results.values())
+    ):
+        results = next(iter(results.values()))
+    record: Dict[str, Any] = {
+        "kind": kind,
+        "iteration": int(iteration),
+        "arm": arm,
+        "seed": seed,
+        "config": config,
+    }
+    for task in _TASKS:
+        task_results = results.get(task) if isinstance(results, Mapping) else None
+        record[task] = (
+            None
+            if not task_results
+            else {m: _finite_or_none(task_results.get(m)) for m in AP_METRICS}
+        )
+    return record
+
+
+class APHook(hooks.EvalHook):
+    """
+    detectron2's :class:`EvalHook` (every ``eval_period`` iterations and after the last; the
+    metrics go to the event storage as ``bbox/AP``, ``segm/AP50``, ...) that also appends an
+    ``"ap"`` record to the run's ``results.json``.
+
+    Args:
+        eval_period: evaluate every this many iterations (0: only after the last one).
+        eval_function: no-argument callable returning the evaluator's nested dict of metrics.
+        results_file: where records go (written by the main process only); None: not recorded.
+        metadata: ``arm``, ``seed``, ``config`` copied into every record.
+    """
+
+    def __init__(
+        self,
+        eval_period: int,
+        eval_function: Callable[[], Optional[Mapping[str, Any]]],
+        *,
+        results_file: Optional[ResultsFile],
+        metadata: Optional[Mapping[str, Any]] = None,
+        eval_after_train: bool = True,
+    ):
+        self._evaluate = eval_function
+        self._results_file = results_file
+        self._metadata = {k: None for k in ("arm", "seed", "config")}
+        self._metadata.update(metadata or {})
+        unknown = set(self._metadata) - {"arm", "seed", "config"}
+        if unknown:
+            raise ValueError(f"APHook metadata accepts arm, seed, config; got {sorted(unknown)}")
+        super().__init__(eval_period, self._evaluate_and_record, eval_after_train=eval_after_train)
+
+    def _evaluate_and_record(self):
+        results = self._evaluate()
+        if results and self._results_file is not None and comm.is_main_process():
+            # Completed iterations: trainer.iter is the last finished one inside after_step,
+            # and already max_iter inside after_train.
+            iteration = min(self.trainer.iter + 1, self.trainer.max_iter)
+            record = ap_record(results, iteration=iteration, **self._metadata)
+            self._results_file.add(record)
+            box = (record["bbox"] or {}).get("AP")
+            mask = (record["segm"] or {}).get("AP")
+            logger.info(
+                f"Iteration {iteration}: box AP {box}, mask AP {mask} "
+                f"(arm {self._metadata['arm']}) recorded in {self._results_file.path}"
+            )
+        return results
+
+
+class _KeepLastCheckpointTag:
+    """
+    Saves through ``checkpointer`` without moving its ``last_checkpoint`` tag: --resume must
+    continue from the newest periodic checkpoint, not from ``model_best.pth``.
+    """
+
+    def __init__(self, checkpointer):
+        self._checkpointer = checkpointer
+
+    def save(self, name, **kwargs):
+        c = self._checkpointer
+        previous = c.get_checkpoint_file() if c.has_checkpoint() else None
+        c.save(name, **kwargs)
+        if not c.save_to_disk:
+            return
+        if previous:
+            c.tag_last_checkpoint(os.path.basename(previous))
+        else:
+            tag = os.path.join(c.save_dir, "last_checkpoint")
+            if os.path.exists(tag):
+                os.remove(tag)
+
+
+def build_best_checkpointer(
+    eval_period: int,
+    checkpointer,
+    *,
+    results_file: Optional[ResultsFile] = None,
+    val_metric: str = "bbox/AP",
+) -> hooks.BestCheckpointer:
+    """
+    detectron2's :class:`BestCheckpointer` keeping ``model_best.pth`` by ``val_metric``
+    (NaN/inf values are never "best"); ``last_checkpoint`` keeps pointing at the newest
+    periodic checkpoint. When the run's results file already holds evaluations
+    (a resumed run), the best so far is restored from it, so a resumed run does not replace a
+    better earlier checkpoint. Register it after the :class:`APHook`.
+    """
+    best = hooks.BestCheckpointer(
+        eval_period, _KeepLastCheckpointTag(checkpointer), val_metric, mode="max"
+    )
+    if results_file is not None and results_file.exists():
+        task, _, metric = val_metric.partition("/")
+        for r in results_file.records("ap"):
+            value = (r.get(task) or {}).get(metric)
+            if value is not None and (best.best_metric is None or value > best.best_metric):
+                best.best_metric, best.best_iter = float(value), r["iteration"]
+    return best

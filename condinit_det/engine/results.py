@@ -1,0 +1,161 @@
+"""The run's results file: ``<output_dir>/results.json``.
+
+Layout::
+
+    {"version": 1, "records": [record, ...]}
+
+A record is a JSON object with at least ``"kind"`` (str, e.g. ``"ap"``, ``"conditioning"``) and
+``"iteration"`` (int, number of completed training iterations). Records written by the
+training loop also carry ``"arm"``, ``"seed"`` and ``"config"``. A record is identified by
+``(kind, iteration, site)`` (``site`` is ``None`` when absent): adding a record with an
+existing key replaces the old one, so a resumed run that re-evaluates an iteration never
+duplicates a point and never loses earlier ones.
+
+Non-finite floats (NaN, inf; e.g. ``APs`` on a dataset without small objects) are stored
+as ``null`` so that the file is strict JSON.
+"""
+import json
+import math
+import os
+import tempfile
+import threading
+from typing import Any, Dict, Iterable, List, Optional
+
+__all__ = ["ResultsFile", "RESULTS_FILENAME"]
+
+RESULTS_FILENAME = "results.json"
+_FORMAT_VERSION = 1
+
+
+def _is_main_process() -> bool:
+    # Plain torch.distributed: this module is also used by the report tools, which must not
+    # need a distributed setup or detectron2.
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _to_json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _to_json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        return _to_json_safe(value.item())  # numpy / torch scalars
+    return value
+
+
+def _key(record: Dict[str, Any]):
+    return (record["kind"], record["iteration"], record.get("site"))
+
+
+def _sort_key(record: Dict[str, Any]):
+    site = record.get("site")
+    return (record["iteration"], record["kind"], "" if site is None else str(site))
+
+
+def _validate(record: Any) -> Dict[str, Any]:
+    if not isinstance(record, dict):
+        raise TypeError(f"A results record must be a dict, got {type(record).__name__}.")
+    kind = record.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"A results record needs a non-empty string 'kind'; got {kind!r}.")
+    iteration = record.get("iteration")
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise ValueError(
+            f"A results record needs an integer 'iteration' >= 0; got {iteration!r} "
+            f"(kind {kind!r})."
+        )
+    return record
+
+
+class ResultsFile:
+    """
+    Reader/writer of ``<output_dir>/results.json``.
+
+    Every :meth:`add` re-reads the file and rewrites it atomically (temporary file in the
+    same directory, then ``os.replace``), so several writers in one process (the AP hook, an
+    analysis hook) and a crash at any point never leave a truncated file. Only the main
+    process of a distributed job writes; on other ranks :meth:`add` does nothing.
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, output_dir: str):
+        if not output_dir:
+            raise ValueError("ResultsFile needs an output directory; got an empty path.")
+        self.output_dir = os.fspath(output_dir)
+        self.path = os.path.join(self.output_dir, RESULTS_FILENAME)
+
+    def __repr__(self):
+        return f"ResultsFile({self.path!r})"
+
+    def exists(self) -> bool:
+        return os.path.isfile(self.path)
+
+    def _load(self) -> List[Dict[str, Any]]:
+        if not self.exists():
+            return []
+        with open(self.path, "r") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{self.path} is not valid JSON ({e}); refusing to overwrite it.")
+        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+            raise ValueError(
+                f"{self.path} is not a results file: expected an object with a 'records' list."
+            )
+        return [_validate(r) for r in data["records"]]
+
+    def _write(self, records: List[Dict[str, Any]]) -> None:
+        os.makedirs(self.output_dir, exist_ok=True)
+        payload = {"version": _FORMAT_VERSION, "records": sorted(records, key=_sort_key)}
+        fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".tmp", dir=self.output_dir)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(payload, f, indent=1, allow_nan=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+
+    def add(self, record: Dict[str, Any]) -> None:
+        """Add one record, replacing any record with the same (kind, iteration, site)."""
+        self.extend([record])
+
+    def extend(self, records: Iterable[Dict[str, Any]]) -> None:
+        """Add several records with a single rewrite of the file."""
+        new = [_validate(_to_json_safe(dict(r))) for r in records]
+        if not new or not _is_main_process():
+            return
+        with self._lock:
+            merged = {_key(r): r for r in self._load()}
+            for r in new:
+                merged[_key(r)] = r
+            self._write(list(merged.values()))
+
+    def records(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
+        """Records (optionally only those of ``kind``), sorted by iteration."""
+        recs = self._load()
+        if kind is not None:
+            recs = [r for r in recs if r["kind"] == kind]
+        return sorted(recs, key=_sort_key)
+
+    def archive(self) -> Optional[str]:
+        """
+        Move an existing file aside to ``results.<n>.json.bak`` (a fresh, non-resumed run into
+        an old directory must not mix its points with the old run's). Returns the new path.
+        """
+        if not self.exists() or not _is_main_process():
+            return None
+        n = 0
+        while os.path.exists(os.path.join(self.output_dir, f"results.{n}.json.bak")):
+            n += 1
+        dst = os.path.join(self.output_dir, f"results.{n}.json.bak")
+        os.replace(self.path, dst)
+        return dst

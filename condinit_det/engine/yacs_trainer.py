@@ -1,0 +1,108 @@
+"""The yacs (``.yaml``) path of ``tools/train_net.py``: detectron2's DefaultTrainer with the arm
+applied by the backbone builders (``MODEL.CONDINIT``), the AP hook and the best checkpoint."""
+import logging
+import os
+
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.engine import DefaultTrainer, hooks
+from detectron2.utils import comm
+
+from condinit_det.evaluation import FastCOCOEvaluator
+from condinit_det.modeling.arm import ARM_REPORT_FILE
+
+from .hooks import APHook, build_best_checkpointer
+from .results import ResultsFile
+
+__all__ = ["CondinitTrainer", "run_yacs"]
+
+logger = logging.getLogger("detectron2")
+
+
+class CondinitTrainer(DefaultTrainer):
+    """
+    DefaultTrainer whose model is built by the project's backbone builders (which apply
+    ``MODEL.CONDINIT``'s arm), optimizer by :func:`condinit_det.config.build_optimizer`,
+    evaluator is COCO box (+ mask) AP, and whose evaluation hook records into ``results.json``.
+    """
+
+    def __init__(self, cfg, config_file=None):
+        self._config_file = config_file
+        super().__init__(cfg)
+
+    @classmethod
+    def build_model(cls, cfg):
+        import condinit_det.modeling.backbones  # noqa: F401  (registers the backbone builders)
+
+        model = super().build_model(cfg)
+        report = getattr(model.backbone, "condinit_report", None)
+        if report is None:
+            if cfg.MODEL.CONDINIT.ENABLED and cfg.MODEL.CONDINIT.ARM != "default":
+                raise ValueError(
+                    f"MODEL.CONDINIT.ARM={cfg.MODEL.CONDINIT.ARM} but MODEL.BACKBONE.NAME="
+                    f"{cfg.MODEL.BACKBONE.NAME} does not apply arms; use one of "
+                    "build_condinit_vit_backbone, build_condinit_swin_fpn_backbone, "
+                    "build_condinit_xcit_backbone."
+                )
+            return model
+        from .training import _log_arm_report
+
+        _log_arm_report(report, cfg.OUTPUT_DIR)
+        if comm.is_main_process() and cfg.OUTPUT_DIR:
+            report.save(os.path.join(cfg.OUTPUT_DIR, ARM_REPORT_FILE))
+        return model
+
+    @classmethod
+    def build_optimizer(cls, cfg, model):
+        from condinit_det.config import build_optimizer
+
+        return build_optimizer(cfg, model)
+
+    @classmethod
+    def build_evaluator(cls, cfg, dataset_name):
+        # pycocotools-identical metrics, computed with faster-coco-eval
+        return FastCOCOEvaluator(dataset_name, tasks=("bbox", "segm") if cfg.MODEL.MASK_ON else ("bbox",),
+                             output_dir=os.path.join(cfg.OUTPUT_DIR, "inference"))
+
+    def build_hooks(self):
+        ret = super().build_hooks()
+        period = self.cfg.TEST.EVAL_PERIOD
+        results_file = ResultsFile(self.cfg.OUTPUT_DIR)
+        metadata = {"arm": str(self.cfg.MODEL.CONDINIT.ARM), "seed": int(self.cfg.SEED),
+                    "config": self._config_file}
+        out = []
+        for h in ret:
+            if type(h) is hooks.EvalHook:
+                out.append(APHook(period, h._func, results_file=results_file, metadata=metadata))
+                if comm.is_main_process():
+                    out.append(build_best_checkpointer(period, self.checkpointer, results_file=results_file))
+            else:
+                out.append(h)
+        return out
+
+
+def _register_embedded(cfg):
+    from condinit_det.data import DATASET_NAMES, register_embedded_datasets
+
+    if set(DATASET_NAMES) & set(cfg.DATASETS.TRAIN + cfg.DATASETS.TEST):
+        register_embedded_datasets()
+
+
+def run_yacs(args, cfg):
+    """Train (or with --eval-only evaluate) one arm from a yacs config."""
+    _register_embedded(cfg)
+    if args.eval_only:
+        model = CondinitTrainer.build_model(cfg)
+        DetectionCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(
+            cfg.MODEL.WEIGHTS, resume=args.resume
+        )
+        return CondinitTrainer.test(cfg, model)
+    if not args.resume and comm.is_main_process():
+        old = ResultsFile(cfg.OUTPUT_DIR).archive()
+        if old:
+            logger.warning(f"Fresh (non --resume) run: previous results moved to {old}")
+    trainer = CondinitTrainer(cfg, config_file=args.config_file or None)
+    trainer.resume_or_load(resume=args.resume)
+    if trainer.start_iter >= trainer.max_iter:
+        logger.info(f"{cfg.OUTPUT_DIR}: training already finished ({trainer.max_iter} iterations).")
+        return None
+    return trainer.train()
