@@ -252,15 +252,7 @@ def _log_arm_report(report, output_dir):
 
 def _attention_parameters(model) -> Dict[str, List[str]]:
     """site name -> qualified names of its projection parameters."""
-    out = {}
-    for site in find_attention(model):
-        names = []
-        for proj in site.projections.values():
-            for p in (proj.weight, proj.bias):
-                if p:
-                    names.append(f"{site.name}.{p}" if site.name else p)
-        out[site.name] = sorted(set(names))
-    return out
+    return {site.name: site.parameter_names() for site in find_attention(model)}
 
 
 def _snapshot(model, names_by_site):
