@@ -1,0 +1,33 @@
+"""Every bench/ script runs end to end in its quick mode and exits with status 0."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (script under bench/, quick-mode arguments, a line the output must contain)
+BENCH_SCRIPTS = [
+    ("bench_eval.py", ["--quick"], "OK: all metrics identical within 1e-09"),
+]
+
+
+@pytest.mark.parametrize(
+    "script, args, expected", BENCH_SCRIPTS, ids=[s for s, _, _ in BENCH_SCRIPTS]
+)
+def test_bench_script_quick(script, args, expected):
+    path = os.path.join(REPO, "bench", script)
+    assert os.path.isfile(path), path
+    proc = subprocess.run(
+        [sys.executable, path, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (
+        proc.returncode == 0
+    ), f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert expected in proc.stdout, proc.stdout[-3000:]
