@@ -5,7 +5,7 @@ DEMO_CONFIG ?= configs/demo/mask_rcnn_vit_tiny.py
 DEMO_OUTPUT ?= output/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo bench
+.PHONY: venv test test-fast demo
 
 venv:
 	bash tools/setup_env.sh
@@ -18,6 +18,3 @@ test-fast: venv
 
 demo: venv
 	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --arm all train.output_dir=$(DEMO_OUTPUT)
-
-bench: venv
-	$(PY) bench/run_all.py
