@@ -1,0 +1,137 @@
+"""Set prediction loss of a DETR-style detector (DETR, Sec. 3.1 and A.2)."""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from detectron2.utils import comm
+from torch import nn
+from torchvision.ops import box_convert, generalized_box_iou, sigmoid_focal_loss
+
+from .matcher import HungarianMatcher
+
+__all__ = ["SetCriterion", "dice_loss", "num_boxes_for_normalization"]
+
+Indices = List[Tuple[torch.Tensor, torch.Tensor]]
+
+
+def dice_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over masks of 1 - soft Dice. logits, targets: [N, H, W] (targets in [0, 1])."""
+    prob = logits.sigmoid().flatten(1)
+    targets = targets.flatten(1)
+    inter = (prob * targets).sum(1)
+    return (1 - (2 * inter + 1) / (prob.sum(1) + targets.sum(1) + 1)).sum()
+
+
+def num_boxes_for_normalization(targets: List[Dict[str, torch.Tensor]], device) -> float:
+    """Average number of target boxes per worker, at least 1 (so empty batches give finite losses)."""
+    n = torch.as_tensor([float(sum(len(t["labels"]) for t in targets))], device=device)
+    if comm.get_world_size() > 1:
+        torch.distributed.all_reduce(n)
+    return max(n.item() / comm.get_world_size(), 1.0)
+
+
+def _flat_indices(indices: Indices) -> Tuple[torch.Tensor, torch.Tensor]:
+    batch = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)])
+    query = torch.cat([q for q, _ in indices])
+    return batch, query
+
+
+class SetCriterion(nn.Module):
+    """Matches predictions to targets and computes the weighted losses.
+
+    Classification: cross-entropy over C+1 classes where the "no object" class (index C) is
+    down-weighted by ``eos_coef``. Boxes: L1 and GIoU on matched pairs. Masks: sigmoid focal and
+    Dice on matched pairs. Box and mask losses are summed over matched pairs and divided by the
+    number of target boxes (at least 1); cross-entropy is a weighted mean over all queries.
+
+    Returned dict values are already multiplied by their weights, so a detectron2 trainer can
+    sum them. Auxiliary decoder layers get the same class/box losses with suffix ``_{layer}``.
+    """
+
+    def __init__(self, *, num_classes: int, matcher: HungarianMatcher, eos_coef: float = 0.1,
+                 class_weight: float = 1.0, bbox_weight: float = 5.0, giou_weight: float = 2.0,
+                 mask_focal_weight: float = 1.0, mask_dice_weight: float = 1.0,
+                 focal_alpha: float = 0.25, focal_gamma: float = 2.0):
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        if not 0 <= eos_coef <= 1:
+            raise ValueError(f"eos_coef must be in [0, 1], got {eos_coef}")
+        self.num_classes = num_classes
+        self.matcher = matcher
+        self.eos_coef = eos_coef
+        self.class_weight = class_weight
+        self.bbox_weight = bbox_weight
+        self.giou_weight = giou_weight
+        self.mask_focal_weight = mask_focal_weight
+        self.mask_dice_weight = mask_dice_weight
+        self.focal_alpha = focal_alpha
+        self.focal_gamma = focal_gamma
+        empty_weight = torch.ones(num_classes + 1)
+        empty_weight[-1] = eos_coef
+        self.register_buffer("empty_weight", empty_weight, persistent=False)
+
+    def match(self, pred_logits, pred_boxes, targets) -> Indices:
+        return self.matcher(pred_logits, pred_boxes, targets)
+
+    def detection_losses(self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor,
+                         targets: List[Dict[str, torch.Tensor]], indices: Indices,
+                         num_boxes: float, suffix: str = "") -> Dict[str, torch.Tensor]:
+        """pred_logits [B, Q, C+1], pred_boxes [B, Q, 4] (normalized cxcywh)."""
+        if pred_logits.shape[-1] != self.num_classes + 1:
+            raise ValueError(f"expected {self.num_classes + 1} class logits (incl. no-object), got "
+                             f"{pred_logits.shape[-1]}")
+        batch, query = _flat_indices(indices)
+        target_classes = torch.full(pred_logits.shape[:2], self.num_classes, dtype=torch.int64,
+                                    device=pred_logits.device)
+        matched_labels = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
+        target_classes[batch, query] = matched_labels.to(pred_logits.device)
+        loss_ce = F.cross_entropy(pred_logits.transpose(1, 2), target_classes, self.empty_weight)
+
+        src = pred_boxes[batch, query]
+        tgt = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).to(src)
+        loss_bbox = F.l1_loss(src, tgt, reduction="sum") / num_boxes
+        if len(src):
+            giou = torch.diag(generalized_box_iou(box_convert(src, "cxcywh", "xyxy"),
+                                                  box_convert(tgt, "cxcywh", "xyxy")))
+            loss_giou = (1 - giou).sum() / num_boxes
+        else:
+            loss_giou = src.sum()  # zero, but keeps the graph connected
+        return {
+            f"loss_ce{suffix}": self.class_weight * loss_ce,
+            f"loss_bbox{suffix}": self.bbox_weight * loss_bbox,
+            f"loss_giou{suffix}": self.giou_weight * loss_giou,
+        }
+
+    def mask_losses(self, mask_logits: torch.Tensor, target_masks: torch.Tensor,
+                    num_boxes: float) -> Dict[str, torch.Tensor]:
+        """mask_logits [N, h, w] of the matched queries; target_masks [N, h, w] in {0, 1}."""
+        if mask_logits.shape != target_masks.shape:
+            raise ValueError(f"mask logits {tuple(mask_logits.shape)} and targets "
+                             f"{tuple(target_masks.shape)} must have the same shape")
+        target_masks = target_masks.to(mask_logits.dtype)
+        if len(mask_logits):
+            focal = sigmoid_focal_loss(mask_logits.flatten(1), target_masks.flatten(1),
+                                       alpha=self.focal_alpha, gamma=self.focal_gamma,
+                                       reduction="none").mean(1).sum() / num_boxes
+            dice = dice_loss(mask_logits, target_masks) / num_boxes
+        else:
+            focal = dice = mask_logits.sum()
+        return {"loss_mask": self.mask_focal_weight * focal, "loss_dice": self.mask_dice_weight * dice}
+
+    def forward(self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor,
+                targets: List[Dict[str, torch.Tensor]],
+                aux_outputs: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]] = None,
+                num_boxes: Optional[float] = None):
+        """Class and box losses of the last decoder layer and of every auxiliary layer.
+
+        Returns (losses, indices of the last layer, num_boxes)."""
+        if num_boxes is None:
+            num_boxes = num_boxes_for_normalization(targets, pred_logits.device)
+        indices = self.match(pred_logits, pred_boxes, targets)
+        losses = self.detection_losses(pred_logits, pred_boxes, targets, indices, num_boxes)
+        for i, (logits_i, boxes_i) in enumerate(aux_outputs or ()):
+            idx_i = self.match(logits_i, boxes_i, targets)
+            losses.update(self.detection_losses(logits_i, boxes_i, targets, idx_i, num_boxes,
+                                                suffix=f"_{i}"))
+        return losses, indices, num_boxes

@@ -1,0 +1,256 @@
+"""DETR-style detector with instance masks as a detectron2 meta-architecture."""
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from detectron2.modeling import META_ARCH_REGISTRY, Backbone, detector_postprocess
+from detectron2.structures import BitMasks, Boxes, ImageList, Instances, PolygonMasks
+from torch import nn
+from torchvision.ops import box_convert
+
+from .criterion import SetCriterion, num_boxes_for_normalization
+from .mlp import MLP
+from .position_encoding import PositionEmbeddingSine
+from .segmentation import MaskHead
+from .transformer import Transformer
+
+__all__ = ["DETRInstanceSeg"]
+
+MASK_TRAIN_MODES = ("joint", "masks_only")
+
+
+@META_ARCH_REGISTRY.register()
+class DETRInstanceSeg(nn.Module):
+    """End-to-end set prediction: backbone -> 1x1 projection -> transformer -> per-query class,
+    box and (optionally) mask.
+
+    Module names (what ``condinit`` include/exclude patterns match):
+    ``backbone.*``, ``input_proj``, ``transformer.encoder.layers.N.self_attn``,
+    ``transformer.decoder.layers.N.self_attn``, ``transformer.decoder.layers.N.cross_attn``,
+    ``query_embed``, ``class_head``, ``box_head``, ``mask_head`` (its attention maps are not an
+    arm site, see :mod:`.segmentation`).
+
+    Args:
+        backbone: any detectron2 Backbone.
+        in_feature: name of the backbone output fed to the transformer (e.g. "last_feat", "p5").
+        transformer: :class:`Transformer`; its ``d_model`` is the hidden width D.
+        num_classes: object classes C (the classifier has C + 1 outputs, the last is "no object").
+        num_queries: learned object queries.
+        criterion: :class:`SetCriterion` (matcher and loss weights).
+        pixel_mean, pixel_std: per-channel normalization of the input image.
+        mask_head: :class:`MaskHead`, or None for boxes only.
+        mask_in_features: backbone outputs feeding the mask head's upsampling stages, coarsest
+            first; must match ``mask_head.fpn_channels``.
+        mask_train: "joint" trains everything together; "masks_only" freezes the detector and
+            trains only the mask head (DETR's two-stage recipe).
+        aux_loss: class/box losses after every decoder layer.
+        mask_threshold: probability threshold that turns mask probabilities into binary masks.
+        size_divisibility: pad batched images to a multiple of this; None uses the backbone's.
+    """
+
+    def __init__(
+        self,
+        *,
+        backbone: Backbone,
+        in_feature: str,
+        transformer: Transformer,
+        num_classes: int,
+        num_queries: int = 100,
+        criterion: SetCriterion,
+        pixel_mean: Sequence[float],
+        pixel_std: Sequence[float],
+        mask_head: Optional[MaskHead] = None,
+        mask_in_features: Sequence[str] = (),
+        mask_train: str = "joint",
+        aux_loss: bool = True,
+        mask_threshold: float = 0.5,
+        size_divisibility: Optional[int] = None,
+    ):
+        super().__init__()
+        shapes = backbone.output_shape()
+        if in_feature not in shapes:
+            raise ValueError(f"in_feature {in_feature!r} is not a backbone output; available: "
+                             f"{sorted(shapes)}")
+        if mask_train not in MASK_TRAIN_MODES:
+            raise ValueError(f"mask_train must be one of {MASK_TRAIN_MODES}, got {mask_train!r}")
+        if mask_train == "masks_only" and mask_head is None:
+            raise ValueError("mask_train='masks_only' needs a mask_head")
+        if criterion.num_classes != num_classes:
+            raise ValueError(f"criterion.num_classes ({criterion.num_classes}) != num_classes ({num_classes})")
+        mask_in_features = list(mask_in_features)
+        if mask_head is not None:
+            if len(mask_in_features) != len(mask_head.fpn_channels):
+                raise ValueError(f"mask_in_features {mask_in_features} must name one backbone output per "
+                                 f"mask_head.fpn_channels entry {mask_head.fpn_channels}")
+            for name, ch in zip(mask_in_features, mask_head.fpn_channels):
+                if name not in shapes:
+                    raise ValueError(f"mask_in_features entry {name!r} is not a backbone output; "
+                                     f"available: {sorted(shapes)}")
+                if shapes[name].channels != ch:
+                    raise ValueError(f"backbone output {name!r} has {shapes[name].channels} channels, "
+                                     f"mask_head.fpn_channels says {ch}")
+        elif mask_in_features:
+            raise ValueError("mask_in_features given without a mask_head")
+        if not 0 < mask_threshold < 1:
+            raise ValueError(f"mask_threshold must be in (0, 1), got {mask_threshold}")
+
+        hidden = transformer.d_model
+        self.backbone = backbone
+        self.in_feature = in_feature
+        self.input_proj = nn.Conv2d(shapes[in_feature].channels, hidden, kernel_size=1)
+        self.position_embedding = PositionEmbeddingSine(num_pos_feats=hidden // 2, normalize=True)
+        self.transformer = transformer
+        self.query_embed = nn.Embedding(num_queries, hidden)
+        self.class_head = nn.Linear(hidden, num_classes + 1)
+        self.box_head = MLP(hidden, hidden, 4, 3)
+        self.mask_head = mask_head
+        self.mask_in_features = mask_in_features
+        self.criterion = criterion
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.aux_loss = aux_loss
+        self.mask_train = mask_train
+        self.mask_threshold = mask_threshold
+        self.size_divisibility = size_divisibility
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
+        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
+        if self.pixel_mean.shape != self.pixel_std.shape:
+            raise ValueError(f"pixel_mean and pixel_std differ in length: {pixel_mean} vs {pixel_std}")
+        if mask_train == "masks_only":
+            for name, p in self.named_parameters():
+                if not name.startswith("mask_head."):
+                    p.requires_grad_(False)
+
+    @property
+    def device(self):
+        return self.pixel_mean.device
+
+    # ------------------------------------------------------------------ preprocessing
+    def preprocess_image(self, batched_inputs: List[Dict]) -> Tuple[ImageList, torch.Tensor]:
+        """Normalize and pad; returns the ImageList and the padding mask (bool [B, Hp, Wp],
+        True on padded pixels)."""
+        images = [(x["image"].to(self.device) - self.pixel_mean) / self.pixel_std for x in batched_inputs]
+        div = self.size_divisibility if self.size_divisibility is not None else self.backbone.size_divisibility
+        images = ImageList.from_tensors(images, div, padding_constraints=self.backbone.padding_constraints)
+        b, _, hp, wp = images.tensor.shape
+        mask = torch.ones((b, hp, wp), dtype=torch.bool, device=self.device)
+        for i, (h, w) in enumerate(images.image_sizes):
+            mask[i, :h, :w] = False
+        return images, mask
+
+    def prepare_targets(self, batched_inputs: List[Dict], images: ImageList) -> List[Dict[str, torch.Tensor]]:
+        """Ground truth per image: labels, boxes as (cx, cy, w, h) normalized by the unpadded
+        image size and, when masks are trained, bool masks on the padded canvas [T, Hp, Wp]."""
+        targets = []
+        hp, wp = images.tensor.shape[-2:]
+        for x, (h, w) in zip(batched_inputs, images.image_sizes):
+            if "instances" not in x:
+                raise ValueError("training needs 'instances' in every input dict")
+            inst = x["instances"].to(self.device)
+            scale = torch.tensor([w, h, w, h], dtype=torch.float32, device=self.device)
+            boxes = box_convert(inst.gt_boxes.tensor.float() / scale, "xyxy", "cxcywh")
+            t = {"labels": inst.gt_classes.long(), "boxes": boxes}
+            if self.mask_head is not None:
+                if not inst.has("gt_masks"):
+                    raise ValueError("the mask head needs 'gt_masks' (set use_instance_mask=True in the mapper)")
+                gm = inst.gt_masks
+                if isinstance(gm, PolygonMasks):
+                    gm = BitMasks.from_polygon_masks(gm, h, w)
+                m = gm.tensor if isinstance(gm, BitMasks) else torch.as_tensor(gm)
+                m = m.to(self.device, torch.bool)
+                t["masks"] = F.pad(m, (0, wp - m.shape[-1], 0, hp - m.shape[-2]))
+            targets.append(t)
+        return targets
+
+    # ------------------------------------------------------------------ network
+    def _detect(self, images: ImageList, pad_mask: torch.Tensor):
+        features = self.backbone(images.tensor)
+        src = features[self.in_feature]
+        mask = F.interpolate(pad_mask[None].float(), size=src.shape[-2:], mode="nearest")[0].bool()
+        proj = self.input_proj(src)
+        pos = self.position_embedding(mask).to(proj.dtype)
+        hs, memory = self.transformer(proj, mask, self.query_embed.weight, pos)
+        logits = self.class_head(hs)
+        boxes = self.box_head(hs).sigmoid()
+        return dict(logits=logits, boxes=boxes, hs=hs, memory=memory, mask=mask, proj=proj,
+                    features=features)
+
+    def _masks(self, out, batch_idx: torch.Tensor, query_idx: torch.Tensor) -> torch.Tensor:
+        fpn = [out["features"][f] for f in self.mask_in_features]
+        return self.mask_head(out["hs"][-1][batch_idx, query_idx], batch_idx, out["memory"],
+                              out["mask"], out["proj"], fpn)
+
+    def forward(self, batched_inputs: List[Dict]):
+        """
+        Args:
+            batched_inputs: detectron2 format; each dict has "image" (C, H, W in the input format),
+                and for training "instances" (gt_boxes, gt_classes, gt_masks); optionally
+                "height"/"width" for the output resolution.
+        Returns:
+            training: dict of weighted losses; inference: list of {"instances": Instances} with
+            pred_boxes (XYXY, output resolution), scores, pred_classes, pred_masks (bool [N, H, W]).
+        """
+        images, pad_mask = self.preprocess_image(batched_inputs)
+        if not self.training:
+            return self.inference(batched_inputs, images, pad_mask)
+
+        targets = self.prepare_targets(batched_inputs, images)
+        masks_only = self.mask_train == "masks_only"
+        with torch.set_grad_enabled(not masks_only):
+            out = self._detect(images, pad_mask)
+        num_boxes = num_boxes_for_normalization(targets, self.device)
+        aux = list(zip(out["logits"][:-1], out["boxes"][:-1])) if self.aux_loss and not masks_only else None
+        if masks_only:
+            indices = self.criterion.match(out["logits"][-1], out["boxes"][-1], targets)
+            losses = {}
+        else:
+            losses, indices, _ = self.criterion(out["logits"][-1], out["boxes"][-1], targets,
+                                                aux_outputs=aux, num_boxes=num_boxes)
+        if self.mask_head is not None:
+            batch_idx = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)]).to(self.device)
+            query_idx = torch.cat([q for q, _ in indices]).to(self.device)
+            logits = self._masks(out, batch_idx, query_idx)
+            gt = [t["masks"][j.to(self.device)] for t, (_, j) in zip(targets, indices)]
+            gt = torch.cat(gt) if gt else logits.new_zeros((0,) + logits.shape[-2:], dtype=torch.bool)
+            if len(gt):
+                gt = F.interpolate(gt[:, None].float(), size=logits.shape[-2:], mode="bilinear",
+                                   align_corners=False, antialias=True)[:, 0] > 0.5
+            else:
+                gt = gt.new_zeros((0,) + logits.shape[-2:])
+            losses.update(self.criterion.mask_losses(logits, gt, num_boxes))
+        return losses
+
+    @torch.no_grad()
+    def inference(self, batched_inputs, images: ImageList, pad_mask: torch.Tensor) -> List[Dict]:
+        out = self._detect(images, pad_mask)
+        prob = out["logits"][-1].softmax(-1)[..., :-1]
+        scores, labels = prob.max(-1)
+        hp, wp = images.tensor.shape[-2:]
+        results = []
+        for i, (x, (h, w)) in enumerate(zip(batched_inputs, images.image_sizes)):
+            scale = torch.tensor([w, h, w, h], dtype=torch.float32, device=self.device)
+            inst = Instances((h, w))
+            inst.pred_boxes = Boxes(box_convert(out["boxes"][-1, i], "cxcywh", "xyxy") * scale)
+            inst.scores = scores[i]
+            inst.pred_classes = labels[i]
+            inst.query_index = torch.arange(self.num_queries, device=self.device)
+            out_h, out_w = x.get("height", h), x.get("width", w)
+            r = detector_postprocess(inst, out_h, out_w)
+            if self.mask_head is not None:
+                q = r.query_index
+                logits = self._masks(out, torch.full_like(q, i), q)
+                r.pred_masks = self._paste_masks(logits, (hp, wp), (h, w), (out_h, out_w))
+            r.remove("query_index")
+            results.append({"instances": r})
+        return results
+
+    def _paste_masks(self, logits, padded_size, image_size, output_size, chunk: int = 32) -> torch.Tensor:
+        """Mask logits on the padded canvas [N, h', w'] -> bool masks [N, out_h, out_w] of the
+        valid image region, resized to the output resolution in one interpolation."""
+        (hp, wp), (h, w), (oh, ow) = padded_size, image_size, output_size
+        full = (max(round(hp * oh / h), oh), max(round(wp * ow / w), ow))
+        out = torch.zeros((len(logits), oh, ow), dtype=torch.bool, device=logits.device)
+        for s in range(0, len(logits), chunk):
+            up = F.interpolate(logits[s:s + chunk, None], size=full, mode="bilinear", align_corners=False)
+            out[s:s + chunk] = up[:, 0, :oh, :ow].sigmoid() > self.mask_threshold
+        return out

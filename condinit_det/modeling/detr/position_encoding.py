@@ -1,0 +1,67 @@
+"""2D sine positional encoding of a padded feature map (DETR, Sec. 3.2 and A.4)."""
+import math
+
+import torch
+from torch import nn
+
+__all__ = ["PositionEmbeddingSine"]
+
+
+class PositionEmbeddingSine(nn.Module):
+    """Fixed sine/cosine encoding of the (y, x) position of every valid feature-map cell.
+
+    Positions are counted over valid (non-padded) cells only, so an image padded inside a batch
+    gets the same encoding as the same image alone. With ``normalize=True`` they are rescaled
+    to (0, scale] per image, which makes the encoding independent of the image size.
+
+    Output channels: ``2 * num_pos_feats`` — the first half encodes y, the second half x; within
+    each half even channels hold sines and odd channels cosines of geometrically spaced frequencies.
+    """
+
+    def __init__(
+        self,
+        num_pos_feats: int = 128,
+        temperature: float = 10000.0,
+        normalize: bool = True,
+        scale: float = 2 * math.pi,
+    ):
+        super().__init__()
+        if num_pos_feats <= 0 or num_pos_feats % 2:
+            raise ValueError(f"num_pos_feats must be a positive even integer, got {num_pos_feats}")
+        self.num_pos_feats = num_pos_feats
+        self.temperature = temperature
+        self.normalize = normalize
+        self.scale = scale
+
+    def forward(self, mask: torch.Tensor) -> torch.Tensor:
+        """
+        Args:
+            mask: bool [B, H, W], True on padded cells.
+        Returns:
+            float [B, 2 * num_pos_feats, H, W].
+        """
+        if mask.dim() != 3 or mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor [B, H, W], got {mask.dtype} {tuple(mask.shape)}")
+        valid = (~mask).float()
+        y = valid.cumsum(1)
+        x = valid.cumsum(2)
+        if self.normalize:
+            eps = 1e-6
+            # The last cumulative value of each row/column is the number of valid cells.
+            y = y / (y[:, -1:, :] + eps) * self.scale
+            x = x / (x[:, :, -1:] + eps) * self.scale
+
+        idx = torch.arange(self.num_pos_feats, dtype=torch.float32, device=mask.device)
+        freq = self.temperature ** (2 * torch.div(idx, 2, rounding_mode="floor") / self.num_pos_feats)
+        pos_x = x[..., None] / freq
+        pos_y = y[..., None] / freq
+        # Interleave sin (even channels) and cos (odd channels).
+        pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)
+        pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)
+        return torch.cat((pos_y, pos_x), dim=3).permute(0, 3, 1, 2).contiguous()
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_pos_feats={self.num_pos_feats}, temperature={self.temperature}, "
+            f"normalize={self.normalize}, scale={self.scale:.4f}"
+        )

@@ -1,0 +1,146 @@
+"""Instance-mask head of a DETR-style detector (DETR, Sec. 4.4 and Fig. 8).
+
+For each object query the head computes one attention map per head over the encoder memory,
+concatenates those maps with the projected backbone features and refines them with a small
+convolutional decoder that upsamples FPN-style (adding higher-resolution backbone features when
+they are given, plain upsampling otherwise) to one mask logit map per query.
+
+The attention maps here are not an arm site: :class:`MaskAttentionMap` has only query/key
+projections (its output *is* the attention map; there are no values and no output projection), and
+it is not an ``nn.MultiheadAttention``, so the init arms never touch it.
+"""
+import math
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["MaskAttentionMap", "MaskHead"]
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(math.gcd(8, channels), channels)
+
+
+class MaskAttentionMap(nn.Module):
+    """Per-head attention of each query over the memory, softmax over the spatial positions.
+
+    Args:
+        query_dim: width of decoder outputs; memory_dim: width of the encoder memory;
+        hidden_dim: projected width (split into ``num_heads`` heads).
+    """
+
+    def __init__(self, *, query_dim: int, memory_dim: int, hidden_dim: int, num_heads: int,
+                 dropout: float = 0.0):
+        super().__init__()
+        if hidden_dim % num_heads:
+            raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads})")
+        self.num_heads = num_heads
+        self.query_proj = nn.Linear(query_dim, hidden_dim)
+        self.key_proj = nn.Linear(memory_dim, hidden_dim)
+        self.dropout = nn.Dropout(dropout)
+        self.scale = (hidden_dim // num_heads) ** -0.5
+        for lin in (self.query_proj, self.key_proj):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, queries: torch.Tensor, batch_idx: torch.Tensor, memory: torch.Tensor,
+                mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """
+        Args:
+            queries: [N, query_dim]; batch_idx: int64 [N], image of each query;
+            memory: [B, memory_dim, H, W]; mask: bool [B, H, W] (True on padding) or None.
+        Returns:
+            [N, num_heads, H, W] attention weights (each head's map sums to 1 over valid cells).
+        """
+        b, _, h, w = memory.shape
+        n = queries.shape[0]
+        dh = self.query_proj.out_features // self.num_heads
+        q = self.query_proj(queries).view(n, self.num_heads, dh) * self.scale
+        k = self.key_proj(memory.flatten(2).transpose(1, 2)).view(b, h * w, self.num_heads, dh)
+        # Score each query against its own image's memory only.
+        k = k[batch_idx]  # [N, HW, heads, dh]
+        logits = torch.einsum("nhd,nphd->nhp", q, k)
+        if mask is not None:
+            logits = logits.masked_fill(mask.flatten(1)[batch_idx][:, None, :], float("-inf"))
+        weights = self.dropout(logits.softmax(-1))
+        return weights.view(n, self.num_heads, h, w)
+
+
+class MaskHead(nn.Module):
+    """Attention maps + projected features -> convolutional upsampling decoder -> mask logits.
+
+    Args:
+        hidden_dim: width D of decoder outputs, encoder memory and projected features.
+        num_heads: attention maps per query.
+        fpn_channels: channels of the higher-resolution backbone features fed at each upsampling
+            stage, coarsest first (e.g. strides 16, 8, 4 under a stride-32 transformer input).
+            Empty: no skip features.
+        num_upsample: number of x2 upsampling stages when ``fpn_channels`` is empty
+            (ignored otherwise; one stage per FPN feature).
+        conv_dims: channel widths of the decoder, length ``2 + num_stages``; None halves D per
+            stage (at least 8 channels).
+    """
+
+    def __init__(self, *, hidden_dim: int, num_heads: int = 8, fpn_channels: Sequence[int] = (),
+                 num_upsample: int = 2, conv_dims: Optional[Sequence[int]] = None,
+                 dropout: float = 0.0):
+        super().__init__()
+        fpn_channels = list(fpn_channels)
+        num_stages = len(fpn_channels) if fpn_channels else num_upsample
+        if num_stages < 0:
+            raise ValueError(f"num_upsample must be >= 0, got {num_upsample}")
+        if conv_dims is None:
+            conv_dims = [max(hidden_dim // 2 ** i, 8) for i in range(num_stages + 2)]
+        conv_dims = list(conv_dims)
+        if len(conv_dims) != num_stages + 2:
+            raise ValueError(f"conv_dims must have {num_stages + 2} entries (2 + one per upsampling "
+                             f"stage), got {len(conv_dims)}")
+        self.fpn_channels = fpn_channels
+        self.num_stages = num_stages
+        self.attention = MaskAttentionMap(query_dim=hidden_dim, memory_dim=hidden_dim,
+                                          hidden_dim=hidden_dim, num_heads=num_heads, dropout=dropout)
+        in_ch = hidden_dim + num_heads
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_ch, conv_dims[0], 3, padding=1), _norm(conv_dims[0]), nn.ReLU(inplace=True),
+            nn.Conv2d(conv_dims[0], conv_dims[1], 3, padding=1), _norm(conv_dims[1]), nn.ReLU(inplace=True),
+        )
+        self.adapters = nn.ModuleList(
+            [nn.Conv2d(c, conv_dims[i + 1], 1) for i, c in enumerate(fpn_channels)])
+        self.stages = nn.ModuleList([
+            nn.Sequential(nn.Conv2d(conv_dims[i + 1], conv_dims[i + 2], 3, padding=1),
+                          _norm(conv_dims[i + 2]), nn.ReLU(inplace=True))
+            for i in range(num_stages)
+        ])
+        self.predictor = nn.Conv2d(conv_dims[-1], 1, 3, padding=1)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_uniform_(m.weight, a=1)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, queries: torch.Tensor, batch_idx: torch.Tensor, memory: torch.Tensor,
+                mask: Optional[torch.Tensor], features: torch.Tensor,
+                fpn_features: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        """
+        Args:
+            queries: [N, D] decoder outputs of the queries to segment; batch_idx: int64 [N].
+            memory: [B, D, H, W] encoder output; mask: bool [B, H, W] padding mask or None.
+            features: [B, D, H, W] projected backbone features (transformer input).
+            fpn_features: one [B, C_i, H_i, W_i] map per entry of ``fpn_channels``.
+        Returns:
+            [N, H_out, W_out] mask logits; H_out = H * 2**num_stages without FPN features, else the
+            size of the last FPN feature.
+        """
+        if len(fpn_features) != len(self.fpn_channels):
+            raise ValueError(f"expected {len(self.fpn_channels)} FPN features, got {len(fpn_features)}")
+        attn = self.attention(queries, batch_idx, memory, mask)
+        x = self.stem(torch.cat([features[batch_idx], attn], dim=1))
+        for i, stage in enumerate(self.stages):
+            if self.fpn_channels:
+                skip = self.adapters[i](fpn_features[i])
+                x = F.interpolate(x, size=skip.shape[-2:], mode="nearest") + skip[batch_idx]
+            else:
+                x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+            x = stage(x)
+        return self.predictor(x).squeeze(1)
