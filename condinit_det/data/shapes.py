@@ -1,0 +1,262 @@
+"""Procedural renderer for the embedded "shapes" instance-segmentation dataset.
+
+Every image is drawn from its own ``numpy.random.Generator`` seeded by
+``(seed, split, index)``, so an image does not depend on how many images were
+drawn before it and the whole dataset is bit-for-bit reproducible.
+
+Conventions:
+    * images are HxWx3 uint8 in BGR order (OpenCV), H = W = ``image_size``;
+    * masks are HxW bool arrays of the *visible* pixels of an instance: later
+      objects and occluding clutter are subtracted from earlier objects;
+    * boxes are COCO ``[x, y, w, h]`` in absolute pixels, tight around the
+      visible mask (``x + w`` is one past the last visible column).
+"""
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import cv2
+import numpy as np
+
+__all__ = ["SHAPE_CLASSES", "ShapesSpec", "RenderedInstance", "render_image"]
+
+# Category ids are 1-based (COCO style) in this order.
+SHAPE_CLASSES = ("circle", "square", "triangle", "star", "cross")
+
+_SPLIT_IDS = {"train": 0, "val": 1}
+
+
+@dataclass(frozen=True)
+class ShapesSpec:
+    """Knobs of the generator; the cache directory records them to detect stale data."""
+
+    image_size: int = 128
+    min_objects: int = 1
+    max_objects: int = 5
+    min_size: int = 18  # diameter of the shape's circumscribed circle, pixels
+    max_size: int = 56
+    # An object is placed only if every instance keeps at least this fraction of
+    # its full in-frame area visible, so nothing drawn is left unlabeled.
+    min_visible_fraction: float = 0.55
+    min_visible_pixels: int = 40
+    max_distractors: int = 6
+    noise_std: Tuple[float, float] = (2.0, 8.0)
+    # Backgrounds keep this fraction of their saturation, so objects stand out by colour.
+    background_saturation: float = 0.35
+    # Each class has its own hue; an instance's hue is jittered by this std (degrees), and with
+    # probability ``random_color_prob`` it gets an arbitrary colour, so colour is a cue, not the answer.
+    hue_jitter: float = 14.0
+    random_color_prob: float = 0.2
+
+
+@dataclass
+class RenderedInstance:
+    category_id: int  # 1-based, index into SHAPE_CLASSES plus one
+    mask: np.ndarray  # HxW bool, visible pixels
+
+
+def _split_id(split: str) -> int:
+    if split not in _SPLIT_IDS:
+        raise ValueError(f"split must be one of {sorted(_SPLIT_IDS)}, got {split!r}")
+    return _SPLIT_IDS[split]
+
+
+def image_rng(seed: int, split: str, index: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(seed), _split_id(split), int(index)]))
+
+
+# ---------------------------------------------------------------------------
+# Background
+# ---------------------------------------------------------------------------
+def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Float32 HxWx3 background in [0, 255]: gradient, blotchy noise or stripes."""
+    kind = rng.integers(3)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / (size - 1)
+    if kind == 0:  # linear gradient between two colours
+        c0, c1 = rng.uniform(0, 255, size=(2, 3)).astype(np.float32)
+        angle = rng.uniform(0, 2 * np.pi)
+        t = (np.cos(angle) * xx + np.sin(angle) * yy)
+        t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
+        img = c0 * (1 - t[..., None]) + c1 * t[..., None]
+    elif kind == 1:  # low-frequency colour blotches
+        cells = int(rng.integers(3, 9))
+        coarse = rng.uniform(0, 255, size=(cells, cells, 3)).astype(np.float32)
+        img = cv2.resize(coarse, (size, size), interpolation=cv2.INTER_CUBIC)
+    else:  # soft stripes over a base colour
+        base = rng.uniform(40, 215, size=3).astype(np.float32)
+        period = rng.uniform(6, 24)
+        angle = rng.uniform(0, np.pi)
+        phase = (np.cos(angle) * xx + np.sin(angle) * yy) * size / period
+        amp = rng.uniform(10, 40)
+        img = base + amp * np.sin(2 * np.pi * phase)[..., None] * rng.uniform(0.3, 1.0, size=3).astype(np.float32)
+    return np.clip(img, 0, 255).astype(np.float32)
+
+
+def _desaturate(img: np.ndarray, keep: float) -> np.ndarray:
+    gray = img.mean(axis=2, keepdims=True)
+    return gray + keep * (img - gray)
+
+
+# ---------------------------------------------------------------------------
+# Shapes: each returns a full (unoccluded) HxW bool mask
+# ---------------------------------------------------------------------------
+def _rotate(points: np.ndarray, angle: float) -> np.ndarray:
+    c, s = np.cos(angle), np.sin(angle)
+    return points @ np.array([[c, s], [-s, c]], dtype=np.float64)
+
+
+def _fill(size: int, polys: List[np.ndarray]) -> np.ndarray:
+    canvas = np.zeros((size, size), np.uint8)
+    # Sub-pixel vertex precision (shift=4) keeps small shapes from snapping to the grid.
+    # One call per polygon: a single fillPoly call with overlapping polygons uses the even-odd rule.
+    for p in polys:
+        cv2.fillPoly(canvas, [np.round(p * 16).astype(np.int32)], 1, lineType=cv2.LINE_8, shift=4)
+    return canvas.astype(bool)
+
+
+def _shape_mask(category: str, center: np.ndarray, diameter: float, angle: float, size: int) -> np.ndarray:
+    r = diameter / 2.0
+    if category == "circle":
+        t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
+        pts = np.stack([np.cos(t), np.sin(t)], 1) * r
+        return _fill(size, [pts + center])
+    if category == "square":
+        pts = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float64) * (r / np.sqrt(2))
+        return _fill(size, [_rotate(pts, angle) + center])
+    if category == "triangle":
+        t = np.array([0.0, 2 * np.pi / 3, 4 * np.pi / 3]) + angle
+        pts = np.stack([np.cos(t), np.sin(t)], 1) * r
+        return _fill(size, [pts + center])
+    if category == "star":
+        t = np.arange(10) * np.pi / 5 + angle
+        radii = np.where(np.arange(10) % 2 == 0, r, 0.42 * r)
+        pts = np.stack([np.cos(t), np.sin(t)], 1) * radii[:, None]
+        return _fill(size, [pts + center])
+    if category == "cross":
+        w = 0.36 * r
+        bar = np.array([[-r, -w], [r, -w], [r, w], [-r, w]], np.float64)
+        bars = [_rotate(bar, angle) + center, _rotate(bar, angle + np.pi / 2) + center]
+        return _fill(size, bars)
+    raise ValueError(f"unknown shape category {category!r}; known: {SHAPE_CLASSES}")
+
+
+def _blob_mask(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Irregular polygon clutter: not one of the categories, never annotated."""
+    n = int(rng.integers(5, 9))
+    r = rng.uniform(4, 14)
+    t = np.sort(rng.uniform(0, 2 * np.pi, n))
+    radii = r * rng.uniform(0.4, 1.0, n)
+    center = rng.uniform(0, size, 2)
+    pts = np.stack([np.cos(t), np.sin(t)], 1) * radii[:, None] + center
+    return _fill(size, [pts])
+
+
+def _color(rng: np.random.Generator, avoid: np.ndarray) -> np.ndarray:
+    """A random colour at least a fixed L1 distance away from ``avoid`` (the local background)."""
+    for _ in range(20):
+        c = rng.uniform(0, 255, 3)
+        if np.abs(c - avoid).sum() > 120:
+            return c.astype(np.float32)
+    return (255.0 - avoid).astype(np.float32)
+
+
+def _class_color(rng: np.random.Generator, cat: int, avoid: np.ndarray, spec: ShapesSpec) -> np.ndarray:
+    """Colour of an instance of class ``cat`` (0-based): a jittered class hue, or sometimes any colour."""
+    if rng.random() < spec.random_color_prob:
+        return _color(rng, avoid)
+    hue = (cat * 360.0 / len(SHAPE_CLASSES) + rng.normal(0.0, spec.hue_jitter)) % 360.0
+    hsv = np.array([[[hue, rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)]]], np.float32)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0] * 255.0
+
+
+def _paint(img: np.ndarray, mask: np.ndarray, color: np.ndarray, rng: np.random.Generator) -> None:
+    """Paint ``mask`` with ``color`` plus a gentle linear shading, in place."""
+    size = img.shape[0]
+    ys, xs = np.nonzero(mask)
+    g = rng.uniform(-40, 40, 2).astype(np.float32)
+    shade = g[0] * (xs.astype(np.float32) / size - 0.5) + g[1] * (ys.astype(np.float32) / size - 0.5)
+    img[ys, xs] = np.clip(color[None, :] + shade[:, None], 0, 255)
+
+
+# ---------------------------------------------------------------------------
+# One image
+# ---------------------------------------------------------------------------
+def render_image(seed: int, split: str, index: int, spec: ShapesSpec = ShapesSpec()) -> Tuple[np.ndarray, List[RenderedInstance]]:
+    """Render image ``index`` of ``split``.
+
+    Returns:
+        image: HxWx3 uint8, BGR.
+        instances: list of RenderedInstance in painting order (later ones are on top).
+    """
+    rng = image_rng(seed, split, index)
+    size = spec.image_size
+    img = _desaturate(_background(rng, size), spec.background_saturation)
+
+    # Clutter under the objects: thin lines and dots.
+    canvas = img.copy()
+    for _ in range(int(rng.integers(0, spec.max_distractors + 1))):
+        color = tuple(float(v) for v in rng.uniform(0, 255, 3))
+        if rng.random() < 0.5:
+            p0 = tuple(int(v) for v in rng.integers(0, size, 2))
+            p1 = tuple(int(v) for v in rng.integers(0, size, 2))
+            cv2.line(canvas, p0, p1, color, thickness=int(rng.integers(1, 3)))
+        else:
+            c = tuple(int(v) for v in rng.integers(0, size, 2))
+            cv2.circle(canvas, c, int(rng.integers(1, 4)), color, thickness=-1)
+    img = canvas
+
+    full_masks: List[np.ndarray] = []  # unoccluded, in-frame
+    visible: List[np.ndarray] = []
+    categories: List[int] = []
+    n_target = int(rng.integers(spec.min_objects, spec.max_objects + 1))
+    # Rejection sampling: a placement is kept only if it leaves every object
+    # (itself included) sufficiently visible.
+    for _ in range(n_target):
+        for _attempt in range(12):
+            cat = int(rng.integers(len(SHAPE_CLASSES)))
+            diameter = rng.uniform(spec.min_size, spec.max_size)
+            center = rng.uniform(0.15 * diameter, size - 0.15 * diameter, 2)
+            angle = rng.uniform(0, 2 * np.pi)
+            m = _shape_mask(SHAPE_CLASSES[cat], center, diameter, angle, size)
+            area = int(m.sum())
+            if area < spec.min_visible_pixels:
+                continue
+            # Reject shapes cut too much by the image border.
+            full_area = np.pi * (diameter / 2) ** 2 * _AREA_RATIO[SHAPE_CLASSES[cat]]
+            if area < 0.6 * full_area:
+                continue
+            new_visible = [v & ~m for v in visible]
+            if all(_visible_ok(v, f, spec) for v, f in zip(new_visible, full_masks)):
+                visible = new_visible + [m]
+                full_masks.append(m)
+                categories.append(cat + 1)
+                _paint(img, m, _class_color(rng, cat, img[m].mean(0), spec), rng)
+                break
+
+    # Clutter on top of the objects: irregular blobs that may occlude a little.
+    for _ in range(int(rng.integers(0, 3))):
+        b = _blob_mask(rng, size)
+        new_visible = [v & ~b for v in visible]
+        if all(_visible_ok(v, f, spec) for v, f in zip(new_visible, full_masks)):
+            visible = new_visible
+            _paint(img, b, _color(rng, img[b].mean(0) if b.any() else np.zeros(3)), rng)
+
+    sigma = rng.uniform(*spec.noise_std)
+    img = img + rng.normal(0.0, sigma, img.shape).astype(np.float32)
+    img = np.clip(np.round(img), 0, 255).astype(np.uint8)
+    instances = [RenderedInstance(category_id=c, mask=v) for c, v in zip(categories, visible)]
+    return img, instances
+
+
+def _visible_ok(vis: np.ndarray, full: np.ndarray, spec: ShapesSpec) -> bool:
+    n = int(vis.sum())
+    return n >= spec.min_visible_pixels and n >= spec.min_visible_fraction * int(full.sum())
+
+
+# Area of each shape relative to its circumscribed circle, used to detect border clipping.
+_AREA_RATIO = {
+    "circle": 1.0,
+    "square": 2.0 / np.pi,
+    "triangle": 3 * np.sqrt(3) / (4 * np.pi),
+    "star": 5 * 0.42 * np.sin(np.pi / 5) / np.pi,
+    "cross": (8 * 0.36 - 4 * 0.36**2) / np.pi,  # two bars minus their overlap
+}

@@ -1,0 +1,87 @@
+"""The CPU demo configs load, build a tiny model and run one training and one inference step."""
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "demo"
+DEMOS = {
+    # config file -> (attention-site kind, number of attention blocks)
+    "mask_rcnn_vit_tiny.py": ("d2_vit", 4),
+    "mask_rcnn_swin_tiny.py": ("d2_swin", 6),
+}
+LOSSES = {"loss_cls", "loss_box_reg", "loss_mask", "loss_rpn_cls", "loss_rpn_loc"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def data_dir(tmp_path_factory):
+    """Keep the generated dataset out of the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CONDINIT_DATA", str(tmp_path_factory.mktemp("condinit_data")))
+        yield
+
+
+def _load(name):
+    from detectron2.config import LazyConfig
+
+    return LazyConfig.load(str(CONFIG_DIR / name))
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_demo_config_trains_one_step(name):
+    from detectron2.config import instantiate
+    from detectron2.utils.events import EventStorage
+
+    from condinit_det.data import DATASET_NAMES, SHAPE_CLASSES
+
+    cfg = _load(name)
+    assert cfg.condinit == dict(arm="default", seed=0, include=None, exclude=None, options={})
+    assert cfg.train.device == "cpu"
+    assert cfg.dataloader.train.dataset.names == DATASET_NAMES[0]
+    assert cfg.dataloader.test.dataset.names == DATASET_NAMES[1]
+    assert cfg.dataloader.evaluator.dataset_name == DATASET_NAMES[1]
+    assert cfg.model.roi_heads.num_classes == len(SHAPE_CLASSES)
+
+    torch.manual_seed(0)
+    model = instantiate(cfg.model)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 2e5 < n_params < 3e6, n_params  # tiny: trains on a CPU in minutes
+
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    scheduler = instantiate(cfg.lr_multiplier)
+    assert scheduler(0.0) < 0.01 and scheduler(0.5) == pytest.approx(0.51, abs=0.05) and scheduler(0.999) < 0.05
+
+    batch = next(iter(instantiate(cfg.dataloader.train)))
+    assert len(batch) == cfg.dataloader.train.total_batch_size
+    assert tuple(batch[0]["image"].shape) == (3, 128, 128)
+    model.train()
+    with EventStorage(0):
+        losses = model(batch)
+        assert set(losses) == LOSSES
+        assert all(math.isfinite(v.item()) for v in losses.values()), losses
+        sum(losses.values()).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    optimizer.step()
+
+    model.eval()
+    test_batch = next(iter(instantiate(cfg.dataloader.test)))
+    with torch.no_grad():
+        outputs = model(test_batch[:2])
+    inst = outputs[0]["instances"]
+    assert inst.image_size == (128, 128)
+    assert inst.has("pred_masks") and inst.has("pred_boxes")
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_demo_backbone_attention_sites(name):
+    init = pytest.importorskip("condinit_det.init")
+    from detectron2.config import instantiate
+
+    kind, count = DEMOS[name]
+    sites = init.find_attention(instantiate(_load(name).model))
+    assert [s.kind for s in sites] == [kind] * count
+    assert all(s.name.startswith("backbone.") for s in sites)
