@@ -11,6 +11,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (script under bench/, quick-mode arguments, a line the output must contain)
 BENCH_SCRIPTS = [
     ("bench_eval.py", ["--quick"], "OK: all metrics identical within 1e-09"),
+    ("bench_init_cost.py", ["--quick"], "| demo_vit_tiny"),
+    ("bench_train_step.py", ["--quick"], "OK: every variant starts from the baseline's weights"),
+    ("bench_demo.py", ["--quick"], "OK: 3 arms trained and evaluated at iteration 2"),
 ]
 
 

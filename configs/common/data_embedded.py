@@ -7,9 +7,9 @@ from omegaconf import OmegaConf
 import detectron2.data.transforms as T
 from detectron2.config import LazyCall as L
 from detectron2.data import DatasetMapper, build_detection_test_loader, build_detection_train_loader
-from detectron2.evaluation import COCOEvaluator
 
 from condinit_det.data import DATASET_NAMES, SHAPE_CLASSES, get_embedded_dataset_dicts, register_embedded_datasets
+from condinit_det.evaluation import FastCOCOEvaluator
 
 # Registered at load time so the evaluator (which looks the dataset up by name) finds it too.
 register_embedded_datasets()
@@ -46,10 +46,8 @@ dataloader.test = L(build_detection_test_loader)(
     num_workers=0,
 )
 
-dataloader.evaluator = L(COCOEvaluator)(
+dataloader.evaluator = L(FastCOCOEvaluator)(
     dataset_name="${..test.dataset.names}",
     tasks=("bbox", "segm"),
     max_dets_per_image=100,
-    # the C++ COCOeval of detectron2 is not built here; pycocotools is used instead
-    use_fast_impl=False,
 )

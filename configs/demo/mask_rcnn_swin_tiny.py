@@ -6,7 +6,7 @@
 from detectron2.config import LazyCall as L
 from detectron2.modeling import FPN, SwinTransformer
 
-from .mask_rcnn_vit_tiny import condinit, dataloader, fpn_dim, lr_multiplier, model, optimizer, train
+from .mask_rcnn_vit_tiny import condinit, condinit_analysis, dataloader, fpn_dim, lr_multiplier, model, optimizer, train
 
 model.backbone = L(FPN)(
     bottom_up=L(SwinTransformer)(

@@ -17,7 +17,7 @@ from detectron2.config import LazyCall as L
 from detectron2.modeling import SimpleFeaturePyramid, ViT
 from detectron2.solver import WarmupParamScheduler
 
-from ..common.condinit import condinit
+from ..common.condinit import condinit, condinit_analysis
 from ..common.data_embedded import IMAGE_SIZE, NUM_CLASSES, dataloader
 
 # ---------------------------------------------------------------------------------------------
@@ -104,6 +104,10 @@ train.log_period = 20
 train.checkpointer = dict(period=400, max_to_keep=1)
 train.device = "cpu"
 train.output_dir = "./output/demo/mask_rcnn_vit_tiny"
+
+# Track the attention-Jacobian condition number of the first, middle and last attention block at
+# iterations 0, 200 and 400 (condinit_det.analysis; results.json and the report's kappa plot).
+condinit_analysis.period = 200
 
 lr_multiplier = L(WarmupParamScheduler)(
     scheduler=L(CosineParamScheduler)(start_value=1.0, end_value=0.02),

@@ -13,7 +13,7 @@ from detectron2.config import LazyCall as L
 
 from condinit_det.modeling.xcit import XCiT
 
-from .mask_rcnn_vit_tiny import condinit, dataloader, lr_multiplier, model, optimizer, train
+from .mask_rcnn_vit_tiny import condinit, condinit_analysis, dataloader, lr_multiplier, model, optimizer, train
 
 model.backbone.net = L(XCiT)(
     patch_size=8,
