@@ -26,8 +26,8 @@ from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 from condinit_det.modeling.xcit import XCiT
 
 from ..common.coco_loader_multiscale_crop import dataloader
-from ..common.coco_schedule_epochs import multistep_epochs
 from ..common.condinit import condinit
+from .mask_rcnn_swin_t_3x import lr_multiplier, optimizer, train
 
 model = model_zoo.get_config("common/models/mask_rcnn_fpn.py").model
 model.backbone = L(SimpleFeaturePyramid)(
@@ -63,16 +63,6 @@ model.input_format = "RGB"
 condinit.arm = "default"
 condinit.include = ["backbone.net.*"]
 
-train = model_zoo.get_config("common/train.py").train
-train.amp.enabled = True
-train.init_checkpoint = ""
+# XCiT's recipe is Swin's schedule and optimizer: take them from the Swin-T config.
 train.output_dir = "./output/COCO/mask_rcnn_xcit_s12_3x"
-train.max_iter, lr_multiplier = multistep_epochs(
-    epochs=36, milestone_epochs=(27, 33), images_per_batch=dataloader.train.total_batch_size, warmup_iters=500
-)
-train.checkpointer.period = 10000
-train.eval_period = 10000
-
-optimizer = model_zoo.get_config("common/optim.py").AdamW
-optimizer.lr = 1e-4
-optimizer.weight_decay = 0.05
+optimizer.params.overrides = {}  # XCiT has no relative position bias tables or absolute position embedding
