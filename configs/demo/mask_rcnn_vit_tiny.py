@@ -107,10 +107,11 @@ train.output_dir = "./output/demo/mask_rcnn_vit_tiny"
 
 # Track the attention-Jacobian condition number of the first, middle and last attention block at
 # initialization and after training (condinit_det.analysis; results.json and the report's kappa
-# plot). 8 tokens x width 96 = 768 Gram rows: 48 Lanczos blocks of 16 make the estimate exact.
+# plot). 8 tokens x width 96 = 768 Gram rows: the Krylov basis spans them at the 49th Lanczos block
+# of 16 vectors, where the estimate is exact.
 condinit_analysis.period = 400
 condinit_analysis.max_tokens = 8
-condinit_analysis.max_iter = 48
+condinit_analysis.max_iter = 50
 
 lr_multiplier = L(WarmupParamScheduler)(
     scheduler=L(CosineParamScheduler)(start_value=1.0, end_value=0.02),
