@@ -107,11 +107,12 @@ train.output_dir = "./output/demo/mask_rcnn_vit_tiny"
 
 # Track the attention-Jacobian condition number of the first, middle and last attention block at
 # initialization and after training (condinit_det.analysis; results.json and the report's kappa
-# plot). 8 tokens x width 96 = 768 Gram rows: the Krylov basis spans them at the 49th Lanczos block
-# of 16 vectors, where the estimate is exact.
+# plot). max_tokens=8 keeps a 3x3 token grid (stride 3 in an 8x8 window, 6 in the 16x16 global
+# grid): 9 tokens x width 96 = 864 Gram rows, which the Krylov basis spans at the 55th Lanczos
+# block of 16 vectors, where the estimate is exact.
 condinit_analysis.period = 400
 condinit_analysis.max_tokens = 8
-condinit_analysis.max_iter = 50
+condinit_analysis.max_iter = 60
 
 lr_multiplier = L(WarmupParamScheduler)(
     scheduler=L(CosineParamScheduler)(start_value=1.0, end_value=0.02),
