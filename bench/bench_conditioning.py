@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from condinit_det.analysis import AttentionFunction, estimate_conditioning, exact_conditioning  # noqa: E402
+from condinit_det.fileio import atomic_write  # noqa: E402
 from condinit_det.init import apply_init, find_attention  # noqa: E402
 
 
@@ -143,11 +144,7 @@ def main(argv=None):
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        tmp = args.output + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, args.output)
+        atomic_write(args.output, text)
     return result
 
 

@@ -20,13 +20,13 @@ import io
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from condinit_det.engine.results import RESULTS_FILENAME, ResultsFile
+from condinit_det.fileio import atomic_write
 
 __all__ = [
     "ARM_ORDER",
@@ -352,19 +352,6 @@ def format_curves_csv(report: ArmsReport) -> str:
     return buf.getvalue()
 
 
-def _atomic_write(path: str, data, mode: str = "w") -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, mode) as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def _plot(path: str, draw) -> None:
     import matplotlib
 
@@ -381,7 +368,7 @@ def _plot(path: str, draw) -> None:
         fig.savefig(buf, format="png")
     finally:
         plt.close(fig)
-    _atomic_write(path, buf.getvalue(), mode="wb")
+    atomic_write(path, buf.getvalue())
 
 
 def write_report(report: ArmsReport, output_dir: str) -> Dict[str, str]:
@@ -398,7 +385,7 @@ def write_report(report: ArmsReport, output_dir: str) -> Dict[str, str]:
     paths = {}
     for name, text in files.items():
         paths[name] = os.path.join(output_dir, name)
-        _atomic_write(paths[name], text)
+        atomic_write(paths[name], text)
 
     for task, title in _TASK_TITLES.items():
         def draw(ax, task=task, title=title):

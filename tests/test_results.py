@@ -64,7 +64,8 @@ def test_failed_write_leaves_previous_file_intact(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(json, "dump", boom)
+    # Fails after the temp file was written, before the rename.
+    monkeypatch.setattr(os, "fsync", boom)
     with pytest.raises(OSError, match="disk full"):
         rf.add(_ap(20, 2.0))
     monkeypatch.undo()

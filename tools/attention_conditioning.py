@@ -20,7 +20,8 @@ import sys
 import torch
 
 from condinit_det.analysis import measure_sites, resolve_sites, write_table
-from condinit_det.analysis.measure import TABLE_COLUMNS, _atomic_write, format_markdown
+from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
+from condinit_det.fileio import atomic_write
 
 ARMS = ("default", "mimetic", "conditioned")
 COLUMNS = ("arm",) + TABLE_COLUMNS
@@ -134,7 +135,7 @@ def main(argv=None):
     if args.output:
         paths = write_table(rows, args.output, columns=COLUMNS)
         json_path = os.path.join(args.output, "attention_conditioning.json")
-        _atomic_write(json_path, json.dumps({"config": args.config_file, "weights": args.weights,
+        atomic_write(json_path, json.dumps({"config": args.config_file, "weights": args.weights,
                                              "rows": [_json_safe(r) for r in rows]}, indent=1, allow_nan=False))
         print(f"wrote {paths['csv']}, {paths['md']}, {json_path}", file=sys.stderr)
     return rows

@@ -10,12 +10,12 @@ import csv
 import io
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
 from torch import nn
 
+from ..fileio import atomic_write
 from .bound import theorem_terms
 from .capture import capture_site_inputs, token_matrix
 from .conditioning import DEFAULT_MAX_ENTRIES, estimate_conditioning, exact_conditioning
@@ -162,20 +162,6 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def format_markdown(rows: Sequence[dict], columns: Sequence[str]) -> str:
     """A Markdown table of ``rows`` (dicts) over ``columns``."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
@@ -195,6 +181,6 @@ def write_table(rows: Sequence[dict], output_dir: str, *, name: str = "attention
     for row in rows:
         writer.writerow({c: row.get(c, "") for c in columns})
     paths = {"csv": os.path.join(output_dir, f"{name}.csv"), "md": os.path.join(output_dir, f"{name}.md")}
-    _atomic_write(paths["csv"], buf.getvalue())
-    _atomic_write(paths["md"], format_markdown(rows, columns))
+    atomic_write(paths["csv"], buf.getvalue())
+    atomic_write(paths["md"], format_markdown(rows, columns))
     return paths

@@ -17,9 +17,10 @@ as ``null`` so that the file is strict JSON.
 import json
 import math
 import os
-import tempfile
 import threading
 from typing import Any, Dict, Iterable, List, Optional
+
+from ..fileio import atomic_write
 
 __all__ = ["ResultsFile", "RESULTS_FILENAME"]
 
@@ -112,17 +113,7 @@ class ResultsFile:
     def _write(self, records: List[Dict[str, Any]]) -> None:
         os.makedirs(self.output_dir, exist_ok=True)
         payload = {"version": _FORMAT_VERSION, "records": sorted(records, key=_sort_key)}
-        fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".tmp", dir=self.output_dir)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(payload, f, indent=1, allow_nan=False)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        atomic_write(self.path, json.dumps(payload, indent=1, allow_nan=False), fsync=True)
 
     def add(self, record: Dict[str, Any]) -> None:
         """Add one record, replacing any record with the same (kind, iteration, site)."""

@@ -17,12 +17,13 @@ import itertools
 import json
 import logging
 import os
-import tempfile
 
 from detectron2.evaluation import COCOEvaluator
 from detectron2.evaluation.coco_evaluation import _evaluate_predictions_on_coco
 from detectron2.utils.file_io import PathManager
 from pycocotools.cocoeval import COCOeval
+
+from ..fileio import atomic_write
 
 __all__ = ["FastCOCOEvaluator", "fast_coco_eval_available", "to_fast_evaluator"]
 
@@ -76,17 +77,7 @@ def _write_text_atomic(path: str, text: str) -> None:
         with PathManager.open(path, "w") as f:
             f.write(text)
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates owner-only files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    atomic_write(path, text)
 
 
 class FastCOCOEvaluator(COCOEvaluator):

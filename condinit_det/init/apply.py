@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -17,6 +15,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+from ..fileio import atomic_write
 from .arms import haar_semi_orthogonal, mimetic_noise, mimetic_qk, mimetic_vo, rectangular_identity
 from .sites import AttentionSite, find_attention, select_sites, supported_layouts
 
@@ -82,17 +81,7 @@ class InitReport:
 
     def save(self, path: str) -> None:
         """Write the report as JSON atomically (a temp file in the same folder, then rename)."""
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=2)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, json.dumps(self.to_dict(), indent=2))
 
 
 def site_generator(seed: int, site_name: str) -> torch.Generator:
