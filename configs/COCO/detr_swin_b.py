@@ -6,20 +6,11 @@
 # Arm placement (condinit): by default every attention site — Swin's window attention
 # ("backbone.*") and the transformer ("transformer.*"). Backbone only:
 # condinit.include='["backbone.*"]'; transformer only: condinit.include='["transformer.*"]'.
-from detectron2.config import LazyCall as L
-from detectron2.modeling import SwinTransformer
-
 from .detr_vitdet_b import condinit, dataloader, lr_multiplier, model, optimizer, train
+from .mask_rcnn_swin_b_3x import model as _swin_b_mask_rcnn
 
-model.backbone = L(SwinTransformer)(
-    embed_dim=128,
-    depths=(2, 2, 18, 2),
-    num_heads=(4, 8, 16, 32),
-    window_size=7,
-    mlp_ratio=4.0,
-    drop_path_rate=0.3,
-    out_indices=(0, 1, 2, 3),
-)
+# The Swin-B trunk of the Mask R-CNN recipe.
+model.backbone = _swin_b_mask_rcnn.backbone.bottom_up
 model.in_feature = "p3"
 model.mask_in_features = ["p2", "p1", "p0"]
 model.mask_head.fpn_channels = [512, 256, 128]
