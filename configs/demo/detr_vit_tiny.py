@@ -16,45 +16,27 @@
 # Even so, a few hundred iterations only start to localize objects (box AP near zero): this config
 # checks the pipeline and the arm placement; ranking arms on DETR needs train.max_iter in the
 # thousands (and lr_multiplier.warmup_length rescaled to it).
-from functools import partial
 
-import torch.nn as nn
 from fvcore.common.param_scheduler import CosineParamScheduler
 
 from detectron2 import model_zoo
 from detectron2.config import LazyCall as L
-from detectron2.modeling import ViT
 from detectron2.solver import WarmupParamScheduler
 from detectron2.solver.build import get_default_optimizer_params
 
 from condinit_det.modeling.detr.optim import AdamWFullModelClip
 
 from ..common.condinit import condinit
-from ..common.data_embedded import IMAGE_SIZE, NUM_CLASSES, dataloader
+from ..common.data_embedded import NUM_CLASSES, dataloader
 from ..common.models.detr import model
+from .mask_rcnn_vit_tiny import model as _mask_rcnn_vit
 
 # ---------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------
-model.backbone = L(ViT)(
-    img_size=IMAGE_SIZE,
-    # Patch 8: a 16x16 token grid at 128 px, fine enough for 16-56 px shapes.
-    patch_size=8,
-    embed_dim=96,
-    depth=4,
-    num_heads=3,
-    drop_path_rate=0.0,
-    window_size=8,
-    mlp_ratio=4,
-    qkv_bias=True,
-    norm_layer=partial(nn.LayerNorm, eps=1e-6),
-    window_block_indexes=[0, 2],
-    residual_block_indexes=[],
-    use_rel_pos=True,
-    pretrain_img_size=IMAGE_SIZE,
-    pretrain_use_cls_token=False,
-    out_feature="last_feat",
-)
+# The ViT trunk of the Mask R-CNN demo, without a class-token slot in its position embedding.
+model.backbone = _mask_rcnn_vit.backbone.net
+model.backbone.pretrain_use_cls_token = False
 model.in_feature = "last_feat"
 model.transformer.d_model = 96
 model.transformer.nhead = 4
