@@ -22,6 +22,8 @@ def test_common_model_needs_a_backbone():
     m = cfg.model.criterion.matcher
     assert (m.cost_class, m.cost_bbox, m.cost_giou) == (1.0, 5.0, 2.0)
     assert cfg.model.criterion.eos_coef == 0.1
+    assert cfg.model.position_embedding is None and cfg.model.reference_points is False
+    assert cfg.model.query_groups == 1
     with pytest.raises(Exception, match="backbone"):
         instantiate(cfg.model)
 
@@ -44,6 +46,12 @@ def test_demo_config_builds_and_trains_one_step():
     # full-model clipping: the global gradient norm seen by the step was at most clip_max_norm
     grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
     assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) <= 0.1 + 1e-4
+    # Query groups are a training aid: inference answers with one group of queries per image.
+    assert model.query_embed is None and model.reference_points.weight.shape[0] == 5 * 10
+    model.eval()
+    with torch.no_grad():
+        out = model([{"image": x["image"]} for x in batch])
+    assert [len(o["instances"]) for o in out] == [10] * len(batch)
 
 
 @pytest.mark.slow

@@ -112,6 +112,20 @@ def test_position_encoding_ignores_padding():
         pe(torch.zeros(1, 5, 6))
 
 
+def test_point_encoding_matches_the_feature_map_encoding():
+    pe = PositionEmbeddingSine(num_pos_feats=8)
+    h, w = 5, 7
+    grid = pe(torch.zeros(1, h, w, dtype=torch.bool))[0]  # [16, H, W]
+    # Cell (i, j) sits at the normalized position ((j + 1) / W, (i + 1) / H).
+    ii, jj = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    points = torch.stack(((jj + 1) / w, (ii + 1) / h), dim=-1).float()  # [H, W, 2] as (x, y)
+    enc = pe.encode_points(points)
+    assert enc.shape == (h, w, 16)
+    assert torch.allclose(enc.permute(2, 0, 1), grid, atol=1e-5)
+    with pytest.raises(ValueError, match=r"\(x, y\)"):
+        pe.encode_points(torch.rand(4, 3))
+
+
 def test_transformer_ignores_padded_cells():
     torch.manual_seed(0)
     tr = Transformer(d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,

@@ -12,12 +12,13 @@ from detectron2.evaluation import COCOEvaluator
 from detectron2.modeling import META_ARCH_REGISTRY, ViT
 from detectron2.structures import BitMasks, Boxes, Instances, pairwise_iou
 
-from condinit_det.modeling.detr import DETRInstanceSeg, HungarianMatcher, MaskHead, SetCriterion, Transformer
+from condinit_det.modeling.detr import (DETRInstanceSeg, HungarianMatcher, MaskHead, PositionEmbeddingSine,
+                                        SetCriterion, Transformer)
 
 NUM_CLASSES = 3
 
 
-def tiny_detr(num_queries=6, mask=True, mask_train="joint", seed=0):
+def tiny_detr(num_queries=6, mask=True, mask_train="joint", seed=0, reference_points=False, query_groups=1):
     torch.manual_seed(seed)
     backbone = ViT(img_size=64, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_ratio=2,
                    norm_layer=partial(nn.LayerNorm, eps=1e-6), pretrain_img_size=64,
@@ -31,6 +32,8 @@ def tiny_detr(num_queries=6, mask=True, mask_train="joint", seed=0):
         pixel_mean=[128.0, 128.0, 128.0], pixel_std=[64.0, 64.0, 64.0],
         mask_head=MaskHead(hidden_dim=32, num_heads=2, num_upsample=2, conv_dims=[16, 16, 8, 8]) if mask else None,
         mask_train=mask_train,
+        reference_points=reference_points,
+        query_groups=query_groups,
     )
 
 
@@ -86,6 +89,67 @@ def test_gradients_reach_every_module():
         assert any(n.startswith(prefix) for n, _ in model.named_parameters())
 
 
+def test_reference_points_anchor_queries_and_boxes():
+    model = tiny_detr(num_queries=5, reference_points=True).train()
+    assert model.query_embed is None and model.reference_points.weight.shape == (5, 2)
+    ref = model.reference_points.weight.sigmoid()
+    assert ((ref > 0) & (ref < 1)).all() and ref.std() > 0.1  # spread over the image
+    # With a zero box head every query predicts a box centred on its point, half the image wide.
+    last = model.box_head.layers[-1]
+    nn.init.zeros_(last.weight)
+    nn.init.zeros_(last.bias)
+    batch = [make_input([(2, 2, 20, 20)], [0]), make_input([(30, 30, 60, 60)], [1], seed=1)]
+    images, pad = model.preprocess_image(batch)
+    with torch.no_grad():
+        boxes = model._detect(images, pad)["boxes"]  # [layers, B, Q, 4] cxcywh
+    assert torch.allclose(boxes[..., :2], ref.expand_as(boxes[..., :2]), atol=1e-6)
+    assert torch.allclose(boxes[..., 2:], torch.full_like(boxes[..., 2:], 0.5))
+    # The points are learned: the box loss reaches them, and every query starts somewhere else.
+    nn.init.normal_(last.weight, std=0.01)
+    sum(model(batch).values()).backward()
+    assert model.reference_points.weight.grad.abs().sum() > 0
+    assert not any(n.startswith("query_embed") for n, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize("reference_points", [False, True])
+def test_query_groups_are_independent_and_training_only(reference_points):
+    model = tiny_detr(num_queries=4, query_groups=3, reference_points=reference_points).eval()
+    embed = model.reference_points if reference_points else model.query_embed
+    assert embed.weight.shape[0] == 12
+    batch = [make_input([(2, 2, 20, 20), (30, 30, 60, 60)], [0, 1]), make_input([(5, 30, 25, 60)], [2], seed=1)]
+    images, pad = model.preprocess_image(batch)
+    with torch.no_grad():
+        out = model._detect(images, pad, groups=3)
+        assert out["logits"].shape == (2, 2, 12, NUM_CLASSES + 1) and out["boxes"].shape == (2, 2, 12, 4)
+        # Group 0 alone computes exactly what it computes next to the other groups ...
+        alone = model._detect(images, pad, groups=1)
+        assert torch.allclose(alone["boxes"], out["boxes"][:, :, :4], atol=1e-5)
+        # ... and changing another group's queries leaves it untouched (no attention across groups).
+        embed.weight[4:] += 3.0
+        moved = model._detect(images, pad, groups=3)
+        assert torch.allclose(moved["logits"][:, :, :4], out["logits"][:, :, :4], atol=1e-5)
+        assert not torch.allclose(moved["logits"][:, :, 4:], out["logits"][:, :, 4:], atol=1e-3)
+        # Inference is a plain 4-query detector.
+        assert all(len(r["instances"]) == 4 for r in model([{"image": x["image"]} for x in batch]))
+    # Training: the class/box losses average the groups' one-to-one losses; every group learns.
+    model.train()
+    losses = model(batch)
+    assert {"loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice"} <= set(losses)
+    with torch.no_grad():
+        out = model._detect(images, pad, groups=3)
+        targets = model.prepare_targets(batch, images)
+        per_group = [model.criterion(lg[-1], bx[-1], targets, aux_outputs=list(zip(lg[:-1], bx[:-1])))[0]
+                     for lg, bx in zip(out["logits"].chunk(3, dim=2), out["boxes"].chunk(3, dim=2))]
+    for key in ("loss_ce", "loss_bbox", "loss_giou", "loss_ce_0"):
+        expected = sum(p[key] for p in per_group) / 3
+        assert torch.allclose(losses[key], expected, atol=1e-5), key
+    sum(losses.values()).backward()
+    grad = embed.weight.grad.abs().sum(-1)
+    assert (grad.view(3, 4).sum(-1) > 0).all()
+    with pytest.raises(ValueError, match="query_groups must be >= 1"):
+        tiny_detr(query_groups=0)
+
+
 def test_masks_only_trains_only_the_mask_head():
     model = tiny_detr(mask_train="masks_only").train()
     losses = model([make_input([(2, 2, 30, 30)], [1])])
@@ -116,6 +180,10 @@ def test_bad_configuration_errors():
                         num_classes=NUM_CLASSES, criterion=model.criterion, pixel_mean=[0, 0, 0],
                         pixel_std=[1, 1, 1], mask_head=MaskHead(hidden_dim=32, fpn_channels=[32]),
                         mask_in_features=["p4"])
+    with pytest.raises(ValueError, match="position_embedding gives 16 channels, the transformer width is 32"):
+        DETRInstanceSeg(backbone=model.backbone, in_feature="last_feat", transformer=model.transformer,
+                        num_classes=NUM_CLASSES, criterion=model.criterion, pixel_mean=[0, 0, 0],
+                        pixel_std=[1, 1, 1], position_embedding=PositionEmbeddingSine(num_pos_feats=8))
 
 
 def test_inference_output_format():

@@ -1,5 +1,5 @@
 # Tiny DETR-style detector with masks (plain ViT backbone + small transformer) for the embedded
-# shapes dataset, sized so that one arm trains and evaluates in a few minutes on two CPU cores.
+# shapes dataset, sized so that one arm trains and evaluates in about 12 minutes on two CPU cores.
 #
 # Arm placement: by default the arm applies to every attention site — the ViT backbone
 # ("backbone.*") and the transformer ("transformer.*": encoder self-attention, decoder
@@ -9,13 +9,19 @@
 #   condinit.include='["transformer.*"]'     transformer only
 #   condinit.include='["transformer.decoder.layers.*.cross_attn"]'   decoder cross-attention only
 #
-# DETR converges slowly; to learn the shapes within a few CPU minutes this config keeps DETR's
-# formulation and losses but shrinks it: 16 queries (scenes hold 1-5 objects), hidden width 96,
-# 3 encoder + 3 decoder layers, no dropout, a 10x higher learning rate than DETR's 1e-4 with
-# warmup and cosine decay, and the same LR for the backbone (it is trained from scratch).
-# Even so, a few hundred iterations only start to localize objects (box AP near zero): this config
-# checks the pipeline and the arm placement; ranking arms on DETR needs train.max_iter in the
-# thousands (and lr_multiplier.warmup_length rescaled to it).
+# DETR converges slowly: with plain DETR queries this model is still near chance after 2250 CPU
+# iterations (box AP 1.0). The config keeps DETR's set formulation, matcher, losses and
+# inference and adds three training aids from the DETR family that change how fast queries
+# specialize:
+#   - reference points (Anchor DETR / DAB-DETR): each query owns a learned point, its positional
+#     query is the point's sine encoding and boxes are predicted relative to it;
+#   - sine temperature 20 instead of 10000 (DAB-DETR), so a width-96 encoding resolves an 8x8 map;
+#   - 5 query groups during training (Group DETR): every object supervises 5 queries per step;
+#     inference runs one group of 10 queries.
+# Box AP / mask AP on the shapes validation set, default arm, after 3000 of 3000 iterations:
+# reference points 2.3 / 8.9, + temperature 20 5.7 / 14.8, + 5 groups 10.9 / 16.6 (so this file
+# trains 4000). The model is small too: the ViT trunk at patch 16 (8x8
+# tokens, global attention), hidden width 96, 3 + 3 pre-norm layers, no dropout, lr 1e-3.
 
 from fvcore.common.param_scheduler import CosineParamScheduler
 
@@ -24,6 +30,7 @@ from detectron2.config import LazyCall as L
 from detectron2.solver import WarmupParamScheduler
 from detectron2.solver.build import get_default_optimizer_params
 
+from condinit_det.modeling.detr import PositionEmbeddingSine
 from condinit_det.modeling.detr.optim import AdamWFullModelClip
 
 from ..common.condinit import condinit
@@ -34,19 +41,27 @@ from .mask_rcnn_vit_tiny import model as _mask_rcnn_vit
 # ---------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------
-# The ViT trunk of the Mask R-CNN demo, without a class-token slot in its position embedding.
+# The ViT trunk of the Mask R-CNN demo at patch 16 (an 8x8 token grid, global attention in every
+# block), without a class-token slot in its position embedding.
 model.backbone = _mask_rcnn_vit.backbone.net
+model.backbone.patch_size = 16
+model.backbone.window_size = 0
+model.backbone.window_block_indexes = []
 model.backbone.pretrain_use_cls_token = False
 model.in_feature = "last_feat"
+model.position_embedding = L(PositionEmbeddingSine)(num_pos_feats=48, temperature=20.0, normalize=True)
 model.transformer.d_model = 96
 model.transformer.nhead = 4
 model.transformer.num_encoder_layers = 3
 model.transformer.num_decoder_layers = 3
 model.transformer.dim_feedforward = 384
 model.transformer.dropout = 0.0
+model.transformer.normalize_before = True
 model.num_classes = NUM_CLASSES
-model.num_queries = 16
-# Stride 8 -> 2: 64x64 mask logits per query at 128 px.
+model.num_queries = 10  # scenes hold 1-5 objects
+model.reference_points = True
+model.query_groups = 5
+# Stride 16 -> 4: 32x32 mask logits per query at 128 px.
 model.mask_head.num_upsample = 2
 model.mask_head.conv_dims = [64, 32, 16, 16]
 
@@ -62,16 +77,16 @@ optimizer = L(AdamWFullModelClip)(
 )
 
 train = model_zoo.get_config("common/train.py").train
-train.max_iter = 600
-train.eval_period = 600
-train.log_period = 20
-train.checkpointer = dict(period=600, max_to_keep=2)
+train.max_iter = 4000
+train.eval_period = 500
+train.log_period = 50
+train.checkpointer = dict(period=4000, max_to_keep=1)
 train.device = "cpu"
 train.output_dir = "./output/demo/detr_vit_tiny"
 
 lr_multiplier = L(WarmupParamScheduler)(
     scheduler=L(CosineParamScheduler)(start_value=1.0, end_value=0.02),
     # a fraction of max_iter: recompute it when overriding train.max_iter
-    warmup_length=50 / train.max_iter,
+    warmup_length=80 / train.max_iter,
     warmup_factor=0.001,
 )

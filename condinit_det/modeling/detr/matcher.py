@@ -49,15 +49,21 @@ class HungarianMatcher(nn.Module):
         """
         if pred_logits.shape[0] != len(targets):
             raise ValueError(f"{pred_logits.shape[0]} predictions but {len(targets)} targets")
-        out = []
-        for logits, boxes, tgt in zip(pred_logits.float(), pred_boxes.float(), targets):
-            if tgt["labels"].numel() == 0:
-                empty = torch.zeros(0, dtype=torch.int64)
-                out.append((empty, empty.clone()))
-                continue
-            cost = self.cost_matrix(logits, boxes, tgt["labels"], tgt["boxes"].float())
-            rows, cols = linear_sum_assignment(cost.cpu().numpy())
+        sizes = [len(t["labels"]) for t in targets]
+        empty = torch.zeros(0, dtype=torch.int64)
+        if sum(sizes) == 0:
+            return [(empty, empty.clone()) for _ in targets]
+        b, q = pred_logits.shape[:2]
+        # One cost matrix for the whole batch (every query against every target), cut per image.
+        cost = self.cost_matrix(pred_logits.flatten(0, 1).float(), pred_boxes.flatten(0, 1).float(),
+                                torch.cat([t["labels"] for t in targets]),
+                                torch.cat([t["boxes"] for t in targets]).float())
+        cost = cost.view(b, q, -1).cpu().numpy()
+        out, start = [], 0
+        for i, n in enumerate(sizes):
+            rows, cols = linear_sum_assignment(cost[i, :, start:start + n]) if n else ([], [])
             out.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
+            start += n
         return out
 
     def extra_repr(self) -> str:

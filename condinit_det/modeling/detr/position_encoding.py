@@ -51,14 +51,33 @@ class PositionEmbeddingSine(nn.Module):
             y = y / (y[:, -1:, :] + eps) * self.scale
             x = x / (x[:, :, -1:] + eps) * self.scale
 
-        idx = torch.arange(self.num_pos_feats, dtype=torch.float32, device=mask.device)
+        return self._encode(y, x).permute(0, 3, 1, 2).contiguous()
+
+    def encode_points(self, points: torch.Tensor) -> torch.Tensor:
+        """Encoding of continuous points, in the channel layout of :meth:`forward`.
+
+        Args:
+            points: [..., 2] as (x, y) in [0, 1], fractions of the valid image width and height.
+        Returns:
+            [..., 2 * num_pos_feats]. With ``normalize=True`` the point (x, y) is encoded as the
+            feature-map cell whose normalized position is (x, y) (the last valid row and column
+            sit at 1), so points and the memory's positions share one space.
+        """
+        if points.shape[-1] != 2:
+            raise ValueError(f"points must have shape [..., 2] (x, y), got {tuple(points.shape)}")
+        scale = self.scale if self.normalize else 1.0
+        return self._encode(points[..., 1] * scale, points[..., 0] * scale)
+
+    def _encode(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y, x: [...] positions -> [..., 2 * num_pos_feats] (y half first)."""
+        idx = torch.arange(self.num_pos_feats, dtype=torch.float32, device=y.device)
         freq = self.temperature ** (2 * torch.div(idx, 2, rounding_mode="floor") / self.num_pos_feats)
         pos_x = x[..., None] / freq
         pos_y = y[..., None] / freq
         # Interleave sin (even channels) and cos (odd channels).
-        pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)
-        pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)
-        return torch.cat((pos_y, pos_x), dim=3).permute(0, 3, 1, 2).contiguous()
+        pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=-1).flatten(-2)
+        pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=-1).flatten(-2)
+        return torch.cat((pos_y, pos_x), dim=-1)
 
     def extra_repr(self) -> str:
         return (

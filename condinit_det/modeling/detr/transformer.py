@@ -87,9 +87,9 @@ class TransformerDecoderLayer(nn.Module):
         self.activation = _activation(activation)
         self.normalize_before = normalize_before
 
-    def _self(self, x, query_pos):
+    def _self(self, x, query_pos, attn_mask):
         q = k = _with_pos(x, query_pos)
-        return self.self_attn(q, k, value=x, need_weights=False)[0]
+        return self.self_attn(q, k, value=x, attn_mask=attn_mask, need_weights=False)[0]
 
     def _cross(self, x, memory, query_pos, pos, memory_key_padding_mask):
         return self.cross_attn(
@@ -102,14 +102,17 @@ class TransformerDecoderLayer(nn.Module):
 
     def forward(self, tgt: torch.Tensor, memory: torch.Tensor, *, pos: Optional[torch.Tensor] = None,
                 query_pos: Optional[torch.Tensor] = None,
-                memory_key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """tgt, query_pos: [B, Q, D]; memory, pos: [B, HW, D]; mask: bool [B, HW]."""
+                memory_key_padding_mask: Optional[torch.Tensor] = None,
+                query_attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """tgt, query_pos: [B, Q, D]; memory, pos: [B, HW, D]; memory_key_padding_mask: bool
+        [B, HW], True on padding; query_attn_mask: bool [Q, Q], True where query i may not
+        attend to query j."""
         if self.normalize_before:
-            tgt = tgt + self.dropout1(self._self(self.norm1(tgt), query_pos))
+            tgt = tgt + self.dropout1(self._self(self.norm1(tgt), query_pos, query_attn_mask))
             tgt = tgt + self.dropout2(
                 self._cross(self.norm2(tgt), memory, query_pos, pos, memory_key_padding_mask))
             return tgt + self.dropout3(self._ffn(self.norm3(tgt)))
-        tgt = self.norm1(tgt + self.dropout1(self._self(tgt, query_pos)))
+        tgt = self.norm1(tgt + self.dropout1(self._self(tgt, query_pos, query_attn_mask)))
         tgt = self.norm2(tgt + self.dropout2(
             self._cross(tgt, memory, query_pos, pos, memory_key_padding_mask)))
         return self.norm3(tgt + self.dropout3(self._ffn(tgt)))
@@ -136,11 +139,12 @@ class TransformerDecoder(nn.Module):
         self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
         self.norm = norm
 
-    def forward(self, tgt, memory, *, pos=None, query_pos=None, memory_key_padding_mask=None):
+    def forward(self, tgt, memory, *, pos=None, query_pos=None, memory_key_padding_mask=None,
+                query_attn_mask=None):
         outputs = []
         for layer in self.layers:
             tgt = layer(tgt, memory, pos=pos, query_pos=query_pos,
-                        memory_key_padding_mask=memory_key_padding_mask)
+                        memory_key_padding_mask=memory_key_padding_mask, query_attn_mask=query_attn_mask)
             outputs.append(self.norm(tgt))
         return torch.stack(outputs)
 
@@ -187,11 +191,14 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor, query_embed: torch.Tensor,
-                pos: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+                pos: torch.Tensor, query_attn_mask: Optional[torch.Tensor] = None,
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         """
         Args:
             src: [B, D, H, W] projected features; mask: bool [B, H, W], True on padding;
-            query_embed: [Q, D] learned object queries; pos: [B, D, H, W] positional encoding.
+            query_embed: [Q, D] learned object queries; pos: [B, D, H, W] positional encoding;
+            query_attn_mask: optional bool [Q, Q] for the decoder self-attention, True where
+                query i may not attend to query j.
         Returns:
             hs: [num_decoder_layers, B, Q, D] decoder outputs;
             memory: [B, D, H, W] encoder output.
@@ -205,5 +212,5 @@ class Transformer(nn.Module):
         tgt = torch.zeros_like(query_pos)
         memory = self.encoder(src_seq, pos=pos_seq, key_padding_mask=mask_seq)
         hs = self.decoder(tgt, memory, pos=pos_seq, query_pos=query_pos,
-                          memory_key_padding_mask=mask_seq)
+                          memory_key_padding_mask=mask_seq, query_attn_mask=query_attn_mask)
         return hs, memory.transpose(1, 2).reshape(b, d, h, w)

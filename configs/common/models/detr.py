@@ -61,4 +61,9 @@ model = L(DETRInstanceSeg)(
     aux_loss=True,
     mask_threshold=0.5,
     size_divisibility=None,
+    # DETR: learned query embeddings and sine encodings at temperature 10000 (None), one query
+    # group. configs/demo/detr_vit_tiny.py shows the faster-converging variants.
+    position_embedding=None,
+    reference_points=False,
+    query_groups=1,
 )
