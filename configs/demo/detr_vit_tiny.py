@@ -1,5 +1,5 @@
 # Tiny DETR-style detector with masks (plain ViT backbone + small transformer) for the embedded
-# shapes dataset, sized so that one arm trains and evaluates in about 12 minutes on two CPU cores.
+# shapes dataset, sized so that one arm trains and evaluates in about 14 minutes on two CPU cores.
 #
 # Arm placement: by default the arm applies to every attention site — the ViT backbone
 # ("backbone.*") and the transformer ("transformer.*": encoder self-attention, decoder
