@@ -18,7 +18,8 @@ def atomic_write(path: str, data: Union[str, bytes], *, fsync: bool = False) -> 
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes) else {"newline": ""})) as f:
+        binary = isinstance(data, bytes)
+        with os.fdopen(fd, "wb" if binary else "w", newline=None if binary else "") as f:
             f.write(data)
             if fsync:
                 f.flush()

@@ -136,7 +136,7 @@ def main(argv=None):
         paths = write_table(rows, args.output, columns=COLUMNS)
         json_path = os.path.join(args.output, "attention_conditioning.json")
         atomic_write(json_path, json.dumps({"config": args.config_file, "weights": args.weights,
-                                             "rows": [_json_safe(r) for r in rows]}, indent=1, allow_nan=False))
+                                            "rows": [_json_safe(r) for r in rows]}, indent=1, allow_nan=False))
         print(f"wrote {paths['csv']}, {paths['md']}, {json_path}", file=sys.stderr)
     return rows
 

@@ -111,7 +111,6 @@ class ResultsFile:
         return [_validate(r) for r in data["records"]]
 
     def _write(self, records: List[Dict[str, Any]]) -> None:
-        os.makedirs(self.output_dir, exist_ok=True)
         payload = {"version": _FORMAT_VERSION, "records": sorted(records, key=_sort_key)}
         atomic_write(self.path, json.dumps(payload, indent=1, allow_nan=False), fsync=True)
 
