@@ -9,8 +9,8 @@
 
 Keys added:
 - ``MODEL.CONDINIT``: the attention-init arm (ARM, SEED, INCLUDE, EXCLUDE) and its options.
-  Options left at ``None`` take :func:`condinit_det.init.apply_init`'s defaults; only options
-  that are set are passed, so the arm rejects options that are not its own.
+  Options left at ``None`` take :func:`condinit_det.init.apply_init`'s defaults; each option key
+  belongs to one arm and is passed only to that arm.
 - ``MODEL.VIT``, ``MODEL.SWIN``, ``MODEL.XCIT``: backbone hyper-parameters for the builders in
   :mod:`condinit_det.modeling.backbones`.
 - ``MODEL.SIMPLE_FPN``: the simple feature pyramid put on the single-scale ViT / XCiT output.
@@ -154,5 +154,12 @@ def build_optimizer(cfg: CN, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def condinit_options(node: CN) -> dict:
-    """``apply_init`` keyword options from a ``MODEL.CONDINIT`` node (the keys that are set)."""
-    return {kw: node[key] for key, kw in _OPTION_KEYS.items() if node.get(key) is not None}
+    """``apply_init`` keyword options of ``node.ARM`` from a ``MODEL.CONDINIT`` node (the keys that are set).
+
+    Every option key belongs to one arm, so the options set for one arm leave the others alone
+    (``--arm all`` runs with custom mimetic or conditioned options).
+    """
+    from .init import ARM_OPTIONS
+
+    accepted = ARM_OPTIONS.get(node.ARM, {})
+    return {kw: node[key] for key, kw in _OPTION_KEYS.items() if node.get(key) is not None and kw in accepted}

@@ -1,6 +1,4 @@
-"""The detectron2-facing arm entry points: apply_arm_config and the init_arm lazy builder."""
-import json
-
+"""The arm inside a lazy config's model node: armed(), build_armed, per-arm options, one place only."""
 import pytest
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
@@ -8,25 +6,36 @@ from detectron2.config import LazyCall as L
 from detectron2.config import instantiate
 from detectron2.modeling.backbone.swin import SwinTransformer
 from detectron2.modeling.backbone.vit import ViT
+from omegaconf import OmegaConf
 
+from condinit_det.arm_node import ArmError, resolve_arm_node
 from condinit_det.init import find_attention
-from condinit_det.modeling import ARM_REPORT_FILE, apply_arm_config, init_arm
+from condinit_det.modeling import arm as arm_module
+from condinit_det.modeling import armed
 
 
 class Detector(torch.nn.Module):
     """Stands in for a meta-arch: the ViT lives at backbone.net like in ViTDet."""
 
-    def __init__(self):
+    def __init__(self, net: torch.nn.Module, classes: int = 5):
         super().__init__()
         self.backbone = torch.nn.Module()
-        self.backbone.net = ViT(img_size=64, patch_size=16, embed_dim=64, depth=3, num_heads=4,
-                                window_size=2, window_block_indexes=[0], use_rel_pos=True)
-        self.head = torch.nn.Linear(64, 5)
+        self.backbone.net = net
+        self.head = torch.nn.Linear(64, classes)
 
 
-def _build(seed=0):
+def _config(arm="conditioned", **node):
+    vit = L(ViT)(img_size=64, patch_size=16, embed_dim=64, depth=3, num_heads=4, window_size=2,
+                 window_block_indexes=[0], use_rel_pos=True)
+    cfg = OmegaConf.create({"condinit": {"arm": arm, "seed": 0, "include": None, "exclude": None, "options": {},
+                                         **node}})
+    cfg.model = armed(L(Detector)(net=vit, classes=5))
+    return cfg
+
+
+def _build(cfg, seed=0):
     torch.manual_seed(seed)
-    return Detector()
+    return instantiate(cfg.model)
 
 
 def _q_blocks_orthonormal(site):
@@ -39,77 +48,117 @@ def _q_blocks_orthonormal(site):
     )
 
 
-def test_apply_arm_config_keeps_keys_and_saves_report(tmp_path):
-    fresh = _build()
-    model = _build()
-    report = apply_arm_config(model, {"arm": "conditioned", "seed": 3, "include": ["backbone.net.*"]},
-                              output_dir=str(tmp_path))
-    assert list(model.state_dict()) == list(fresh.state_dict())
-    assert [s.name for s in report.sites] == [f"backbone.net.blocks.{i}.attn" for i in range(3)]
-    assert all(_q_blocks_orthonormal(s) for s in find_attention(model))
-    assert torch.equal(model.head.weight, fresh.head.weight)
-    saved = json.loads((tmp_path / ARM_REPORT_FILE).read_text())
-    assert saved["arm"] == "conditioned" and saved["seed"] == 3
-    assert "backbone.net.blocks.0.attn.qkv.weight" in saved["sites"][0]["changed"]
+def test_armed_node_builds_the_same_model_with_the_arm():
+    default, conditioned = _build(_config("default")), _build(_config("conditioned"))
+    assert isinstance(conditioned, Detector)
+    assert list(conditioned.state_dict()) == list(default.state_dict())  # keys unchanged: checkpoints load
+    assert conditioned.condinit_report.arm == "conditioned"
+    assert [s.name for s in conditioned.condinit_report.sites] == [f"backbone.net.blocks.{i}.attn" for i in range(3)]
+    assert all(_q_blocks_orthonormal(s) for s in find_attention(conditioned))
+    assert not any(_q_blocks_orthonormal(s) for s in find_attention(default))
+    changed = set(conditioned.condinit_report.changed_parameters())
+    for name, value in default.state_dict().items():
+        if name not in changed:
+            assert torch.equal(value, conditioned.state_dict()[name]), name
+
+
+def test_usual_override_paths_still_reach_the_model():
+    cfg = _config("mimetic")
+    cfg.model.net.embed_dim = 48
+    cfg.model.net.num_heads = 3
+    cfg.model.classes = 7
+    model = _build(cfg)
+    assert model.head.out_features == 7
+    assert find_attention(model)[0].dim == 48
+    assert model.condinit_report.arm == "mimetic"
+
+
+def test_the_top_level_node_is_the_one_place_and_is_read_at_build_time():
+    cfg = _config("default")
+    cfg.condinit.arm = "conditioned"  # what `condinit.arm=conditioned` or --arm does
+    assert _build(cfg).condinit_report.arm == "conditioned"
 
 
 def test_same_seed_gives_identical_replicas():
-    """What DDP relies on: every rank applies the same arm with the same seed."""
-    a, b = _build(), _build()
-    apply_arm_config(a, {"arm": "mimetic", "seed": 1})
-    apply_arm_config(b, {"arm": "mimetic", "seed": 1})
+    a, b = _build(_config("mimetic")), _build(_config("mimetic"))
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
 def test_checkpoint_loaded_after_the_arm_overrides_it(tmp_path):
-    source = _build(seed=5)
+    source = _build(_config("default"), seed=5)
     torch.save({"model": source.state_dict()}, tmp_path / "ckpt.pth")
-    model = _build()
-    apply_arm_config(model, {"arm": "conditioned", "seed": 0})
+    model = _build(_config("conditioned"))
     assert _q_blocks_orthonormal(find_attention(model)[0])
     DetectionCheckpointer(model).load(str(tmp_path / "ckpt.pth"))
     assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), source.state_dict().values()))
     assert not _q_blocks_orthonormal(find_attention(model)[0])
 
 
-def test_missing_node_means_default_and_bad_keys_are_named():
-    model = _build()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    report = apply_arm_config(model, None)
-    assert report.arm == "default"
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    with pytest.raises(ValueError, match="unknown key\\(s\\) gain; accepted: arm, seed, include, exclude, options"):
-        apply_arm_config(model, {"arm": "conditioned", "gain": 2})
-    with pytest.raises(ValueError, match="unknown arm 'best'"):
-        apply_arm_config(model, {"arm": "best"})
+def test_options_are_given_per_arm():
+    options = {"conditioned": {"gain_v": 0.5}, "mimetic": {"alpha1": 0.3}}
+    model = _build(_config("conditioned", include=["backbone.net.blocks.1.*"], options=options))
+    assert [s.name for s in model.condinit_report.sites] == ["backbone.net.blocks.1.attn"]
+    assert torch.equal(find_attention(model)[1].weight("v"), 0.5 * torch.eye(64))
+    assert _build(_config("mimetic", options=options)).condinit_report.options["alpha1"] == 0.3
+    # The default arm ignores the other arms' entries, so --arm all runs with custom options.
+    assert _build(_config("default", options=options)).condinit_report.arm == "default"
 
 
-def test_omegaconf_node_from_a_lazy_config():
-    from omegaconf import OmegaConf
+@pytest.mark.parametrize("node, message", [
+    ({"arm": "best"}, "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned"),
+    ({"arm": "conditioned", "gain": 2}, "unknown key\\(s\\) gain; accepted: arm, seed, include, exclude, options"),
+    ({"arm": "conditioned", "options": {"gain_qk": 2.0}}, "condinit.options.conditioned.gain_qk=..."),
+    ({"arm": "conditioned", "options": {"bogus": {"x": 1}}}, "condinit.options.bogus: 'bogus' is not an arm"),
+    ({"arm": "default", "options": {"mimetic": {"gain_qk": 2.0}}},
+     "condinit.options.mimetic: option\\(s\\) gain_qk are not accepted by the 'mimetic' arm; accepted: alpha1"),
+    ({"arm": "default", "options": {"default": {"alpha1": 2.0}}}, "not accepted by the 'default' arm"),
+    ({"arm": "conditioned", "seed": "x"}, "condinit.seed must be an integer or None"),
+])
+def test_bad_arm_nodes_are_refused_before_the_build(node, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_arm_node(node)
 
-    node = OmegaConf.create({"arm": "conditioned", "seed": 0, "include": ["backbone.net.blocks.1.*"],
-                             "exclude": None, "options": {"gain_v": 0.5}})
-    model = _build()
-    report = apply_arm_config(model, node)
-    assert [s.name for s in report.sites] == ["backbone.net.blocks.1.attn"]
-    site = find_attention(model)[1]
-    assert torch.equal(site.weight("v"), 0.5 * torch.eye(64))
+
+def test_missing_node_means_default_and_negative_seed_means_zero():
+    assert resolve_arm_node(None).arm == "default"
+    assert resolve_arm_node({"arm": "mimetic", "seed": -1}).seed == 0
 
 
-def test_init_arm_builder_in_a_lazy_config():
-    cfg = L(init_arm)(
-        module=L(SwinTransformer)(pretrain_img_size=64, patch_size=4, embed_dim=32, depths=(2, 2),
-                                  num_heads=(2, 4), window_size=4, out_indices=(0, 1)),
-        arm="conditioned",
-        seed=0,
-        include=["layers.1.*"],
-    )
+def test_arm_errors_of_the_model_are_arm_errors():
+    with pytest.raises(ArmError, match="include pattern 'nothing.\\*' matches no attention site"):
+        _build(_config("conditioned", include=["nothing.*"]))
+
+
+def test_an_armed_backbone_names_sites_as_in_the_full_model():
+    swin = armed(L(SwinTransformer)(pretrain_img_size=64, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4),
+                                    window_size=4, out_indices=(0, 1)),
+                 condinit={"arm": "conditioned", "seed": 0, "include": ["backbone.layers.1.*"]},
+                 site_prefix="backbone.")
     torch.manual_seed(0)
-    swin = instantiate(cfg)
-    assert isinstance(swin, SwinTransformer)
-    assert [s.name for s in swin.condinit_report.sites] == ["layers.1.blocks.0.attn", "layers.1.blocks.1.attn"]
-    sites = {s.name: s for s in find_attention(swin)}
+    built = instantiate(swin)
+    assert isinstance(built, SwinTransformer)
+    assert [s.name for s in built.condinit_report.sites] == ["backbone.layers.1.blocks.0.attn",
+                                                            "backbone.layers.1.blocks.1.attn"]
+    sites = {s.name: s for s in find_attention(built)}
     assert _q_blocks_orthonormal(sites["layers.1.blocks.0.attn"])
     assert not _q_blocks_orthonormal(sites["layers.0.blocks.0.attn"])
-    out = swin(torch.randn(1, 3, 64, 64))
-    assert out["p1"].shape == (1, 64, 8, 8)
+    assert built(torch.randn(1, 3, 64, 64))["p1"].shape == (1, 64, 8, 8)
+
+
+def test_an_arm_applied_in_two_places_is_refused():
+    cfg = _config("conditioned")
+    cfg.model.net = armed(cfg.model.net, condinit={"arm": "mimetic"}, site_prefix="backbone.net.")
+    with pytest.raises(ValueError, match="the arm is applied in two places"):
+        _build(cfg)
+    with pytest.raises(ValueError, match="armed already"):
+        armed(cfg.model)
+
+
+def test_other_ranks_leave_the_arm_to_the_ddp_broadcast(monkeypatch):
+    default = _build(_config("default"))
+    monkeypatch.setattr(arm_module, "_rank", lambda: 1)
+    with arm_module.rank0_computes_arm():
+        skipped = _build(_config("conditioned"))
+    assert skipped.condinit_report.sites == [] and skipped.condinit_report.arm == "conditioned"
+    assert all(torch.equal(x, y) for x, y in zip(default.state_dict().values(), skipped.state_dict().values()))
+    assert _build(_config("conditioned")).condinit_report.sites  # outside the context every rank computes it

@@ -11,8 +11,8 @@ import torch
 from detectron2.config import instantiate
 from detectron2.utils.env import seed_all_rng
 
-from condinit_det.engine.results import ResultsFile
-from condinit_det.engine.training import build_argument_parser, build_model, load_config, prepare_config, run_all_arms
+from condinit_det.results import ResultsFile
+from condinit_det.engine.training import build_argument_parser, build_model, load_config, prepare_config, run_experiment
 from condinit_det.init import ARMS, find_attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +66,6 @@ def test_arms_differ_only_in_attention_weights(tmp_path):
     for x, y in zip(batch_a, batch_b):
         assert torch.equal(x["image"], y["image"])
         assert torch.equal(x["instances"].gt_boxes.tensor, y["instances"].gt_boxes.tensor)
-    assert (tmp_path / "conditioned" / "condinit_arm_report.json").is_file()
 
 
 def test_bad_arguments(tmp_path):
@@ -75,7 +74,7 @@ def test_bad_arguments(tmp_path):
         parser.parse_args(["--config-file", CONFIG, "--arm", "bogus"])
     args = parser.parse_args(["--config-file", CONFIG, "--arm", "all", "--eval-only"])
     with pytest.raises(ValueError, match="eval-only"):
-        run_all_arms(args)
+        run_experiment(args)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_config(str(tmp_path / "missing.py"))
     with pytest.raises(ValueError, match="Unknown arm"):
@@ -86,7 +85,7 @@ def test_bad_arguments(tmp_path):
 def test_train_then_arm_all_with_resume(tmp_path):
     exp = tmp_path / "exp"
     # 1. One arm, trained straight into the layout --arm all uses.
-    run = exp / "conditioned"
+    run = exp / "conditioned" / "seed0"
     log = _train_net(tmp_path, "--arm", "conditioned", f"train.output_dir={run}",
                      "train.max_iter=2", "train.eval_period=1")
     assert "eta:" in log  # progress with ETA
@@ -110,9 +109,9 @@ def test_train_then_arm_all_with_resume(tmp_path):
     assert log.count("already finished") == 1
     assert ResultsFile(run).records("ap") == recs
     for arm in ARMS:
-        arm_recs = ResultsFile(exp / arm).records("ap")
+        arm_recs = ResultsFile(exp / arm / "seed0").records("ap")
         assert [(r["iteration"], r["arm"], r["seed"]) for r in arm_recs] == [(1, arm, 0), (2, arm, 0)]
-        with open(exp / arm / "condinit_arm_report.json") as f:
+        with open(exp / arm / "seed0" / "condinit_arm_report.json") as f:
             assert json.load(f)["arm"] == arm
     report = exp / "report"
     assert {"report.md", "summary.csv", "curves.csv", "bbox_ap.png", "segm_ap.png"} <= set(os.listdir(report))
@@ -121,19 +120,19 @@ def test_train_then_arm_all_with_resume(tmp_path):
     for arm in ARMS:
         assert f"| {arm} |" in md
     # each arm logged only into its own directory
-    assert "arm 'mimetic'" in (exp / "mimetic" / "log.txt").read_text()
-    assert "arm 'mimetic'" not in (exp / "default" / "log.txt").read_text()
+    assert "arm 'mimetic'" in (exp / "mimetic" / "seed0" / "log.txt").read_text()
+    assert "arm 'mimetic'" not in (exp / "default" / "seed0" / "log.txt").read_text()
 
     # 3. A longer schedule with --resume continues every arm from its checkpoint: no point lost
     #    or duplicated.
-    before = {arm: ResultsFile(exp / arm).records("ap") for arm in ARMS}
+    before = {arm: ResultsFile(exp / arm / "seed0").records("ap") for arm in ARMS}
     _train_net(tmp_path, "--arm", "all", "--resume", f"train.output_dir={exp}",
                "train.max_iter=3", "train.eval_period=1")
     for arm in ARMS:
-        after = ResultsFile(exp / arm).records("ap")
+        after = ResultsFile(exp / arm / "seed0").records("ap")
         assert [r["iteration"] for r in after] == [1, 2, 3]
         assert after[:2] == before[arm]
-        assert len([m for m in _metrics(exp / arm) if "bbox/AP" in m]) == 3
+        assert len([m for m in _metrics(exp / arm / "seed0") if "bbox/AP" in m]) == 3
     assert "| 3 |" in (report / "report.md").read_text()  # final iteration column
 
 
@@ -192,17 +191,18 @@ def test_yacs_config_path(tmp_path):
 def test_init_checkpoint_override_is_detected_per_site(tmp_path):
     from detectron2.checkpoint import DetectionCheckpointer
 
-    from condinit_det.engine import training
+    from condinit_det.engine.arm_report import AttentionSnapshot, weights_from
 
     torch.set_num_threads(1)
     cfg = prepare_config(load_config(CONFIG, []), arm="conditioned", output_dir=str(tmp_path))
-    model, _ = build_model(cfg)
+    model, report = build_model(cfg)
     # a checkpoint holding only block 0's attention (as a partial pretrained backbone would)
     ckpt = {k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.startswith("backbone.net.blocks.0.attn.")}
     torch.save({"model": ckpt}, tmp_path / "partial.pth")
-    names = training._attention_parameters(model)
-    assert sorted(names) == ["backbone.net.blocks.0.attn", "backbone.net.blocks.1.attn"]
-    snapshot = training._snapshot(model, names)
+    snapshot = AttentionSnapshot(model)
+    assert sorted(snapshot.names_by_site) == ["backbone.net.blocks.0.attn", "backbone.net.blocks.1.attn"]
     DetectionCheckpointer(model).load(str(tmp_path / "partial.pth"))
-    overridden = training._log_checkpoint_override(model, "conditioned", "partial.pth", names, snapshot)
-    assert overridden == ["backbone.net.blocks.0.attn"]
+    overwritten = snapshot.overwritten(model)
+    assert overwritten == ["backbone.net.blocks.0.attn"]
+    assert weights_from(report, overwritten, "partial.pth", None) == {
+        "backbone.net.blocks.0.attn": "checkpoint partial.pth", "backbone.net.blocks.1.attn": "arm conditioned"}

@@ -42,8 +42,14 @@ def test_keys_and_options():
     assert condinit_options(node) == {}
     for key in ("VIT", "SWIN", "XCIT", "SIMPLE_FPN"):
         assert key in cfg.MODEL
-    cfg.merge_from_list(["MODEL.CONDINIT.GAIN_QK", "0.5", "MODEL.CONDINIT.VALUE_MODE", "shared_block"])
+    cfg.merge_from_list(["MODEL.CONDINIT.GAIN_QK", "0.5", "MODEL.CONDINIT.VALUE_MODE", "shared_block",
+                         "MODEL.CONDINIT.ALPHA1", "0.3"])
+    # Each option key belongs to one arm and reaches only that arm (so --arm all runs with them).
+    assert condinit_options(cfg.MODEL.CONDINIT) == {}
+    cfg.MODEL.CONDINIT.ARM = "conditioned"
     assert condinit_options(cfg.MODEL.CONDINIT) == {"gain_qk": 0.5, "value_mode": "shared_block"}
+    cfg.MODEL.CONDINIT.ARM = "mimetic"
+    assert condinit_options(cfg.MODEL.CONDINIT) == {"alpha1": 0.3}
     for name in ("build_condinit_vit_backbone", "build_condinit_swin_fpn_backbone", "build_condinit_xcit_backbone"):
         assert BACKBONE_REGISTRY.get(name) is getattr(backbones, name)
 

@@ -28,6 +28,8 @@ from detectron2.evaluation import COCOEvaluator
 from detectron2.modeling import SimpleFeaturePyramid, ViT
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
+from condinit_det.modeling import armed
+
 SIZE = 64
 ROOT = os.environ.get("CONDINIT_TINY_DATA") or os.path.join(tempfile.gettempdir(), "condinit_tiny_data_v1")
 
@@ -72,7 +74,7 @@ for _split, _n, _seed in (("train", 4, 0), ("val", 2, 1)):
     if f"condinit_tiny_{_split}" not in DatasetCatalog.list():
         register_coco_instances(f"condinit_tiny_{_split}", {}, _json, os.path.join(ROOT, _split))
 
-model = model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model
+model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
 model.backbone = L(SimpleFeaturePyramid)(
     net=L(ViT)(
         img_size=SIZE, patch_size=16, embed_dim=32, depth=2, num_heads=2, drop_path_rate=0.0,
@@ -145,4 +147,4 @@ train.output_dir = "./output/tiny"
 # (fvcore's ConstantParamScheduler rejects the final step's where=1.0)
 lr_multiplier = L(CosineParamScheduler)(start_value=1.0, end_value=1.0)
 
-condinit = dict(arm="default", seed=0, include=None, exclude=None, options={})
+condinit = dict(arm="default", seed="${oc.select:train.seed,0}", include=None, exclude=None, options={})

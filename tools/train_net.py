@@ -4,19 +4,37 @@ Train / evaluate a detector with an attention-initialization arm.
 
 Lazy (.py) and yacs (.yaml) configs; detectron2's command line (--num-gpus, --num-machines,
 --machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
---arm {default,mimetic,conditioned,all}. The logic lives in condinit_det.engine.training.
+--arm {default,mimetic,conditioned,all}, --seeds, --lr-scale. Everything that can be checked is
+checked before any worker starts; a bad input ends with one error line and exit status 2.
+The logic lives in condinit_det.engine.training.
 """
+import sys
+
 from detectron2.engine import launch
 
-from condinit_det.engine.training import build_argument_parser, main
+from condinit_det.arm_node import ArmError
+from condinit_det.engine.training import build_argument_parser, check_invocation, main
+
+
+def _fail(error: Exception) -> None:
+    print(f"train_net.py: error: {error}", file=sys.stderr)
+    sys.exit(2)
+
 
 if __name__ == "__main__":
     args = build_argument_parser().parse_args()
-    launch(
-        main,
-        args.num_gpus,
-        num_machines=args.num_machines,
-        machine_rank=args.machine_rank,
-        dist_url=args.dist_url,
-        args=(args,),
-    )
+    try:
+        check_invocation(args)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(e)
+    try:
+        launch(
+            main,
+            args.num_gpus,
+            num_machines=args.num_machines,
+            machine_rank=args.machine_rank,
+            dist_url=args.dist_url,
+            args=(args,),
+        )
+    except ArmError as e:  # raised while the model is built: the arm does not fit the model
+        _fail(e)

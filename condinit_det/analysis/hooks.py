@@ -6,7 +6,7 @@ iterations, and after the last iteration. Each measurement is matrix-free (block
 jvp/vjp products) on X captured from the fixed batch with the current weights. It writes
 
 - event storage scalars ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}``, and
-- one results record per site (``condinit_det.engine.results.ResultsFile(output_dir).add``)::
+- one results record per site (``condinit_det.results.ResultsFile(output_dir).add``)::
 
     {"kind": "conditioning", "iteration": <completed iterations>, "site": <name>, "kappa",
      "sigma_max", "sigma_min", "bound", "kappa_wq", "kappa_wk", "kappa_wv", "kappa_x",
@@ -93,7 +93,7 @@ class ConditioningHook(HookBase):
     @property
     def results(self):
         if self._results is None and self.output_dir:
-            from condinit_det.engine.results import ResultsFile
+            from condinit_det.results import ResultsFile
 
             self._results = ResultsFile(self.output_dir)
         return self._results

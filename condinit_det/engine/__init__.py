@@ -1,9 +1,4 @@
-"""Training glue: results file, AP hook, train/eval entry points.
+"""detectron2 training glue: the AP hook and the train/eval entry points behind ``tools/train_net.py``.
 
-``condinit_det.engine.results`` is importable without detectron2; the hooks and the
-training functions (``condinit_det.engine.hooks``, ``condinit_det.engine.training``)
-need it and are imported explicitly.
+The results file shared with the pretraining stage and the report is :mod:`condinit_det.results`.
 """
-from .results import RESULTS_FILENAME, ResultsFile
-
-__all__ = ["ResultsFile", "RESULTS_FILENAME"]

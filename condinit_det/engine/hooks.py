@@ -2,16 +2,18 @@
 import logging
 import math
 import os
+import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from detectron2.engine import hooks
 from detectron2.utils import comm
 
-from .results import ResultsFile
+from condinit_det.results import ResultsFile
 
 __all__ = ["AP_METRICS", "ap_record", "APHook", "build_best_checkpointer"]
 
 AP_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+_METADATA_KEYS = ("arm", "seed", "lr_scale", "config")
 _TASKS = ("bbox", "segm")
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ def ap_record(
     arm: Optional[str],
     seed: Optional[int],
     config: Optional[str],
+    lr_scale: Optional[float] = 1.0,
     kind: str = "ap",
 ) -> Dict[str, Any]:
     """
@@ -55,6 +58,7 @@ def ap_record(
         "iteration": int(iteration),
         "arm": arm,
         "seed": seed,
+        "lr_scale": lr_scale,
         "config": config,
     }
     for task in _TASKS:
@@ -77,7 +81,11 @@ class APHook(hooks.EvalHook):
         eval_period: evaluate every this many iterations (0: only after the last one).
         eval_function: no-argument callable returning the evaluator's nested dict of metrics.
         results_file: where records go (written by the main process only); None: not recorded.
-        metadata: ``arm``, ``seed``, ``config`` copied into every record.
+        metadata: ``arm``, ``seed``, ``lr_scale``, ``config`` copied into every record.
+        predictions_file: where the evaluator writes its COCO-format predictions; when it was
+            written by the final evaluation, the final record names it (``"predictions"``, relative
+            to the run directory) with ``ground_truth`` (the dataset's COCO json), so the report
+            can resample evaluation images.
     """
 
     def __init__(
@@ -88,31 +96,44 @@ class APHook(hooks.EvalHook):
         results_file: Optional[ResultsFile],
         metadata: Optional[Mapping[str, Any]] = None,
         eval_after_train: bool = True,
+        predictions_file: Optional[str] = None,
+        ground_truth: Optional[str] = None,
     ):
         self._evaluate = eval_function
         self._results_file = results_file
-        self._metadata = {k: None for k in ("arm", "seed", "config")}
+        self._metadata = {k: None for k in _METADATA_KEYS}
         self._metadata.update(metadata or {})
-        unknown = set(self._metadata) - {"arm", "seed", "config"}
+        unknown = set(self._metadata) - set(_METADATA_KEYS)
         if unknown:
-            raise ValueError(f"APHook metadata accepts arm, seed, config; got {sorted(unknown)}")
+            raise ValueError(f"APHook metadata accepts {', '.join(_METADATA_KEYS)}; got {sorted(unknown)}")
+        self._predictions_file = predictions_file
+        self._ground_truth = ground_truth
         super().__init__(eval_period, self._evaluate_and_record, eval_after_train=eval_after_train)
 
     def _evaluate_and_record(self):
+        started = time.time()
         results = self._evaluate()
         if results and self._results_file is not None and comm.is_main_process():
             # Completed iterations: trainer.iter is the last finished one inside after_step,
             # and already max_iter inside after_train.
             iteration = min(self.trainer.iter + 1, self.trainer.max_iter)
             record = ap_record(results, iteration=iteration, **self._metadata)
+            pred = self._predictions_file
+            if (iteration == self.trainer.max_iter and pred and self._ground_truth and os.path.isfile(pred)
+                    and os.path.getmtime(pred) >= started - 1):
+                record["predictions"] = os.path.relpath(pred, self._results_file.output_dir)
+                record["ground_truth"] = os.path.abspath(self._ground_truth)
             self._results_file.add(record)
-            box = (record["bbox"] or {}).get("AP")
-            mask = (record["segm"] or {}).get("AP")
             logger.info(
-                f"Iteration {iteration}: box AP {box}, mask AP {mask} "
+                f"Iteration {iteration}: box AP {_fmt_ap(record['bbox'])}, mask AP {_fmt_ap(record['segm'])} "
                 f"(arm {self._metadata['arm']}) recorded in {self._results_file.path}"
             )
         return results
+
+
+def _fmt_ap(task: Optional[Mapping[str, Any]]) -> str:
+    value = (task or {}).get("AP")
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 class _KeepLastCheckpointTag:

@@ -2,65 +2,74 @@
 Training and evaluation entry points behind ``tools/train_net.py``.
 
 Lazy (``.py``) configs follow detectron2's ``tools/lazyconfig_train_net.py`` conventions and
-read: ``model``, ``optimizer``, ``lr_multiplier``, ``dataloader.{train,test,evaluator}``,
-``train.{output_dir, init_checkpoint, max_iter, eval_period, log_period, checkpointer, ddp,
-amp.enabled, device, seed}``, ``condinit`` (the arm, see ``configs/common/condinit.py``) and the
-optional ``condinit_analysis`` (conditioning analysis hook; ``period=0`` or absent: off).
-yacs (``.yaml``) configs take the ``DefaultTrainer`` path with the project's keys added by
-``condinit_det.config.add_condinit_config``.
+read: ``model`` (armed: :func:`condinit_det.modeling.armed`), ``optimizer``, ``lr_multiplier``,
+``dataloader.{train,test,evaluator}``, ``train.{output_dir, init_checkpoint, max_iter,
+eval_period, log_period, checkpointer, ddp, amp.enabled, device, seed}``, ``condinit`` (the arm,
+``configs/common/condinit.py``) and the optional ``condinit_analysis`` (conditioning analysis
+hook; ``period=0`` or absent: off). yacs (``.yaml``) configs take the ``DefaultTrainer`` path
+with the project's keys added by ``condinit_det.config.add_condinit_config``.
 
 Seeds: a negative ``train.seed`` (detectron2's "random") is replaced by 0, so that separate
-runs of different arms share data order and every non-attention weight; set ``train.seed=N``
-for another repetition. ``condinit.seed: None`` follows ``train.seed``.
+runs of different arms share data order and every non-attention weight; ``--seeds`` or
+``train.seed=N`` choose others, and the arm's seed follows the training seed.
+
+An *experiment* (``--arm all``, ``--seeds``, ``--lr-scale``) trains one run per arm, seed and
+learning-rate scale into ``<output_dir>/<arm>/seed<k>[-lr<s>]/`` (:mod:`condinit_det.runs`) and
+then writes the comparison into ``<output_dir>/report/``.
 """
+import contextlib
 import gc
-import json
+import hashlib
+import inspect
 import logging
 import os
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
+from omegaconf import OmegaConf, open_dict
 
-from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.config import CfgNode, LazyConfig, instantiate
-from detectron2.engine import (
-    AMPTrainer,
-    SimpleTrainer,
-    default_argument_parser,
-    default_setup,
-    default_writers,
-    hooks,
-)
+from detectron2.engine import AMPTrainer, SimpleTrainer, default_argument_parser, default_setup, default_writers, hooks
 from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
-from omegaconf import OmegaConf, open_dict
 
-from condinit_det.init import ARMS, find_attention
-from condinit_det.modeling.arm import ARM_REPORT_FILE, apply_arm_config
+from condinit_det.arm_node import ArmSpec, plain, resolve_arm_node
+from condinit_det.modeling.arm import ARM_NODE_REF, armed, armed_nodes, rank0_computes_arm
+from condinit_det.results import ResultsFile
+from condinit_det.runs import (
+    ARM_CHOICES,
+    check_resume_identity,
+    parse_lr_scales,
+    parse_seeds,
+    plan_runs,
+    read_arm_report,
+    write_plan,
+)
 
+from .arm_report import AttentionSnapshot, log_arm_report, save_arm_report, weights_from
+from .checkpoint import RunCheckpointer, check_checkpoint_file, pretrain_checkpoint_file, read_pretrain_meta
 from .hooks import APHook, ap_record, build_best_checkpointer
-from .results import ResultsFile
 
 __all__ = [
-    "ARM_CHOICES",
     "REPORT_DIRNAME",
     "build_argument_parser",
+    "check_invocation",
     "load_config",
     "prepare_config",
     "build_model",
     "do_test",
     "do_train",
     "run",
-    "run_all_arms",
+    "run_experiment",
     "main",
 ]
 
 logger = logging.getLogger("detectron2")
 
-ARM_CHOICES = tuple(ARMS) + ("all",)
 REPORT_DIRNAME = "report"
 DEFAULT_SEED = 0
+INFERENCE_DIRNAME = "inference"
 
 _EPILOG = """
 Examples:
@@ -68,38 +77,51 @@ Examples:
 Train one arm on one machine (lazy config, CPU):
     $ tools/train_net.py --config-file configs/demo/mask_rcnn_vit_tiny.py --arm conditioned
 
-Train the three arms one after the other into <output_dir>/{default,mimetic,conditioned}/,
-then write the comparison into <output_dir>/report/:
+Train the three arms into <output_dir>/<arm>/seed<k>/, then write the comparison into
+<output_dir>/report/ (several seeds; a learning-rate scan on the first seed):
     $ tools/train_net.py --config-file cfg.py --arm all train.output_dir=output/exp1
+    $ tools/train_net.py --config-file cfg.py --arm all --seeds 0,1,2 --lr-scale 0.5,1,2 train.output_dir=output/exp1
 
-Resume (an arm that already finished is skipped):
+Resume (finished runs are skipped; a run directory never changes arm, seed or patterns):
     $ tools/train_net.py --config-file cfg.py --arm all --resume train.output_dir=output/exp1
 
-Run on 8 GPUs:
-    $ tools/train_net.py --num-gpus 8 --config-file cfg.py train.device=cuda
+Fine-tune each arm from its own pretrained backbone:
+    $ tools/train_net.py --config-file cfg.py --arm all 'train.init_checkpoint=output/pretrain/{arm}/seed{seed}'
 
-Run on multiple machines:
+Run on 8 GPUs / on several machines:
+    $ tools/train_net.py --num-gpus 8 --config-file cfg.py train.device=cuda
     (machine0)$ tools/train_net.py --machine-rank 0 --num-machines 2 --dist-url <URL> [--other-flags]
     (machine1)$ tools/train_net.py --machine-rank 1 --num-machines 2 --dist-url <URL> [--other-flags]
 """
 
 
 def build_argument_parser():
-    """detectron2's ``default_argument_parser`` plus ``--arm``."""
+    """detectron2's ``default_argument_parser`` plus the arm, seed and learning-rate options."""
     parser = default_argument_parser(epilog=_EPILOG)
     parser.add_argument(
-        "--arm",
-        choices=ARM_CHOICES,
-        default=None,
-        help="attention-init arm (sets condinit.arm); 'all' trains the three arms one after the "
-        "other with the same seed into <output_dir>/<arm>/ and writes <output_dir>/report/. "
-        "Default: the config's condinit.arm.",
-    )
+        "--arm", choices=ARM_CHOICES, default=None,
+        help="attention-init arm (sets condinit.arm); 'all' trains the three arms with the same seeds into "
+        "<output_dir>/<arm>/seed<k>/ and writes <output_dir>/report/. Default: the config's condinit.arm.")
+    parser.add_argument(
+        "--seeds", default=None, metavar="LIST",
+        help="training seeds, e.g. '0,1,2' or '0-2': one run per arm and seed in <output_dir>/<arm>/seed<k>/ "
+        "(the arm's seed follows the training seed). Default: the config's train.seed.")
+    parser.add_argument(
+        "--lr-scale", default=None, metavar="LIST",
+        help="multipliers of the config's base learning rate, e.g. '0.5,1,2': runs the other scales for every "
+        "arm on the first seed, into <output_dir>/<arm>/seed<k>-lr<s>/.")
+    parser.add_argument(
+        "--allow-changed-run", action="store_true",
+        help="let --resume continue a run directory started with another arm, seed, patterns or lr scale")
+    parser.add_argument(
+        "--allow-shared-checkpoint", action="store_true",
+        help="allow train.init_checkpoint to give an arm weights that are not its own: the same checkpoint "
+        "for every arm, or another arm's pretraining checkpoint")
     return parser
 
 
 # ---------------------------------------------------------------------------------------------
-# Configs: lazy (DictConfig) and yacs (CfgNode) behind a few accessors.
+# Configs: lazy (DictConfig) and yacs (CfgNode)
 # ---------------------------------------------------------------------------------------------
 def _is_yacs_file(path: str) -> bool:
     if not path.endswith((".yaml", ".yml")):
@@ -122,13 +144,8 @@ def load_config(config_file: str, opts: Optional[List[str]] = None):
     if _is_yacs_file(config_file):
         from detectron2.config import get_cfg
 
-        try:
-            from condinit_det.config import add_condinit_config
-        except ImportError as e:
-            raise ImportError(
-                "yacs configs need condinit_det.config.add_condinit_config, which is not "
-                f"importable ({e}); use a lazy .py config instead."
-            ) from e
+        from condinit_det.config import add_condinit_config
+
         cfg = get_cfg()
         add_condinit_config(cfg)
         cfg.merge_from_file(config_file)
@@ -156,51 +173,216 @@ def get_seed(cfg) -> int:
     return int(cfg.SEED if _is_yacs(cfg) else cfg.train.get("seed", -1))
 
 
-def get_arm(cfg) -> str:
+def get_lr_scale(cfg) -> float:
+    return 1.0 if _is_yacs(cfg) and "LR_SCALE" not in cfg.SOLVER else float(
+        cfg.SOLVER.LR_SCALE if _is_yacs(cfg) else cfg.train.get("lr_scale", 1.0))
+
+
+def get_init_checkpoint(cfg) -> str:
+    return cfg.MODEL.WEIGHTS if _is_yacs(cfg) else cfg.train.get("init_checkpoint", "")
+
+
+def arm_spec(cfg) -> ArmSpec:
+    """The validated arm of a prepared config."""
     if _is_yacs(cfg):
-        return str(cfg.MODEL.CONDINIT.ARM)
-    node = cfg.get("condinit")
-    return "default" if node is None else str(node.get("arm", "default"))
+        from condinit_det.config import condinit_options
+
+        node = cfg.MODEL.CONDINIT
+        return resolve_arm_node({"arm": node.ARM, "seed": node.SEED, "include": list(node.INCLUDE) or None,
+                                 "exclude": list(node.EXCLUDE) or None,
+                                 "options": {node.ARM: condinit_options(node)} if condinit_options(node) else {}})
+    return resolve_arm_node(cfg.condinit)
 
 
-def prepare_config(cfg, *, arm: Optional[str] = None, output_dir: Optional[str] = None):
-    """
-    Set the arm and output directory, and fix the seeds (see the module docstring). Returns cfg
-    (modified in place).
-    """
-    if arm is not None and arm not in ARMS:
-        raise ValueError(f"Unknown arm {arm!r}; accepted: {', '.join(ARMS)}")
+def run_identity(cfg) -> dict:
+    """What a resumed run must share with the run it continues (:data:`condinit_det.runs.IDENTITY_KEYS`)."""
+    return {**arm_spec(cfg).identity(), "seed": get_seed(cfg), "lr_scale": get_lr_scale(cfg)}
+
+
+def _format_checkpoint(path: str, arm: str, seed: int) -> str:
+    if not path:
+        return path
+    path = str(path).replace("{arm}", arm).replace("{seed}", str(seed))
+    return pretrain_checkpoint_file(path) if os.path.isdir(path) else path
+
+
+def _check_model_arm(cfg) -> None:
+    """The model node applies ``cfg.condinit``: arm it when it is not armed; refuse two disagreeing arms."""
+    nodes = armed_nodes(cfg.model)
+    if not nodes:
+        armed(cfg.model)
+        logger.info("cfg.model is not armed: armed it here so this run builds condinit.arm (wrap the model node "
+                    "with condinit_det.modeling.armed() so every trainer gets the arm)")
+        return
+    if len(nodes) > 1:
+        raise ValueError(f"the arm is applied in two places ({', '.join(p for p, _ in nodes)}); arm the model once")
+    path, node = nodes[0]
+    raw = node._get_node("condinit")._value() if OmegaConf.is_config(node) else node.get("condinit")
+    if raw == ARM_NODE_REF:
+        return
+    top, inner = resolve_arm_node(cfg.condinit).identity(), resolve_arm_node(node.condinit).identity()
+    if top != inner:
+        raise ValueError(
+            f"the arm is set in two places that disagree: condinit ({top}) and {path}.condinit ({inner}); set it "
+            f"once, in condinit, and leave {path}.condinit = '{ARM_NODE_REF}'")
+
+
+def _set_evaluator_output(cfg, output_dir: str) -> None:
+    """Let the evaluator save its predictions (``<run>/inference/``), which the report resamples."""
+    node = cfg.dataloader.get("evaluator") if "dataloader" in cfg else None
+    if node is None or not OmegaConf.is_dict(node) or node.get("output_dir"):
+        return
+    target = node.get("_target_")
+    try:
+        accepts = "output_dir" in inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    if accepts:
+        node.output_dir = os.path.join(output_dir, INFERENCE_DIRNAME)
+
+
+def prepare_config(cfg, *, arm: Optional[str] = None, output_dir: Optional[str] = None,
+                   seed: Optional[int] = None, lr_scale: float = 1.0):
+    """Set the run's arm, output directory, seed and learning-rate scale; resolve ``{arm}`` / ``{seed}``
+    in the init checkpoint. Returns cfg (modified in place); raises ValueError on a bad arm node."""
+    if arm is not None and arm not in ARM_CHOICES[:-1]:
+        raise ValueError(f"Unknown arm {arm!r}; accepted: {', '.join(ARM_CHOICES[:-1])}")
     if _is_yacs(cfg):
         cfg.defrost()
         if arm is not None:
             cfg.MODEL.CONDINIT.ARM = arm
         if output_dir is not None:
             cfg.OUTPUT_DIR = output_dir
+        if seed is not None:
+            cfg.SEED = int(seed)
         if cfg.SEED < 0:
             logger.info(f"SEED={cfg.SEED} (random) replaced by {DEFAULT_SEED} so arms stay comparable.")
             cfg.SEED = DEFAULT_SEED
+        cfg.MODEL.CONDINIT.SEED = cfg.SEED
+        cfg.SOLVER.LR_SCALE = float(lr_scale)
+        cfg.SOLVER.BASE_LR = float(cfg.SOLVER.BASE_LR) * float(lr_scale)
+        cfg.MODEL.WEIGHTS = _format_checkpoint(cfg.MODEL.WEIGHTS, cfg.MODEL.CONDINIT.ARM, cfg.SEED)
         cfg.freeze()
+        arm_spec(cfg)
         return cfg
 
     with open_dict(cfg):
         if "condinit" not in cfg or cfg.condinit is None:
-            cfg.condinit = OmegaConf.create({"arm": "default"})
+            cfg.condinit = OmegaConf.create({"arm": "default", "seed": None, "include": None, "exclude": None,
+                                             "options": {}})
         if arm is not None:
             cfg.condinit.arm = arm
         if output_dir is not None:
             cfg.train.output_dir = output_dir
-        seed = cfg.train.get("seed", -1)
-        if seed is None or seed < 0:
-            logger.info(
-                f"train.seed={seed} (random) replaced by {DEFAULT_SEED} so that arms share data "
-                "order and non-attention weights; set train.seed=N to choose another seed."
-            )
+        if seed is not None:
+            cfg.train.seed = int(seed)
+        if cfg.train.get("seed") is None or cfg.train.seed < 0:
+            logger.info(f"train.seed={cfg.train.get('seed')} (random) replaced by {DEFAULT_SEED} so that arms share "
+                        "data order and non-attention weights; use --seeds or train.seed=N for others.")
             cfg.train.seed = DEFAULT_SEED
-        if cfg.condinit.get("seed") is None:
+        if cfg.condinit.get("seed") is None or seed is not None:
             cfg.condinit.seed = cfg.train.seed
+        cfg.train.lr_scale = float(lr_scale)
+        if lr_scale != 1.0:
+            cfg.optimizer.lr = float(cfg.optimizer.lr) * float(lr_scale)
+        spec = resolve_arm_node(cfg.condinit)
+        cfg.train.init_checkpoint = _format_checkpoint(cfg.train.get("init_checkpoint", ""), spec.arm,
+                                                       cfg.train.seed)
+        _check_model_arm(cfg)
+        _set_evaluator_output(cfg, cfg.train.output_dir)
     return cfg
 
 
+# ---------------------------------------------------------------------------------------------
+# Checks before anything is written or launched
+# ---------------------------------------------------------------------------------------------
+def _dataset_names(cfg) -> List[str]:
+    names = []
+    for split in ("train", "test"):
+        node = cfg.dataloader.get(split) if "dataloader" in cfg else None
+        dataset = node.get("dataset") if node is not None and OmegaConf.is_dict(node) else None
+        value = dataset.get("names") if dataset is not None and OmegaConf.is_dict(dataset) else None
+        value = plain(value)
+        names += [value] if isinstance(value, str) else list(value or [])
+    return list(dict.fromkeys(names))
+
+
+def _check_datasets(names: List[str]) -> None:
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    registered = DatasetCatalog.list()
+    for name in names:
+        if name not in registered:
+            shown = ", ".join(sorted(registered)[:12])
+            raise ValueError(f"dataset {name!r} is not registered; register it (DatasetCatalog.register or "
+                             f"register_coco_instances) or use a registered one, e.g. {shown}, ...")
+        meta = MetadataCatalog.get(name)
+        for key in ("image_root", "json_file"):
+            path = meta.get(key, None)
+            if path and not os.path.exists(path):
+                raise ValueError(
+                    f"dataset {name!r}: its {key} {path} does not exist; for the COCO configs set "
+                    "DETECTRON2_DATASETS to the folder that holds coco/ (README: COCO configs)")
+
+
+def _check_writable(output_dir: str) -> None:
+    if not output_dir:
+        raise ValueError("the config has no output directory (train.output_dir / OUTPUT_DIR)")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        probe = os.path.join(output_dir, f".write-test.{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"cannot write to the output directory {output_dir} ({e.strerror}); choose another with "
+                         "train.output_dir=DIR (OUTPUT_DIR DIR for yacs configs)") from None
+
+
+def _checkpoint_to_resume(output_dir: str) -> Optional[str]:
+    tag = os.path.join(output_dir, "last_checkpoint")
+    if not os.path.isfile(tag):
+        return None
+    with open(tag) as f:
+        name = f.read().strip()
+    if not name:
+        raise ValueError(f"{tag} is empty; it should name the checkpoint to resume from: write that file name "
+                         "into it or delete it to start afresh")
+    return os.path.join(output_dir, name)
+
+
+def check_run(cfg, *, resume: bool, eval_only: bool, allow_changed_run: bool = False,
+              allow_shared_checkpoint: bool = False) -> None:
+    """Refuse, with one clear error, what would fail later or lose data; changes nothing on disk
+    except creating the output directory."""
+    output_dir = get_output_dir(cfg)
+    spec = arm_spec(cfg)
+    if not _is_yacs(cfg):
+        _check_datasets(_dataset_names(cfg))
+    _check_writable(output_dir)
+    if resume:
+        ResultsFile(output_dir).records()  # a corrupt results.json raises, and stays as it is
+        if not eval_only:
+            check_resume_identity(output_dir, run_identity(cfg), allow_change=allow_changed_run)
+        last = _checkpoint_to_resume(output_dir)
+        if last:
+            check_checkpoint_file(last)
+    init = get_init_checkpoint(cfg)
+    if eval_only and not init and not (resume and _checkpoint_to_resume(output_dir)):
+        raise ValueError("--eval-only needs train.init_checkpoint=PATH (MODEL.WEIGHTS for yacs) or --resume in a "
+                         "run directory with a checkpoint")
+    if init and "://" not in init:
+        check_checkpoint_file(init.split("?")[0])
+        meta = read_pretrain_meta(init)
+        if meta and meta.get("arm") not in (None, spec.arm) and not (eval_only or allow_shared_checkpoint):
+            raise ValueError(
+                f"train.init_checkpoint {init} was pretrained with arm {meta.get('arm')!r} but this run's arm is "
+                f"{spec.arm!r}; use that arm's checkpoint (e.g. a path with {{arm}}) or pass --allow-shared-checkpoint")
+
+
+# ---------------------------------------------------------------------------------------------
+# Model, evaluation, training (lazy configs)
+# ---------------------------------------------------------------------------------------------
 def _reset_loggers():
     """Drop the handlers of a previous run's setup so each run logs once, into its own dir."""
     from detectron2.utils.logger import setup_logger
@@ -221,64 +403,35 @@ def _setup_logging(cfg, args):
     setup_logger(get_output_dir(cfg), distributed_rank=comm.get_rank(), name="condinit_det")
 
 
-# ---------------------------------------------------------------------------------------------
-# Model, checkpoint, evaluation
-# ---------------------------------------------------------------------------------------------
 def build_model(cfg):
-    """``instantiate(cfg.model)`` and apply ``cfg.condinit``; returns (model, arm report)."""
+    """``instantiate(cfg.model)`` (which applies ``cfg.condinit``); returns (model, arm report)."""
     model = instantiate(cfg.model)
-    report = apply_arm_config(
-        model,
-        cfg.get("condinit"),
-        output_dir=cfg.train.output_dir,
-        is_main_process=comm.is_main_process(),
-    )
-    _log_arm_report(report, cfg.train.output_dir)
-    return model, report
+    return model, model.condinit_report
 
 
-def _log_arm_report(report, output_dir):
-    sites = report.sites
-    logger.info(
-        f"Attention-init arm '{report.arm}' (seed {report.seed}, options {report.options}): "
-        f"{len(sites)} attention site(s), {len(report.changed_parameters())} parameter(s) changed."
-    )
-    for s in sites:
-        logger.info(f"  {s.name} [{s.kind}] heads={s.num_heads} dh={s.head_dim}: "
-                    f"{', '.join(s.changed) or 'unchanged'}")
-    if output_dir:
-        logger.info(f"Arm report saved to {os.path.join(output_dir, ARM_REPORT_FILE)}")
+def _create_ddp(model, cfg):
+    ddp = dict(cfg.train.ddp)
+    if str(cfg.train.device).startswith("cpu"):
+        ddp["device_ids"] = None  # DDP over CPU modules (gloo)
+    return create_ddp_model(model, **ddp)
 
 
-def _attention_parameters(model) -> Dict[str, List[str]]:
-    """site name -> qualified names of its projection parameters."""
-    return {site.name: site.parameter_names() for site in find_attention(model)}
+def _weights_fingerprint(model) -> str:
+    digest = hashlib.sha1()
+    for name, p in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
-def _snapshot(model, names_by_site):
-    params = dict(model.named_parameters())
-    return {n: params[n].detach().clone() for names in names_by_site.values() for n in names if n in params}
-
-
-def _log_checkpoint_override(model, arm, path, names_by_site, snapshot):
-    params = dict(model.named_parameters())
-    overridden = [
-        site
-        for site, names in names_by_site.items()
-        if any(n in snapshot and not torch.equal(params[n].detach(), snapshot[n]) for n in names)
-    ]
-    if overridden:
-        logger.warning(
-            f"train.init_checkpoint={path} holds the attention weights of {len(overridden)} of "
-            f"{len(names_by_site)} attention site(s): the loaded weights override the '{arm}' "
-            f"arm there ({', '.join(overridden)}). Only sites absent from the checkpoint keep the arm."
-        )
-    else:
-        logger.info(
-            f"train.init_checkpoint={path} holds none of the {len(names_by_site)} attention "
-            f"site(s): the '{arm}' arm is kept everywhere."
-        )
-    return overridden
+def check_replicas(model, when: str) -> None:
+    """All ranks hold bitwise identical weights; raises otherwise (no-op in one process)."""
+    if comm.get_world_size() == 1:
+        return
+    prints = comm.all_gather(_weights_fingerprint(model.module if hasattr(model, "module") else model))
+    if len(set(prints)) != 1:
+        raise RuntimeError(f"replicas differ {when}: weight fingerprints per rank {prints}")
+    logger.info(f"Replica check {when}: all {len(prints)} ranks hold identical weights (sha1 {prints[0][:12]})")
 
 
 def do_test(cfg, model):
@@ -286,23 +439,20 @@ def do_test(cfg, model):
     if "evaluator" not in cfg.dataloader:
         logger.warning("cfg.dataloader.evaluator is not set: no evaluation.")
         return {}
-    ret = inference_on_dataset(
-        model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator)
-    )
+    ret = inference_on_dataset(model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator))
     if comm.is_main_process():
         print_csv_format(ret)
     return ret
 
 
 def _metadata(cfg, config_file):
-    return {"arm": get_arm(cfg), "seed": get_seed(cfg), "config": config_file or None}
+    return {"arm": arm_spec(cfg).arm, "seed": get_seed(cfg), "lr_scale": get_lr_scale(cfg),
+            "config": config_file or None}
 
 
 def _final_recorded(cfg) -> bool:
-    max_iter = get_max_iter(cfg)
-    out = get_output_dir(cfg)
-    rf = ResultsFile(out)
-    return rf.exists() and any(r["iteration"] >= max_iter for r in rf.records("ap"))
+    rf = ResultsFile(get_output_dir(cfg))
+    return rf.exists() and any(r["iteration"] >= get_max_iter(cfg) for r in rf.records("ap"))
 
 
 def _build_analysis_hook(cfg, config_file):
@@ -315,27 +465,45 @@ def _build_analysis_hook(cfg, config_file):
     return build_conditioning_hook(cfg, config_name=config_file or None)
 
 
+def _prediction_files(cfg):
+    """(path the evaluator writes its COCO predictions to, ground-truth json) or (None, None)."""
+    node = cfg.dataloader.get("evaluator")
+    out = node.get("output_dir") if node is not None and OmegaConf.is_dict(node) else None
+    names = [n for n in _dataset_names(cfg)][-1:]
+    if not out or not names:
+        return None, None
+    from detectron2.data import MetadataCatalog
+
+    return os.path.join(out, "coco_instances_results.json"), MetadataCatalog.get(names[0]).get("json_file", None)
+
+
 def do_train(args, cfg):
     """Train one arm as configured (lazy config). Returns the last evaluation results."""
     output_dir = cfg.train.output_dir
     max_iter = int(cfg.train.max_iter)
     metadata = _metadata(cfg, args.config_file)
+    identity = run_identity(cfg)
     results_file = ResultsFile(output_dir)
-    if not args.resume and comm.is_main_process():
+    main_process = comm.is_main_process()
+    if args.resume:
+        check_resume_identity(output_dir, identity, allow_change=getattr(args, "allow_changed_run", False))
+    elif main_process:
         old = results_file.archive()
         if old:
             logger.warning(f"Fresh (non --resume) run: previous results moved to {old}")
 
-    model, report = build_model(cfg)
+    # DDP broadcasts rank 0's weights when it wraps the model, so only rank 0 computes the arm.
+    with rank0_computes_arm() if comm.get_world_size() > 1 else contextlib.nullcontext():
+        model, report = build_model(cfg)
     model.to(cfg.train.device)
 
     cfg.optimizer.params.model = model
     optim = instantiate(cfg.optimizer)
     train_loader = instantiate(cfg.dataloader.train)
 
-    ddp_model = create_ddp_model(model, **cfg.train.ddp)
+    ddp_model = _create_ddp(model, cfg)
     trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, train_loader, optim)
-    checkpointer = DetectionCheckpointer(ddp_model, output_dir, optimizer=optim, trainer=trainer)
+    checkpointer = RunCheckpointer(ddp_model, output_dir, optimizer=optim, trainer=trainer)
     eval_period = int(cfg.train.eval_period)
     last_results = {}
 
@@ -344,31 +512,40 @@ def do_train(args, cfg):
         last_results = do_test(cfg, ddp_model)
         return last_results
 
-    main = comm.is_main_process()
+    predictions, ground_truth = _prediction_files(cfg)
     trainer.register_hooks(
         [
             hooks.IterationTimer(),
             hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
-            hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main else None,
-            APHook(eval_period, evaluate, results_file=results_file, metadata=metadata),
-            build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main else None,
+            hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main_process else None,
+            APHook(eval_period, evaluate, results_file=results_file, metadata=metadata,
+                   predictions_file=predictions, ground_truth=ground_truth),
+            build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main_process else None,
             _build_analysis_hook(cfg, args.config_file),
             hooks.PeriodicWriter(default_writers(output_dir, max_iter), period=cfg.train.log_period)
-            if main
-            else None,
+            if main_process else None,
         ]
     )
 
     init = cfg.train.init_checkpoint
     will_resume = args.resume and checkpointer.has_checkpoint()
-    names_by_site = snapshot = None
-    if init and not will_resume:
-        names_by_site = _attention_parameters(model)
-        snapshot = _snapshot(model, names_by_site)
+    snapshot = AttentionSnapshot(model) if init and not will_resume else None
     checkpointer.resume_or_load(init, resume=args.resume)
+    provenance = None
     if snapshot is not None:
-        _log_checkpoint_override(model, report.arm, init, names_by_site, snapshot)
+        overwritten = snapshot.overwritten(model)
+        pretrain_arm = (checkpointer.pretrain_meta or {}).get("arm")
+        provenance = weights_from(report, overwritten, init, pretrain_arm)
+        if overwritten:
+            logger.warning(f"train.init_checkpoint={init} holds the attention weights of {len(overwritten)} of "
+                           f"{len(report.sites)} site(s): they come from the checkpoint"
+                           + (f" (pretrained with arm '{pretrain_arm}')" if pretrain_arm else
+                              f", not from the '{report.arm}' arm") + ".")
         del snapshot
+    log_arm_report(report, provenance)
+    if main_process and not will_resume:
+        save_arm_report(output_dir, report, identity, provenance, init_checkpoint=init or None)
+    check_replicas(ddp_model, "before training")
 
     # The checkpoint stores the iteration that just finished.
     start_iter = trainer.iter + 1 if will_resume else 0
@@ -376,23 +553,24 @@ def do_train(args, cfg):
         logger.info(f"{output_dir}: training already finished ({max_iter} iterations).")
         if not _final_recorded(cfg):
             last_results = do_test(cfg, ddp_model)
-            if main:
+            if main_process:
                 results_file.add(ap_record(last_results, iteration=max_iter, **metadata))
         return last_results
     trainer.train(start_iter, max_iter)
+    check_replicas(ddp_model, "after training")
     return last_results
 
 
 def do_eval_only(args, cfg):
     """
-    Evaluate ``train.init_checkpoint`` (or, with --resume, the run's last checkpoint) and add a
-    ``"eval"`` record. The checkpoint supplies every weight, so no arm is applied, and the run's
-    arm report is left as it is (the record names the arm found there).
+    Evaluate ``train.init_checkpoint`` (or, with --resume, the run's last checkpoint) and add an
+    ``"eval"`` record. The checkpoint supplies every weight; the record names the arm of the run
+    directory's arm report when there is one.
     """
-    model = instantiate(cfg.model)
+    model, _ = build_model(cfg)
     model.to(cfg.train.device)
     model = create_ddp_model(model)
-    checkpointer = DetectionCheckpointer(model, cfg.train.output_dir)
+    checkpointer = RunCheckpointer(model, cfg.train.output_dir)
     path = checkpointer.get_checkpoint_file() if args.resume and checkpointer.has_checkpoint() \
         else cfg.train.init_checkpoint
     if not path:
@@ -402,10 +580,8 @@ def do_eval_only(args, cfg):
     if comm.is_main_process() and results:
         it = extra.get("iteration") if isinstance(extra, dict) else None
         metadata = _metadata(cfg, args.config_file)
-        arm_report = os.path.join(cfg.train.output_dir, ARM_REPORT_FILE)
-        if os.path.isfile(arm_report):
-            with open(arm_report) as f:
-                metadata["arm"] = json.load(f).get("arm", metadata["arm"])
+        previous = (read_arm_report(cfg.train.output_dir) or {}).get("run") or {}
+        metadata["arm"] = previous.get("arm", metadata["arm"])
         record = ap_record(results, iteration=0 if it is None else int(it) + 1, kind="eval", **metadata)
         record["checkpoint"] = path
         ResultsFile(cfg.train.output_dir).add(record)
@@ -416,41 +592,84 @@ def do_eval_only(args, cfg):
 # Process-level entry points (called by detectron2.engine.launch in every worker)
 # ---------------------------------------------------------------------------------------------
 def run(args, cfg=None):
-    """Train (or evaluate) one arm; ``cfg`` defaults to the one in ``args``."""
+    """Train (or evaluate) one run; ``cfg`` defaults to the one in ``args``."""
     if cfg is None:
         cfg = prepare_config(load_config(args.config_file, args.opts), arm=args.arm)
     _setup_logging(cfg, args)
     if _is_yacs(cfg):
         from .yacs_trainer import run_yacs
 
-        return run_yacs(args, cfg)
+        return run_yacs(args, cfg, run_identity(cfg))
     if args.eval_only:
         return do_eval_only(args, cfg)
     return do_train(args, cfg)
 
 
-def run_all_arms(args):
-    """
-    Train default, mimetic and conditioned one after the other, with the same seed, into
-    ``<output_dir>/<arm>/``; then write and print the comparison (``<output_dir>/report/``).
-    With --resume an arm whose final evaluation is recorded is skipped.
+def is_experiment(args) -> bool:
+    """Whether the invocation trains several runs (``--arm all``, ``--seeds``, ``--lr-scale``)."""
+    return args.arm == "all" or bool(args.seeds) or bool(args.lr_scale)
+
+
+def _experiment_runs(args):
+    """(base output dir, [(RunSpec, prepared cfg)]) of an experiment invocation."""
+    base_cfg = prepare_config(load_config(args.config_file, args.opts),
+                              arm=None if args.arm in (None, "all") else args.arm)
+    base = get_output_dir(base_cfg)
+    if not base:
+        raise ValueError("an experiment needs an output directory (train.output_dir / OUTPUT_DIR).")
+    arms = list(ARM_CHOICES[:-1]) if args.arm == "all" else [arm_spec(base_cfg).arm]
+    seeds = parse_seeds(args.seeds) if args.seeds else [get_seed(base_cfg)]
+    scales = parse_lr_scales(args.lr_scale) if args.lr_scale else [1.0]
+    runs = []
+    for spec in plan_runs(arms, seeds, scales):
+        cfg = prepare_config(load_config(args.config_file, args.opts), arm=spec.arm, output_dir=spec.path(base),
+                             seed=spec.seed, lr_scale=spec.lr_scale)
+        runs.append((spec, cfg))
+    return base, runs
+
+
+def check_invocation(args) -> None:
+    """Everything that can be checked before launching workers; raises ValueError / FileNotFoundError."""
+    if args.eval_only and is_experiment(args):
+        raise ValueError("--eval-only evaluates one checkpoint; it cannot be combined with --arm all, --seeds or "
+                         "--lr-scale")
+    kwargs = dict(resume=args.resume, eval_only=args.eval_only, allow_changed_run=args.allow_changed_run,
+                  allow_shared_checkpoint=args.allow_shared_checkpoint)
+    if not is_experiment(args):
+        check_run(prepare_config(load_config(args.config_file, args.opts), arm=args.arm), **kwargs)
+        return
+    _, runs = _experiment_runs(args)
+    by_seed = {}
+    for spec, cfg in runs:
+        init = get_init_checkpoint(cfg)
+        if init and len({s.arm for s, _ in runs}) > 1:
+            by_seed.setdefault((spec.seed, spec.lr_scale), {})[spec.arm] = init
+        check_run(cfg, **kwargs)
+    for (seed, _), paths in by_seed.items():
+        if len(paths) > 1 and len(set(paths.values())) == 1 and not args.allow_shared_checkpoint:
+            raise ValueError(
+                f"every arm would start from the same checkpoint {next(iter(paths.values()))} (seed {seed}), which "
+                "overwrites the arm at every site it holds: give each arm its own checkpoint with '{arm}' in "
+                "train.init_checkpoint (e.g. output/pretrain/{arm}/seed{seed}) or pass --allow-shared-checkpoint")
+
+
+def run_experiment(args):
+    """Train every run of the experiment (arms x seeds, then the lr scan on the first seed), then report.
+
+    With --resume, a run whose final evaluation is recorded is skipped.
     """
     if args.eval_only:
         raise ValueError("--arm all trains the three arms; it cannot be combined with --eval-only.")
     from detectron2.utils.logger import setup_logger
 
     _reset_loggers()
-    setup_logger(distributed_rank=comm.get_rank())  # console only, until each arm's own setup
-    base = get_output_dir(load_config(args.config_file, args.opts))
-    if not base:
-        raise ValueError("--arm all needs an output directory (train.output_dir / OUTPUT_DIR).")
-    arm_dirs = []
-    for arm in ARMS:
-        arm_dir = os.path.join(base, arm)
-        arm_dirs.append(arm_dir)
-        cfg = prepare_config(load_config(args.config_file, args.opts), arm=arm, output_dir=arm_dir)
+    setup_logger(distributed_rank=comm.get_rank())  # console only, until each run's own setup
+    base, runs = _experiment_runs(args)
+    if comm.is_main_process():
+        write_plan(base, [spec for spec, _ in runs], stage="detection", config=args.config_file or None)
+    for spec, cfg in runs:
         if args.resume and _final_recorded(cfg):
-            logger.info(f"Arm '{arm}' already finished in {arm_dir}: skipped, results kept.")
+            logger.info(f"Run {spec.arm}/{spec.name} already finished in {get_output_dir(cfg)}: skipped.")
             continue
         run(args, cfg)
         comm.synchronize()
@@ -460,7 +679,7 @@ def run_all_arms(args):
         from condinit_det.report import compare_arms
 
         report_dir = os.path.join(base, REPORT_DIRNAME)
-        _, text = compare_arms(arm_dirs, output_dir=report_dir)
+        _, text = compare_arms([base], output_dir=report_dir)
         print(text, flush=True)
         print(f"Report written to {report_dir}", flush=True)
     comm.synchronize()
@@ -468,7 +687,7 @@ def run_all_arms(args):
 
 
 def main(args):
-    """Per-process entry point: ``--arm all`` or a single arm."""
-    if args.arm == "all":
-        return run_all_arms(args)
+    """Per-process entry point: an experiment or a single run."""
+    if is_experiment(args):
+        return run_experiment(args)
     return run(args)

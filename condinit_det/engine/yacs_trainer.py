@@ -3,15 +3,16 @@ applied by the backbone builders (``MODEL.CONDINIT``), the AP hook and the best 
 import logging
 import os
 
-from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.engine import DefaultTrainer, hooks
 from detectron2.utils import comm
 
 from condinit_det.evaluation import FastCOCOEvaluator
-from condinit_det.modeling.arm import ARM_REPORT_FILE
+from condinit_det.results import ResultsFile
+from condinit_det.runs import check_resume_identity
 
+from .arm_report import log_arm_report, save_arm_report
+from .checkpoint import RunCheckpointer
 from .hooks import APHook, build_best_checkpointer
-from .results import ResultsFile
 
 __all__ = ["CondinitTrainer", "run_yacs"]
 
@@ -44,11 +45,7 @@ class CondinitTrainer(DefaultTrainer):
                     "build_condinit_xcit_backbone."
                 )
             return model
-        from .training import _log_arm_report
-
-        _log_arm_report(report, cfg.OUTPUT_DIR)
-        if comm.is_main_process() and cfg.OUTPUT_DIR:
-            report.save(os.path.join(cfg.OUTPUT_DIR, ARM_REPORT_FILE))
+        log_arm_report(report)
         return model
 
     @classmethod
@@ -64,11 +61,14 @@ class CondinitTrainer(DefaultTrainer):
                              output_dir=os.path.join(cfg.OUTPUT_DIR, "inference"))
 
     def build_hooks(self):
+        # Atomic checkpoint writes and clear load errors; DefaultTrainer's hooks take this checkpointer.
+        old = self.checkpointer
+        self.checkpointer = RunCheckpointer(old.model, old.save_dir, **old.checkpointables)
         ret = super().build_hooks()
         period = self.cfg.TEST.EVAL_PERIOD
         results_file = ResultsFile(self.cfg.OUTPUT_DIR)
         metadata = {"arm": str(self.cfg.MODEL.CONDINIT.ARM), "seed": int(self.cfg.SEED),
-                    "config": self._config_file}
+                    "lr_scale": float(self.cfg.SOLVER.get("LR_SCALE", 1.0)), "config": self._config_file}
         out = []
         for h in ret:
             if type(h) is hooks.EvalHook:
@@ -87,21 +87,26 @@ def _register_embedded(cfg):
         register_embedded_datasets()
 
 
-def run_yacs(args, cfg):
-    """Train (or with --eval-only evaluate) one arm from a yacs config."""
+def run_yacs(args, cfg, identity):
+    """Train (or with --eval-only evaluate) one arm from a yacs config; ``identity``: the run's identity."""
     _register_embedded(cfg)
     if args.eval_only:
         model = CondinitTrainer.build_model(cfg)
-        DetectionCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(
-            cfg.MODEL.WEIGHTS, resume=args.resume
-        )
+        RunCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
         return CondinitTrainer.test(cfg, model)
-    if not args.resume and comm.is_main_process():
+    if args.resume:
+        check_resume_identity(cfg.OUTPUT_DIR, identity, allow_change=getattr(args, "allow_changed_run", False))
+    elif comm.is_main_process():
         old = ResultsFile(cfg.OUTPUT_DIR).archive()
         if old:
             logger.warning(f"Fresh (non --resume) run: previous results moved to {old}")
     trainer = CondinitTrainer(cfg, config_file=args.config_file or None)
+    will_resume = args.resume and trainer.checkpointer.has_checkpoint()
+    model = trainer.model.module if hasattr(trainer.model, "module") else trainer.model
+    report = getattr(model.backbone, "condinit_report", None)
     trainer.resume_or_load(resume=args.resume)
+    if report is not None and comm.is_main_process() and not will_resume:
+        save_arm_report(cfg.OUTPUT_DIR, report, identity, init_checkpoint=cfg.MODEL.WEIGHTS or None)
     if trainer.start_iter >= trainer.max_iter:
         logger.info(f"{cfg.OUTPUT_DIR}: training already finished ({trainer.max_iter} iterations).")
         return None

@@ -1,87 +1,153 @@
-"""Applying an arm from a config: the detectron2-facing entry to :mod:`condinit_det.init`.
+"""The arm inside the model node of a lazy config: whatever calls ``instantiate(cfg.model)`` gets it.
 
-Lazy configs carry a top-level ``condinit`` node (``configs/common/condinit.py``)::
+A lazy config keeps the arm in one top-level node (``configs/common/condinit.py``)::
 
-    condinit = dict(arm="default", seed=0, include=None, exclude=None, options={})
+    condinit = dict(arm="default", seed="${train.seed}", include=None, exclude=None, options={})
 
-``tools/train_net.py`` calls :func:`apply_arm_config` right after ``instantiate(cfg.model)`` and
-before any checkpoint is loaded. The model's modules are changed in place, so state_dict keys
-stay as they were and every checkpoint still loads (and then overrides the arm for the weights
-it holds). Every rank applies the same arm with the same seed, so DDP replicas start identical.
+and its model node is *armed*::
+
+    model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
+
+:func:`armed` swaps the node's ``_target_`` for :func:`build_armed`, keeps the original target in
+``_arm_target_`` and adds ``condinit: "${condinit}"``; every other key stays where it was, so
+overrides such as ``model.backbone.net.embed_dim=...`` keep their paths. ``instantiate(cfg.model)``
+-- from ``tools/train_net.py``, detectron2's ``tools/lazyconfig_train_net.py``, detrex or a
+notebook -- builds the model exactly as before (state_dict keys unchanged, so ViTDet / MAE / Swin
+checkpoints load), then applies the arm in place, before any checkpoint is loaded. The report is
+kept on ``model.condinit_report``.
+
+Any node can be armed, e.g. only a backbone: ``model.backbone = armed(model.backbone,
+site_prefix="backbone.")`` (``site_prefix`` names the sites as they appear in the full model).
+One arm per model: an armed node inside another armed node is an error.
 """
 from __future__ import annotations
 
 import logging
-import os
-from typing import Mapping, Optional, Sequence
+from typing import List, Tuple
 
 from torch import nn
 
-from ..init import InitReport, apply_init
+from ..arm_node import ArmSpec, apply_arm_spec, resolve_arm_node
+from ..init import InitReport
 
-__all__ = ["ARM_REPORT_FILE", "apply_arm_config", "init_arm"]
-
-ARM_REPORT_FILE = "condinit_arm_report.json"
+__all__ = ["ARM_NODE_REF", "arm_spec_of", "armed", "armed_nodes", "build_armed", "is_armed", "rank0_computes_arm"]
 
 _logger = logging.getLogger(__name__)
-_KEYS = ("arm", "seed", "include", "exclude", "options")
+
+ARM_NODE_REF = "${condinit}"
+_TARGET_KEY = "_arm_target_"
+_PREFIX_KEY = "_arm_site_prefix_"
+_REPORT_ATTR = "condinit_report"
+
+# Set by a trainer that wraps the model in DistributedDataParallel right after building it: DDP
+# broadcasts rank 0's weights at construction, so other ranks skip the arm's computation.
+_skip_on_other_ranks = False
 
 
-def _plain(value):
-    """OmegaConf containers -> plain Python (lists/dicts), anything else unchanged."""
+class rank0_computes_arm:
+    """Context: inside it, ranks other than 0 of an initialized process group leave the arm's
+    weights to DDP's broadcast from rank 0 (the report then notes it). Use only around a build
+    whose model is wrapped in DistributedDataParallel before its first step."""
+
+    def __enter__(self):
+        global _skip_on_other_ranks
+        self._before, _skip_on_other_ranks = _skip_on_other_ranks, True
+        return self
+
+    def __exit__(self, *exc):
+        global _skip_on_other_ranks
+        _skip_on_other_ranks = self._before
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _target_name(target) -> str:
+    return target if isinstance(target, str) else f"{target.__module__}.{target.__qualname__}"
+
+
+def is_armed(node) -> bool:
+    """Whether a lazy-config node builds through :func:`build_armed`."""
     try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf ships with detectron2
-        return value
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
+        target = node.get("_target_") if hasattr(node, "get") else None
+    except Exception:  # an unresolved interpolation in a foreign node
+        return False
+    return target is build_armed or target == _target_name(build_armed)
 
 
-def apply_arm_config(model: nn.Module, condinit: Optional[Mapping], *, output_dir: Optional[str] = None,
-                     is_main_process: bool = True) -> InitReport:
-    """Apply the arm described by a config's ``condinit`` node to ``model``; return the report.
+def armed(node, *, condinit=ARM_NODE_REF, site_prefix: str = ""):
+    """Make a LazyCall node apply the arm when instantiated; returns the node (changed in place).
 
-    condinit: mapping with ``arm`` (required), ``seed`` (default 0), ``include`` / ``exclude``
-    (fnmatch patterns on site names, default None) and ``options`` (the arm's options).
-    A missing node means the default arm. The report is logged and, when ``output_dir`` is given
-    and this is the main process, saved as ``<output_dir>/condinit_arm_report.json``.
+    condinit: the arm node, by default an interpolation of the config's top-level ``condinit``.
+    site_prefix: prepended to site names (``"backbone."`` when arming ``model.backbone``).
     """
-    node = dict(_plain(condinit) or {"arm": "default"})
-    unknown = sorted(set(node) - set(_KEYS))
-    if unknown:
-        raise ValueError(f"condinit has unknown key(s) {', '.join(unknown)}; accepted: {', '.join(_KEYS)}")
-    if "arm" not in node:
-        raise ValueError("condinit.arm is missing; set it to one of default, mimetic, conditioned")
-    report = apply_init(
-        model,
-        node["arm"],
-        seed=int(node.get("seed", 0) or 0),
-        include=node.get("include"),
-        exclude=node.get("exclude"),
-        **dict(node.get("options") or {}),
-    )
-    _logger.info("Attention init %s", report.summary())
-    for site in report.sites:
-        _logger.debug("  %s (%s): %s", site.name, site.kind, ", ".join(site.changed) or "unchanged")
-        if site.note:
-            _logger.warning("  %s: %s", site.name, site.note)
-    if output_dir and is_main_process:
-        report.save(os.path.join(output_dir, ARM_REPORT_FILE))
-    return report
+    if is_armed(node):
+        raise ValueError("this config node is armed already; arm a model once")
+    if "_target_" not in node:
+        raise ValueError("armed() takes a LazyCall node (one with _target_), e.g. model_zoo's model node")
+    node[_TARGET_KEY] = node["_target_"]
+    node["_target_"] = build_armed
+    node["condinit"] = condinit
+    if site_prefix:
+        node[_PREFIX_KEY] = site_prefix
+    return node
 
 
-def init_arm(module: nn.Module, *, arm: str, seed: int = 0, include: Optional[Sequence[str]] = None,
-             exclude: Optional[Sequence[str]] = None, **options) -> nn.Module:
-    """Apply an arm to ``module`` and return it: a builder for lazy configs.
+def armed_nodes(node, path: str = "model") -> List[Tuple[str, object]]:
+    """``(dotted path, node)`` of every armed node at or below ``node`` (a lazy-config subtree)."""
+    found = []
+    if is_armed(node):
+        found.append((path, node))
+    try:
+        items = list(node.items_ex(resolve=False)) if hasattr(node, "items_ex") else (
+            list(node.items()) if isinstance(node, dict) else [])
+    except Exception:
+        items = []
+    for key, value in items:
+        if key in ("condinit", _TARGET_KEY) and found and found[-1][1] is node:
+            continue
+        if hasattr(value, "items") or isinstance(value, dict):
+            found += armed_nodes(value, f"{path}.{key}")
+    return found
 
-    Example (arm applied to the backbone when it is built)::
 
-        model.backbone.net = L(init_arm)(module=L(ViT)(...), arm="conditioned", seed=0)
+def _existing_reports(module: nn.Module):
+    return [(name, m) for name, m in module.named_modules() if getattr(m, _REPORT_ATTR, None) is not None]
 
-    The report is kept on ``module.condinit_report``.
-    """
-    report = apply_init(module, arm, seed=seed, include=_plain(include), exclude=_plain(exclude), **options)
-    _logger.info("Attention init of %s: %s", type(module).__name__, report.summary())
-    module.condinit_report = report
+
+def build_armed(*, condinit=None, **kwargs) -> nn.Module:
+    """Build ``_arm_target_(**kwargs)`` and apply the arm node ``condinit`` to it in place."""
+    from detectron2.utils.registry import locate
+
+    target = kwargs.pop(_TARGET_KEY)
+    site_prefix = kwargs.pop(_PREFIX_KEY, "")
+    spec = resolve_arm_node(condinit)  # validate before the (possibly long) build
+    target = locate(target) if isinstance(target, str) else target
+    module = target(**kwargs)
+    inner = _existing_reports(module)
+    if inner:
+        where = ", ".join(f"{name or '<root>'} ({m.condinit_report.arm})" for name, m in inner)
+        raise ValueError(
+            f"the arm is applied in two places: an armed node inside {_target_name(target)} ({where}) and the "
+            f"model node ({spec.arm}); arm the model once (armed() on one node, set condinit.arm)"
+        )
+    if _skip_on_other_ranks and _rank() != 0:
+        report = InitReport(arm=spec.arm, seed=spec.seed, options=spec.identity()["options"], sites=[])
+        _logger.info("Attention init %s: computed on rank 0 and broadcast by DistributedDataParallel", spec.arm)
+    else:
+        report = apply_arm_spec(module, spec, site_prefix=site_prefix)
+        _logger.info("Attention init %s", report.summary())
+    setattr(module, _REPORT_ATTR, report)
+    module.condinit_spec = spec
     return module
+
+
+def arm_spec_of(model: nn.Module) -> ArmSpec:
+    """The :class:`ArmSpec` a model was built with (raises when it was not built armed)."""
+    spec = getattr(model, "condinit_spec", None)
+    if spec is None:
+        raise ValueError(f"{type(model).__name__} was not built through an armed config node")
+    return spec

@@ -13,11 +13,13 @@ from detectron2 import model_zoo
 from detectron2.config import LazyCall as L
 from detectron2.modeling import SwinTransformer
 
+from condinit_det.modeling import armed
+
 from ..common.coco_loader_multiscale_crop import dataloader
 from ..common.coco_schedule_epochs import multistep_epochs
 from ..common.condinit import condinit
 
-model = model_zoo.get_config("common/models/mask_rcnn_fpn.py").model
+model = armed(model_zoo.get_config("common/models/mask_rcnn_fpn.py").model)
 model.backbone.bottom_up = L(SwinTransformer)(
     embed_dim=96,
     depths=(2, 2, 6, 2),

@@ -16,10 +16,12 @@ from detectron2.config import LazyCall as L
 from detectron2.modeling.backbone.vit import get_vit_lr_decay_rate
 from detectron2.solver import WarmupParamScheduler
 
+from condinit_det.modeling import armed
+
 from ..common.coco_loader_lsj import dataloader
 from ..common.condinit import condinit
 
-model = model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model
+model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
 
 # Attention sites: backbone.net.blocks.{0..11}.attn (detectron2 ViT, fused qkv).
 condinit.arm = "default"

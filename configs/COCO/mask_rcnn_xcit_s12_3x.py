@@ -1,16 +1,19 @@
-# XCiT-S12/16 Mask R-CNN on COCO, XCiT's 3x recipe (Swin's optimizer settings): multi-scale
-# training with random crops, AdamW (lr 1e-4, weight decay 0.05, none on norms), 36 epochs at 16
-# images per iteration, LR x0.1 at epochs 27 and 33, stochastic depth 0.05.
+# XCiT-S12/16 Mask R-CNN on COCO from scratch, XCiT's 3x recipe (Swin's optimizer settings):
+# multi-scale training with random crops, AdamW (lr 1e-4, weight decay 0.05, none on norms), 36
+# epochs at 16 images per iteration, LR x0.1 at epochs 27 and 33, stochastic depth 0.05.
 #
-# Neck: detectron2's SimpleFeaturePyramid on XCiT's stride-16 output (the ViTDet neck), not XCiT's
-# own deconvolution neck on blocks 3/5/7/11, so XCiT and ViT detectors differ only in the trunk.
+# Which XCiT config is which:
+#   - this file: the from-scratch variant. No ImageNet stage, so the attention-init arm decides how
+#     every XCA block starts in the detection run itself. Neck: detectron2's SimpleFeaturePyramid on
+#     XCiT's last (stride-16) block, the ViTDet neck, so XCiT and ViT detectors differ only in the trunk.
+#   - mask_rcnn_xcit_s12_p16_3x_in1k.py: the paper's reproduction. Fine-tuned from each arm's
+#     ImageNet-1k XCiT, with XCiT's own detection neck (deconvolutions on blocks 3/5/7/11 + FPN).
 # Heads: the standard Mask R-CNN FPN heads of the recipe (2fc box head, 4conv mask head).
 #
-# Trained from random initialization so the attention-init arm decides how every XCA block starts.
-# To start from an ImageNet XCiT checkpoint, convert it with
-# condinit_det.modeling.xcit.convert_timm_xcit_checkpoint (prefix "backbone.net."), save it as
-# {"model": converted} and set train.init_checkpoint to that file; it then overwrites the arm for
-# the weights it holds.
+# To start this variant from an ImageNet XCiT checkpoint anyway, convert it with
+# condinit_det.modeling.convert.convert_timm_checkpoint(state_dict, model) (or
+# convert_timm_xcit_checkpoint with prefix "backbone.net."), save it as {"model": converted} and
+# set train.init_checkpoint to that file; it then overwrites the arm for the weights it holds.
 #
 # Arm: "default" (timm's XCiT init, truncated normal std 0.02). Select another with
 # `condinit.arm=conditioned` / `condinit.arm=mimetic`, or all three with `--arm all`.
@@ -23,13 +26,14 @@ from detectron2.config import LazyCall as L
 from detectron2.modeling import SimpleFeaturePyramid
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
+from condinit_det.modeling import armed
 from condinit_det.modeling.xcit import XCiT
 
 from ..common.coco_loader_multiscale_crop import dataloader
 from ..common.condinit import condinit
 from .mask_rcnn_swin_t_3x import lr_multiplier, optimizer, train
 
-model = model_zoo.get_config("common/models/mask_rcnn_fpn.py").model
+model = armed(model_zoo.get_config("common/models/mask_rcnn_fpn.py").model)
 model.backbone = L(SimpleFeaturePyramid)(
     net=L(XCiT)(
         patch_size=16,

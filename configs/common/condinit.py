@@ -1,13 +1,16 @@
-# The attention-init arm applied by tools/train_net.py right after the model is built and before
-# any checkpoint is loaded. Override on the command line, e.g. `condinit.arm=conditioned`, or run
-# every arm with `--arm all`.
+# The attention-init arm: the one place a lazy config sets it. Configs arm their model node with
+# condinit_det.modeling.armed(model), which makes `instantiate(cfg.model)` apply this node right
+# after the model is built and before any checkpoint is loaded, under any trainer
+# (tools/train_net.py, detectron2's tools/lazyconfig_train_net.py, detrex, a notebook).
+# Override on the command line, e.g. `condinit.arm=conditioned` (or `--arm` in tools/train_net.py).
 #   arm:     "default" | "mimetic" | "conditioned"
-#   seed:    seed of the arm's own generator (the global RNG is never touched)
+#   seed:    seed of the arm's own generators (the global RNG is never touched); follows train.seed
 #   include: fnmatch patterns on attention-site names (None: every site found in the model)
 #   exclude: fnmatch patterns removed from the included sites
-#   options: arm options (gain_qk, gain_v, value_mode, condition_output; alpha1, beta1, alpha2,
-#            beta2, noise) — see condinit_det.init.apply_init
-condinit = dict(arm="default", seed=0, include=None, exclude=None, options={})
+#   options: per arm, e.g. options={"mimetic": {"alpha1": 0.5}, "conditioned": {"gain_v": 0.5}} or
+#            `condinit.options.mimetic.alpha1=0.5`; conditioned: gain_qk, gain_v, value_mode,
+#            condition_output; mimetic: alpha1, beta1, alpha2, beta2, noise (condinit_det.init.ARM_OPTIONS)
+condinit = dict(arm="default", seed="${oc.select:train.seed,0}", include=None, exclude=None, options={})
 
 # Attention-Jacobian conditioning tracked during training (condinit_det.analysis): every `period`
 # iterations (0: off), kappa of the chosen sites (None: first, middle and last attention site) is

@@ -17,13 +17,15 @@ from detectron2.config import LazyCall as L
 from detectron2.modeling import SimpleFeaturePyramid, ViT
 from detectron2.solver import WarmupParamScheduler
 
+from condinit_det.modeling import armed
+
 from ..common.condinit import condinit, condinit_analysis
 from ..common.data_embedded import IMAGE_SIZE, NUM_CLASSES, dataloader
 
 # ---------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------
-model = model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model
+model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
 
 embed_dim, depth, num_heads, patch_size = 96, 4, 3, 8
 fpn_dim = 64  # channels of every pyramid level and of the RPN head

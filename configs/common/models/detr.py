@@ -17,11 +17,12 @@
 from detectron2 import model_zoo
 from detectron2.config import LazyCall as L
 
+from condinit_det.modeling import armed
 from condinit_det.modeling.detr import DETRInstanceSeg, HungarianMatcher, MaskHead, SetCriterion, Transformer
 
 constants = model_zoo.get_config("common/data/constants.py").constants
 
-model = L(DETRInstanceSeg)(
+model = armed(L(DETRInstanceSeg)(
     backbone="???",
     in_feature="???",
     transformer=L(Transformer)(
@@ -66,4 +67,4 @@ model = L(DETRInstanceSeg)(
     position_embedding=None,
     reference_points=False,
     query_groups=1,
-)
+))

@@ -1,12 +1,23 @@
-"""The run's results file: ``<output_dir>/results.json``.
+"""The run's results file: ``<output_dir>/results.json``, shared by both training stages and the report.
 
 Layout::
 
     {"version": 1, "records": [record, ...]}
 
-A record is a JSON object with at least ``"kind"`` (str, e.g. ``"ap"``, ``"conditioning"``) and
-``"iteration"`` (int, number of completed training iterations). Records written by the
-training loop also carry ``"arm"``, ``"seed"`` and ``"config"``. A record is identified by
+A record is a JSON object with at least ``"kind"`` (str) and ``"iteration"`` (int, number of
+completed optimizer steps). Records written by a training loop also carry ``"arm"``, ``"seed"``
+(the training seed), ``"lr_scale"`` (multiplier of the config's base learning rate, 1.0 unless
+scanned) and ``"config"``. Kinds:
+
+- ``"ap"`` (detection, :mod:`condinit_det.engine.hooks`): ``"bbox"`` and ``"segm"``, each
+  ``{"AP", "AP50", "AP75", "APs", "APm", "APl"}`` in percent, or ``None`` for a task not evaluated.
+- ``"eval"``: an ``"ap"``-shaped record of ``--eval-only``, with ``"checkpoint"``.
+- ``"cls"`` (classification pretraining, :mod:`condinit_det.pretrain`): ``"epoch"`` (completed
+  epochs), ``"top1"``, ``"top5"`` (percent, on the evaluation set), ``"train_loss"`` (mean over the
+  epoch), ``"eval_loss"``, ``"lr"``.
+- ``"conditioning"`` (:mod:`condinit_det.analysis.hooks`): one attention site's kappa(J), with ``"site"``.
+
+A record is identified by
 ``(kind, iteration, site)`` (``site`` is ``None`` when absent): adding a record with an
 existing key replaces the old one, so a resumed run that re-evaluates an iteration never
 duplicates a point and never loses earlier ones.
@@ -20,11 +31,13 @@ import os
 import threading
 from typing import Any, Dict, Iterable, List, Optional
 
-from ..fileio import atomic_write
+from .fileio import atomic_write
 
-__all__ = ["ResultsFile", "RESULTS_FILENAME"]
+__all__ = ["ARM_REPORT_FILENAME", "ResultsFile", "RESULTS_FILENAME"]
 
 RESULTS_FILENAME = "results.json"
+# What the arm did to each attention site, and the run's identity (arm, seeds, patterns), beside results.json.
+ARM_REPORT_FILENAME = "condinit_arm_report.json"
 _FORMAT_VERSION = 1
 
 
