@@ -11,7 +11,6 @@ from detectron2.config import LazyConfig, instantiate
 
 from condinit_det.evaluation import FastCOCOEvaluator
 from condinit_det.init import find_attention
-from condinit_det.modeling.arm import apply_arm_config
 from condinit_det.modeling.xcit import XCiT
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -24,8 +23,10 @@ MODELS = {
     "mask_rcnn_swin_t_3x.py": ("d2_swin", 2 + 2 + 6 + 2, "backbone.bottom_up.layers."),
     "mask_rcnn_swin_b_3x.py": ("d2_swin", 2 + 2 + 18 + 2, "backbone.bottom_up.layers."),
     "mask_rcnn_xcit_s12_3x.py": ("timm_xcit", 12, "backbone.net.blocks."),
+    "mask_rcnn_xcit_s12_p16_3x_in1k.py": ("timm_xcit", 12, "backbone.bottom_up.net.blocks."),
 }
-ALL_CONFIGS = sorted(MODELS) + ["mask_rcnn_vitdet_b_100ep_pretrained.py"]
+ALL_CONFIGS = sorted(MODELS) + ["mask_rcnn_vitdet_b_100ep_pretrained.py", "mask_rcnn_vitdet_b_100ep_in1k.py",
+                                "mask_rcnn_swin_b_3x_in1k.py"]
 # 36 epochs of coco_2017_train (118287 images) at 16 images per iteration; steps at epochs 27, 33.
 ITERS_3X, STEPS_3X = 266146, [199609, 243967]
 
@@ -149,11 +150,14 @@ def test_train_augmentations(loader, check):
 def test_model_builds_takes_arm_and_runs(name):
     kind, num_sites, prefix = MODELS[name]
     cfg = _load(name)
-    LazyConfig.apply_overrides(cfg, ["condinit.arm=conditioned"])
     # CPU-sized forward: no 1024 square canvas for ViTDet, 50 proposals instead of 1000.
     if "square_pad" in cfg.model.backbone:
         cfg.model.backbone.square_pad = 0
     cfg.model.proposal_generator.post_nms_topk = (1000, 50)
+    torch.manual_seed(0)
+    before = instantiate(cfg.model).state_dict()
+    # The documented way: the arm is set in condinit and a plain instantiate applies it.
+    LazyConfig.apply_overrides(cfg, ["condinit.arm=conditioned"])
     torch.manual_seed(0)
     model = instantiate(cfg.model)
 
@@ -162,8 +166,7 @@ def test_model_builds_takes_arm_and_runs(name):
     assert [s.name for s in find_attention(model)] == backbone_sites  # no attention outside the backbone
     assert all(n.startswith(prefix) and n.endswith(".attn") for n in backbone_sites)
 
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    report = apply_arm_config(model, cfg.condinit)
+    report = model.condinit_report
     assert report.arm == "conditioned"
     assert [s.name for s in report.sites] == backbone_sites
     assert {s.kind for s in report.sites} == {kind}

@@ -115,7 +115,7 @@ class RunCheckpointer(DetectionCheckpointer):
 
         model = self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
         self.pretrain_meta = {k: v for k, v in loaded.items() if k != "model"}
-        converted = convert_timm_checkpoint(loaded["model"], model)
+        converted = convert_timm_checkpoint(loaded["model"], model, timm_model_name=loaded.get("timm_model"))
         logger.info(f"Converted {filename} (timm {loaded.get('timm_model')}, arm {loaded.get('arm')}, "
                     f"seed {loaded.get('seed')}) to {len(converted)} detectron2 parameters")
         return {"model": converted, "__author__": "condinit_det.pretrain", "matching_heuristics": False}

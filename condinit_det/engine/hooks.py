@@ -108,7 +108,25 @@ class APHook(hooks.EvalHook):
             raise ValueError(f"APHook metadata accepts {', '.join(_METADATA_KEYS)}; got {sorted(unknown)}")
         self._predictions_file = predictions_file
         self._ground_truth = ground_truth
+        self._iteration = None
         super().__init__(eval_period, self._evaluate_and_record, eval_after_train=eval_after_train)
+
+    def before_train(self):
+        # A run killed during an evaluation resumes from the checkpoint saved just before it: that
+        # evaluation is owed, since training continues after it.
+        done = self.trainer.iter
+        if not (self._period > 0 and 0 < done < self.trainer.max_iter and done % self._period == 0):
+            return
+        recorded = self._results_file is not None and any(
+            r["iteration"] == done for r in self._results_file.records("ap")) if comm.is_main_process() else False
+        if not comm.all_gather(recorded)[0]:
+            # Stored as the uninterrupted run would have: by the last finished iteration.
+            storage, self._iteration = self.trainer.storage, done
+            storage.iter = done - 1
+            try:
+                self._do_eval()
+            finally:
+                storage.iter, self._iteration = done, None
 
     def _evaluate_and_record(self):
         started = time.time()
@@ -116,7 +134,7 @@ class APHook(hooks.EvalHook):
         if results and self._results_file is not None and comm.is_main_process():
             # Completed iterations: trainer.iter is the last finished one inside after_step,
             # and already max_iter inside after_train.
-            iteration = min(self.trainer.iter + 1, self.trainer.max_iter)
+            iteration = self._iteration or min(self.trainer.iter + 1, self.trainer.max_iter)
             record = ap_record(results, iteration=iteration, **self._metadata)
             pred = self._predictions_file
             if (iteration == self.trainer.max_iter and pred and self._ground_truth and os.path.isfile(pred)
@@ -159,6 +177,15 @@ class _KeepLastCheckpointTag:
                 os.remove(tag)
 
 
+class _BestCheckpointer(hooks.BestCheckpointer):
+    """Also considers the evaluation an :class:`APHook` owes at the start of a resumed run."""
+
+    def before_train(self):
+        latest = self.trainer.storage.latest().get(self._val_metric)
+        if latest is not None and latest[1] == self.trainer.iter - 1:
+            self._best_checking()
+
+
 def build_best_checkpointer(
     eval_period: int,
     checkpointer,
@@ -173,9 +200,7 @@ def build_best_checkpointer(
     (a resumed run), the best so far is restored from it, so a resumed run does not replace a
     better earlier checkpoint. Register it after the :class:`APHook`.
     """
-    best = hooks.BestCheckpointer(
-        eval_period, _KeepLastCheckpointTag(checkpointer), val_metric, mode="max"
-    )
+    best = _BestCheckpointer(eval_period, _KeepLastCheckpointTag(checkpointer), val_metric, mode="max")
     if results_file is not None and results_file.exists():
         task, _, metric = val_metric.partition("/")
         for r in results_file.records("ap"):

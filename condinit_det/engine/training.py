@@ -86,7 +86,7 @@ Resume (finished runs are skipped; a run directory never changes arm, seed or pa
     $ tools/train_net.py --config-file cfg.py --arm all --resume train.output_dir=output/exp1
 
 Fine-tune each arm from its own pretrained backbone:
-    $ tools/train_net.py --config-file cfg.py --arm all 'train.init_checkpoint=output/pretrain/{arm}/seed{seed}'
+    $ tools/train_net.py --config-file cfg.py --arm all "train.init_checkpoint='output/pretrain/{arm}/seed{seed}'"
 
 Run on 8 GPUs / on several machines:
     $ tools/train_net.py --num-gpus 8 --config-file cfg.py train.device=cuda
@@ -649,8 +649,9 @@ def check_invocation(args) -> None:
         if len(paths) > 1 and len(set(paths.values())) == 1 and not args.allow_shared_checkpoint:
             raise ValueError(
                 f"every arm would start from the same checkpoint {next(iter(paths.values()))} (seed {seed}), which "
-                "overwrites the arm at every site it holds: give each arm its own checkpoint with '{arm}' in "
-                "train.init_checkpoint (e.g. output/pretrain/{arm}/seed{seed}) or pass --allow-shared-checkpoint")
+                "overwrites the arm at every site it holds: give each arm its own checkpoint with {arm} in "
+                "train.init_checkpoint (e.g. \"train.init_checkpoint='output/pretrain/{arm}/seed{seed}'\") or pass "
+                "--allow-shared-checkpoint")
 
 
 def run_experiment(args):

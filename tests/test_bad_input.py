@@ -1,0 +1,161 @@
+"""Bad input to tools/train_net.py: one clear error that says what was wrong and what is accepted, no data lost.
+
+Each row of the README's bad-input table is pinned here: most through ``check_invocation`` (what the
+tool runs before any worker starts), the rest, and the one-line CLI form, through the tool itself.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from condinit_det.engine.training import build_argument_parser, check_invocation
+from condinit_det.results import ResultsFile
+from condinit_det.runs import write_arm_report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
+TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")
+
+
+def _check(*argv):
+    check_invocation(build_argument_parser().parse_args(["--config-file", CONFIG, *argv]))
+
+
+def _cli(tmp_path, *argv):
+    proc = subprocess.run([sys.executable, TRAIN_NET, "--config-file", CONFIG, *argv], cwd=tmp_path,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("train_net.py: error: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return last
+
+
+def _identity(**changes):
+    identity = {"arm": "conditioned", "arm_seed": 0, "include": None, "exclude": None,
+                "options": {"gain_qk": 1.0, "gain_v": 1.0, "value_mode": "identity", "condition_output": False},
+                "seed": 0, "lr_scale": 1.0}
+    return {**identity, **changes}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("condinit.arm=best", "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned"),
+    ("condinit.options.mimetic.gain_qk=2", "condinit.options.mimetic: option\\(s\\) gain_qk are not accepted by the "
+                                            "'mimetic' arm; accepted: alpha1, beta1, alpha2, beta2, noise"),
+    ("condinit.options.gain_qk=2", "condinit.options takes one entry per arm: write condinit.options.conditioned"),
+    ("condinit.options.bogus.x=1", "condinit.options.bogus: 'bogus' is not an arm"),
+    ("dataloader.train.dataset.names=no_such_set", "dataset 'no_such_set' is not registered; register it"),
+    ("train.output_dir=/proc/no/such/dir", "cannot write to the output directory /proc/no/such/dir"),
+])
+def test_bad_config_values(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        _check(f"train.output_dir={tmp_path}", override)
+
+
+def test_missing_dataset_folder(tmp_path):
+    from detectron2.data.datasets import register_coco_instances
+
+    register_coco_instances("condinit_test_missing_folder", {}, str(tmp_path / "nothing.json"), str(tmp_path / "none"))
+    with pytest.raises(ValueError, match="dataset 'condinit_test_missing_folder': its image_root .* does not exist"):
+        _check(f"train.output_dir={tmp_path}", "dataloader.test.dataset.names=condinit_test_missing_folder")
+
+
+def test_corrupt_results_file_is_never_overwritten(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text('{"version": 1, "records": [{"kind": "ap", "itera')
+    with pytest.raises(ValueError, match="results.json is not valid JSON .*refusing to overwrite it"):
+        _check("--resume", f"train.output_dir={run}")
+    assert (run / "results.json").read_text().endswith('"itera')  # untouched
+    moved = ResultsFile(run).archive()  # what a fresh (non --resume) run does: kept aside
+    assert moved.endswith("results.0.json.bak") and open(moved).read().endswith('"itera')
+
+
+def test_resume_with_another_arm_seed_or_patterns_is_refused(tmp_path):
+    write_arm_report(str(tmp_path), {"arm": "conditioned", "sites": []}, _identity())
+    with pytest.raises(ValueError, match="was started with arm='conditioned'.* but this run asks for arm='mimetic'"):
+        _check("--resume", "--arm", "mimetic", f"train.output_dir={tmp_path}")
+    with pytest.raises(ValueError, match="was started with .*seed=0.* but this run asks for .*seed=3"):
+        _check("--resume", "--arm", "conditioned", "train.seed=3", f"train.output_dir={tmp_path}")
+    with pytest.raises(ValueError, match="include=None.* but this run asks for include=\\['backbone.net.blocks.0.\\*'\\]"):
+        _check("--resume", "--arm", "conditioned", "condinit.include=[backbone.net.blocks.0.*]",
+               f"train.output_dir={tmp_path}")
+    _check("--resume", "--arm", "conditioned", f"train.output_dir={tmp_path}")  # the same run: fine
+    _check("--resume", "--arm", "mimetic", "--allow-changed-run", f"train.output_dir={tmp_path}")
+
+
+def test_truncated_checkpoints_are_named(tmp_path):
+    torch.save({"model": {"w": torch.zeros(1000)}}, tmp_path / "model_final.pth")
+    data = (tmp_path / "model_final.pth").read_bytes()
+    (tmp_path / "model_final.pth").write_bytes(data[: len(data) // 2])
+    (tmp_path / "last_checkpoint").write_text("model_final.pth")
+    message = "model_final.pth is truncated or not a PyTorch checkpoint"
+    with pytest.raises(ValueError, match=message):
+        _check("--resume", f"train.output_dir={tmp_path}")
+    with pytest.raises(ValueError, match=message):
+        _check("--eval-only", f"train.init_checkpoint={tmp_path / 'model_final.pth'}", f"train.output_dir={tmp_path}")
+    (tmp_path / "last_checkpoint").write_text("")
+    with pytest.raises(ValueError, match="last_checkpoint is empty"):
+        _check("--resume", f"train.output_dir={tmp_path}")
+
+
+def test_one_checkpoint_for_every_arm_is_refused(tmp_path):
+    torch.save({"model": {}}, tmp_path / "shared.pth")
+    with pytest.raises(ValueError, match="every arm would start from the same checkpoint .*shared.pth"):
+        _check("--arm", "all", f"train.init_checkpoint={tmp_path / 'shared.pth'}", f"train.output_dir={tmp_path}")
+    _check("--arm", "all", "--allow-shared-checkpoint", f"train.init_checkpoint={tmp_path / 'shared.pth'}",
+           f"train.output_dir={tmp_path}")
+
+
+def test_another_arms_pretraining_checkpoint_is_refused(tmp_path):
+    for arm in ("default", "mimetic"):
+        (tmp_path / arm).mkdir()
+        torch.save({"format": "condinit_det.pretrain/v1", "model": {}, "arm": arm, "seed": 0},
+                   tmp_path / arm / "model_final.pth")
+    with pytest.raises(ValueError, match="was pretrained with arm 'default' but this run's arm is 'mimetic'"):
+        _check("--arm", "mimetic", f"train.init_checkpoint={tmp_path / 'default'}", f"train.output_dir={tmp_path}")
+    # On the command line, a value with {arm} is quoted for the override parser.
+    template = f"train.init_checkpoint='{tmp_path / '{arm}'}'"
+    _check("--arm", "mimetic", template, f"train.output_dir={tmp_path}")
+    (tmp_path / "conditioned").mkdir()
+    with pytest.raises(FileNotFoundError, match="is a directory without model_final.pth"):
+        _check("--arm", "conditioned", template, f"train.output_dir={tmp_path}")
+
+
+def test_eval_only_needs_a_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="--eval-only needs train.init_checkpoint=PATH"):
+        _check("--eval-only", f"train.output_dir={tmp_path}")
+    with pytest.raises(ValueError, match="cannot be combined with --arm all"):
+        _check("--eval-only", "--arm", "all", f"train.output_dir={tmp_path}")
+
+
+@pytest.mark.parametrize("seeds, lr, message", [
+    ("0,x", None, "--seeds '0,x': expected non-negative integers"),
+    ("1,1", None, "expected distinct non-negative integers"),
+    (None, "0,1", "--lr-scale '0,1': expected distinct positive numbers"),
+])
+def test_bad_seed_and_scale_lists(tmp_path, seeds, lr, message):
+    argv = (["--seeds", seeds] if seeds else []) + (["--lr-scale", lr] if lr else [])
+    with pytest.raises(ValueError, match=message):
+        _check(*argv, f"train.output_dir={tmp_path}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, message", [
+    ("condinit.options.mimetic.gain_qk=2", "option(s) gain_qk are not accepted by the 'mimetic' arm"),
+    ("condinit.include=[nothing.*]", "include pattern 'nothing.*' matches no attention site"),
+    ("model.backbone.net.depth=0", "no attention site found in GeneralizedRCNN"),
+    ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
+])
+def test_cli_prints_one_error_line(tmp_path, override, message):
+    last = _cli(tmp_path, "--arm", "mimetic", f"train.output_dir={tmp_path / 'run'}", override)
+    assert message in last
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_arm_report_records_the_identity_checked_on_resume(tmp_path):
+    write_arm_report(str(tmp_path), {"arm": "conditioned"}, _identity(lr_scale=0.5))
+    saved = json.loads((tmp_path / "condinit_arm_report.json").read_text())
+    assert saved["run"]["lr_scale"] == 0.5 and saved["arm"] == "conditioned"
