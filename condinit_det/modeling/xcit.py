@@ -1,20 +1,24 @@
-"""XCiT (Cross-Covariance Image Transformer) as a single-scale detectron2 backbone.
+"""XCiT (Cross-Covariance Image Transformer) as a detectron2 backbone, and XCiT's own detection neck.
 
-The trunk is timm's XCiT (``timm.models.xcit``): a convolutional patch embedding
+The trunk :class:`XCiT` is timm's XCiT (``timm.models.xcit``): a convolutional patch embedding
 (``ConvPatchEmbed``, stride 8 or 16), Fourier positional encoding, and ``XCABlock``s
 (cross-covariance attention ``XCA`` + local patch interaction ``LPI`` + MLP, each with
 LayerScale). The classification-only parts (class token, class-attention layers, final
-norm, head) are dropped. The output is one feature map at the patch stride, like ViTDet's
-``last_feat``; :class:`detectron2.modeling.SimpleFeaturePyramid` builds the pyramid from it.
-XCiT's own detection neck (deconvolutions on blocks 3/5/7/11 + FPN) is deliberately not used,
-so that XCiT and ViT detectors differ only in the trunk.
+norm, head) are dropped. By default the output is one feature map at the patch stride, like
+ViTDet's ``last_feat``, for :class:`detectron2.modeling.SimpleFeaturePyramid`; with
+``out_indices`` it returns the maps of several blocks instead.
 
-Parameter names are timm's (``patch_embed.*``, ``pos_embed.*``, ``blocks.{i}.*``), so a
-timm / official XCiT ImageNet checkpoint loads after :func:`convert_timm_xcit_checkpoint`
-adds the model prefix (``backbone.net.`` in the Mask R-CNN configs of this project).
+:class:`XCiTDeconvPyramid` is the neck of XCiT's own detection code (facebookresearch/xcit,
+``detection/backbone/xcit.py``): the outputs of blocks 3, 5, 7, 11 (XCiT-S12) become maps at
+strides 4, 8, 16, 32 (deconvolutions / identity / max-pooling), which a standard
+:class:`detectron2.modeling.FPN` takes as ``bottom_up``.
+
+Parameter names are timm's (``patch_embed.*``, ``pos_embed.*``, ``blocks.{i}.*``), so a timm /
+official XCiT ImageNet checkpoint loads after :func:`condinit_det.modeling.convert.convert_timm_xcit_checkpoint`
+(or :func:`condinit_det.modeling.convert.convert_timm_checkpoint`) adds the model prefix.
 """
 from functools import partial
-from typing import Dict, Mapping
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -25,14 +29,15 @@ from timm.models.xcit import ConvPatchEmbed, PositionalEncodingFourier, XCABlock
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import Backbone
 
-__all__ = ["XCiT", "convert_timm_xcit_checkpoint"]
+__all__ = ["XCiT", "XCiTDeconvPyramid", "convert_timm_xcit_checkpoint"]
 
 
 class XCiT(Backbone):
-    """Single-scale XCiT backbone.
+    """XCiT trunk as a detectron2 backbone.
 
     Input: images (B, 3, H, W) with H and W multiples of ``patch_size``.
-    Output: ``{out_feature: (B, embed_dim, H / patch_size, W / patch_size)}``.
+    Output: ``{out_feature: (B, embed_dim, H / patch_size, W / patch_size)}`` (the last block), or
+    with ``out_indices`` one such map per listed block, named ``block{i}``.
     XCA attends across channels (a dh x dh map per head), so cost is linear in H*W and any
     input size works without interpolating position embeddings.
     """
@@ -55,6 +60,7 @@ class XCiT(Backbone):
         sync_bn: bool = False,
         use_act_checkpoint: bool = False,
         out_feature: str = "last_feat",
+        out_indices: Optional[Sequence[int]] = None,
     ):
         """
         Args:
@@ -76,7 +82,12 @@ class XCiT(Backbone):
                 SyncBatchNorm; detection batches are ~2 images per GPU, too few for per-GPU
                 batch statistics. Parameter names are unchanged.
             use_act_checkpoint: recompute block activations in the backward pass to save memory.
-            out_feature: name of the output feature.
+            out_feature: name of the output feature when ``out_indices`` is None.
+            out_indices: blocks (0-based; negative counts from the end) whose outputs are returned,
+                as ``block{i}`` maps at the patch stride, e.g. ``(3, 5, 7, 11)`` for XCiT's detection
+                neck (:class:`XCiTDeconvPyramid`). None (default): only the last block, named
+                ``out_feature``. Blocks after the last listed one are not run (their parameters then
+                get no gradient).
         """
         super().__init__()
         if patch_size not in (8, 16):
@@ -114,9 +125,26 @@ class XCiT(Backbone):
             ]
         )
 
-        self._out_features = [out_feature]
-        self._out_feature_channels = {out_feature: embed_dim}
-        self._out_feature_strides = {out_feature: patch_size}
+        if out_indices is None:
+            self._out_blocks = {depth - 1: out_feature}
+        else:
+            indices = [int(i) for i in out_indices]
+            if not indices:
+                raise ValueError("XCiT out_indices must list at least one block (or be None for the last block)")
+            normalized = [i + depth if i < 0 else i for i in indices]
+            bad = [i for i, n in zip(indices, normalized) if not 0 <= n < depth]
+            if bad:
+                raise ValueError(
+                    f"XCiT out_indices {bad} out of range for depth {depth} (valid: 0..{depth - 1} or negative)"
+                )
+            if len(set(normalized)) != len(normalized):
+                raise ValueError(f"XCiT out_indices must be distinct blocks, got {indices} (depth {depth})")
+            self._out_blocks = {i: f"block{i}" for i in sorted(normalized)}
+        self.out_indices = tuple(self._out_blocks)
+        self._last_block = max(self._out_blocks)
+        self._out_features = list(self._out_blocks.values())
+        self._out_feature_channels = {name: embed_dim for name in self._out_features}
+        self._out_feature_strides = {name: patch_size for name in self._out_features}
 
         # timm's Xcit init: truncated normal (std 0.02) on every Linear, zero bias; convolutions
         # and norms keep PyTorch's defaults.
@@ -141,7 +169,8 @@ class XCiT(Backbone):
         Args:
             x: (B, in_chans, H, W), H and W multiples of ``patch_size``.
         Returns:
-            dict with one entry ``out_feature``: (B, embed_dim, H / patch_size, W / patch_size).
+            dict of (B, embed_dim, H / patch_size, W / patch_size) maps: ``out_feature`` (last block)
+            or ``block{i}`` for each of ``out_indices``.
         """
         if x.dim() != 4:
             raise ValueError(f"XCiT expects images of shape (B, C, H, W), got shape {tuple(x.shape)}")
@@ -155,48 +184,114 @@ class XCiT(Backbone):
         if self.pos_embed is not None:
             # (B, C, Hp, Wp) -> (B, N, C), same token order as the patch embedding's flatten.
             x = x + self.pos_embed(B, Hp, Wp).reshape(B, -1, x.shape[1]).permute(0, 2, 1)
-        for blk in self.blocks:
+        outputs = {}
+        for i, blk in enumerate(self.blocks[: self._last_block + 1]):
             if self.use_act_checkpoint and self.training:
                 x = torch.utils.checkpoint.checkpoint(blk, x, Hp, Wp, use_reentrant=False)
             else:
                 x = blk(x, Hp, Wp)
-        x = x.transpose(1, 2).reshape(B, self.embed_dim, Hp, Wp)
-        return {self._out_features[0]: x}
+            if i in self._out_blocks:
+                # (B, N, C) -> (B, C, Hp, Wp), tokens in row-major order as the patch embedding made them
+                outputs[self._out_blocks[i]] = x.transpose(1, 2).reshape(B, self.embed_dim, Hp, Wp)
+        return outputs
 
     def output_shape(self) -> Dict[str, ShapeSpec]:
-        name = self._out_features[0]
-        return {name: ShapeSpec(channels=self._out_feature_channels[name], stride=self._out_feature_strides[name])}
+        return {
+            name: ShapeSpec(channels=self._out_feature_channels[name], stride=self._out_feature_strides[name])
+            for name in self._out_features
+        }
 
 
-# Parameters of timm's classifier-only parts, absent from the detection trunk.
-_CLASSIFIER_PREFIXES = ("cls_token", "cls_attn_blocks.", "norm.", "head.", "head_drop.")
+class XCiTDeconvPyramid(Backbone):
+    """XCiT's own detection neck: four block outputs at the patch stride -> maps at strides 4, 8, 16, 32.
 
+    As in XCiT's detection code (facebookresearch/xcit ``detection/backbone/xcit.py``, modules
+    ``fpn1``..``fpn4``; XCiT-S12 uses blocks 3, 5, 7, 11), for patch size 16:
 
-def convert_timm_xcit_checkpoint(
-    state_dict: Mapping[str, torch.Tensor], prefix: str = "backbone.net."
-) -> Dict[str, torch.Tensor]:
-    """Map a timm or official XCiT ImageNet state dict to this backbone's names inside a model.
+    - stride 4:  ConvTranspose2d(D, D, 2, stride 2) -> BatchNorm2d -> GELU -> ConvTranspose2d(D, D, 2, stride 2)
+    - stride 8:  ConvTranspose2d(D, D, 2, stride 2)
+    - stride 16: identity
+    - stride 32: MaxPool2d(2, stride 2)
 
-    Accepts timm's state dict or the official file's ``{"model": ...}`` dict (whose positional
-    encoding is named ``pos_embeder``). Drops the class token, class-attention layers, final norm
-    and head, and prepends ``prefix``. Save the result as ``{"model": converted}`` and point
-    ``train.init_checkpoint`` at it (load without matching heuristics: they would map timm's final
-    ``norm.*`` onto the pyramid's norms).
+    and for patch size 8: ConvTranspose2d (stride 4), identity (8), MaxPool2d(2) (16), MaxPool2d(4) (32).
+    The i-th listed block feeds the i-th level (shallowest block -> finest map). Every output keeps
+    the trunk width D; a :class:`detectron2.modeling.FPN` on top (``in_features=out_features``)
+    projects them to its width and adds p6, as the mmdetection FPN of XCiT's recipe does.
+    Deconvolutions and the BatchNorm keep PyTorch's default init, as in XCiT's code (which
+    initializes only Linear and LayerNorm layers).
+
+    Module names (``fpn1.0``, ``fpn1.1``, ``fpn1.3``, ``fpn2.0``) follow XCiT's code, and the trunk
+    sits under ``net``: in a detectron2 FPN model the attention sites are
+    ``backbone.bottom_up.net.blocks.{i}.attn``.
     """
-    if "model" in state_dict and not isinstance(state_dict["model"], torch.Tensor):
-        state_dict = state_dict["model"]
-    converted = {}
-    for key, value in state_dict.items():
-        if key.startswith(_CLASSIFIER_PREFIXES):
-            continue
-        if key.startswith("pos_embeder."):
-            key = "pos_embed." + key[len("pos_embeder."):]
-        if not key.startswith(("patch_embed.", "pos_embed.", "blocks.")):
-            raise KeyError(
-                f"unexpected key {key!r} in an XCiT checkpoint; expected patch_embed.*, pos_embed(er).*, "
-                f"blocks.* or classifier parts {_CLASSIFIER_PREFIXES}"
+
+    def __init__(self, net: XCiT, *, sync_bn: bool = False, out_features: Sequence[str] = ("s4", "s8", "s16", "s32")):
+        """
+        Args:
+            net: an :class:`XCiT` built with four ``out_indices`` (e.g. ``(3, 5, 7, 11)``).
+            sync_bn: SyncBatchNorm instead of BatchNorm2d after the first deconvolution (XCiT's
+                code uses SyncBatchNorm; detection batches are ~2 images per GPU).
+            out_features: names of the stride 4, 8, 16, 32 outputs, for ``FPN(in_features=...)``.
+        """
+        super().__init__()
+        if not isinstance(net, XCiT):
+            raise TypeError(f"XCiTDeconvPyramid takes an XCiT trunk, got {type(net).__name__}")
+        in_features = net._out_features
+        if len(in_features) != 4 or set(in_features) != {f"block{i}" for i in net.out_indices}:
+            raise ValueError(
+                f"XCiTDeconvPyramid needs an XCiT with four out_indices (e.g. (3, 5, 7, 11)), got outputs {in_features}"
             )
-        converted[prefix + key] = value
-    if not converted:
-        raise ValueError("no XCiT trunk parameters (patch_embed.*, pos_embed.*, blocks.*) in the checkpoint")
-    return converted
+        out_features = list(out_features)
+        if len(out_features) != 4 or len(set(out_features)) != 4:
+            raise ValueError(f"XCiTDeconvPyramid out_features must be four distinct names, got {out_features}")
+        self.net = net
+        self.in_features = list(in_features)
+        dim = net.embed_dim
+        if net.patch_size == 16:
+            norm = nn.SyncBatchNorm(dim) if sync_bn else nn.BatchNorm2d(dim)
+            self.fpn1 = nn.Sequential(
+                nn.ConvTranspose2d(dim, dim, kernel_size=2, stride=2),
+                norm,
+                nn.GELU(),
+                nn.ConvTranspose2d(dim, dim, kernel_size=2, stride=2),
+            )
+            self.fpn2 = nn.Sequential(nn.ConvTranspose2d(dim, dim, kernel_size=2, stride=2))
+            self.fpn3 = nn.Identity()
+            self.fpn4 = nn.MaxPool2d(kernel_size=2, stride=2)
+        else:  # patch 8 (XCiT only allows 8 and 16)
+            self.fpn1 = nn.Sequential(nn.ConvTranspose2d(dim, dim, kernel_size=2, stride=2))
+            self.fpn2 = nn.Identity()
+            self.fpn3 = nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2))
+            self.fpn4 = nn.Sequential(nn.MaxPool2d(kernel_size=4, stride=4))
+
+        self._out_features = out_features
+        self._out_feature_channels = {name: dim for name in out_features}
+        self._out_feature_strides = dict(zip(out_features, (4, 8, 16, 32)))
+
+    @property
+    def size_divisibility(self) -> int:
+        # The stride-32 level max-pools the patch grid: pad to 32 so every level has exactly its stride.
+        return 32
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """
+        Args:
+            x: (B, C, H, W) images, H and W multiples of 32 (detectron2 pads to ``size_divisibility``).
+        Returns:
+            dict ``out_features[k]``: (B, embed_dim, H / s, W / s) for s = 4, 8, 16, 32.
+        """
+        feats = self.net(x)
+        ops = (self.fpn1, self.fpn2, self.fpn3, self.fpn4)
+        return {name: op(feats[src]) for name, op, src in zip(self._out_features, ops, self.in_features)}
+
+    def output_shape(self) -> Dict[str, ShapeSpec]:
+        return {
+            name: ShapeSpec(channels=self._out_feature_channels[name], stride=self._out_feature_strides[name])
+            for name in self._out_features
+        }
+
+
+# The converter lives in convert.py with the ViT and Swin ones; kept importable from here.
+from .convert import convert_timm_xcit_checkpoint  # noqa: E402
+
+
