@@ -3,11 +3,18 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
-from condinit_det.engine.results import ResultsFile
-from condinit_det.report import compare_arms, find_runs, summarize_runs
+from condinit_det.evaluation.bootstrap import coco_ap
+from condinit_det.report import compare_arms, find_expected, find_runs, summarize_runs
+from condinit_det.results import ResultsFile
+from condinit_det.runs import plan_runs, write_plan
+
+T_975_2 = 4.302652729911275  # Student t quantile 0.975, 2 degrees of freedom
 
 ITERS = (100, 200, 300, 400)
 # arm -> seed -> (box AP curve, mask AP curve)
@@ -16,20 +23,45 @@ CURVES = {
     "conditioned": {0: ([15, 30, 41.5, 45], [12, 25, 33, 36]), 1: ([17, 32, 40.5, 47], [14, 27, 35, 38])},
     "mimetic": {0: ([5, 10, 20, 30], [4, 8, 16, 24])},
 }
+PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _write_run(path, arm, seed, box, mask, kappa=None):
-    os.makedirs(path)
+def _write_run(path, arm, seed, box, mask, kappa=None, iters=ITERS, lr_scale=None, **extra):
+    os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "condinit_arm_report.json"), "w") as f:
-        json.dump({"arm": arm, "seed": seed, "options": {}, "sites": []}, f)
+        json.dump({"run": {"arm": arm, "seed": seed, "arm_seed": seed, "lr_scale": lr_scale or 1.0},
+                   "arm": arm, "sites": []}, f)
     rf = ResultsFile(path)
-    for it, b, m in zip(ITERS, box, mask):
-        rf.add({"kind": "ap", "iteration": it, "arm": arm, "seed": seed, "config": "cfg.py",
-                "bbox": {"AP": b, "AP50": b + 20, "AP75": b + 5, "APs": float("nan"), "APm": b, "APl": b},
-                "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5, "APs": m, "APm": m, "APl": m}})
+    for i, (it, b, m) in enumerate(zip(iters, box, mask)):
+        rec = {"kind": "ap", "iteration": it, "arm": arm, "seed": seed, "config": "cfg.py",
+               "bbox": {"AP": b, "AP50": b + 20, "AP75": b + 5, "APs": float("nan"), "APm": b, "APl": b},
+               "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5, "APs": m, "APm": m, "APl": m}}
+        if lr_scale is not None:
+            rec["lr_scale"] = lr_scale
+        if i == len(box) - 1:
+            rec.update(extra)
+        rf.add(rec)
         if kappa is not None:
             rf.extend({"kind": "conditioning", "iteration": it, "site": f"blocks.{i}.attn",
                        "kappa": kappa * (i + 1) * it, "arm": arm, "seed": seed} for i in range(2))
+
+
+def _write_cls_run(path, arm, seed, top1, epochs=(2, 4, 6, 8, 10), steps_per_epoch=10, lr_scale=1.0):
+    os.makedirs(path, exist_ok=True)
+    ResultsFile(path).extend(
+        {"kind": "cls", "iteration": e * steps_per_epoch, "epoch": e, "top1": t, "top5": min(t + 20, 100.0),
+         "train_loss": 1.0 / e, "eval_loss": 1.0 / e, "lr": 0.001, "arm": arm, "seed": seed, "lr_scale": lr_scale}
+        for e, t in zip(epochs, top1))
+
+
+def _write_metrics(path, losses, period=5, epoch_every=None):
+    with open(os.path.join(path, "metrics.json"), "w") as f:
+        for k, loss in enumerate(losses):
+            it = (k + 1) * period - 1
+            line = {"iteration": it, "total_loss": loss, "lr": 0.001}
+            if epoch_every:
+                line["epoch"] = (it + 1) / epoch_every
+            f.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture
@@ -43,7 +75,9 @@ def experiment(tmp_path):
 
 
 def test_table_numbers_and_convergence(experiment):
-    report = summarize_runs(find_runs([str(experiment)]))
+    report = summarize_runs(find_runs([str(experiment)]), bootstrap=0)
+    assert [s.stage.name for s in report.stages] == ["detection"]
+    det = report.stage("detection")
     assert [a.arm for a in report.arms] == ["default", "mimetic", "conditioned"]
     d, m, c = (report.arm(a) for a in ("default", "mimetic", "conditioned"))
     assert d.seeds == [0, 1] and m.seeds == [0] and c.seeds == [0, 1]
@@ -52,65 +86,315 @@ def test_table_numbers_and_convergence(experiment):
     assert c.final["AP^b_75"] == pytest.approx((51.0, math.sqrt(2)))
     assert c.final["AP^m"] == pytest.approx((37.0, math.sqrt(2)))
     assert m.final["AP^m_50"] == pytest.approx((44.0, 0.0))
-    assert report.default_final == {"bbox": (400, pytest.approx(41.0)), "segm": (400, pytest.approx(33.0))}
+    assert d.final_iterations == [400, 400]
+    assert det.target["bbox"] == (400, pytest.approx(41.0)) and det.target["segm"] == (400, pytest.approx(33.0))
+    assert det.target["loss"][0] is None  # no metrics.json
     # seed-averaged conditioned box curve [16, 31, 41, 46] first reaches 41 at 300
-    assert c.reach_iteration == {"bbox": 300, "segm": 300}
+    assert c.reach == {"bbox": 300, "segm": 300, "loss": None}
     assert c.speedup["bbox"] == pytest.approx(25.0) and c.speedup["segm"] == pytest.approx(25.0)
-    assert d.reach_iteration["bbox"] == 400 and d.speedup["bbox"] == pytest.approx(0.0)
-    assert m.reach_iteration == {"bbox": None, "segm": None} and m.speedup["bbox"] is None
+    assert d.reach["bbox"] == 400 and d.speedup["bbox"] == pytest.approx(0.0)
+    assert m.reach["bbox"] is None and m.speedup["bbox"] is None
     its, mean, std = c.curves["bbox"]
     assert list(its) == list(ITERS) and list(mean) == pytest.approx([16, 31, 41, 46])
     assert list(std) == pytest.approx([math.sqrt(2), math.sqrt(2), math.sqrt(0.5), math.sqrt(2)])
     # κ: median over sites and seeds per iteration
-    k_its, k_med, k_lo, k_hi = report.kappa["conditioned"]
+    k_its, k_med, k_lo, k_hi = det.kappa["conditioned"]
     assert list(k_its) == list(ITERS)
     assert k_med[0] == pytest.approx(150.0) and k_lo[0] == 100.0 and k_hi[0] == 200.0
-    assert "mimetic" not in report.kappa
+    assert "mimetic" not in det.kappa
+    # paired: conditioned - default = [5, 5] on seeds 0, 1 (zero spread: a zero-width interval)
+    box = next(s for s in det.stats if s.arm == "conditioned" and s.metric == "AP^b")
+    assert box.paired_seeds == [0, 1] and box.differences == pytest.approx([5.0, 5.0])
+    assert (box.interval.low, box.interval.high) == pytest.approx((5.0, 5.0))
+    assert box.verdict == "better than default"
+    mim = next(s for s in det.stats if s.arm == "mimetic" and s.metric == "AP^b")
+    assert mim.paired_seeds == [0] and mim.dropped == ["seed 1 (no mimetic run)"]
+    assert mim.interval is None and mim.method == "one paired seed: bootstrap off"
 
 
 def test_written_files(experiment, tmp_path):
     out = tmp_path / "report"
-    _, text = compare_arms([str(experiment)], output_dir=str(out))
+    _, text = compare_arms([str(experiment)], output_dir=str(out), bootstrap=0)
     assert sorted(os.listdir(out)) == sorted(
-        ["report.md", "summary.csv", "curves.csv", "bbox_ap.png", "segm_ap.png", "kappa.png"])
+        ["report.md", "summary.csv", "curves.csv", "stats.csv", "bbox_ap.png", "segm_ap.png", "kappa.png"])
     assert (out / "report.md").read_text() == text
-    table = text.split("## Convergence")[0]
+    table = text.split("### Convergence")[0]
     rows = {r[0]: r for r in [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]}
     assert rows["| default"][1:4] == ["41.0 ± 1.4", "61.0 ± 1.4", "46.0 ± 1.4"]
     assert rows["| mimetic"][1] == "30.0"  # one seed: no ±
     assert rows["| conditioned"][1:7] == ["46.0 ± 1.4", "66.0 ± 1.4", "51.0 ± 1.4",
                                           "37.0 ± 1.4", "57.0 ± 1.4", "42.0 ± 1.4"]
-    assert "| conditioned | 300 | 25.0% | 300 | 25.0% |" in text
-    assert "| mimetic | not reached | not reached | not reached | not reached |" in text
+    assert "| AP^b | 41.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in text
+    assert "| AP^m | 33.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in text
+    assert "- conditioned, AP^b: better than default (Δ +5.0, 95% interval [+5.0, +5.0]" in text
+    assert "- mimetic: dropped from the pairing: seed 1 (no mimetic run)" in text
+    assert "None found (no experiment plan" in text
 
     with open(out / "summary.csv") as f:
         summary = {r["arm"]: r for r in csv.DictReader(f)}
     assert float(summary["conditioned"]["AP^b"]) == pytest.approx(46.0)
     assert float(summary["conditioned"]["AP^b_std"]) == pytest.approx(math.sqrt(2))
     assert float(summary["conditioned"]["bbox_speedup_percent"]) == pytest.approx(25.0)
+    assert summary["conditioned"]["bbox_reach_iteration"] == "300"
     assert summary["mimetic"]["bbox_reach_iteration"] == ""
-    assert summary["default"]["num_seeds"] == "2" and summary["default"]["final_iteration"] == "400"
+    assert summary["default"]["num_seeds"] == "2" and summary["default"]["final_x"] == "400"
+    assert summary["default"]["stage"] == "detection" and summary["default"]["x_axis"] == "iteration"
     with open(out / "curves.csv") as f:
         curves = list(csv.DictReader(f))
-    assert len(curves) == 5 * 4 * 2  # runs x iterations x tasks
+    assert len(curves) == 5 * 4 * 6  # runs x iterations x table columns
+    assert {r["metric"] for r in curves} == {"AP^b", "AP^b_50", "AP^b_75", "AP^m", "AP^m_50", "AP^m_75"}
+    with open(out / "stats.csv") as f:
+        stats = list(csv.DictReader(f))
+    row = next(r for r in stats if r["arm"] == "conditioned" and r["metric"] == "AP^b")
+    assert float(row["mean_difference"]) == pytest.approx(5.0) and row["verdict"] == "better than default"
+    assert row["paired_seeds"] == "0 1" and row["method"] == "paired t-interval over 2 seeds"
     for name in ("bbox_ap.png", "segm_ap.png", "kappa.png"):
         data = (out / name).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert data[:8] == PNG and len(data) > 5000
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
 
 
 def test_run_dirs_can_be_listed_individually(experiment):
     runs = find_runs([str(experiment / "default_s0"), str(experiment / "conditioned_s1")])
-    report = summarize_runs(runs)
+    report = summarize_runs(runs, bootstrap=0)
     assert report.arm("conditioned").final["AP^b"] == pytest.approx((47.0, 0.0))
     # 47-seed curve [17, 32, 40.5, 47] vs default final 40: first >= 40 is 300
-    assert report.arm("conditioned").reach_iteration["bbox"] == 300
+    assert report.arm("conditioned").reach["bbox"] == 300
+    # different seeds: nothing to pair
+    row = next(s for s in report.primary.stats if s.arm == "conditioned" and s.metric == "AP^b")
+    assert row.paired_seeds == [] and row.method == "no paired seeds"
+    assert row.dropped == ["seed 0 (no conditioned run)", "seed 1 (no default run)"]
 
 
 def test_without_default_arm_there_is_no_speedup(experiment):
-    report, text = compare_arms([str(experiment / "mimetic_s0")])
-    assert report.default_final == {} and report.arm("mimetic").speedup == {}
+    report, text = compare_arms([str(experiment / "mimetic_s0")], bootstrap=0)
+    assert report.primary.target == {} and report.arm("mimetic").speedup == {}
     assert "No runs of the default arm" in text
+
+
+def test_paired_t_interval_known_answer(tmp_path):
+    exp = tmp_path / "exp"
+    finals = {"default": [40.0, 41.0, 42.0], "conditioned": [41.0, 43.0, 45.0],  # differences 1, 2, 3
+              "mimetic": [47.0, 46.0, 47.0]}  # differences 7, 5, 5: clearly better
+    for arm, values in finals.items():
+        for seed, v in enumerate(values):
+            _write_run(str(exp / arm / f"seed{seed}"), arm, seed, [v - 10, v], [v - 12, v - 2], iters=(200, 400))
+    report, text = compare_arms([str(exp)], bootstrap=0)
+    stats = {(s.arm, s.metric): s for s in report.primary.stats}
+    c = stats[("conditioned", "AP^b")]
+    half = T_975_2 * 1.0 / math.sqrt(3)  # mean 2, sd 1, n 3
+    assert c.differences == pytest.approx([1.0, 2.0, 3.0]) and c.mean_difference == pytest.approx(2.0)
+    assert (c.interval.low, c.interval.high) == pytest.approx((2.0 - half, 2.0 + half))
+    assert c.verdict == "not distinguishable from default at 95%"
+    m = stats[("mimetic", "AP^b")]
+    mhalf = T_975_2 * np.std([7, 5, 5], ddof=1) / math.sqrt(3)
+    assert (m.interval.low, m.interval.high) == pytest.approx((17 / 3 - mhalf, 17 / 3 + mhalf))
+    assert m.verdict == "better than default"
+    assert stats[("default", "AP^b")].verdict == "reference"
+    assert stats[("default", "AP^b")].mean == pytest.approx(41.0) and stats[("default", "AP^b")].std == pytest.approx(1.0)
+    assert f"[{2 - half:+.1f}, {2 + half:+.1f}]" in text  # [-0.5, +4.5]
+    assert "- mimetic, AP^b: better than default" in text
+    assert "- conditioned, AP^b: not distinguishable from default at 95%" in text
+    # convergence per seed: mimetic is at 37, 36, 37 at iteration 200 (below the default's 40, 41, 42)
+    # and reaches it at 400, the default's final iteration: speed-up 0 in every seed
+    sp = stats[("mimetic", "speed-up AP^b (%)")]
+    assert sp.values == {0: 0.0, 1: 0.0, 2: 0.0} and sp.verdict == "not distinguishable from default at 95%"
+
+
+def test_missing_runs_are_named_and_dropped_from_pairing(tmp_path):
+    exp = tmp_path / "exp"
+    write_plan(str(exp), plan_runs(["default", "mimetic", "conditioned"], [0, 1, 2]), stage="detection", config=None)
+    for arm, offset in (("default", 0.0), ("mimetic", 1.0), ("conditioned", 3.0)):
+        for seed in (0, 1, 2):
+            if arm == "mimetic" and seed == 2:
+                continue  # failed: no results
+            v = 40.0 + seed + offset + 0.5 * (seed == 1) * (arm == "conditioned")
+            _write_run(str(exp / arm / f"seed{seed}"), arm, seed, [v - 5, v], [v - 7, v - 2], iters=(200, 400))
+    expected = find_expected([str(exp)])
+    assert len(expected) == 9 and expected[0].stage_hint == "detection"
+    report, text = compare_arms([str(exp)], bootstrap=0)
+    det = report.stage("detection")
+    assert [m.describe() for m in det.missing] == ["mimetic seed 2: no results (failed or not run)"]
+    assert "- mimetic seed 2: no results (failed or not run)" in text
+    stats = {(s.arm, s.metric): s for s in det.stats}
+    mim = stats[("mimetic", "AP^b")]
+    assert mim.paired_seeds == [0, 1] and mim.dropped == ["seed 2 (no mimetic run)"]
+    assert mim.differences == pytest.approx([1.0, 1.0]) and mim.n == 2
+    con = stats[("conditioned", "AP^b")]
+    assert con.paired_seeds == [0, 1, 2] and con.dropped == []
+    assert con.differences == pytest.approx([3.0, 3.5, 3.0]) and con.verdict == "better than default"
+    assert report.arm("mimetic").seeds == [0, 1]
+    assert "- mimetic: dropped from the pairing: seed 2 (no mimetic run)" in text
+
+    # an unfinished run (killed after its first evaluation) is named too, and kept out of the tables
+    _write_run(str(exp / "mimetic" / "seed2"), "mimetic", 2, [30.0], [28.0], iters=(200,))
+    report, text = compare_arms([str(exp)], bootstrap=0)
+    assert [m.describe() for m in report.primary.missing] == [
+        "mimetic seed 2: unfinished (last evaluation at iteration 200; other runs reach 400)"]
+    assert report.arm("mimetic").seeds == [0, 1]
+    # a run directory without any evaluation
+    ResultsFile(str(exp / "mimetic" / "seed2")).archive()
+    ResultsFile(str(exp / "mimetic" / "seed2")).add(
+        {"kind": "conditioning", "iteration": 0, "site": "a", "kappa": 3.0, "arm": "mimetic", "seed": 2})
+    report, text = compare_arms([str(exp / "mimetic")], bootstrap=0)  # the plan one level up still applies
+    assert [m.describe() for m in report.primary.missing] == [
+        "mimetic seed 2: no evaluation recorded (unfinished or failed)"]
+
+
+def test_epochs_to_default_known_answer(tmp_path):
+    exp = tmp_path / "pretrain"
+    write_plan(str(exp), plan_runs(["default", "conditioned"], [0, 1]), stage="pretrain", config=None)
+    # default seeds reach 48 / 52 at epoch 10 -> seed mean 50; conditioned's seed mean
+    # [21, 36, 51, 56, 61] reaches 50 at epoch 6: speed-up (1 - 6 / 10) = 40 %
+    _write_cls_run(str(exp / "default" / "seed0"), "default", 0, [8, 18, 28, 38, 48])
+    _write_cls_run(str(exp / "default" / "seed1"), "default", 1, [12, 22, 32, 42, 52])
+    _write_cls_run(str(exp / "conditioned" / "seed0"), "conditioned", 0, [20, 35, 50, 55, 60])
+    _write_cls_run(str(exp / "conditioned" / "seed1"), "conditioned", 1, [22, 37, 52, 57, 62])
+    report, text = compare_arms([str(exp)], bootstrap=0)
+    cls = report.stage("classification")
+    assert report.primary is cls and [g.arm for g in cls.arms] == ["default", "conditioned"]
+    assert cls.target["top1"] == (10, pytest.approx(50.0))
+    c = cls.arm("conditioned")
+    assert c.reach["top1"] == 6 and c.speedup["top1"] == pytest.approx(40.0)
+    assert c.final["top-1"] == pytest.approx((61.0, math.sqrt(2))) and c.final["top-5"] == pytest.approx((81.0, math.sqrt(2)))
+    assert "| top-1 | 50.0 at epoch 10 | 10 (0.0%) | 6 (40.0%) |" in text
+    assert "| arm | top-1 | top-5 | seeds | final epoch |" in text
+    assert "None: every planned run has finished." in text
+    stats = {(s.arm, s.metric): s for s in cls.stats}
+    # per seed: conditioned seed 0 reaches default seed 0's final 48 at epoch 6 (50), seed 1 its 52 at 6: 40 % each
+    sp = stats[("conditioned", "speed-up top-1 (%)")]
+    assert sp.values == {0: pytest.approx(40.0), 1: pytest.approx(40.0)}
+    assert sp.verdict == "better than default"
+    top1 = stats[("conditioned", "top-1")]
+    assert top1.differences == pytest.approx([12.0, 10.0])
+
+
+def test_lr_sensitivity(tmp_path):
+    exp = tmp_path / "exp"
+    runs = plan_runs(["default", "conditioned"], [0], [0.5, 1.0, 2.0])
+    write_plan(str(exp), runs, stage="detection", config=None)
+    finals = {("default", 0.5): 38.0, ("default", 1.0): 41.0, ("default", 2.0): 39.0,
+              ("conditioned", 0.5): 40.0, ("conditioned", 1.0): 42.0, ("conditioned", 2.0): 44.0}
+    for spec in runs:
+        v = finals[(spec.arm, spec.lr_scale)]
+        _write_run(spec.path(str(exp)), spec.arm, spec.seed, [v - 10, v], [v - 12, v - 2], iters=(200, 400),
+                   lr_scale=spec.lr_scale)
+    report, text = compare_arms([str(exp)], bootstrap=0)
+    det = report.primary
+    assert det.scales == [0.5, 1.0, 2.0] and det.scale == 1.0
+    assert [g.arm for g in det.arms] == ["default", "conditioned"]  # the main comparison is at scale 1
+    assert det.best_scale("default") == 1.0 and det.best_scale("conditioned") == 2.0
+    assert det.arm("conditioned", 2.0).final["AP^b"] == pytest.approx((44.0, 0.0))
+    lr = text.split("### Learning-rate sensitivity")[1].split("### Missing")[0]
+    assert "| 0.5 | 40.0 | 38.0 | 0 |" in lr and "| 2 | 44.0 | 42.0 | 0 |" in lr
+    assert "At the shared learning rate (scale 1):" in lr and "| conditioned | 42.0 | 40.0 |" in lr
+    assert "| default | 1 (won) | 41.0 | 39.0 |" in lr and "| conditioned | 2 (won) | 44.0 | 42.0 |" in lr
+
+    # only a scan, without scale 1: the main comparison falls back to a scale every arm ran
+    for spec in runs:
+        if spec.lr_scale == 1.0:
+            ResultsFile(spec.path(str(exp))).archive()
+    os.remove(os.path.join(exp, "experiment.json"))
+    report, text = compare_arms([str(exp)], output_dir=str(tmp_path / "r"), bootstrap=0)
+    assert report.primary.scale == 0.5 and report.primary.scales == [0.5, 2.0]
+    assert "learning-rate scale 0.5 (no runs at the config's learning rate)" in text
+    assert "No runs at the shared learning rate (scale 1)." in text
+    assert (tmp_path / "r" / "bbox_ap.png").read_bytes()[:8] == PNG
+
+
+def _tiny_coco(tmp_path):
+    """3 images, one box each; the detection records' predictions for each arm."""
+    from pycocotools import mask as mask_utils
+
+    def rle(x, y):
+        m = np.zeros((32, 32), dtype=np.uint8, order="F")
+        m[y:y + 8, x:x + 8] = 1
+        r = mask_utils.encode(m)
+        r["counts"] = r["counts"].decode()
+        return r
+
+    boxes = [(2, 2), (10, 12), (20, 4)]
+    gt = {"images": [{"id": i + 1, "width": 32, "height": 32, "file_name": f"{i}.png"} for i in range(3)],
+          "annotations": [{"id": i + 1, "image_id": i + 1, "category_id": 1, "bbox": [x, y, 8, 8], "area": 64,
+                           "iscrowd": 0, "segmentation": rle(x, y)} for i, (x, y) in enumerate(boxes)],
+          "categories": [{"id": 1, "name": "thing"}]}
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(gt))
+    preds = {"default": [{"image_id": i + 1, "category_id": 1, "bbox": [x + 2, y, 8, 8], "score": 0.9,
+                          "segmentation": rle(x + 2, y)} for i, (x, y) in enumerate(boxes)],
+             "conditioned": [{"image_id": i + 1, "category_id": 1, "bbox": [x, y, 8, 8], "score": 0.9,
+                              "segmentation": rle(x, y)} for i, (x, y) in enumerate(boxes)]}
+    return str(path), preds
+
+
+def test_combined_report_pretraining_and_detection(tmp_path):
+    pre, det = tmp_path / "pretrain", tmp_path / "finetune"
+    write_plan(str(pre), plan_runs(["default", "conditioned"], [0]), stage="pretrain", config=None)
+    write_plan(str(det), plan_runs(["default", "conditioned"], [0]), stage="detection", config=None)
+    labels = [i % 4 for i in range(40)]
+    for arm, top1, wrong in (("default", [30, 40, 50, 55, 60], 16), ("conditioned", [35, 50, 60, 65, 70], 12)):
+        run = pre / arm / "seed0"
+        _write_cls_run(str(run), arm, 0, top1)
+        _write_metrics(str(run), np.linspace(3.0, 1.0 if arm == "default" else 0.8, 10), period=10, epoch_every=10)
+        pred = [(l + 1) % 4 if i < wrong else l for i, l in enumerate(labels)]
+        (run / "eval_predictions.json").write_text(json.dumps(
+            {"epoch": 10, "labels": labels, "top1": pred, "top5_hit": [1] * 40}))
+    gt_path, preds = _tiny_coco(tmp_path)
+    for arm in ("default", "conditioned"):
+        run = det / arm / "seed0"
+        run.mkdir(parents=True)
+        (run / "coco_instances_results.json").write_text(json.dumps(preds[arm]))
+        ap = coco_ap(gt_path, preds[arm])  # the final record holds the AP of its predictions
+        _write_run(str(run), arm, 0, [ap["bbox"] / 2, ap["bbox"]], [ap["segm"] / 2, ap["segm"]], iters=(200, 400),
+                   kappa=1.0, predictions="coco_instances_results.json", ground_truth=gt_path)
+        _write_metrics(str(run), np.linspace(4.0, 2.0 if arm == "default" else 1.5, 20), period=20)
+    out = tmp_path / "report"
+    report, text = compare_arms([str(pre), str(det)], output_dir=str(out), bootstrap=25, seed=1)
+    assert [s.stage.name for s in report.stages] == ["classification", "detection"]
+    assert "## Classification pretraining: top-1 / top-5 accuracy" in text
+    assert "## Detection: COCO box / mask AP" in text
+    assert text.index("## Classification") < text.index("## Detection") < text.index("## Runs") < text.index("## Method")
+    assert text.count("None: every planned run has finished.") == 2
+    for name in ("cls_loss.png", "top1.png", "top5.png", "loss.png", "bbox_ap.png", "segm_ap.png", "kappa.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG and len(data) > 5000, name
+    assert {"report.md", "summary.csv", "curves.csv", "stats.csv"} <= set(os.listdir(out))
+
+    # one seed: the paired bootstrap over evaluation images
+    cls_row = next(s for s in report.stage("classification").stats if s.arm == "conditioned" and s.metric == "top-1")
+    assert cls_row.method == "paired bootstrap over 40 evaluation images, B=25"
+    assert cls_row.differences == pytest.approx([10.0]) and cls_row.interval.contains(10.0)
+    det_rows = {s.metric: s for s in report.stage("detection").stats if s.arm == "conditioned"}
+    box = det_rows["AP^b"]
+    assert box.method == "paired bootstrap over 3 evaluation images, B=25"
+    # the conditioned predictions are exact, the default ones are shifted by 2 px (IoU 0.6): every
+    # resample gives the same difference
+    assert box.interval.low == pytest.approx(box.interval.high) and box.interval.contains(box.differences[0])
+    assert box.differences[0] > 0
+    assert box.verdict == "better than default" and det_rows["AP^m"].verdict == "better than default"
+    assert "speed-up loss (%)" in det_rows and det_rows["speed-up loss (%)"].method.startswith("one paired seed")
+    with open(out / "summary.csv") as f:
+        summary = list(csv.DictReader(f))
+    assert {(r["stage"], r["arm"]) for r in summary} == {
+        ("classification", "default"), ("classification", "conditioned"),
+        ("detection", "default"), ("detection", "conditioned")}
+    cls_cond = next(r for r in summary if r["stage"] == "classification" and r["arm"] == "conditioned")
+    assert cls_cond["top1_reach_epoch"] == "6" and cls_cond["AP^b"] == ""
+    with open(out / "curves.csv") as f:
+        metrics = {(r["stage"], r["metric"]) for r in csv.DictReader(f)}
+    assert ("classification", "top-1") in metrics and ("detection", "total_loss_smoothed") in metrics
+
+
+def test_report_runs_without_detectron2(experiment, tmp_path):
+    code = ("import sys; sys.modules['detectron2'] = None\n"
+            "from condinit_det.report import compare_arms\n"
+            f"r, t = compare_arms([{str(experiment)!r}], output_dir={str(tmp_path / 'r')!r})\n"
+            "assert 'detectron2' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+            "print(r.arm('conditioned').final['AP^b'][0])\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "46.0"
 
 
 def test_errors(tmp_path, experiment):
@@ -135,14 +419,21 @@ def _load_cli():
 
 def test_cli(experiment, tmp_path, capsys):
     cli = _load_cli()
-    assert cli.main([str(experiment)]) == 0
+    assert cli.main([str(experiment), "--bootstrap", "0"]) == 0
     out = capsys.readouterr().out
-    assert "| conditioned | 300 | 25.0% |" in out
+    assert "| AP^b | 41.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in out
     assert (experiment / "report" / "report.md").is_file()
     # the report dir inside the experiment is not mistaken for a run on a second pass
-    assert cli.main([str(experiment), "--output", str(tmp_path / "r2")]) == 0
-    assert (tmp_path / "r2" / "summary.csv").is_file()
+    assert cli.main([str(experiment), "--output", str(tmp_path / "r2"), "--bootstrap", "0", "--seed", "3"]) == 0
+    assert (tmp_path / "r2" / "stats.csv").is_file()
+    capsys.readouterr()
     empty = tmp_path / "nothing"
     empty.mkdir()
     assert cli.main([str(empty)]) == 2
-    assert "No runs under" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "No runs under" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.json").write_text('{"version": 1, "records": [')
+    assert cli.main([str(tmp_path / "broken")]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid JSON" in err and len(err.strip().splitlines()) == 1
