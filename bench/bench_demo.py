@@ -8,7 +8,7 @@
 Runs ``tools/train_net.py --config-file CFG --arm all train.output_dir=DIR [overrides]`` as a
 subprocess and times it, then reads each arm's run directory:
 
-- wall s: first to last timestamp of ``DIR/<arm>/log.txt`` (one-second resolution; covers the
+- wall s: first to last timestamp of ``DIR/<arm>/seed<k>/log.txt`` (one-second resolution; covers the
   arm's setup, training and every evaluation). The rest of the total is process start-up and
   the comparison report.
 - train s/iter: detectron2's "Overall training speed" (training steps only, hooks excluded);
@@ -25,6 +25,7 @@ with status 1 if train_net fails or an arm lacks its final evaluation.
 """
 import argparse
 import datetime
+import glob
 import json
 import os
 import re
@@ -87,6 +88,8 @@ def quick_overrides(cfg):
         # An untrained Mask R-CNN keeps 100 low-score detections per image, whose mask pasting
         # dominates inference on the CPU.
         opts.append(f"model.roi_heads.box_predictor.test_topk_per_image={QUICK_TOPK}")
+    if _has(cfg, "condinit_analysis.period"):
+        opts.append("condinit_analysis.period=0")  # the conditioning measurement has its own bench
     return opts
 
 
@@ -170,7 +173,9 @@ def summarize(output_dir, max_iter):
     """Table rows per arm and the names of arms whose final evaluation is missing."""
     from condinit_det.report import compare_arms
 
-    arm_dirs = [os.path.join(output_dir, arm) for arm in ARMS]
+    # One seed per arm: <output>/<arm>/seed<k>/ (condinit_det.runs).
+    arm_dirs = [next(iter(sorted(glob.glob(os.path.join(output_dir, arm, "seed*")))), os.path.join(output_dir, arm))
+                for arm in ARMS]
     present = [d for d in arm_dirs if os.path.isfile(os.path.join(d, "results.json"))]
     report = None
     if present:

@@ -8,9 +8,9 @@
 An arm only rewrites weights at construction time, so a training step must cost the same with
 or without it: the target ratio to the baseline is 1.00 within noise.
 
-Variants: ``baseline`` (``instantiate(cfg.model)`` only) and one per arm
-(``instantiate(cfg.model)`` then ``apply_arm_config`` with the config's include / exclude /
-options). Every model is built after seeding the global RNG identically, so all variants start
+Variants: ``baseline`` (the model node's own target, without the armed wrapper: no arm code at
+all) and one per arm (``instantiate(cfg.model)`` with ``condinit.arm`` set: the armed node builds
+the model and applies the arm with the config's include / exclude / options). Every model is built after seeding the global RNG identically, so all variants start
 from the baseline's weights outside the projections the arm rewrote (checked; the script exits
 with status 1 otherwise). Every variant trains on the same fixed batches, taken once from
 ``cfg.dataloader.train``, in the same order, with its own optimizer from ``cfg.optimizer``.
@@ -60,14 +60,21 @@ def load_config(path, opts):
     return cfg
 
 
-def arm_node(cfg, arm, seed):
-    """The config's ``condinit`` node (include / exclude / options) with ``arm`` and ``seed`` set."""
+def model_node(cfg, arm, seed):
+    """The model node that builds ``arm`` (seed ``seed``), or for ``arm`` None the bare model without arm code."""
     from omegaconf import OmegaConf
 
-    node = cfg.get("condinit")
-    node = {} if node is None else OmegaConf.to_container(node, resolve=True)
-    node.update(arm=arm, seed=seed)
-    return node
+    from condinit_det.modeling.arm import is_armed
+
+    if arm is not None:
+        cfg.condinit.arm, cfg.condinit.seed = arm, seed
+        return cfg.model
+    node = OmegaConf.to_container(cfg.model, resolve=False)
+    if is_armed(node):
+        node["_target_"] = node.pop("_arm_target_")
+        node.pop("condinit")
+        node.pop("_arm_site_prefix_", None)
+    return OmegaConf.create(node, flags={"allow_objects": True})
 
 
 def take_batches(cfg, num, seed):
@@ -91,13 +98,11 @@ class Variant:
         from detectron2.utils.env import seed_all_rng
         from detectron2.utils.events import EventStorage
 
-        from condinit_det.modeling import apply_arm_config
-
         self.name = name
         # Same global RNG state before every build: identical construction-time weights.
         seed_all_rng(seed)
-        self.model = instantiate(cfg.model)
-        self.report = None if arm is None else apply_arm_config(self.model, arm_node(cfg, arm, seed))
+        self.model = instantiate(model_node(cfg, arm, seed))
+        self.report = getattr(self.model, "condinit_report", None) if arm is not None else None
         self.model.to(cfg.train.device)
         self.model.train()
         cfg.optimizer.params.model = self.model

@@ -15,6 +15,7 @@ from condinit_det.init import (
     find_attention,
     register_attention_adapter,
     site_generator,
+    standard_normal,
 )
 
 
@@ -72,6 +73,25 @@ def _timm_class_attn():
     return ClassAttn(dim=48, num_heads=4, qkv_bias=True), lambda: (torch.randn(2, 9, 48),)
 
 
+def _davit_window():
+    from timm.models.davit import WindowAttention
+
+    return WindowAttention(dim=48, window_size=(4, 4), num_heads=4), lambda: (torch.randn(3, 16, 48),)
+
+
+def _davit_channel():
+    from timm.models.davit import ChannelAttention
+
+    # Used by davit_tiny ... davit_giant; its value role is the fused weight's first row block.
+    return ChannelAttention(dim=48, num_heads=4, qkv_bias=True), lambda: (torch.randn(2, 9, 48),)
+
+
+def _davit_channel_v2():
+    from timm.models.davit import ChannelAttentionV2
+
+    return ChannelAttentionV2(dim=48, num_heads=4, qkv_bias=True), lambda: (torch.randn(2, 9, 48),)
+
+
 LAYOUTS = {
     "d2_vit": _d2_vit,
     "d2_swin": _d2_swin,
@@ -82,6 +102,9 @@ LAYOUTS = {
     "timm_xcit": _timm_xcit,
     "timm_swin": _timm_swin,
     "timm_class_attn": _timm_class_attn,
+    "timm_davit_window": _davit_window,
+    "timm_davit_channel": _davit_channel,
+    "timm_davit_channel_v2": _davit_channel_v2,
 }
 
 
@@ -196,12 +219,12 @@ def test_conditioned_shared_block_and_output_ablations():
 
 
 def _replay_mimetic_noise(site, seed):
-    """Recompute the arm's draws: per head one Z for Q/K, then one Z for V/O (std 1/sqrt(D_in))."""
+    """Recompute the arm's draws: one [H, D_in, D_k_in] draw of the heads' Q/K noises, then the V/O
+    noise (std 1/sqrt(D_in))."""
     g = site_generator(seed, site.name)
-    qk = [torch.randn(site.dim_in, site.dim_k_in, generator=g, dtype=torch.float64) / site.dim_in ** 0.5
-          for _ in range(site.num_heads)]
-    vo = torch.randn(site.dim_v_in, site.dim_out, generator=g, dtype=torch.float64) / site.dim_v_in ** 0.5
-    return qk, vo
+    qk = standard_normal(site.num_heads, site.dim_in, site.dim_k_in, generator=g) / site.dim_in ** 0.5
+    vo = standard_normal(site.dim_v_in, site.dim_out, generator=g) / site.dim_v_in ** 0.5
+    return list(qk), vo
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

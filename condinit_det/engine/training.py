@@ -111,6 +111,10 @@ def build_argument_parser():
         help="multipliers of the config's base learning rate, e.g. '0.5,1,2': runs the other scales for every "
         "arm on the first seed, into <output_dir>/<arm>/seed<k>-lr<s>/.")
     parser.add_argument(
+        "--bootstrap", type=int, default=0, metavar="B",
+        help="resamples of the evaluation images for the confidence intervals of a one-seed comparison in the "
+        "report written at the end of an experiment (0: none; costs 4*B COCO evaluations)")
+    parser.add_argument(
         "--allow-changed-run", action="store_true",
         help="let --resume continue a run directory started with another arm, seed, patterns or lr scale")
     parser.add_argument(
@@ -680,7 +684,7 @@ def run_experiment(args):
         from condinit_det.report import compare_arms
 
         report_dir = os.path.join(base, REPORT_DIRNAME)
-        _, text = compare_arms([base], output_dir=report_dir)
+        _, text = compare_arms([base], output_dir=report_dir, bootstrap=args.bootstrap)
         print(text, flush=True)
         print(f"Report written to {report_dir}", flush=True)
     comm.synchronize()

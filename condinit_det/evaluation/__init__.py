@@ -1,5 +1,9 @@
-"""COCO evaluation: a pycocotools-identical, faster drop-in for detectron2's COCOEvaluator."""
+"""COCO evaluation: a pycocotools-identical, faster drop-in for detectron2's COCOEvaluator, and the
+image bootstrap of the report (:mod:`condinit_det.evaluation.bootstrap`, which needs no detectron2)."""
+import importlib.util
 
-from .coco_evaluation import FastCOCOEvaluator, fast_coco_eval_available, to_fast_evaluator
+__all__ = []
+if importlib.util.find_spec("detectron2") is not None:
+    from .coco_evaluation import FastCOCOEvaluator, fast_coco_eval_available, to_fast_evaluator
 
-__all__ = ["FastCOCOEvaluator", "fast_coco_eval_available", "to_fast_evaluator"]
+    __all__ = ["FastCOCOEvaluator", "fast_coco_eval_available", "to_fast_evaluator"]

@@ -4,7 +4,20 @@
     report = apply_init(model, "conditioned", seed=0, include=["backbone.*"])
 """
 from .apply import ARM_OPTIONS, ARMS, InitReport, SiteReport, apply_init, resolve_options, site_generator
-from .arms import haar_semi_orthogonal, mimetic_noise, mimetic_qk, mimetic_vo, rectangular_identity
+from .arms import (
+    SOLVERS,
+    TopSingular,
+    haar_semi_orthogonal,
+    haar_semi_orthogonal_batch,
+    mimetic_noise,
+    mimetic_noise_batch,
+    mimetic_qk,
+    mimetic_qk_batch,
+    mimetic_vo,
+    rectangular_identity,
+    standard_normal,
+    top_singular,
+)
 from .sites import (
     ROLES,
     AttentionLayout,
@@ -22,17 +35,22 @@ __all__ = [
     "ARMS",
     "ARM_OPTIONS",
     "ROLES",
+    "SOLVERS",
     "AttentionLayout",
     "AttentionSite",
     "InitReport",
     "Projection",
     "SiteReport",
+    "TopSingular",
     "apply_init",
     "find_attention",
     "fused_qkv_layout",
     "haar_semi_orthogonal",
+    "haar_semi_orthogonal_batch",
     "mimetic_noise",
+    "mimetic_noise_batch",
     "mimetic_qk",
+    "mimetic_qk_batch",
     "mimetic_vo",
     "rectangular_identity",
     "register_attention_adapter",
@@ -40,5 +58,7 @@ __all__ = [
     "select_sites",
     "separate_qkv_layout",
     "site_generator",
+    "standard_normal",
     "supported_layouts",
+    "top_singular",
 ]

@@ -1,14 +1,21 @@
 """Apply an arm to the attention sites of a model, in place.
 
-All randomness comes from one ``torch.Generator`` per site, seeded from ``(seed, site name)``:
+All randomness comes from one CPU ``torch.Generator`` per site, seeded from ``(seed, site name)``:
 the global RNG is never advanced, and a site's weights do not depend on which other sites are
-included. Blocks are computed in float64 on the CPU and cast to each parameter's dtype/device.
+included. Draws happen on the CPU (so a seed gives the same values on every device); the float64
+factorizations run on the parameters' device when it is a CUDA device, else on the CPU, and the
+blocks are cast to each parameter's dtype. All heads of a layer are computed in one batch.
+
+On the CPU each site is computed on one thread (torch's and scipy's OpenBLAS thread counts are set
+to one meanwhile and restored after, see ``_threads``), and up to ``min(torch.get_num_threads(),
+4)`` sites are computed at once. Every site's values depend only on its generator, so weights are
+bitwise the same for any thread count.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -16,7 +23,16 @@ import torch
 from torch import nn
 
 from ..fileio import atomic_write
-from .arms import haar_semi_orthogonal, mimetic_noise, mimetic_qk, mimetic_vo, rectangular_identity
+from .arms import (
+    SOLVERS,
+    haar_semi_orthogonal,
+    haar_semi_orthogonal_batch,
+    mimetic_noise,
+    mimetic_noise_batch,
+    mimetic_qk_batch,
+    mimetic_vo,
+)
+from ._threads import single_threaded
 from .sites import AttentionSite, find_attention, select_sites, supported_layouts
 
 __all__ = ["ARMS", "ARM_OPTIONS", "InitReport", "SiteReport", "apply_init", "site_generator"]
@@ -37,6 +53,9 @@ ARM_OPTIONS: Dict[str, Dict[str, object]] = {
         "alpha2": 0.4,
         "beta2": 0.4,
         "noise": "normal",  # "normal" | "uniform"; std 1/sqrt(D) either way
+        # Q/K factorization, condinit_det.init.top_singular: "auto" | "dense" | "subspace" (CPU only;
+        # CUDA parameters always get the dense float64 SVD on their device)
+        "solver": "auto",
     },
 }
 
@@ -107,6 +126,8 @@ def resolve_options(arm: str, options: dict) -> Dict[str, object]:
         raise ValueError(f"value_mode must be one of {', '.join(_VALUE_MODES)}, got {resolved['value_mode']!r}")
     if arm == "mimetic" and resolved["noise"] not in ("normal", "uniform"):
         raise ValueError(f"noise must be 'normal' or 'uniform', got {resolved['noise']!r}")
+    if arm == "mimetic" and resolved["solver"] not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {resolved['solver']!r}")
     return resolved
 
 
@@ -134,51 +155,99 @@ def apply_init(
             f"{'; '.join(supported_layouts())}. Register others with condinit_det.init.register_attention_adapter"
         )
     sites = select_sites(sites, include, exclude)
-    reports = []
-    # The conditioned arm's draws are small QRs ([D_in, dh]); spreading each over OpenMP threads
-    # costs more than it saves, badly so on a busy machine. Mimetic's D x D factorizations keep them.
-    threads = 1 if arm == "conditioned" else torch.get_num_threads()
-    with torch.no_grad(), _num_threads(threads):
-        for site in sites:
-            generator = site_generator(seed, site.name)
-            if arm == "conditioned":
-                changed, note = _apply_conditioned(site, generator, **resolved)
-            elif arm == "mimetic":
-                changed, note = _apply_mimetic(site, generator, **resolved)
-            else:
-                changed, note = [], ""
-            reports.append(SiteReport(**site.describe(), changed=changed, note=note))
+    workers = _worker_count(sites, arm)
+    if arm == "mimetic":
+        import scipy.linalg  # noqa: F401  (load its OpenBLAS now, so that single_threaded() limits it)
+    # Each site runs on one thread (see condinit_det.init._threads: on a busy machine the
+    # OpenMP/OpenBLAS threads of these medium-sized operations spin-wait for each other); the
+    # cores are used by working on up to `workers` sites at once instead. A site's values depend
+    # only on its own generator, so the result is the same for any worker count.
+    with single_threaded():
+        if workers > 1:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="condinit-init") as pool:
+                outcomes = list(pool.map(lambda site: _apply_site(site, arm, seed, resolved), sites))
+        else:
+            outcomes = [_apply_site(site, arm, seed, resolved) for site in sites]
+    reports = [SiteReport(**site.describe(), changed=changed, note=note)
+               for site, (changed, note) in zip(sites, outcomes)]
     return InitReport(arm=arm, seed=int(seed), options=resolved, sites=reports)
 
 
-@contextlib.contextmanager
-def _num_threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+# At most this many sites are worked on at once (each holds its float64 temporaries: for mimetic
+# on a 1280-wide layer with 16 heads, about 0.5 GB).
+_MAX_WORKERS = 4
+
+
+def _worker_count(sites: Sequence[AttentionSite], arm: str) -> int:
+    """Sites worked on at once: torch's thread count, capped; 1 on CUDA or with shared weights."""
+    if arm == "default" or len(sites) < 2:
+        return 1
+    storages = set()
+    for site in sites:
+        if _compute_device(site).type != "cpu":
+            return 1
+        for role in ("q", "k", "v", "o"):
+            weight = site.weight(role)
+            key = (weight.untyped_storage().data_ptr(), site.name)
+            storages.add(key)
+    by_storage: Dict[int, set] = {}
+    for ptr, name in storages:
+        by_storage.setdefault(ptr, set()).add(name)
+    if any(len(names) > 1 for names in by_storage.values()):
+        return 1  # two sites write the same tensor: keep their order
+    return max(1, min(torch.get_num_threads(), _MAX_WORKERS, len(sites)))
+
+
+def _apply_site(site: AttentionSite, arm: str, seed: int, resolved: Dict[str, object]):
+    with torch.no_grad():  # grad mode is per thread
+        generator = site_generator(seed, site.name)
+        if arm == "conditioned":
+            return _apply_conditioned(site, generator, **resolved)
+        if arm == "mimetic":
+            return _apply_mimetic(site, generator, **resolved)
+        return [], ""
+
+
+def _compute_device(site: AttentionSite) -> torch.device:
+    """Where a site's float64 factorizations run: its parameters' CUDA device, else the CPU."""
+    device = site.weight("q").device
+    return device if device.type == "cuda" else torch.device("cpu")
 
 
 def _write(target: torch.Tensor, value: torch.Tensor) -> None:
-    target.copy_(value.to(dtype=target.dtype, device=target.device))
+    """Copy float64 ``value`` into ``target``, rounded once to its dtype (``copy_`` converts)."""
+    target.copy_(value)
+
+
+def _write_heads(target: torch.Tensor, blocks: torch.Tensor, gain: float = 1.0) -> None:
+    """Write ``[H, dh, D]`` head blocks into the ``[H * dh, D]`` rows they form (head h: rows h*dh...).
+
+    The gain is applied in float64, before the single rounding to the parameter's dtype.
+    """
+    _write(target.unflatten(0, blocks.shape[:2]), blocks if gain == 1.0 else blocks * gain)
 
 
 def _apply_conditioned(site: AttentionSite, generator: torch.Generator, *, gain_qk: float, gain_v: float,
                        value_mode: str, condition_output: bool):
     dh, heads = site.head_dim, site.num_heads
-    # Draw order, fixed: per head, Q then K; then W_O (only with condition_output).
-    for h in range(heads):
-        rows = slice(h * dh, (h + 1) * dh)
-        _write(site.weight("q")[rows], gain_qk * haar_semi_orthogonal(dh, site.dim_in, generator=generator))
-        _write(site.weight("k")[rows], gain_qk * haar_semi_orthogonal(dh, site.dim_k_in, generator=generator))
-    if value_mode == "identity":
-        value = rectangular_identity(site.dim_v, site.dim_v_in)
+    device = _compute_device(site)
+    # Draw order, fixed: when Q and K take inputs of the same width, one draw of 2*heads Gaussian
+    # blocks, Q's heads 0..H-1 then K's heads 0..H-1, factorized by one batched QR; otherwise the
+    # H query blocks, then the H key blocks. Then W_O (only with condition_output).
+    if site.dim_in == site.dim_k_in:
+        both = haar_semi_orthogonal_batch(2 * heads, dh, site.dim_in, generator=generator, device=device)
+        q_blocks, k_blocks = both[:heads], both[heads:]
     else:
-        dh_v = site.dim_v // heads
-        value = rectangular_identity(dh_v, site.dim_v_in).repeat(heads, 1)
-    _write(site.weight("v"), gain_v * value)
+        q_blocks = haar_semi_orthogonal_batch(heads, dh, site.dim_in, generator=generator, device=device)
+        k_blocks = haar_semi_orthogonal_batch(heads, dh, site.dim_k_in, generator=generator, device=device)
+    _write_heads(site.weight("q"), q_blocks, gain_qk)
+    _write_heads(site.weight("k"), k_blocks, gain_qk)
+    # gain_v times the rectangular identity (whole value projection, or every head's block),
+    # written in place: zeros, and gain_v rounded once to the parameter's dtype on the diagonal.
+    w_v = site.weight("v")
+    blocks = w_v.unsqueeze(0) if value_mode == "identity" else w_v.unflatten(0, (heads, site.dim_v // heads))
+    blocks.zero_()
+    torch.diagonal(blocks, dim1=-2, dim2=-1).fill_(gain_v)
     roles = ["q", "k", "v"]
     for role in roles:
         bias = site.bias(role)
@@ -186,27 +255,28 @@ def _apply_conditioned(site: AttentionSite, generator: torch.Generator, *, gain_
             bias.zero_()
     if condition_output:
         out = site.weight("o")
-        _write(out, haar_semi_orthogonal(out.shape[0], out.shape[1], generator=generator))
+        _write(out, haar_semi_orthogonal(out.shape[0], out.shape[1], generator=generator, device=device))
         roles.append("o")
     changed = site.parameter_names(roles[:3]) + (site.parameter_names(["o"], biases=False) if condition_output else [])
     return changed, ""
 
 
 def _apply_mimetic(site: AttentionSite, generator: torch.Generator, *, alpha1: float, beta1: float,
-                   alpha2: float, beta2: float, noise: str):
-    dh = site.head_dim
+                   alpha2: float, beta2: float, noise: str, solver: str):
+    dh, heads = site.head_dim, site.num_heads
     d_in = site.dim_in
-    # Draw order, fixed: one Z per head for Q/K, then one Z for V/O.
-    for h in range(site.num_heads):
-        z = mimetic_noise(d_in, site.dim_k_in, std=d_in ** -0.5, noise=noise, generator=generator)
-        w_q, w_k = mimetic_qk(z, alpha=alpha1, beta=beta1, head_dim=dh)
-        rows = slice(h * dh, (h + 1) * dh)
-        _write(site.weight("q")[rows], w_q)
-        _write(site.weight("k")[rows], w_k)
+    device = _compute_device(site)
+    # Draw order, fixed: one draw of the heads' Q/K noises [H, D_in, D_k_in], then the V/O noise.
+    z = mimetic_noise_batch(heads, d_in, site.dim_k_in, std=d_in ** -0.5, noise=noise, generator=generator)
+    w_q, w_k = mimetic_qk_batch(z.to(device), alpha=alpha1, beta=beta1, head_dim=dh,
+                                solver=solver if device.type == "cpu" else "dense")
+    del z
+    _write_heads(site.weight("q"), w_q)
+    _write_heads(site.weight("k"), w_k)
     d_v_in = site.dim_v_in
     z = mimetic_noise(d_v_in, site.dim_out, std=d_v_in ** -0.5, noise=noise, generator=generator)
-    w_v, w_o, exact = mimetic_vo(z, alpha=alpha2, beta=beta2, dim_v=site.dim_v,
-                                 w_v_default=site.weight("v").detach().cpu())
+    w_v, w_o, exact = mimetic_vo(z.to(device), alpha=alpha2, beta=beta2, dim_v=site.dim_v,
+                                 w_v_default=site.weight("v").detach())
     _write(site.weight("v"), w_v)
     _write(site.weight("o"), w_o)
     note = "" if exact else (

@@ -4,7 +4,8 @@ An attention *site* is one attention module in a model tree together with the lo
 projections. Every projection is a PyTorch ``Linear``-style weight of shape ``[out, in]``
 (``y = x W^T + b``). Fused layouts keep Q, K and V as row blocks ``[0, D)``, ``[D, 2D)``,
 ``[2D, 3D)`` of one ``[3D, D_in]`` weight; inside each block head ``h`` owns rows
-``h*dh ... (h+1)*dh - 1``.
+``h*dh ... (h+1)*dh - 1``. Roles are what a block does in the forward, not what the code calls it
+(DaViT's channel attention uses its fused blocks in another order; see its adapter).
 
 Layouts are recognised by class through adapters. Built-in adapters match classes by their
 qualified name, so this module never imports detectron2 or timm. Register your own with
@@ -352,3 +353,29 @@ for _kind, _cls in (
 # Class attention of CaiT / XCiT classifiers (the class token attends to the patch tokens).
 register_attention_adapter("timm_class_attn", "timm.models.cait.ClassAttn",
                            lambda m: separate_qkv_layout(m, num_heads=m.num_heads))
+
+
+def _davit_channel_layout(module: nn.Module) -> AttentionLayout:
+    """DaViT's channel attention (``timm.models.davit.ChannelAttention``), roles by what they do.
+
+    Its forward splits the fused ``qkv`` output into chunks named q, k, v (rows [0, D), [D, 2D),
+    [2D, 3D), heads h*dh... inside each) but uses them out of the usual order, as the original
+    DaViT code does: the head's dh x dh map is ``softmax(scale * k^T v)`` over the last index and
+    the output is ``map @ q^T``. So the value role (what the map mixes) is rows [0, D), the query
+    role (the map's rows, one per output channel) is rows [D, 2D) and the key role (the channels
+    compared against, the softmax axis) is rows [2D, 3D).
+    """
+    fused = fused_qkv_layout(module, num_heads=module.num_heads)
+    p = fused.projections
+    return AttentionLayout(num_heads=module.num_heads,
+                           projections={"q": p["k"], "k": p["v"], "v": p["q"], "o": p["o"]})
+
+
+# DaViT (timm.models.davit): spatial window attention (standard fused layout), and channel
+# attention: ChannelAttention (davit_tiny ... davit_giant) with the roles above, ChannelAttentionV2
+# (the Florence-2 towers, davit_*_fl) in the standard order, its head count named `groups`.
+register_attention_adapter("timm_davit_window", "timm.models.davit.WindowAttention",
+                           lambda m: fused_qkv_layout(m, num_heads=m.num_heads))
+register_attention_adapter("timm_davit_channel", "timm.models.davit.ChannelAttention", _davit_channel_layout)
+register_attention_adapter("timm_davit_channel_v2", "timm.models.davit.ChannelAttentionV2",
+                           lambda m: fused_qkv_layout(m, num_heads=m.groups))

@@ -1,0 +1,324 @@
+"""The arms' fast paths: float64 normal draws, batched Haar QR, the top-k singular solver and its
+check and fall-back, mimetic through that solver on every layout, one-thread execution and the
+site-parallel workers."""
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from condinit_det.init import (
+    apply_init,
+    find_attention,
+    haar_semi_orthogonal,
+    haar_semi_orthogonal_batch,
+    mimetic_qk_batch,
+    site_generator,
+    standard_normal,
+    top_singular,
+)
+from condinit_det.init import arms as arms_module
+from condinit_det.init._threads import _loaded_openblas, single_threaded
+
+_spec = importlib.util.spec_from_file_location(
+    "_init_arm_layouts", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_init_arms.py"))
+_layouts = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_layouts)
+LAYOUTS, build_layout = _layouts.LAYOUTS, _layouts._build
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _relative(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _best_rank(m, k):
+    u, s, vh = torch.linalg.svd(m.to(F64), full_matrices=False)
+    return (u[..., :k] * s[..., None, :k]) @ vh[..., :k, :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Draws
+
+
+def test_standard_normal_stream_and_moments():
+    a = standard_normal(3, 70001, generator=_gen(1))  # several chunks, an odd-sized tail
+    b = standard_normal(3 * 70001, generator=_gen(1))
+    assert a.dtype == F64 and a.shape == (3, 70001)
+    assert torch.equal(a.flatten(), b)  # filled row-major, whatever the shape
+    assert not torch.equal(a, standard_normal(3, 70001, generator=_gen(2)))
+    x = a.flatten()
+    n = x.numel()
+    assert abs(x.mean().item()) < 5 / math.sqrt(n)
+    assert abs(x.std().item() - 1) < 5 / math.sqrt(2 * n)
+    assert abs((x ** 4).mean().item() - 3) < 0.05  # Gaussian kurtosis
+    assert abs(((x > 1.0).double().mean() - 0.158655).item()) < 0.003
+    # Values are distinct float64 numbers, not float32 ones cast up.
+    assert (x.float().double() != x).float().mean() > 0.99
+    assert standard_normal(1, generator=_gen(0)).shape == (1,)
+    assert standard_normal(0, 4, generator=_gen(0)).numel() == 0
+
+
+def test_draws_do_not_touch_the_global_rng():
+    state = torch.get_rng_state()
+    standard_normal(1000, generator=_gen())
+    haar_semi_orthogonal_batch(4, 8, 32, generator=_gen())
+    top_singular(torch.randn(2, 40, 40, generator=_gen(), dtype=F64), 4, solver="subspace")
+    assert torch.equal(state, torch.get_rng_state())
+
+
+# ---------------------------------------------------------------------------------------------
+# Haar blocks
+
+
+@pytest.mark.parametrize("rows,cols", [(8, 48), (48, 8), (16, 16), (1, 5)])
+def test_haar_batch_is_one_qr_with_positive_diagonal(rows, cols):
+    count = 6
+    blocks = haar_semi_orthogonal_batch(count, rows, cols, generator=_gen(3))
+    assert blocks.shape == (count, rows, cols) and blocks.dtype == F64
+    g = standard_normal(count, max(rows, cols), min(rows, cols), generator=_gen(3))
+    for i in range(count):
+        q, r = torch.linalg.qr(g[i])
+        d = torch.sign(torch.diagonal(r))
+        d[d == 0] = 1
+        expected = q * d
+        torch.testing.assert_close(blocks[i], expected.T if rows <= cols else expected, rtol=0, atol=1e-13)
+        sv = torch.linalg.svdvals(blocks[i])
+        torch.testing.assert_close(sv, torch.ones_like(sv), rtol=0, atol=1e-13)
+    single = haar_semi_orthogonal(rows, cols, generator=_gen(3))
+    assert torch.equal(single, haar_semi_orthogonal_batch(1, rows, cols, generator=_gen(3))[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Top-k singular triplets
+
+SHAPES = [(64, 64, 8), (80, 48, 12), (48, 80, 12), (40, 40, 20), (30, 16, 7)]
+
+
+def _mimetic_like(batch, p, q, seed=0, alpha=0.7, beta=0.7):
+    z = standard_normal(batch, p, q, generator=_gen(seed)) / math.sqrt(p)
+    m = alpha * z
+    torch.diagonal(m, dim1=-2, dim2=-1).add_(beta)
+    return m
+
+
+@pytest.mark.parametrize("p,q,k", SHAPES)
+def test_subspace_solver_matches_the_dense_svd(p, q, k):
+    m = _mimetic_like(5, p, q, seed=p + q + k)
+    top = top_singular(m, k, solver="subspace")
+    assert top.solver == "subspace" and not top.fallback.any()
+    assert (top.estimate <= 1e-4).all()
+    assert top.u.shape == (5, p, k) and top.s.shape == (5, k) and top.v.shape == (5, q, k)
+    best = _best_rank(m, k)
+    product = (top.u * top.s.unsqueeze(-2)) @ top.v.mT
+    for i in range(5):
+        assert _relative(product[i], best[i]) < 1e-4
+    # Orthonormal singular vectors, descending singular values equal to the dense ones.
+    eye = torch.eye(k, dtype=F64)
+    torch.testing.assert_close(top.u.mT @ top.u, eye.expand(5, k, k), rtol=0, atol=1e-10)
+    torch.testing.assert_close(top.v.mT @ top.v, eye.expand(5, k, k), rtol=0, atol=1e-10)
+    dense = top_singular(m, k, solver="dense")
+    torch.testing.assert_close(top.s, dense.s, rtol=1e-6, atol=0)
+    assert (top.s[:, :-1] >= top.s[:, 1:]).all()
+
+
+def test_solver_check_failure_falls_back_to_dense():
+    m = _mimetic_like(4, 64, 64, seed=5)
+    dense = top_singular(m, 8, solver="dense")
+    forced = top_singular(m, 8, solver="subspace", tol=0.0)  # no estimate can pass
+    assert forced.fallback.all()
+    for name in ("u", "s", "v"):
+        torch.testing.assert_close(getattr(forced, name), getattr(dense, name), rtol=0, atol=1e-13)
+
+
+def test_zero_gap_falls_back_and_stays_exact():
+    """A matrix whose singular values are all equal has no gap: the check cannot pass."""
+    m = torch.stack([0.7 * torch.eye(48, dtype=F64), _mimetic_like(1, 48, 48, seed=9)[0]])
+    top = top_singular(m, 6, solver="subspace")
+    assert top.fallback.tolist() == [True, False]
+    assert math.isinf(top.estimate[0].item())
+    product = (top.u * top.s.unsqueeze(-2)) @ top.v.mT
+    ref = top_singular(m[:1], 6, solver="dense")
+    torch.testing.assert_close(product[0], (ref.u[0] * ref.s[0]) @ ref.v[0].T, rtol=0, atol=1e-14)
+    assert _relative(product[1], _best_rank(m[1], 6)) < 1e-4
+
+
+def test_block_gap_zero_only_at_the_cut_falls_back():
+    # Singular values: 6 distinct large ones, then a flat run long enough to fill the block.
+    s = torch.cat([torch.linspace(3.0, 2.0, 6, dtype=F64), torch.full((58,), 1.0, dtype=F64)])
+    g = _gen(4)
+    u = torch.linalg.qr(standard_normal(64, 64, generator=g))[0]
+    v = torch.linalg.qr(standard_normal(64, 64, generator=g))[0]
+    m = ((u * s) @ v.T).unsqueeze(0)
+    top = top_singular(m, 8, solver="subspace")
+    assert top.fallback.all()
+
+
+def test_auto_solver_choice():
+    big = _mimetic_like(1, 256, 256)
+    assert top_singular(big, 16).solver == "subspace"
+    assert top_singular(big, 120).solver == "dense"  # the block would be most of the spectrum
+    assert top_singular(_mimetic_like(1, 64, 64), 8).solver == "dense"  # small: dense is as fast
+    with pytest.raises(ValueError, match="solver must be one of auto, dense, subspace"):
+        top_singular(big, 4, solver="lanczos")
+    with pytest.raises(ValueError, match="k must be in"):
+        top_singular(big, 0)
+    with pytest.raises(ValueError, match="k < min"):
+        top_singular(_mimetic_like(1, 8, 8), 8, solver="subspace")
+
+
+def test_mimetic_qk_batch_is_the_best_rank_dh_approximation():
+    z = standard_normal(3, 256, 256, generator=_gen(7)) / 16
+    w_q, w_k = mimetic_qk_batch(z, alpha=0.7, beta=0.7, head_dim=32)  # auto: the subspace solver
+    target = 0.7 * z + 0.7 * torch.eye(256, dtype=F64)
+    best = _best_rank(target, 32)
+    for h in range(3):
+        assert _relative(w_q[h].T @ w_k[h], best[h]) < 1e-4
+        # Balanced factors: W_q W_q^T = W_k W_k^T = diag(S).
+        torch.testing.assert_close(w_q[h] @ w_q[h].T, w_k[h] @ w_k[h].T, rtol=0, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# The arms through the fast paths, on every layout, float32 and float64 parameters
+
+
+def _replay_qk(site, seed):
+    g = site_generator(seed, site.name)
+    return standard_normal(site.num_heads, site.dim_in, site.dim_k_in, generator=g) / site.dim_in ** 0.5, g
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_mimetic_subspace_solver_on_every_layout(layout, dtype, monkeypatch):
+    model, _ = build_layout(layout, dtype)
+    site = find_attention(model)[0]
+
+    def no_dense(*args, **kwargs):
+        raise AssertionError("the subspace solver fell back to the dense one")
+
+    monkeypatch.setattr(arms_module, "_dense_top", no_dense)
+    report = apply_init(model, "mimetic", seed=4, solver="subspace")
+    assert report.options["solver"] == "subspace"
+    z, g = _replay_qk(site, 4)
+    dh = site.head_dim
+    target = 0.7 * z + 0.7 * torch.eye(site.dim_in, site.dim_k_in, dtype=F64)
+    best = _best_rank(target, dh)
+    for h in range(site.num_heads):
+        w_q = site.weight("q")[h * dh:(h + 1) * dh].to(F64)
+        w_k = site.weight("k")[h * dh:(h + 1) * dh].to(F64)
+        assert _relative(w_q.T @ w_k, best[h]) < 1e-4, (layout, h)
+    vo = standard_normal(site.dim_v_in, site.dim_out, generator=g) / site.dim_v_in ** 0.5
+    target_vo = 0.4 * vo - 0.4 * torch.eye(site.dim_v_in, site.dim_out, dtype=F64)
+    product = site.weight("v").to(F64).T @ site.weight("o").to(F64).T
+    assert _relative(product, target_vo) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_conditioned_in_parameter_dtype(layout, dtype):
+    model, _ = build_layout(layout, dtype)
+    site = find_attention(model)[0]
+    apply_init(model, "conditioned", seed=6, gain_qk=0.5)
+    dh = site.head_dim
+    for role in ("q", "k"):
+        w = site.weight(role)
+        assert w.dtype == dtype
+        for h in range(site.num_heads):
+            sv = torch.linalg.svdvals(w[h * dh:(h + 1) * dh].to(F64))
+            assert (sv - 0.5).abs().max() <= 1e-5 * 0.5
+    assert torch.equal(site.weight("v"), torch.eye(site.dim_v, site.dim_v_in, dtype=dtype))
+
+
+def test_mimetic_solvers_agree_and_dense_is_the_reference():
+    attn = nn.MultiheadAttention(256, 8).double()
+    fast, dense = attn, nn.MultiheadAttention(256, 8).double()
+    dense.load_state_dict(fast.state_dict())
+    apply_init(fast, "mimetic", seed=3)  # auto: subspace at this size
+    apply_init(dense, "mimetic", seed=3, solver="dense")
+    for h in range(8):
+        rows = slice(h * 32, (h + 1) * 32)
+        pf = fast.in_proj_weight[rows].T @ fast.in_proj_weight[256:512][rows]
+        pd = dense.in_proj_weight[rows].T @ dense.in_proj_weight[256:512][rows]
+        assert _relative(pf, pd) < 1e-4
+    assert torch.equal(fast.in_proj_weight[512:], dense.in_proj_weight[512:])  # V/O does not use it
+    with pytest.raises(ValueError, match="solver must be one of auto, dense, subspace"):
+        apply_init(attn, "mimetic", seed=0, solver="qr")
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads
+
+
+def _multi_site_model():
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.MultiheadAttention(64, 4) for _ in range(5)])
+
+
+@pytest.mark.parametrize("arm", ["conditioned", "mimetic"])
+def test_parallel_sites_give_the_same_weights(arm):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _multi_site_model()
+        apply_init(one, arm, seed=2)
+        torch.set_num_threads(2)
+        two = _multi_site_model()
+        rng = torch.get_rng_state()
+        apply_init(two, arm, seed=2)
+        assert torch.equal(rng, torch.get_rng_state())
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+    for k, v in one.state_dict().items():
+        assert torch.equal(v, two.state_dict()[k]), k
+
+
+def test_shared_weights_keep_the_site_order():
+    from condinit_det.init.apply import _worker_count
+
+    torch.manual_seed(0)
+    a, b = nn.MultiheadAttention(16, 2), nn.MultiheadAttention(16, 2)
+    b.in_proj_weight = a.in_proj_weight  # tied
+    model = nn.Sequential(a, b)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _worker_count(find_attention(model), "conditioned") == 1
+        assert _worker_count(find_attention(_multi_site_model()), "conditioned") == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_single_threaded_restores_thread_counts():
+    import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS)
+
+    before_torch = torch.get_num_threads()
+    blas = _loaded_openblas()
+    before_blas = [get() for get, _ in blas]
+    with single_threaded():
+        assert torch.get_num_threads() == 1
+        assert all(get() == 1 for get, _ in blas)
+    assert torch.get_num_threads() == before_torch
+    assert [get() for get, _ in blas] == before_blas
+
+
+def test_module_exports_the_fast_functions():
+    import condinit_det.init as init
+
+    for name in ("standard_normal", "haar_semi_orthogonal_batch", "mimetic_qk_batch", "top_singular",
+                 "mimetic_noise_batch", "TopSingular", "SOLVERS"):
+        assert name in init.__all__ and hasattr(init, name)
+    assert arms_module.SOLVERS == ("auto", "dense", "subspace")
