@@ -80,3 +80,16 @@ def test_demo_configs_take_every_arm(name):
     assert changed and all(torch.equal(d[k], m[k]) for k in d if k not in changed)
     sites = {s.name: s for s in find_attention(mimetic)}
     _assert_mimetic_qk_is_low_rank_plus_identity(sites[mimetic.condinit_report.sites[0].name])
+
+
+def test_a_saved_config_still_carries_the_arm(tmp_path):
+    """What default_setup dumps (config.yaml) reloads and builds the same arm, as detectron2's tools expect."""
+    cfg = LazyConfig.apply_overrides(LazyConfig.load(os.path.join(ROOT, "configs/demo/mask_rcnn_vit_tiny.py")),
+                                     ["condinit.arm=conditioned", "condinit.options.conditioned.gain_v=0.5"])
+    LazyConfig.save(cfg, str(tmp_path / "config.yaml"))
+    saved = LazyConfig.load(str(tmp_path / "config.yaml"))
+    torch.manual_seed(0)
+    model = instantiate(saved.model)
+    assert model.condinit_report.arm == "conditioned" and model.condinit_report.options["gain_v"] == 0.5
+    site = find_attention(model)[0]
+    torch.testing.assert_close(site.weight("v").detach(), 0.5 * torch.eye(site.dim_v, site.dim_v_in), atol=0, rtol=0)

@@ -2,8 +2,10 @@
 
 ``ConditioningHook`` measures chosen attention sites (default: first, middle and last) on a fixed
 batch at the start of training (the initialization, or the resumed iteration), every ``period``
-iterations, and after the last iteration. Each measurement is matrix-free (block Lanczos on
-jvp/vjp products) on X captured from the fixed batch with the current weights. It writes
+iterations, and after the last iteration, on X captured from the fixed batch with the current
+weights. ``method="auto"`` (default) takes the exact SVD of the dense Jacobian when it fits
+(small captured inputs: exact and cheaper than Lanczos there) and the matrix-free estimate (block
+Lanczos on jvp/vjp products) otherwise. It writes
 
 - event storage scalars ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}``, and
 - one results record per site (``condinit_det.results.ResultsFile(output_dir).add``)::
@@ -34,8 +36,8 @@ _logger = logging.getLogger(__name__)
 # Keys of the config node ``condinit_analysis`` (``period <= 0`` turns the hook off).
 # With max_tokens tokens of width D_v the Gram operator has n = max_tokens * D_v rows; the block
 # Lanczos run is exact once max_iter * block_size >= n, and sigma_min rarely converges much sooner.
-ANALYSIS_DEFAULTS = dict(period=0, sites=None, max_iter=100, block_size=16, tol=1e-3, max_batch=1, max_tokens=16,
-                         include_output_proj=False, bound=True, num_images=1)
+ANALYSIS_DEFAULTS = dict(period=0, sites=None, method="auto", max_iter=100, block_size=16, tol=1e-3, max_batch=1,
+                         max_tokens=16, include_output_proj=False, bound=True, num_images=1)
 
 
 def _unwrap(model):
@@ -73,7 +75,7 @@ class ConditioningHook(HookBase):
 
     def __init__(self, batch, *, period: int, sites: Optional[Sequence[str]] = None, output_dir: Optional[str] = None,
                  results=None, arm: Optional[str] = None, seed: Optional[int] = None, config: Optional[str] = None,
-                 max_batch: Optional[int] = 1, max_tokens: Optional[int] = 16, max_iter: int = 100,
+                 method: str = "auto", max_batch: Optional[int] = 1, max_tokens: Optional[int] = 16, max_iter: int = 100,
                  block_size: int = 16, tol: float = 1e-3, include_output_proj: bool = False, bound: bool = True):
         if int(period) <= 0:
             raise ValueError(f"period must be a positive number of iterations, got {period}")
@@ -86,7 +88,7 @@ class ConditioningHook(HookBase):
         self._results = results
         self.arm, self.seed, self.config = arm, seed, config
         self.capture_kwargs = dict(max_batch=max_batch, max_tokens=max_tokens)
-        self.measure_kwargs = dict(method="matrix_free", max_iter=max_iter, block_size=block_size, tol=tol,
+        self.measure_kwargs = dict(method=method, max_iter=max_iter, block_size=block_size, tol=tol,
                                    include_output_proj=include_output_proj, bound=bound)
         self._last_measured = None
 
@@ -177,6 +179,6 @@ def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = Non
     return ConditioningHook(
         batch, period=int(opts["period"]), sites=opts["sites"], output_dir=output_dir,
         arm=condinit.get("arm", "default"), seed=condinit.get("seed", 0), config=config_name,
-        max_batch=opts["max_batch"], max_tokens=opts["max_tokens"], max_iter=int(opts["max_iter"]),
+        method=str(opts["method"]), max_batch=opts["max_batch"], max_tokens=opts["max_tokens"], max_iter=int(opts["max_iter"]),
         block_size=int(opts["block_size"]), tol=float(opts["tol"]),
         include_output_proj=bool(opts["include_output_proj"]), bound=bool(opts["bound"]))

@@ -115,7 +115,8 @@ class RunCheckpointer(DetectionCheckpointer):
 
         model = self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
         self.pretrain_meta = {k: v for k, v in loaded.items() if k != "model"}
-        converted = convert_timm_checkpoint(loaded["model"], model, timm_model_name=loaded.get("timm_model"))
+        converted = convert_timm_checkpoint(loaded["model"], model, timm_model_name=loaded.get("timm_model"),
+                                            timm_model_kwargs=loaded.get("model_kwargs"))
         logger.info(f"Converted {filename} (timm {loaded.get('timm_model')}, arm {loaded.get('arm')}, "
                     f"seed {loaded.get('seed')}) to {len(converted)} detectron2 parameters")
         return {"model": converted, "__author__": "condinit_det.pretrain", "matching_heuristics": False}

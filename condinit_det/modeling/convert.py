@@ -362,14 +362,14 @@ def _describe_target(target: Target, kind: str) -> Tuple[_Arch, Dict[str, torch.
     return _describe_xcit(shapes, "condinit_det XCiT"), shapes
 
 
-def _timm_reference(name: str, sd: StateDict, kind: str) -> Optional[int]:
-    """Check ``sd`` against timm model ``name`` (built with timm's defaults for that name on the meta
-    device, no weights; classifier and position table not compared) and return its head count
-    (which a ViT state dict does not record)."""
+def _timm_reference(name: str, sd: StateDict, kind: str, kwargs: Optional[Mapping[str, Any]] = None) -> Optional[int]:
+    """Check ``sd`` against timm model ``name`` (built with ``kwargs`` over timm's defaults for that
+    name, on the meta device, no weights; classifier and position table not compared) and return
+    its head count (which a ViT state dict does not record)."""
     import timm
 
     with torch.device("meta"):
-        ref = timm.create_model(name, pretrained=False)
+        ref = timm.create_model(name, pretrained=False, **dict(kwargs or {}))
     # The classifier and the position table (whose grid follows img_size and is interpolated anyway)
     # may legitimately differ from the name's defaults.
     ref_shapes = {k: v.shape for k, v in ref.state_dict().items() if not k.startswith(("head", "fc_norm", "pos_embed"))}
@@ -667,6 +667,7 @@ def convert_timm_checkpoint(
     model: nn.Module,
     *,
     timm_model_name: Optional[str] = None,
+    timm_model_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> ConvertedCheckpoint:
     """Convert a timm ImageNet checkpoint for a built detectron2 model; keys are ``model.state_dict()`` keys.
 
@@ -687,6 +688,8 @@ def convert_timm_checkpoint(
             a ViT state dict does not record. Checkpoints of timm's training script: pass
             ``ckpt["state_dict_ema"]`` explicitly to convert the EMA weights (``"state_dict"`` is
             taken otherwise).
+        timm_model_kwargs: the keyword arguments it was created with (``timm.create_model(name,
+            **kwargs)``), when they change its architecture (e.g. a tiny ViT from a ViT name).
 
     Returns:
         :class:`ConvertedCheckpoint`: load with ``model.load_state_dict(converted, strict=False)``;
@@ -703,7 +706,7 @@ def convert_timm_checkpoint(
             f"checkpoint/model mismatch: the checkpoint is not a timm ViT / DeiT, Swin or XCiT state dict "
             f"(first keys: {_abbrev(list(sd), 5)}) but the model's trunk at {where or '<root>'} is a {tgt}"
         )
-    num_heads = _timm_reference(timm_model_name, sd, src_kind) if timm_model_name else None
+    num_heads = _timm_reference(timm_model_name, sd, src_kind, timm_model_kwargs) if timm_model_name else None
     if src_kind != kind:
         tgt, _ = _describe_target(trunk, kind)
         _check_same_architecture(_describe_checkpoint(sd, src_kind, num_heads), tgt, where or "<root>")
