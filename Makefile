@@ -5,7 +5,7 @@ DEMO_CONFIG ?= configs/demo/mask_rcnn_vit_tiny.py
 DEMO_OUTPUT ?= output/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo
+.PHONY: venv test test-fast demo demo-pretrain
 
 venv:
 	bash tools/setup_env.sh
@@ -18,3 +18,6 @@ test-fast: venv
 
 demo: venv
 	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --arm all train.output_dir=$(DEMO_OUTPUT)
+
+demo-pretrain: venv
+	$(PY) tools/pretrain_net.py --config-file configs/demo/pretrain_vit_tiny.py --arm all train.output_dir=output/demo_pretrain

@@ -1,0 +1,173 @@
+"""Pretraining configs: lazy ``.py`` files, their nodes with defaults, and the run's arm and learning rate.
+
+A config defines (see ``configs/ImageNet/*.py``)::
+
+    model = dict(name="vit_base_patch16_224", kwargs=dict(drop_path_rate=0.1))   # timm.create_model
+    data = dict(root="/path/to/imagenet", num_classes=1000, img_size=224, ...)   # or root="embedded:shapes-cls"
+    augment = dict(auto_augment="rand-m9-mstd0.5-inc1", mixup=0.8, cutmix=1.0, ...)
+    optimizer = dict(opt="adamw", lr_base=5e-4, lr_base_size=512, weight_decay=0.05, ...)
+    scheduler = dict(sched="cosine", warmup_epochs=5, ...)
+    train = dict(output_dir=..., epochs=300, batch_size=1024, seed=0, device="cuda", amp=True, ema=dict(...), ...)
+    condinit = dict(arm="default", seed=..., include=None, exclude=None, options={})          # the arm node
+
+Every node is read through :func:`node`, which fills in :data:`DEFAULTS` and rejects unknown keys,
+so a misspelt override (``augment.mixpu=0``) is an error, not a silent no-op.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+from ..arm_node import ArmSpec, plain, resolve_arm_node
+
+__all__ = ["DEFAULTS", "UsageError", "arm_spec", "load_config", "node", "resolve_lr", "run_identity"]
+
+
+class UsageError(ValueError):
+    """Bad input from the command line or the config: reported as one line, exit status 2."""
+
+
+# Defaults follow timm's train.py and the DeiT recipe; each recipe states its own values.
+DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "model": {
+        "name": None,  # a timm model name
+        "kwargs": {},  # extra keyword arguments of timm.create_model (drop_path_rate, img_size, ...)
+    },
+    "data": {
+        "root": None,  # ImageFolder root holding <train_split>/ and <val_split>/, or "embedded:<name>"
+        "train_split": "train",
+        "val_split": "val",
+        "num_classes": None,  # must equal the number of class folders
+        "img_size": 224,
+        "crop_pct": None,  # evaluation resize/crop ratio (None: the model's default)
+        "interpolation": "bicubic",  # evaluation resize
+        "mean": None,  # None: the model's (ImageNet's) mean and std
+        "std": None,
+    },
+    "augment": {
+        "scale": (0.08, 1.0),  # RandomResizedCrop area range
+        "ratio": (3.0 / 4.0, 4.0 / 3.0),
+        "hflip": 0.5,
+        "vflip": 0.0,
+        "color_jitter": 0.4,  # timm disables it when RandAugment is on (as DeiT's timm did)
+        "auto_augment": "rand-m9-mstd0.5-inc1",  # None: off
+        "interpolation": "bicubic",
+        "re_prob": 0.25,  # random erasing
+        "re_mode": "pixel",
+        "re_count": 1,
+        "mixup": 0.8,  # alpha; 0: off
+        "cutmix": 1.0,  # alpha; 0: off
+        "cutmix_minmax": None,
+        "mixup_prob": 1.0,
+        "mixup_switch_prob": 0.5,
+        "mixup_mode": "batch",
+        "label_smoothing": 0.1,
+        "repeated_aug": 0,  # repeats per image (DeiT: 3, timm's RepeatAugSampler); 0: off
+    },
+    "optimizer": {
+        "opt": "adamw",  # any timm optimizer name
+        "lr": None,  # absolute learning rate; None: lr_base scaled to train.batch_size
+        "lr_base": 5e-4,
+        "lr_base_size": 512,
+        "lr_base_scale": "linear",  # "linear" | "sqrt"
+        "weight_decay": 0.05,  # not applied to norms, biases and the model's no_weight_decay() (pos/cls tokens)
+        "layer_decay": None,
+        "betas": None,
+        "eps": None,
+        "momentum": 0.9,
+        "clip_grad": None,  # max gradient norm (clip_mode "norm") or value; None: off
+        "clip_mode": "norm",
+    },
+    "scheduler": {
+        "sched": "cosine",  # any timm scheduler name; updated after every optimizer step
+        "warmup_epochs": 5,
+        "warmup_lr": 1e-6,
+        "min_lr": 1e-5,
+        "cooldown_epochs": 0,
+        "warmup_prefix": False,
+    },
+    "train": {
+        "output_dir": "./output/pretrain",
+        "epochs": 300,
+        "batch_size": 1024,  # total over all processes
+        "seed": 0,
+        "device": "cuda",
+        "amp": True,  # torch.autocast + GradScaler; CUDA only
+        "amp_dtype": "float16",  # or "bfloat16"
+        "ema": {"enabled": False, "decay": 0.99996},
+        "log_period": 50,  # optimizer steps
+        "eval_period": 1,  # epochs; the last epoch is always evaluated
+        "workers": 8,  # data-loading processes per training process
+        "eval_batch_size": None,  # per process; None: 1.5 x the training batch per process
+        "init_checkpoint": None,  # --eval-only: checkpoint to evaluate (default: the run's model_final.pth)
+    },
+}
+_NESTED = {("train", "ema")}
+
+
+def load_config(config_file: str, opts: Optional[List[str]] = None):
+    """Load a lazy ``.py`` config with detectron2's ``LazyConfig`` and apply ``key=value`` overrides."""
+    from detectron2.config import LazyConfig
+
+    if not config_file:
+        raise UsageError("--config-file is required (a lazy .py config, e.g. configs/demo/pretrain_vit_tiny.py)")
+    if not os.path.isfile(config_file):
+        raise UsageError(f"--config-file {config_file}: no such file")
+    if not config_file.endswith(".py"):
+        raise UsageError(f"--config-file {config_file}: expected a lazy .py config")
+    cfg = LazyConfig.load(config_file)
+    try:
+        return LazyConfig.apply_overrides(cfg, list(opts or []))
+    except Exception as e:  # hydra's parser and OmegaConf raise several types
+        raise UsageError(f"cannot apply overrides {' '.join(opts or [])!r}: {str(e).splitlines()[0]}") from None
+
+
+def node(cfg, name: str) -> Dict[str, Any]:
+    """``cfg.<name>`` as a plain dict with :data:`DEFAULTS` filled in; unknown keys raise UsageError."""
+    given = plain(cfg.get(name)) if hasattr(cfg, "get") else None
+    given = dict(given or {})
+    defaults = copy.deepcopy(DEFAULTS[name])
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise UsageError(f"{name} has unknown key(s) {', '.join(unknown)}; accepted: {', '.join(defaults)}")
+    for key, value in given.items():
+        if (name, key) in _NESTED:
+            value = dict(value or {})
+            bad = sorted(set(value) - set(defaults[key]))
+            if bad:
+                raise UsageError(f"{name}.{key} has unknown key(s) {', '.join(bad)}; accepted: {', '.join(defaults[key])}")
+            defaults[key].update(value)
+        else:
+            defaults[key] = value
+    return defaults
+
+
+def resolve_lr(optimizer: Dict[str, Any], batch_size: int, lr_scale: float = 1.0) -> float:
+    """The learning rate: ``optimizer.lr``, or ``lr_base`` scaled from ``lr_base_size`` to ``batch_size``; times ``lr_scale``."""
+    if optimizer.get("lr") is not None:
+        lr = float(optimizer["lr"])
+    else:
+        ratio = batch_size / float(optimizer["lr_base_size"])
+        rule = optimizer["lr_base_scale"]
+        if rule not in ("linear", "sqrt"):
+            raise UsageError(f"optimizer.lr_base_scale={rule!r}; accepted: linear, sqrt")
+        lr = float(optimizer["lr_base"]) * (ratio if rule == "linear" else math.sqrt(ratio))
+    return lr * float(lr_scale)
+
+
+def arm_spec(cfg, train_seed: int) -> ArmSpec:
+    """The validated arm node; ``condinit.seed: None`` follows the training seed."""
+    raw = dict(plain(cfg.get("condinit")) or {"arm": "default"})
+    if raw.get("seed") is None:
+        raw["seed"] = int(train_seed)
+    try:
+        return resolve_arm_node(raw)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def run_identity(spec: ArmSpec, *, seed: int, lr_scale: float) -> dict:
+    """What a resumed run must share with the run it continues (:func:`condinit_det.runs.check_resume_identity`)."""
+    return {**spec.identity(), "seed": int(seed), "lr_scale": float(lr_scale)}
