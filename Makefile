@@ -5,7 +5,7 @@ DEMO_CONFIG ?= configs/demo/mask_rcnn_vit_tiny.py
 DEMO_OUTPUT ?= output/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo demo-pretrain
+.PHONY: venv test test-fast demo demo-pretrain demo-paper
 
 venv:
 	bash tools/setup_env.sh
@@ -17,7 +17,14 @@ test-fast: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
 demo: venv
-	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --arm all train.output_dir=$(DEMO_OUTPUT)
+	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --arm all --bootstrap 200 train.output_dir=$(DEMO_OUTPUT)
 
 demo-pretrain: venv
 	$(PY) tools/pretrain_net.py --config-file configs/demo/pretrain_vit_tiny.py --arm all train.output_dir=output/demo_pretrain
+
+# The paper's protocol at CPU size: pretrain a tiny ViT per arm, fine-tune the Mask R-CNN demo per arm from
+# that arm's backbone, then one report of both stages.
+demo-paper: venv
+	$(PY) tools/pretrain_net.py --config-file configs/demo/pretrain_vit_tiny.py --arm all train.output_dir=output/demo_paper/pretrain
+	$(PY) tools/train_net.py --config-file configs/demo/mask_rcnn_vit_tiny_finetune.py --arm all train.output_dir=output/demo_paper/finetune
+	$(PY) tools/compare_arms.py output/demo_paper/pretrain output/demo_paper/finetune --output output/demo_paper/report

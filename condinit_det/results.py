@@ -11,10 +11,15 @@ scanned) and ``"config"``. Kinds:
 
 - ``"ap"`` (detection, :mod:`condinit_det.engine.hooks`): ``"bbox"`` and ``"segm"``, each
   ``{"AP", "AP50", "AP75", "APs", "APm", "APl"}`` in percent, or ``None`` for a task not evaluated.
-- ``"eval"``: an ``"ap"``-shaped record of ``--eval-only``, with ``"checkpoint"``.
+  A run's final ``"ap"`` record also names the evaluator's saved predictions (``"predictions"``,
+  relative to the run directory) and the dataset's COCO json (``"ground_truth"``), which the
+  report resamples for confidence intervals.
+- ``"eval"``: an ``"ap"``-shaped record of ``tools/train_net.py --eval-only``, with ``"checkpoint"``.
 - ``"cls"`` (classification pretraining, :mod:`condinit_det.pretrain`): ``"epoch"`` (completed
   epochs), ``"top1"``, ``"top5"`` (percent, on the evaluation set), ``"train_loss"`` (mean over the
-  epoch), ``"eval_loss"``, ``"lr"``.
+  epoch), ``"eval_loss"``, ``"lr"``; ``"ema"`` (the EMA weights' ``top1``, ``top5``, ``eval_loss``)
+  for recipes with an EMA.
+- ``"cls_eval"``: a ``"cls"``-shaped record of ``tools/pretrain_net.py --eval-only``, with ``"checkpoint"``.
 - ``"conditioning"`` (:mod:`condinit_det.analysis.hooks`): one attention site's kappa(J), with ``"site"``.
 
 A record is identified by

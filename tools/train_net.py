@@ -9,11 +9,15 @@ checked before any worker starts; a bad input ends with one error line and exit 
 The logic lives in condinit_det.engine.training.
 """
 import sys
+import warnings
 
-from detectron2.engine import launch
+# fvcore (imported by detectron2) scripts a loss with torch.jit, which recent torch marks deprecated.
+warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
 
-from condinit_det.arm_node import ArmError
-from condinit_det.engine.training import build_argument_parser, check_invocation, main
+from detectron2.engine import launch  # noqa: E402
+
+from condinit_det.arm_node import ArmError  # noqa: E402
+from condinit_det.engine.training import build_argument_parser, check_invocation, main  # noqa: E402
 
 
 def _fail(error: Exception) -> None:
