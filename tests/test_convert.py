@@ -344,14 +344,15 @@ def _assert_conditioned(model, site_prefix):
 @pytest.mark.parametrize(
     "name, pretrain_dir",
     [
-        ("mask_rcnn_xcit_s12_p16_3x_in1k.py", "xcit_s12_p16"),
-        ("mask_rcnn_vitdet_b_100ep_in1k.py", "vit_b_p16"),
-        ("mask_rcnn_swin_b_3x_in1k.py", "swin_b_p4_w7"),
+        ("mask_rcnn_xcit_s12_p16_3x_in1k.py", "xcit_s12_p16_400ep"),
+        ("mask_rcnn_vitdet_b_100ep_in1k.py", "vit_b16_deit_300ep"),
+        ("mask_rcnn_swin_b_3x_in1k.py", "swin_b_300ep"),
     ],
 )
 def test_in1k_configs_load_build_take_the_arm_and_accept_their_checkpoint(name, pretrain_dir):
     cfg = LazyConfig.load(os.path.join(COCO_DIR, name))
-    assert cfg.train.init_checkpoint == f"output/pretrain/{pretrain_dir}/{{arm}}/seed{{seed}}"
+    # The pretraining config's own output directory (configs/ImageNet/<pretrain_dir>.py).
+    assert cfg.train.init_checkpoint == f"output/imagenet/{pretrain_dir}/{{arm}}/seed{{seed}}"
     assert cfg.train.output_dir.endswith(name[: -len(".py")])
     LazyConfig.apply_overrides(cfg, ["condinit.arm=conditioned"])
     torch.manual_seed(0)

@@ -23,6 +23,7 @@ import hashlib
 import inspect
 import logging
 import os
+import tempfile
 from typing import List, Optional
 
 import torch
@@ -330,17 +331,23 @@ def _check_datasets(names: List[str]) -> None:
 
 
 def _check_writable(output_dir: str) -> None:
+    """The output directory exists and takes files, or can be created (nothing is created here)."""
     if not output_dir:
         raise ValueError("the config has no output directory (train.output_dir / OUTPUT_DIR)")
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-        probe = os.path.join(output_dir, f".write-test.{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise ValueError(f"cannot write to the output directory {output_dir} ({e.strerror}); choose another with "
-                         "train.output_dir=DIR (OUTPUT_DIR DIR for yacs configs)") from None
+    existing = os.path.abspath(output_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    problem = None
+    if not os.path.isdir(existing):
+        problem = f"{existing} is not a directory"
+    else:
+        try:  # a real write (permission bits alone say nothing for root or read-only mounts)
+            os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=existing))
+        except OSError as e:
+            problem = e.strerror
+    if problem:
+        raise ValueError(f"cannot write to the output directory {output_dir} ({problem}); choose another with "
+                         "train.output_dir=DIR (OUTPUT_DIR DIR for yacs configs)")
 
 
 def _checkpoint_to_resume(output_dir: str) -> Optional[str]:

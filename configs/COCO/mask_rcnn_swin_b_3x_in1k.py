@@ -21,5 +21,5 @@ from .mask_rcnn_swin_b_3x import condinit, dataloader, lr_multiplier, model, opt
 
 model.backbone.bottom_up.drop_path_rate = 0.3  # Swin-B's published value (as in the base config)
 
-train.init_checkpoint = "output/pretrain/swin_b_p4_w7/{arm}/seed{seed}"
+train.init_checkpoint = "output/imagenet/swin_b_300ep/{arm}/seed{seed}"
 train.output_dir = "./output/COCO/mask_rcnn_swin_b_3x_in1k"

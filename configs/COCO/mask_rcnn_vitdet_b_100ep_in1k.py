@@ -24,5 +24,5 @@ from .mask_rcnn_vitdet_b_100ep import condinit, dataloader, lr_multiplier, model
 model.backbone.net.pretrain_img_size = 224
 model.backbone.net.pretrain_use_cls_token = True
 
-train.init_checkpoint = "output/pretrain/vit_b_p16/{arm}/seed{seed}"
+train.init_checkpoint = "output/imagenet/vit_b16_deit_300ep/{arm}/seed{seed}"
 train.output_dir = "./output/COCO/mask_rcnn_vitdet_b_100ep_in1k"

@@ -67,7 +67,7 @@ model.input_format = "RGB"
 condinit.arm = "default"
 condinit.include = ["backbone.bottom_up.net.*"]
 
-train.init_checkpoint = "output/pretrain/xcit_s12_p16/{arm}/seed{seed}"
+train.init_checkpoint = "output/imagenet/xcit_s12_p16_400ep/{arm}/seed{seed}"
 train.output_dir = "./output/COCO/mask_rcnn_xcit_s12_p16_3x_in1k"
 # XCiT has no relative position bias tables or absolute position embedding (as in the base config).
 optimizer.params.overrides = {}

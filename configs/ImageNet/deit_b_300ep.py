@@ -20,7 +20,7 @@
 # reports both (top1/top5 = raw model, "ema" = EMA), the paper's number is the raw model's.
 #
 #   tools/pretrain_net.py --num-gpus 8 --config-file configs/ImageNet/deit_b_300ep.py --arm all \
-#       data.root=/path/to/imagenet train.output_dir=output/imagenet/deit_b
+#       data.root=/path/to/imagenet
 # With B images per GPU on G GPUs, set train.batch_size=B*G: the lr follows (lr_base x batch/512).
 # ImageNet layout: <root>/train/<wnid>/*.JPEG and <root>/val/<wnid>/*.JPEG (validation images moved
 # into class folders, e.g. with the common valprep.sh); data.root defaults to $IMAGENET_ROOT.

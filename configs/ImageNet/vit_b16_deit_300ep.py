@@ -8,7 +8,7 @@
 # DeiT's, so the two rows differ only in the model name (and output folder).
 #
 #   tools/pretrain_net.py --num-gpus 8 --config-file configs/ImageNet/vit_b16_deit_300ep.py --arm all \
-#       --seeds 0,1,2 data.root=/path/to/imagenet train.output_dir=output/imagenet/vit_b16
+#       --seeds 0,1,2 data.root=/path/to/imagenet
 from .deit_b_300ep import augment, condinit, data, model, optimizer, scheduler, train
 
 model.name = "vit_base_patch16_224"

@@ -17,64 +17,12 @@
 # As for DeiT, main.py's scheduler adds 10 cooldown epochs (410 in all); here cooldown_epochs=0.
 #
 #   tools/pretrain_net.py --num-gpus 8 --config-file configs/ImageNet/xcit_m24_p16_400ep.py --arm all \
-#       data.root=/path/to/imagenet train.output_dir=output/imagenet/xcit_m24
-import os
-
-from ..common.condinit import condinit
+#       data.root=/path/to/imagenet
+from .deit_b_300ep import augment, condinit, data, optimizer, scheduler, train
 
 model = dict(name="xcit_medium_24_p16_224", kwargs=dict(drop_path_rate=0.15, drop_rate=0.0))
 
-data = dict(
-    root=os.environ.get("IMAGENET_ROOT", "./datasets/imagenet"),
-    train_split="train",
-    val_split="val",
-    num_classes=1000,
-    img_size=224,
-    crop_pct=1.0,
-    interpolation="bicubic",
-    mean=(0.485, 0.456, 0.406),  # ImageNet's mean and std (timm's vit_base_patch16_224 default would be 0.5)
-    std=(0.229, 0.224, 0.225),
-)
-
-augment = dict(
-    scale=(0.08, 1.0),
-    hflip=0.5,
-    color_jitter=0.4,
-    auto_augment="rand-m9-mstd0.5-inc1",
-    interpolation="bicubic",
-    re_prob=0.25,
-    re_mode="pixel",
-    re_count=1,
-    mixup=0.8,
-    cutmix=1.0,
-    mixup_prob=1.0,
-    mixup_switch_prob=0.5,
-    mixup_mode="batch",
-    label_smoothing=0.1,
-    repeated_aug=3,
-)
-
-optimizer = dict(opt="adamw", lr_base=5e-4, lr_base_size=512, lr_base_scale="linear", weight_decay=0.05,
-                 eps=1e-8, clip_grad=None)
-
-scheduler = dict(sched="cosine", warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-5, cooldown_epochs=0)
-
-train = dict(
-    output_dir="./output/imagenet/xcit_m24_p16_400ep",
-    epochs=400,
-    batch_size=1024,
-    seed=0,
-    device="cuda",
-    amp=True,
-    amp_dtype="float16",
-    ema=dict(enabled=True, decay=0.99996),
-    log_period=100,
-    eval_period=1,
-    workers=10,
-)
-
-# Every attention layer gets the arm: the 24 XCA blocks (blocks.N.attn, timm XCA) and the two
-# class-attention layers (cls_attn_blocks.N.attn). Detection keeps only the XCA blocks; to arm only
-# those here as well: condinit.include='["blocks.*"]'.
-condinit.arm = "default"
-condinit.include = None
+# What differs from DeiT's recipe (configs/ImageNet/deit_b_300ep.py), whose code XCiT's is:
+data.crop_pct = 1.0
+train.epochs = 400
+train.output_dir = "./output/imagenet/xcit_m24_p16_400ep"

@@ -5,7 +5,7 @@
 #   batch 1024 = 8 GPUs x 128 ...................................................... README command
 #
 #   tools/pretrain_net.py --num-gpus 8 --config-file configs/ImageNet/xcit_s12_p16_400ep.py --arm all \
-#       data.root=/path/to/imagenet train.output_dir=output/imagenet/xcit_s12
+#       data.root=/path/to/imagenet
 from .xcit_m24_p16_400ep import augment, condinit, data, model, optimizer, scheduler, train
 
 model.name = "xcit_small_12_p16_224"
