@@ -116,6 +116,8 @@ def add_condinit_config(cfg: CN) -> CN:
     _C.MODEL.SIMPLE_FPN.SQUARE_PAD = 0  # > 0: pad inputs to this square size (ViTDet LSJ: 1024)
     _C.MODEL.SIMPLE_FPN.TOP_BLOCK = True  # add a max-pooled level after the coarsest one
 
+    # Multiplier already applied to BASE_LR by tools/train_net.py --lr-scale (recorded with the results).
+    _C.SOLVER.LR_SCALE = 1.0
     _C.SOLVER.OPTIMIZER = "SGD"
     _C.SOLVER.BETAS = (0.9, 0.999)  # ADAMW only
     # Parameter names (last component, e.g. "relative_position_bias_table") without weight decay.

@@ -288,7 +288,7 @@ def test_lr_sensitivity(tmp_path):
     lr = text.split("### Learning-rate sensitivity")[1].split("### Missing")[0]
     assert "| 0.5 | 40.0 | 38.0 | 0 |" in lr and "| 2 | 44.0 | 42.0 | 0 |" in lr
     assert "At the shared learning rate (scale 1):" in lr and "| conditioned | 42.0 | 40.0 |" in lr
-    assert "| default | 1 (won) | 41.0 | 39.0 |" in lr and "| conditioned | 2 (won) | 44.0 | 42.0 |" in lr
+    assert "| default | 1 | 41.0 | 39.0 |" in lr and "| conditioned | 2 | 44.0 | 42.0 |" in lr
 
     # only a scan, without scale 1: the main comparison falls back to a scale every arm ran
     for spec in runs:

@@ -36,6 +36,7 @@ from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
 from condinit_det.arm_node import ArmSpec, plain, resolve_arm_node
+from condinit_det.init import ARMS
 from condinit_det.modeling.arm import ARM_NODE_REF, armed, armed_nodes, rank0_computes_arm
 from condinit_det.results import ResultsFile
 from condinit_det.runs import (
@@ -179,8 +180,7 @@ def get_seed(cfg) -> int:
 
 
 def get_lr_scale(cfg) -> float:
-    return 1.0 if _is_yacs(cfg) and "LR_SCALE" not in cfg.SOLVER else float(
-        cfg.SOLVER.LR_SCALE if _is_yacs(cfg) else cfg.train.get("lr_scale", 1.0))
+    return float(cfg.SOLVER.LR_SCALE if _is_yacs(cfg) else cfg.train.get("lr_scale", 1.0))
 
 
 def get_init_checkpoint(cfg) -> str:
@@ -250,8 +250,8 @@ def prepare_config(cfg, *, arm: Optional[str] = None, output_dir: Optional[str] 
                    seed: Optional[int] = None, lr_scale: float = 1.0):
     """Set the run's arm, output directory, seed and learning-rate scale; resolve ``{arm}`` / ``{seed}``
     in the init checkpoint. Returns cfg (modified in place); raises ValueError on a bad arm node."""
-    if arm is not None and arm not in ARM_CHOICES[:-1]:
-        raise ValueError(f"Unknown arm {arm!r}; accepted: {', '.join(ARM_CHOICES[:-1])}")
+    if arm is not None and arm not in ARMS:
+        raise ValueError(f"Unknown arm {arm!r}; accepted: {', '.join(ARMS)}")
     if _is_yacs(cfg):
         cfg.defrost()
         if arm is not None:
@@ -628,7 +628,7 @@ def _experiment_runs(args):
     base = get_output_dir(base_cfg)
     if not base:
         raise ValueError("an experiment needs an output directory (train.output_dir / OUTPUT_DIR).")
-    arms = list(ARM_CHOICES[:-1]) if args.arm == "all" else [arm_spec(base_cfg).arm]
+    arms = list(ARMS) if args.arm == "all" else [arm_spec(base_cfg).arm]
     seeds = parse_seeds(args.seeds) if args.seeds else [get_seed(base_cfg)]
     scales = parse_lr_scales(args.lr_scale) if args.lr_scale else [1.0]
     runs = []

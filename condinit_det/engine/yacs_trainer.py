@@ -68,7 +68,7 @@ class CondinitTrainer(DefaultTrainer):
         period = self.cfg.TEST.EVAL_PERIOD
         results_file = ResultsFile(self.cfg.OUTPUT_DIR)
         metadata = {"arm": str(self.cfg.MODEL.CONDINIT.ARM), "seed": int(self.cfg.SEED),
-                    "lr_scale": float(self.cfg.SOLVER.get("LR_SCALE", 1.0)), "config": self._config_file}
+                    "lr_scale": float(self.cfg.SOLVER.LR_SCALE), "config": self._config_file}
         out = []
         for h in ret:
             if type(h) is hooks.EvalHook:

@@ -166,7 +166,7 @@ def _lr(out, sr: StageReport) -> None:
             rows.append([arm, "n/a"] + ["n/a"] * len(heads))
             continue
         g = sr.arm(arm, best)
-        rows.append([arm, f"{_scale(best)} (won)"] + [fmt_value(*g.final[h], len(g.runs)) for h in heads])
+        rows.append([arm, _scale(best)] + [fmt_value(*g.final[h], len(g.runs)) for h in heads])
     _table(out, ["arm", "best scale"] + heads, rows)
 
 
