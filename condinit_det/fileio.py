@@ -1,32 +1,67 @@
 """Atomic file writes: readers see the old file or the new one, never half of one."""
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import tempfile
-from typing import Union
+from typing import Any, List, Union
 
-__all__ = ["atomic_write"]
+__all__ = ["TEMP_SUFFIX", "atomic_torch_save", "atomic_write", "remove_stale_temp_files"]
+
+# Temp files are ".<name>.<random><TEMP_SUFFIX>" beside the file they replace.
+TEMP_SUFFIX = ".tmp"
 
 
-def atomic_write(path: str, data: Union[str, bytes], *, fsync: bool = False) -> None:
-    """Write ``data`` (text or bytes) to ``path`` through a temp file in the same folder and ``os.replace``.
-
-    The folder is created if needed; the file gets the usual 0644 permissions (``mkstemp`` alone
-    makes it owner-only). ``fsync`` flushes the data to disk before the rename.
-    """
+@contextlib.contextmanager
+def _replacing(path: str, *, binary: bool, fsync: bool):
+    """Yield a file object writing a temp file in ``path``'s folder; on success it replaces ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=TEMP_SUFFIX)
     try:
-        binary = isinstance(data, bytes)
         with os.fdopen(fd, "wb" if binary else "w", newline=None if binary else "") as f:
-            f.write(data)
+            yield f
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o644)  # mkstemp alone makes it owner-only
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    if fsync:  # make the rename itself durable
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+
+def atomic_write(path: str, data: Union[str, bytes], *, fsync: bool = False) -> None:
+    """Write ``data`` (text or bytes) to ``path`` through a temp file in the same folder and ``os.replace``.
+
+    The folder is created if needed; the file gets the usual 0644 permissions. ``fsync`` flushes the
+    data and the rename to disk.
+    """
+    with _replacing(path, binary=isinstance(data, bytes), fsync=fsync) as f:
+        f.write(data)
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    """``torch.save(obj)`` to ``path`` atomically and durably (checkpoints)."""
+    import torch
+
+    with _replacing(path, binary=True, fsync=True) as f:
+        torch.save(obj, f)
+
+
+def remove_stale_temp_files(folder: str) -> List[str]:
+    """Delete the temp files of writes a killed process never finished; returns their paths."""
+    stale = glob.glob(os.path.join(folder, f".*{TEMP_SUFFIX}"))
+    for path in stale:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    return stale

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from detectron2.checkpoint import DetectionCheckpointer
 
-from ..fileio import atomic_write
+from ..fileio import atomic_torch_save, atomic_write
 
 __all__ = ["PRETRAIN_FORMAT", "RunCheckpointer", "check_checkpoint_file", "pretrain_checkpoint_file",
            "read_pretrain_meta"]
@@ -84,16 +84,7 @@ class RunCheckpointer(DetectionCheckpointer):
         basename = f"{name}.pth"
         path = os.path.join(self.save_dir, basename)
         self.logger.info(f"Saving checkpoint to {path}")
-        tmp = os.path.join(self.save_dir, f".{basename}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(data, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        atomic_torch_save(data, path)
         self.tag_last_checkpoint(basename)
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:

@@ -5,16 +5,15 @@ Files in a run directory::
     checkpoint_epoch0007.pth   training state after 7 epochs (the newest ``keep`` are kept)
     model_final.pth            the weights detection fine-tunes from (:data:`FINAL_FORMAT`)
 
-A file is written to a temporary name in the same folder, flushed to disk and renamed, so a
-crash (even SIGKILL) leaves either the previous checkpoint or the new one, never a torn file.
+Files are written with :func:`condinit_det.fileio.atomic_torch_save` (a temporary name in the same
+folder, flushed to disk, renamed), so a crash (even SIGKILL) leaves either the previous checkpoint
+or the new one, never a torn file.
 """
 from __future__ import annotations
 
-import glob
 import os
 import re
-import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -22,63 +21,21 @@ __all__ = [
     "CHECKPOINT_PATTERN",
     "FINAL_FILENAME",
     "FINAL_FORMAT",
-    "atomic_torch_save",
     "checkpoint_path",
     "find_checkpoints",
     "last_checkpoint",
     "load_final",
     "prune_checkpoints",
-    "remove_stale_temp_files",
 ]
 
 FINAL_FILENAME = "model_final.pth"
 FINAL_FORMAT = "condinit_det.pretrain/v1"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_epoch(\d{4,})\.pth$")
-_TEMP_SUFFIX = ".pth.tmp"
 
 
 def checkpoint_path(run_dir: str, epoch: int) -> str:
     """``<run_dir>/checkpoint_epoch<NNNN>.pth``: the state after ``epoch`` completed epochs."""
     return os.path.join(run_dir, f"checkpoint_epoch{int(epoch):04d}.pth")
-
-
-def atomic_torch_save(obj: Any, path: str) -> None:
-    """``torch.save`` to a temp file in the same folder, fsync, ``os.replace`` (then fsync the folder)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=_TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
-def remove_stale_temp_files(run_dir: str) -> List[str]:
-    """Delete temp files of writes that never finished (a killed run); returns their paths."""
-    stale = glob.glob(os.path.join(run_dir, f".*{_TEMP_SUFFIX}"))
-    for path in stale:
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
-    return stale
 
 
 def find_checkpoints(run_dir: str) -> Dict[int, str]:

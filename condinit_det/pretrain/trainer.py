@@ -28,19 +28,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..fileio import atomic_write
+from ..fileio import atomic_torch_save, atomic_write, remove_stale_temp_files
 from ..results import ResultsFile
 from ..runs import RunSpec, check_resume_identity, write_arm_report
-from .checkpoint import (
-    FINAL_FILENAME,
-    FINAL_FORMAT,
-    atomic_torch_save,
-    checkpoint_path,
-    find_checkpoints,
-    last_checkpoint,
-    prune_checkpoints,
-    remove_stale_temp_files,
-)
+from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, checkpoint_path, find_checkpoints, last_checkpoint, prune_checkpoints
 from .config import DEFAULTS, UsageError, arm_spec, node, resolve_lr, run_identity
 from .data import build_datasets, build_mixup, build_train_loader, build_train_sampler, epoch_seed, set_sampler_epoch
 from .data import data_config, set_transforms
