@@ -25,34 +25,22 @@
 #
 # Attention sites: backbone.bottom_up.net.blocks.{0..11}.attn (timm XCA, fused qkv).
 # Arm: "default". Select another with `condinit.arm=conditioned` / `condinit.arm=mimetic`.
-from functools import partial
-
-import torch.nn as nn
-
 from detectron2 import model_zoo
 from detectron2.config import LazyCall as L
 
 from condinit_det.modeling import armed
-from condinit_det.modeling.xcit import XCiT, XCiTDeconvPyramid
+from condinit_det.modeling.xcit import XCiTDeconvPyramid
 
 from .mask_rcnn_xcit_s12_3x import condinit, dataloader, lr_multiplier, optimizer, train
+from .mask_rcnn_xcit_s12_3x import model as _from_scratch
+
+# The XCiT-S12/16 trunk of the from-scratch config, emitting blocks 3, 5, 7 and 11.
+_trunk = _from_scratch.backbone.net
+_trunk.out_indices = (3, 5, 7, 11)
 
 model = armed(model_zoo.get_config("common/models/mask_rcnn_fpn.py").model)
 model.backbone.bottom_up = L(XCiTDeconvPyramid)(
-    net=L(XCiT)(
-        patch_size=16,
-        embed_dim=384,
-        depth=12,
-        num_heads=8,
-        mlp_ratio=4.0,
-        qkv_bias=True,
-        eta=1.0,
-        drop_path_rate=0.05,
-        norm_layer=partial(nn.LayerNorm, eps=1e-6),
-        # ~2 images per GPU: synchronize the BatchNorms of the patch embedding and LPI.
-        sync_bn=True,
-        out_indices=(3, 5, 7, 11),
-    ),
+    net=_trunk,
     # XCiT's neck uses SyncBatchNorm after its first deconvolution.
     sync_bn=True,
     out_features=("s4", "s8", "s16", "s32"),
@@ -60,8 +48,8 @@ model.backbone.bottom_up = L(XCiTDeconvPyramid)(
 # FPN (256 channels, LastLevelMaxPool for p6) on the four neck outputs: p2..p6 at strides 4..64.
 model.backbone.in_features = ("s4", "s8", "s16", "s32")
 # XCiT is trained on ImageNet-normalized RGB.
-model.pixel_mean = [123.675, 116.280, 103.530]
-model.pixel_std = [58.395, 57.120, 57.375]
+model.pixel_mean = _from_scratch.pixel_mean
+model.pixel_std = _from_scratch.pixel_std
 model.input_format = "RGB"
 
 condinit.arm = "default"
