@@ -82,7 +82,7 @@ def test_explicit_root_is_never_overwritten(tmp_path):
     root = tmp_path / "mine"
     root.mkdir()
     (root / "notes.txt").write_text("keep me")
-    with pytest.raises(ValueError, match="no complete"):
+    with pytest.raises(ValueError, match="not a complete"):
         generate_classification_dataset(root, num_train=NUM_TRAIN, num_val=NUM_VAL, spec=SPEC)
     assert (root / "notes.txt").read_text() == "keep me"
 

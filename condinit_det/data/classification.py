@@ -22,18 +22,14 @@ ImageFolder path or ``"embedded:shapes-cls"`` (:func:`resolve_classification_roo
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import os
-import shutil
-import socket
-import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple, Union
 
 import cv2
 import numpy as np
 
+from .cache import generate_atomically, read_manifest
 from .shapes import _AREA_RATIO, _background, _blob_mask, _color, _desaturate, _fill, _paint, _rotate, _shape_mask
 from .shapes import image_rng
 
@@ -51,7 +47,6 @@ __all__ = [
     "resolve_classification_root",
 ]
 
-logger = logging.getLogger(__name__)
 
 DATASET_VERSION = "shapes-cls-v1"
 EMBEDDED_PREFIX = "embedded:"
@@ -173,40 +168,6 @@ def _expected_manifest(seed: int, num_images: Dict[str, int], spec: ShapesClsSpe
             "spec": dataclasses.asdict(spec), "classes": list(CLASSES)}
 
 
-def _read_manifest(root: Path) -> Optional[dict]:
-    try:
-        with open(root / "manifest.json") as f:
-            return json.load(f)
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-        return None
-
-
-def _same_generator(found: dict, expected: dict) -> bool:
-    keys = ("version", "seed", "num_images", "spec", "classes")
-    return all(json.loads(json.dumps(found.get(k))) == json.loads(json.dumps(expected[k])) for k in keys)
-
-
-def _temp_prefix(root: Path) -> str:
-    return f".{root.name}.tmp-"
-
-
-def _remove_abandoned_temp_dirs(root: Path) -> None:
-    """Delete temp dirs left by a generator on this host whose process is gone (e.g. killed)."""
-    host = socket.gethostname()
-    if not root.parent.is_dir():
-        return
-    for path in root.parent.glob(_temp_prefix(root) + "*"):
-        parts = path.name[len(_temp_prefix(root)):].split("-")
-        if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
-            continue
-        try:
-            os.kill(int(parts[1]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, owned by someone else
-
-
 def _write_split(tmp: Path, split: str, num: int, seed: int, spec: ShapesClsSpec) -> None:
     for name in CLASSES:
         (tmp / split / name).mkdir(parents=True)
@@ -229,9 +190,10 @@ def generate_classification_dataset(
 ) -> Path:
     """Make sure a complete dataset with these parameters exists at ``root``; return the root.
 
-    root: default :func:`default_root` (a cache). A dataset made with other parameters, or a folder
-    without a manifest (an incomplete dataset), is replaced when ``replace_stale`` (default: True
-    for the default root, else False); otherwise a ValueError says what was found.
+    root: default :func:`default_root` (a cache). Generated atomically (:mod:`condinit_det.data.cache`).
+    A dataset made with other parameters, or a folder without a manifest (an incomplete dataset), is
+    replaced when ``replace_stale`` (default: True for the default root, else False); otherwise a
+    ValueError says what was found.
     """
     if replace_stale is None:
         replace_stale = root is None
@@ -239,55 +201,21 @@ def generate_classification_dataset(
     for name, n in (("num_train", num_train), ("num_val", num_val)):
         if isinstance(n, bool) or not isinstance(n, int) or n < len(CLASSES):
             raise ValueError(f"{name} must be an integer >= {len(CLASSES)} (one image per class), got {n!r}")
-    expected = _expected_manifest(seed, {"train": num_train, "val": num_val}, spec)
 
-    def complete() -> bool:
-        found = _read_manifest(root)
-        if found is not None and _same_generator(found, expected):
-            return True
-        if root.exists() and not replace_stale and (found is not None or any(root.iterdir())):
-            what = ("a dataset generated with other parameters" if found is not None
-                    else f"files but no complete {DATASET_VERSION} dataset (no manifest.json)")
-            raise ValueError(f"{root} holds {what}; delete it or pass another root")
-        return False
-
-    if complete():
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_temp_dirs(root)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(root)}{socket.gethostname()}-{os.getpid()}-",
-                                dir=root.parent))
-    try:
+    def write(tmp: Path) -> dict:
         for split, n in (("train", num_train), ("val", num_val)):
             _write_split(tmp, split, n, seed, spec)
-        with open(tmp / "manifest.json", "w") as f:
-            json.dump(dict(expected, image_size=spec.image_size), f, indent=1)
-        if complete():  # another process finished first
-            return root
-        stale = None
-        if root.exists():  # stale or incomplete cache: move it aside, delete it after the swap
-            stale = Path(tempfile.mkdtemp(prefix=f".{root.name}.stale-", dir=root.parent))
-            os.rename(root, stale / root.name)
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            if not complete():
-                raise
-        else:
-            logger.info("Generated the %s classification dataset at %s", DATASET_VERSION, root)
-        if stale is not None:
-            shutil.rmtree(stale, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return root
+        return {"image_size": spec.image_size}
+
+    expected = _expected_manifest(seed, {"train": num_train, "val": num_val}, spec)
+    return generate_atomically(root, expected, write, replace_stale=replace_stale)
 
 
 def classification_dataset_info(root: Optional[PathLike] = None) -> dict:
     """``root``, ``version``, ``classes``, ``num_classes``, ``image_size``, ``num_images`` of a generated dataset
     (the default one is generated first when ``root`` is None)."""
     root = generate_classification_dataset(None) if root is None else Path(root).expanduser()
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     if manifest is None:
         raise ValueError(f"{root} is not a generated {DATASET_VERSION} dataset (no manifest.json)")
     return {"root": str(root), "version": manifest["version"], "classes": tuple(manifest["classes"]),

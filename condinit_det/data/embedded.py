@@ -6,16 +6,14 @@ Layout of a dataset root (COCO format)::
     <root>/annotations/instances_{train,val}.json
     <root>/{train,val}/000000.png ...
 
-The root is built in a temporary sibling directory and renamed into place, so an
-interrupted run never leaves a partial dataset behind, and concurrent first uses
-are safe (the loser of the rename discards its copy).
+The root is built in a temporary sibling directory and renamed into place
+(:mod:`condinit_det.data.cache`), so an interrupted run never leaves a partial dataset behind,
+and concurrent first uses are safe.
 """
 import dataclasses
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
@@ -23,6 +21,7 @@ import cv2
 import numpy as np
 import pycocotools.mask as mask_util
 
+from .cache import generate_atomically, read_manifest
 from .shapes import SHAPE_CLASSES, ShapesSpec, render_image
 
 __all__ = [
@@ -61,20 +60,6 @@ def _expected_manifest(seed: int, num_images: Dict[str, int], spec: ShapesSpec) 
         "spec": dataclasses.asdict(spec),
         "classes": list(SHAPE_CLASSES),
     }
-
-
-def _read_manifest(root: Path) -> Optional[dict]:
-    path = root / "manifest.json"
-    if not path.is_file():
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def _same_generator(found: dict, expected: dict) -> bool:
-    # JSON turns tuples into lists; compare through a JSON round trip.
-    keys = ("version", "seed", "num_images", "spec", "classes")
-    return all(json.loads(json.dumps(found.get(k))) == json.loads(json.dumps(expected[k])) for k in keys)
 
 
 def _write_split(tmp: Path, split: str, num: int, seed: int, spec: ShapesSpec) -> int:
@@ -129,10 +114,10 @@ def generate_shapes_dataset(
 ) -> Path:
     """Make sure a complete dataset exists at ``root`` (default: :func:`default_root`); return the root.
 
-    Generates it if missing. A dataset made with different parameters (e.g. by an
-    older version of the generator) is regenerated in its place if ``replace_stale``
-    (default: True for the default root, which is a cache, else False); otherwise a
-    ValueError is raised, as it is for a directory that is not a dataset.
+    Generates it if missing (atomically, :mod:`condinit_det.data.cache`). A dataset made with
+    different parameters (e.g. by an older version of the generator) is regenerated in its place
+    if ``replace_stale`` (default: True for the default root, which is a cache, else False);
+    otherwise a ValueError is raised, as it is for a directory that is not a dataset.
     """
     if replace_stale is None:
         replace_stale = root is None
@@ -140,60 +125,13 @@ def generate_shapes_dataset(
     for name, n in (("num_train", num_train), ("num_val", num_val)):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"{name} must be a positive int, got {n!r}")
+
+    def write(tmp: Path) -> dict:
+        counts = {split: _write_split(tmp, split, n, seed, spec) for split, n in (("train", num_train), ("val", num_val))}
+        return {"num_instances": counts, "image_size": spec.image_size}
+
     expected = _expected_manifest(seed, {"train": num_train, "val": num_val}, spec)
-
-    def check_existing() -> bool:
-        found = _read_manifest(root)
-        if found is None:
-            if root.exists() and any(root.iterdir()):
-                raise ValueError(
-                    f"{root} exists but is not a complete {DATASET_VERSION} dataset (no manifest.json); "
-                    "delete it or pass another root"
-                )
-            return False
-        if not _same_generator(found, expected):
-            if replace_stale:
-                return False
-            raise ValueError(
-                f"{root} holds a dataset generated with other parameters ({ {k: found.get(k) for k in ('seed', 'num_images')} }); "
-                f"expected seed={seed}, num_images={expected['num_images']}. Delete it or pass another root."
-            )
-        return True
-
-    if check_existing():
-        return root
-
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        counts = {}
-        for split, n in (("train", num_train), ("val", num_val)):
-            counts[split] = _write_split(tmp, split, n, seed, spec)
-        manifest = dict(expected, num_instances=counts, image_size=spec.image_size)
-        with open(tmp / "manifest.json", "w") as f:
-            json.dump(manifest, f, indent=1)
-        if check_existing():  # another process finished a valid copy meanwhile
-            return root
-        stale = None
-        if _read_manifest(root) is not None:  # a stale dataset: move it aside, delete it after the swap
-            stale = Path(tempfile.mkdtemp(prefix=f".{root.name}.stale-", dir=root.parent))
-            os.rename(root, stale / root.name)
-        elif root.exists():
-            root.rmdir()  # empty directory (checked above); rename cannot replace it on every OS
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            # Another process finished first; keep its copy if it is valid.
-            if not check_existing():
-                raise
-        else:
-            logger.info("Generated %s dataset at %s (%s instances)", DATASET_VERSION, root, counts)
-        if stale is not None:
-            shutil.rmtree(stale, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return root
+    return generate_atomically(root, expected, write, replace_stale=replace_stale)
 
 
 def _existing_or_generated(root: Optional[PathLike]) -> Path:
@@ -202,7 +140,7 @@ def _existing_or_generated(root: Optional[PathLike]) -> Path:
     if root is None:
         return generate_shapes_dataset(None)
     root = Path(root).expanduser()
-    if _read_manifest(root) is not None:
+    if read_manifest(root) is not None:
         return root
     return generate_shapes_dataset(root)
 
@@ -253,7 +191,7 @@ def embedded_dataset_info(root: Optional[PathLike] = None) -> dict:
     ``num_instances`` (both ``{"train": int, "val": int}``).
     """
     root = _existing_or_generated(root)
-    manifest = _read_manifest(root)
+    manifest = read_manifest(root)
     return {
         "root": str(root),
         "version": manifest["version"],
