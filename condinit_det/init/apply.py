@@ -182,18 +182,13 @@ def _worker_count(sites: Sequence[AttentionSite], arm: str) -> int:
     """Sites worked on at once: torch's thread count, capped; 1 on CUDA or with shared weights."""
     if arm == "default" or len(sites) < 2:
         return 1
-    storages = set()
+    owners: Dict[int, set] = {}  # storage -> the sites writing into it
     for site in sites:
         if _compute_device(site).type != "cpu":
             return 1
         for role in ("q", "k", "v", "o"):
-            weight = site.weight(role)
-            key = (weight.untyped_storage().data_ptr(), site.name)
-            storages.add(key)
-    by_storage: Dict[int, set] = {}
-    for ptr, name in storages:
-        by_storage.setdefault(ptr, set()).add(name)
-    if any(len(names) > 1 for names in by_storage.values()):
+            owners.setdefault(site.weight(role).untyped_storage().data_ptr(), set()).add(site.name)
+    if any(len(names) > 1 for names in owners.values()):
         return 1  # two sites write the same tensor: keep their order
     return max(1, min(torch.get_num_threads(), _MAX_WORKERS, len(sites)))
 
