@@ -159,3 +159,10 @@ def test_arm_report_records_the_identity_checked_on_resume(tmp_path):
     write_arm_report(str(tmp_path), {"arm": "conditioned"}, _identity(lr_scale=0.5))
     saved = json.loads((tmp_path / "condinit_arm_report.json").read_text())
     assert saved["run"]["lr_scale"] == 0.5 and saved["arm"] == "conditioned"
+
+
+def test_an_arm_set_in_two_disagreeing_places_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="the arm is set in two places that disagree: condinit .*'conditioned'.* and "
+                                         "model.condinit .*'mimetic'"):
+        _check("--arm", "conditioned", "model.condinit={arm:mimetic}", f"train.output_dir={tmp_path}")
+    _check("--arm", "mimetic", "model.condinit={arm:mimetic}", f"train.output_dir={tmp_path}")  # they agree
