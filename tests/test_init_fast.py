@@ -14,10 +14,13 @@ from condinit_det.init import (
     find_attention,
     haar_semi_orthogonal,
     haar_semi_orthogonal_batch,
+    mimetic_noise,
+    mimetic_noise_batch,
     mimetic_qk_batch,
     site_generator,
     standard_normal,
     top_singular,
+    working_dtype,
 )
 from condinit_det.init import arms as arms_module
 from condinit_det.init._threads import _loaded_openblas, single_threaded
@@ -55,21 +58,26 @@ def _best_rank(m, k):
 
 
 def test_standard_normal_stream_and_moments():
-    a = standard_normal(3, 70001, generator=_gen(1))  # several chunks, an odd-sized tail
+    a = standard_normal(3, 70001, generator=_gen(1))
     b = standard_normal(3 * 70001, generator=_gen(1))
-    assert a.dtype == F64 and a.shape == (3, 70001)
+    assert a.dtype == torch.float32 and a.shape == (3, 70001)
     assert torch.equal(a.flatten(), b)  # filled row-major, whatever the shape
+    assert torch.equal(a, torch.randn(3, 70001, generator=_gen(1)))  # torch's float32 stream
     assert not torch.equal(a, standard_normal(3, 70001, generator=_gen(2)))
-    x = a.flatten()
+    x = a.flatten().double()
     n = x.numel()
     assert abs(x.mean().item()) < 5 / math.sqrt(n)
     assert abs(x.std().item() - 1) < 5 / math.sqrt(2 * n)
     assert abs((x ** 4).mean().item() - 3) < 0.05  # Gaussian kurtosis
     assert abs(((x > 1.0).double().mean() - 0.158655).item()) < 0.003
-    # Values are distinct float64 numbers, not float32 ones cast up.
-    assert (x.float().double() != x).float().mean() > 0.99
     assert standard_normal(1, generator=_gen(0)).shape == (1,)
     assert standard_normal(0, 4, generator=_gen(0)).numel() == 0
+
+
+def test_working_precision():
+    assert working_dtype(torch.float64) == F64
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert working_dtype(dtype) == torch.float32
 
 
 def test_draws_do_not_touch_the_global_rng():
@@ -84,22 +92,35 @@ def test_draws_do_not_touch_the_global_rng():
 # Haar blocks
 
 
-@pytest.mark.parametrize("rows,cols", [(8, 48), (48, 8), (16, 16), (1, 5)])
-def test_haar_batch_is_one_qr_with_positive_diagonal(rows, cols):
+@pytest.mark.parametrize("rows,cols", [(8, 48), (48, 8), (16, 16), (1, 5), (12, 40)])
+@pytest.mark.parametrize("dtype,atol", [(F64, 1e-13), (torch.float32, 2e-6)])
+def test_haar_batch_is_one_qr_with_positive_diagonal(rows, cols, dtype, atol):
+    # (8, 48), (48, 8), (1, 5): CholeskyQR; (16, 16), (12, 40): Householder.
     count = 6
-    blocks = haar_semi_orthogonal_batch(count, rows, cols, generator=_gen(3))
-    assert blocks.shape == (count, rows, cols) and blocks.dtype == F64
-    g = standard_normal(count, max(rows, cols), min(rows, cols), generator=_gen(3))
+    blocks = haar_semi_orthogonal_batch(count, rows, cols, generator=_gen(3), dtype=dtype)
+    assert blocks.shape == (count, rows, cols) and blocks.dtype == dtype
+    h = standard_normal(count, min(rows, cols), max(rows, cols), generator=_gen(3)).to(F64)
     for i in range(count):
-        q, r = torch.linalg.qr(g[i])
+        q, r = torch.linalg.qr(h[i].T)  # the definition: G = H^T = Q R, diag(R) > 0
         d = torch.sign(torch.diagonal(r))
         d[d == 0] = 1
         expected = q * d
-        torch.testing.assert_close(blocks[i], expected.T if rows <= cols else expected, rtol=0, atol=1e-13)
-        sv = torch.linalg.svdvals(blocks[i])
-        torch.testing.assert_close(sv, torch.ones_like(sv), rtol=0, atol=1e-13)
-    single = haar_semi_orthogonal(rows, cols, generator=_gen(3))
-    assert torch.equal(single, haar_semi_orthogonal_batch(1, rows, cols, generator=_gen(3))[0])
+        torch.testing.assert_close(blocks[i].to(F64), expected.T if rows <= cols else expected, rtol=0, atol=atol)
+        sv = torch.linalg.svdvals(blocks[i].to(F64))
+        torch.testing.assert_close(sv, torch.ones_like(sv), rtol=0, atol=atol)
+    single = haar_semi_orthogonal(rows, cols, generator=_gen(3), dtype=dtype)
+    assert torch.equal(single, haar_semi_orthogonal_batch(1, rows, cols, generator=_gen(3), dtype=dtype)[0])
+
+
+def test_haar_cholesky_route_falls_back_to_householder_when_not_positive_definite():
+    from condinit_det.init.arms import _orthonormal_rows
+
+    h = torch.randn(3, 4, 40, dtype=F64, generator=_gen(0))
+    h[1, 3] = h[1, 2]  # a rank-deficient block: its Gram is singular
+    rows = _orthonormal_rows(h)
+    q, r = torch.linalg.qr(h[0].T)
+    torch.testing.assert_close(rows[0], (q * torch.sign(torch.diagonal(r))).T, rtol=0, atol=1e-13)
+    assert torch.isfinite(rows).all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +130,7 @@ SHAPES = [(64, 64, 8), (80, 48, 12), (48, 80, 12), (40, 40, 20), (30, 16, 7)]
 
 
 def _mimetic_like(batch, p, q, seed=0, alpha=0.7, beta=0.7):
-    z = standard_normal(batch, p, q, generator=_gen(seed)) / math.sqrt(p)
+    z = standard_normal(batch, p, q, generator=_gen(seed)).to(F64) / math.sqrt(p)
     m = alpha * z
     torch.diagonal(m, dim1=-2, dim2=-1).add_(beta)
     return m
@@ -160,8 +181,8 @@ def test_block_gap_zero_only_at_the_cut_falls_back():
     # Singular values: 6 distinct large ones, then a flat run long enough to fill the block.
     s = torch.cat([torch.linspace(3.0, 2.0, 6, dtype=F64), torch.full((58,), 1.0, dtype=F64)])
     g = _gen(4)
-    u = torch.linalg.qr(standard_normal(64, 64, generator=g))[0]
-    v = torch.linalg.qr(standard_normal(64, 64, generator=g))[0]
+    u = torch.linalg.qr(standard_normal(64, 64, generator=g).to(F64))[0]
+    v = torch.linalg.qr(standard_normal(64, 64, generator=g).to(F64))[0]
     m = ((u * s) @ v.T).unsqueeze(0)
     top = top_singular(m, 8, solver="subspace")
     assert top.fallback.all()
@@ -181,7 +202,7 @@ def test_auto_solver_choice():
 
 
 def test_mimetic_qk_batch_is_the_best_rank_dh_approximation():
-    z = standard_normal(3, 256, 256, generator=_gen(7)) / 16
+    z = standard_normal(3, 256, 256, generator=_gen(7)).to(F64) / 16
     w_q, w_k = mimetic_qk_batch(z, alpha=0.7, beta=0.7, head_dim=32)  # auto: the subspace solver
     target = 0.7 * z + 0.7 * torch.eye(256, dtype=F64)
     best = _best_rank(target, 32)
@@ -196,8 +217,10 @@ def test_mimetic_qk_batch_is_the_best_rank_dh_approximation():
 
 
 def _replay_qk(site, seed):
+    """The arm's Q/K noise draw for a site (float64, as the arm computes with it for every dtype)."""
     g = site_generator(seed, site.name)
-    return standard_normal(site.num_heads, site.dim_in, site.dim_k_in, generator=g) / site.dim_in ** 0.5, g
+    return mimetic_noise_batch(site.num_heads, site.dim_in, site.dim_k_in, std=site.dim_in ** -0.5, noise="normal",
+                               generator=g), g
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -220,7 +243,7 @@ def test_mimetic_subspace_solver_on_every_layout(layout, dtype, monkeypatch):
         w_q = site.weight("q")[h * dh:(h + 1) * dh].to(F64)
         w_k = site.weight("k")[h * dh:(h + 1) * dh].to(F64)
         assert _relative(w_q.T @ w_k, best[h]) < 1e-4, (layout, h)
-    vo = standard_normal(site.dim_v_in, site.dim_out, generator=g) / site.dim_v_in ** 0.5
+    vo = mimetic_noise(site.dim_v_in, site.dim_out, std=site.dim_v_in ** -0.5, noise="normal", generator=g)
     target_vo = 0.4 * vo - 0.4 * torch.eye(site.dim_v_in, site.dim_out, dtype=F64)
     product = site.weight("v").to(F64).T @ site.weight("o").to(F64).T
     assert _relative(product, target_vo) < 1e-4
@@ -322,3 +345,27 @@ def test_module_exports_the_fast_functions():
                  "mimetic_noise_batch", "TopSingular", "SOLVERS"):
         assert name in init.__all__ and hasattr(init, name)
     assert arms_module.SOLVERS == ("auto", "dense", "subspace")
+
+
+def test_float32_parameters_get_the_float64_truncation():
+    """A best rank-dh approximation is sensitive to the rounding of its target (dense spectrum), so
+    mimetic Q/K keep a float64 target for float32 parameters: their products equal the float64
+    parameters' ones to float32 rounding. V/O's exact factorization runs in float32."""
+    from timm.models.vision_transformer import Attention
+
+    torch.manual_seed(0)
+    f32 = Attention(384, num_heads=6)
+    f64 = Attention(384, num_heads=6).double()
+    apply_init(f32, "mimetic", seed=1)
+    report = apply_init(f64, "mimetic", seed=1)
+    assert report.options["solver"] == "auto"
+    s32, s64 = find_attention(f32)[0], find_attention(f64)[0]
+    dh = s32.head_dim
+    for h in range(s32.num_heads):
+        rows = slice(h * dh, (h + 1) * dh)
+        p32 = s32.weight("q")[rows].to(F64).T @ s32.weight("k")[rows].to(F64)
+        p64 = s64.weight("q")[rows].T @ s64.weight("k")[rows]
+        assert _relative(p32, p64) < 1e-6, h
+    vo32 = s32.weight("v").to(F64).T @ s32.weight("o").to(F64).T
+    vo64 = s64.weight("v").T @ s64.weight("o").T
+    assert _relative(vo32, vo64) < 1e-5

@@ -17,6 +17,7 @@ from .arms import (
     rectangular_identity,
     standard_normal,
     top_singular,
+    working_dtype,
 )
 from .sites import (
     ROLES,
@@ -61,4 +62,5 @@ __all__ = [
     "standard_normal",
     "supported_layouts",
     "top_singular",
+    "working_dtype",
 ]

@@ -19,7 +19,7 @@ from typing import List, Tuple
 
 import torch
 
-__all__ = ["single_threaded"]
+__all__ = ["loaded_openblas_libraries", "single_threaded"]
 
 # (get, set) symbol pairs of the OpenBLAS builds in use: scipy's wheels prefix them.
 _OPENBLAS_SYMBOLS = (
@@ -29,8 +29,8 @@ _OPENBLAS_SYMBOLS = (
 )
 
 
-def _loaded_openblas() -> List[Tuple[object, object]]:
-    """``(get, set)`` functions of every OpenBLAS library loaded in this process (Linux only)."""
+def loaded_openblas_libraries() -> List[ctypes.CDLL]:
+    """Handles of every OpenBLAS library loaded in this process (Linux; empty elsewhere)."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
@@ -41,10 +41,17 @@ def _loaded_openblas() -> List[Tuple[object, object]]:
         if not os.path.isfile(path) or ".so" not in os.path.basename(path):
             continue
         try:
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY) if hasattr(os, "RTLD_NOLOAD") \
-                else ctypes.CDLL(path)
+            found.append(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY) if hasattr(os, "RTLD_NOLOAD")
+                         else ctypes.CDLL(path))
         except OSError:
             continue
+    return found
+
+
+def _loaded_openblas() -> List[Tuple[object, object]]:
+    """``(get, set)`` thread-count functions of every OpenBLAS library loaded in this process."""
+    found = []
+    for lib in loaded_openblas_libraries():
         for get_name, set_name in _OPENBLAS_SYMBOLS:
             get_fn, set_fn = getattr(lib, get_name, None), getattr(lib, set_name, None)
             if get_fn is not None and set_fn is not None:

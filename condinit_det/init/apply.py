@@ -2,9 +2,11 @@
 
 All randomness comes from one CPU ``torch.Generator`` per site, seeded from ``(seed, site name)``:
 the global RNG is never advanced, and a site's weights do not depend on which other sites are
-included. Draws happen on the CPU (so a seed gives the same values on every device); the float64
-factorizations run on the parameters' device when it is a CUDA device, else on the CPU, and the
-blocks are cast to each parameter's dtype. All heads of a layer are computed in one batch.
+included. Draws are float32 and happen on the CPU (so a seed gives the same values on every
+device and for every dtype, up to rounding); the factorizations run in the parameters' working
+precision (float64 for float64 parameters, else float32: exact to the dtype written) on the
+parameters' device when it is a CUDA device, else on the CPU, and the blocks are rounded once to
+each parameter's dtype. All heads of a layer are computed in one batch.
 
 On the CPU each site is computed on one thread (torch's and scipy's OpenBLAS thread counts are set
 to one meanwhile and restored after, see ``_threads``), and up to ``min(torch.get_num_threads(),
@@ -31,6 +33,7 @@ from .arms import (
     mimetic_noise_batch,
     mimetic_qk_batch,
     mimetic_vo,
+    working_dtype,
 )
 from ._threads import single_threaded
 from .sites import AttentionSite, find_attention, select_sites, supported_layouts
@@ -210,14 +213,14 @@ def _compute_device(site: AttentionSite) -> torch.device:
 
 
 def _write(target: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy float64 ``value`` into ``target``, rounded once to its dtype (``copy_`` converts)."""
+    """Copy ``value`` (working precision) into ``target``, rounded once to its dtype (``copy_`` converts)."""
     target.copy_(value)
 
 
 def _write_heads(target: torch.Tensor, blocks: torch.Tensor, gain: float = 1.0) -> None:
     """Write ``[H, dh, D]`` head blocks into the ``[H * dh, D]`` rows they form (head h: rows h*dh...).
 
-    The gain is applied in float64, before the single rounding to the parameter's dtype.
+    The gain is applied in the working precision, before the single rounding to the parameter's dtype.
     """
     _write(target.unflatten(0, blocks.shape[:2]), blocks if gain == 1.0 else blocks * gain)
 
@@ -226,15 +229,16 @@ def _apply_conditioned(site: AttentionSite, generator: torch.Generator, *, gain_
                        value_mode: str, condition_output: bool):
     dh, heads = site.head_dim, site.num_heads
     device = _compute_device(site)
+    work = dict(generator=generator, device=device, dtype=working_dtype(site.weight("q").dtype))
     # Draw order, fixed: when Q and K take inputs of the same width, one draw of 2*heads Gaussian
     # blocks, Q's heads 0..H-1 then K's heads 0..H-1, factorized by one batched QR; otherwise the
     # H query blocks, then the H key blocks. Then W_O (only with condition_output).
     if site.dim_in == site.dim_k_in:
-        both = haar_semi_orthogonal_batch(2 * heads, dh, site.dim_in, generator=generator, device=device)
+        both = haar_semi_orthogonal_batch(2 * heads, dh, site.dim_in, **work)
         q_blocks, k_blocks = both[:heads], both[heads:]
     else:
-        q_blocks = haar_semi_orthogonal_batch(heads, dh, site.dim_in, generator=generator, device=device)
-        k_blocks = haar_semi_orthogonal_batch(heads, dh, site.dim_k_in, generator=generator, device=device)
+        q_blocks = haar_semi_orthogonal_batch(heads, dh, site.dim_in, **work)
+        k_blocks = haar_semi_orthogonal_batch(heads, dh, site.dim_k_in, **work)
     _write_heads(site.weight("q"), q_blocks, gain_qk)
     _write_heads(site.weight("k"), k_blocks, gain_qk)
     # gain_v times the rectangular identity (whole value projection, or every head's block),
@@ -250,7 +254,8 @@ def _apply_conditioned(site: AttentionSite, generator: torch.Generator, *, gain_
             bias.zero_()
     if condition_output:
         out = site.weight("o")
-        _write(out, haar_semi_orthogonal(out.shape[0], out.shape[1], generator=generator, device=device))
+        _write(out, haar_semi_orthogonal(out.shape[0], out.shape[1], generator=generator, device=device,
+                                         dtype=working_dtype(out.dtype)))
         roles.append("o")
     changed = site.parameter_names(roles[:3]) + (site.parameter_names(["o"], biases=False) if condition_output else [])
     return changed, ""
@@ -262,6 +267,10 @@ def _apply_mimetic(site: AttentionSite, generator: torch.Generator, *, alpha1: f
     d_in = site.dim_in
     device = _compute_device(site)
     # Draw order, fixed: one draw of the heads' Q/K noises [H, D_in, D_k_in], then the V/O noise.
+    # A best rank-r approximation moves by about eps / (relative gap at s_r) when its target is
+    # rounded, and the singular spectrum of alpha Z + beta I is dense (measured: 8e-5 relative at
+    # D = 768 with a float32 target), so truncated targets stay in float64 whatever the dtype;
+    # only V/O's exact factorization runs in the working precision.
     z = mimetic_noise_batch(heads, d_in, site.dim_k_in, std=d_in ** -0.5, noise=noise, generator=generator)
     w_q, w_k = mimetic_qk_batch(z.to(device), alpha=alpha1, beta=beta1, head_dim=dh,
                                 solver=solver if device.type == "cpu" else "dense")
@@ -269,7 +278,9 @@ def _apply_mimetic(site: AttentionSite, generator: torch.Generator, *, alpha1: f
     _write_heads(site.weight("q"), w_q)
     _write_heads(site.weight("k"), w_k)
     d_v_in = site.dim_v_in
-    z = mimetic_noise(d_v_in, site.dim_out, std=d_v_in ** -0.5, noise=noise, generator=generator)
+    truncated = site.dim_v < min(d_v_in, site.dim_out)
+    z = mimetic_noise(d_v_in, site.dim_out, std=d_v_in ** -0.5, noise=noise, generator=generator,
+                      dtype=torch.float64 if truncated else working_dtype(site.weight("v").dtype))
     w_v, w_o, exact = mimetic_vo(z.to(device), alpha=alpha2, beta=beta2, dim_v=site.dim_v,
                                  w_v_default=site.weight("v").detach())
     _write(site.weight("v"), w_v)

@@ -1,31 +1,41 @@
-"""The math of the arms: weight blocks drawn in float64 on the CPU from a caller's generator.
+"""The math of the arms: weight blocks drawn on the CPU from a caller's generator.
 
 Shapes follow PyTorch ``Linear``: a block for a projection is ``[out, in]``; batched functions
 return ``[count, out, in]`` (one block per head).
 
-- :func:`standard_normal` — float64 N(0, 1) samples (Box–Muller on float64 uniforms).
+Precision: draws are float32 (one stream whatever the parameters' dtype or device); the
+factorizations run in the *working precision* of the parameters they are for
+(:func:`working_dtype`: float64 for float64 parameters, float32 for float32, float16 and
+bfloat16 ones), so every result is exact to the dtype it is written in. The dense reference
+solver of :func:`top_singular` always computes in float64; callers keep truncated targets (a best
+rank-k approximation, which rounding of the target moves by about eps over the relative gap at
+s_k) in float64.
+
+- :func:`standard_normal` — float32 N(0, 1) samples (``torch.randn`` on the generator).
 - :func:`haar_semi_orthogonal` / :func:`haar_semi_orthogonal_batch` — Haar-distributed blocks
   with orthonormal rows (or columns), so every singular value is 1 (conditioned Q/K).
 - :func:`rectangular_identity` — ones on the main diagonal (conditioned V).
 - :func:`mimetic_qk` / :func:`mimetic_qk_batch` / :func:`mimetic_vo` — the factorisations of
   Trockman & Kolter's target products.
-- :func:`top_singular` — the top-k singular triplets of a batch of matrices, by a dense SVD or by
-  a float32 subset eigensolver refined in float64 (checked, with a dense fall-back).
+- :func:`top_singular` — the top-k singular triplets of a batch of matrices, by a dense float64
+  SVD or by a float32 subset eigensolver refined in the working precision (checked, with a dense
+  fall-back).
 
 Random draws always happen on the CPU, so the values a seed gives do not depend on the device;
-``device`` arguments only say where the float64 factorizations run (a CUDA device, or the CPU).
+``device`` arguments only say where the factorizations run (a CUDA device, or the CPU).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 
+from ._lapack import all_eigenpairs, gram_upper, top_eigenpairs
 from ._threads import single_threaded
 
 __all__ = [
+    "working_dtype",
     "standard_normal",
     "haar_semi_orthogonal",
     "haar_semi_orthogonal_batch",
@@ -41,72 +51,82 @@ __all__ = [
 ]
 
 _F64 = torch.float64
+_F32 = torch.float32
 
-# Values per Box-Muller chunk. Part of the definition of the random stream: changing it changes
-# every draw. A chunk this size keeps the temporaries in cache.
-_NORMAL_CHUNK = 1 << 16
+
+def working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision an arm computes in for parameters of ``dtype``: float64 for float64, else float32."""
+    return _F64 if dtype == _F64 else _F32
 
 
 def standard_normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """float64 samples of N(0, 1) with the given shape, drawn on the CPU from ``generator``.
+    """float32 samples of N(0, 1) with the given shape, drawn on the CPU from ``generator``.
 
-    Box–Muller on float64 uniforms (53 random bits each), which is exact in distribution and several
-    times faster than ``torch.randn(dtype=float64)`` on the CPU. The stream, fixed: the row-major
-    output is filled in chunks of 65536 values (the last one may be shorter); a chunk of c values
-    draws ``2 * ceil(c / 2)`` uniforms u from ``generator`` with ``torch.Tensor.uniform_``; with
-    h = ceil(c / 2), values i and h + i of the chunk are ``r cos(2 pi u[h + i])`` and
-    ``r sin(2 pi u[h + i])``, r = sqrt(-2 log(1 - u[i])).
+    The stream is ``torch.randn(shape, generator=generator, dtype=torch.float32)`` (row-major), the
+    same for parameters of any dtype and on any device, so a seed gives the same weights up to
+    the rounding of each working precision.
     """
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         shape = tuple(shape[0])
-    out = torch.empty(shape, dtype=_F64)
-    flat = out.view(-1)
-    n = flat.numel()
-    buf = torch.empty(_NORMAL_CHUNK + 1, dtype=_F64)
-    for start in range(0, n, _NORMAL_CHUNK):
-        c = min(_NORMAL_CHUNK, n - start)
-        h = (c + 1) // 2
-        u = buf[:2 * h].uniform_(0.0, 1.0, generator=generator)
-        radius = torch.log1p(u[:h].neg_()).mul_(-2.0).sqrt_()  # u in [0, 1): 1 - u in (0, 1]
-        angle = u[h:].mul_(2.0 * math.pi)
-        torch.mul(torch.cos(angle), radius, out=flat[start:start + h])
-        torch.mul(angle.sin_()[:c - h], radius[:c - h], out=flat[start + h:start + c])
-    return out
+    return torch.randn(shape, generator=generator, dtype=_F32)
+
+
+# Wide blocks (columns >= this x rows) are orthonormalized by CholeskyQR: the condition number of
+# a Gaussian block of that shape is at most about 3, so its orthogonality error, about
+# eps * cond^2, matches Householder's, at about half the cost (two batched GEMMs and a small
+# triangular inverse).
+_CHOLESKY_MIN_ASPECT = 4
 
 
 def _orthonormal_columns(g: torch.Tensor) -> torch.Tensor:
     """Q of the reduced QR ``g = Q R`` (batched, ``[..., m, n]``, m >= n) with diag(R) >= 0."""
-    q, r = torch.linalg.qr(g, mode="reduced")
+    return _orthonormal_rows(g.mT).mT
+
+
+def _orthonormal_rows(h: torch.Tensor) -> torch.Tensor:
+    """``Q^T`` of the reduced QR ``h^T = Q R`` with diag(R) >= 0 (batched, h: ``[..., n, m]``, n <= m).
+
+    That QR is unique, so both routes give the same rows up to rounding: CholeskyQR (``h h^T =
+    L L^T``, rows ``L^-1 h``) for wide blocks, else Householder with the signs of diag(R) moved
+    into Q. A block whose Gram matrix is not numerically positive definite goes the Householder
+    way too.
+    """
+    n, m = h.shape[-2:]
+    if m >= _CHOLESKY_MIN_ASPECT * n:
+        lower, info = torch.linalg.cholesky_ex(h @ h.mT)
+        if not bool((info != 0).any()):
+            eye = torch.eye(n, dtype=h.dtype, device=h.device).expand_as(lower)
+            return torch.linalg.solve_triangular(lower, eye, upper=False) @ h
+    q, r = torch.linalg.qr(h.mT, mode="reduced")
     diag = torch.diagonal(r, dim1=-2, dim2=-1)
     signs = torch.where(diag < 0, -1.0, 1.0).to(q.dtype)  # sign(0) taken as +1
-    return q * signs.unsqueeze(-2)
+    return (q * signs.unsqueeze(-2)).mT
 
 
 def haar_semi_orthogonal_batch(count: int, rows: int, cols: int, *, generator: torch.Generator,
-                               device: Optional[torch.device] = None) -> torch.Tensor:
+                               device: Optional[torch.device] = None, dtype: torch.dtype = _F64) -> torch.Tensor:
     """``[count, rows, cols]`` independent Haar blocks with orthonormal rows (rows <= cols) or columns.
 
-    One draw G of shape ``[count, max(rows, cols), min(rows, cols)]`` (:func:`standard_normal`,
-    CPU), one batched reduced QR ``G = Q R`` in float64 on ``device`` (default: the CPU), signs
-    fixed with sign(diag(R)) so that each Q is Haar-distributed. Block i is ``Q[i]^T`` when
-    rows <= cols, else ``Q[i]``. All singular values equal 1 to float64 accuracy.
+    One draw H of shape ``[count, min(rows, cols), max(rows, cols)]`` (:func:`standard_normal`,
+    CPU); with G = H^T, one batched reduced QR ``G = Q R`` with diag(R) > 0 in ``dtype`` (float32
+    or float64) on ``device`` (default: the CPU), so that each Q is Haar-distributed (CholeskyQR
+    for tall G, else Householder with signs fixed by sign(diag(R))). Block i is ``Q[i]^T`` when
+    rows <= cols, else ``Q[i]``. All singular values equal 1 to the accuracy of ``dtype``.
     """
-    tall, short = max(rows, cols), min(rows, cols)
-    g = standard_normal(count, tall, short, generator=generator)
-    if device is not None:
-        g = g.to(device)
-    q = _orthonormal_columns(g)
-    return q.mT if rows <= cols else q
+    short, tall = min(rows, cols), max(rows, cols)
+    h = standard_normal(count, short, tall, generator=generator).to(device=device, dtype=dtype)
+    q_t = _orthonormal_rows(h)
+    return q_t if rows <= cols else q_t.mT
 
 
 def haar_semi_orthogonal(rows: int, cols: int, *, generator: torch.Generator,
-                         device: Optional[torch.device] = None) -> torch.Tensor:
+                         device: Optional[torch.device] = None, dtype: torch.dtype = _F64) -> torch.Tensor:
     """``[rows, cols]`` Haar block with orthonormal rows (rows <= cols) or columns (rows > cols).
 
     The single-block case of :func:`haar_semi_orthogonal_batch`: G with N(0, 1) entries of shape
     ``[max, min]``, reduced QR G = QR with signs fixed by sign(diag(R)).
     """
-    return haar_semi_orthogonal_batch(1, rows, cols, generator=generator, device=device)[0]
+    return haar_semi_orthogonal_batch(1, rows, cols, generator=generator, device=device, dtype=dtype)[0]
 
 
 def rectangular_identity(rows: int, cols: int, *, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -115,23 +135,25 @@ def rectangular_identity(rows: int, cols: int, *, device: Optional[torch.device]
 
 
 def mimetic_noise_batch(count: int, rows: int, cols: int, *, std: float, noise: str,
-                        generator: torch.Generator) -> torch.Tensor:
+                        generator: torch.Generator, dtype: torch.dtype = _F64) -> torch.Tensor:
     """``[count, rows, cols]`` zero-mean noise with standard deviation ``std`` (one draw, CPU).
 
     noise: ``"normal"`` (Gaussian, :func:`standard_normal`) or ``"uniform"`` (uniform on
-    [-sqrt(3) std, sqrt(3) std], ``torch.Tensor.uniform_``).
+    [-sqrt(3) std, sqrt(3) std], from float32 ``torch.Tensor.uniform_``). The float32 draw is
+    converted to ``dtype`` before it is scaled.
     """
     if noise == "normal":
-        return standard_normal(count, rows, cols, generator=generator).mul_(std)
+        return standard_normal(count, rows, cols, generator=generator).to(dtype).mul_(std)
     if noise == "uniform":
-        u = torch.empty(count, rows, cols, dtype=_F64).uniform_(0.0, 1.0, generator=generator)
+        u = torch.empty(count, rows, cols, dtype=_F32).uniform_(0.0, 1.0, generator=generator).to(dtype)
         return u.mul_(2.0).sub_(1.0).mul_((3.0 ** 0.5) * std)
     raise ValueError(f"noise must be 'normal' or 'uniform', got {noise!r}")
 
 
-def mimetic_noise(rows: int, cols: int, *, std: float, noise: str, generator: torch.Generator) -> torch.Tensor:
+def mimetic_noise(rows: int, cols: int, *, std: float, noise: str, generator: torch.Generator,
+                  dtype: torch.dtype = _F64) -> torch.Tensor:
     """``[rows, cols]`` zero-mean noise with standard deviation ``std`` (:func:`mimetic_noise_batch` of one)."""
-    return mimetic_noise_batch(1, rows, cols, std=std, noise=noise, generator=generator)[0]
+    return mimetic_noise_batch(1, rows, cols, std=std, noise=noise, generator=generator, dtype=dtype)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,7 +170,7 @@ _SUBSPACE_MIN_DIM = 192
 class TopSingular:
     """``m ≈ u diag(s) v^T`` restricted to the top k triplets of each matrix of a batch.
 
-    u: ``[B, p, k]``; s: ``[B, k]`` (descending); v: ``[B, q, k]``; all float64 on m's device.
+    u: ``[B, p, k]``; s: ``[B, k]`` (descending); v: ``[B, q, k]``; in m's dtype, on m's device.
     solver: the solver asked for after resolving "auto". fallback: ``[B]`` bool, True where the
     subspace solver's check failed and the dense SVD was used instead. estimate: ``[B]`` the
     check's bound on the relative Frobenius error of ``u diag(s) v^T`` against the best rank-k
@@ -177,8 +199,8 @@ def _resolve_solver(solver: str, m: torch.Tensor, k: int, oversample: int) -> st
 
 
 def _dense_top(m: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    u, s, vh = torch.linalg.svd(m, full_matrices=False)
-    return u[..., :k], s[..., :k], vh[..., :k, :].mT
+    u, s, vh = torch.linalg.svd(m.to(_F64), full_matrices=False)
+    return tuple(x.to(m.dtype) for x in (u[..., :k], s[..., :k], vh[..., :k, :].mT))
 
 
 def _default_oversample(k: int, small: int) -> int:
@@ -187,18 +209,20 @@ def _default_oversample(k: int, small: int) -> int:
 
 def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: Optional[int] = None,
                  tol: float = 1e-4) -> TopSingular:
-    """The top-k singular triplets of each matrix of ``m`` (``[B, p, q]``, float64).
+    """The top-k singular triplets of each matrix of ``m`` (``[B, p, q]``, float32 or float64).
+
+    Results are in m's dtype (the working precision).
 
     solver:
-    - ``"dense"``: ``torch.linalg.svd`` in float64 (the reference).
+    - ``"dense"``: ``torch.linalg.svd`` in float64 (the reference), cast to m's dtype.
     - ``"subspace"`` (CPU): only the top singular subspace is computed. The float32 Gram matrix
-      of the smaller side is handed to LAPACK's subset eigensolver (``?syevr`` through
-      ``scipy.linalg.eigh(subset_by_index=...)``) for its top ``k + oversample`` eigenvectors
-      (tridiagonalization plus the wanted eigenvectors only). That block is orthonormalized in
-      float64 and a Rayleigh–Ritz step in float64 (``Y = m Q``, eigen-decomposition of
-      ``Y^T Y``) gives the triplets: the step resolves close singular values inside the block to
-      float64 accuracy, so float32 only limits how well the block contains the top-k subspace
-      (products within about 1e-6 relative of the dense ones). Check, per matrix, in float64:
+      of the smaller side is handed to LAPACK's subset eigensolver (``?syevr``, called without
+      the GIL where possible, see ``_lapack``) for its top ``k + oversample`` eigenvectors
+      (tridiagonalization plus the wanted eigenvectors only). That block is orthonormalized and
+      a Rayleigh–Ritz step in m's dtype (``Y = m Q``, eigen-decomposition of ``Y^T Y``) gives the
+      triplets: the step resolves close singular values inside the block to the working
+      precision, so the float32 eigensolver only limits how well the block contains the top-k
+      subspace (products within about 1e-6 relative of the dense ones). Check, per matrix:
       with ``R = (m^T u - v diag(s)) diag(s)`` (the Ritz residual of ``m^T m``),
       ``estimate = sqrt(2) s_1 ||R||_F / ((s_k^2 - s_l^2) ||s||)`` (s_l: the block's last Ritz
       value), a first-order bound on the relative Frobenius error of the rank-k product, must be
@@ -212,7 +236,8 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
     """
     if m.dim() != 3:
         raise ValueError(f"top_singular takes a batch [B, p, q], got shape {tuple(m.shape)}")
-    m = m.to(_F64)
+    if m.dtype not in (_F32, _F64):
+        m = m.to(_F64)
     small = min(m.shape[-2:])
     if not 1 <= k <= small:
         raise ValueError(f"k must be in [1, {small}] for a {tuple(m.shape[-2:])} matrix, got {k}")
@@ -222,7 +247,7 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
     batch = m.shape[0]
     if solver == "dense":
         u, s, v = _dense_top(m, k)
-        zeros = torch.zeros(batch, dtype=_F64, device=m.device)
+        zeros = torch.zeros(batch, dtype=m.dtype, device=m.device)
         return TopSingular(u, s, v, solver, torch.zeros(batch, dtype=torch.bool, device=m.device), zeros)
     if m.device.type != "cpu":
         raise ValueError("the subspace solver runs on the CPU; use solver='dense' on other devices")
@@ -237,24 +262,19 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
 
 def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
     import numpy as np
-    import scipy.linalg
-    from scipy.linalg import blas
 
     batch, _, q = m.shape
     width = k + oversample
-    m32 = m.to(torch.float32).numpy()
+    m32 = m.to(_F32).numpy()
     blocks = np.empty((batch, q, width), dtype=np.float32)
     eig32 = np.empty((batch, width), dtype=np.float64)
     with single_threaded():  # scipy's OpenBLAS is loaded now: limit it too
         for i in range(batch):  # LAPACK has no batched subset solver; one dense q x q solve per matrix
-            # Upper triangle of m^T m (ssyrk: half a GEMM); m32[i].T is a column-major view of m^T.
-            gram = blas.ssyrk(1.0, m32[i].T, trans=0, lower=0)
-            w, vec = scipy.linalg.eigh(gram, lower=False, subset_by_index=(q - width, q - 1), driver="evr",
-                                       check_finite=False, overwrite_a=True)
+            w, vec = top_eigenpairs(gram_upper(m32[i]), width)  # ssyrk, ssyevr
             blocks[i] = vec[:, ::-1]
             eig32[i] = w[::-1]
     del m32
-    basis = _orthonormal_columns(torch.from_numpy(blocks).to(_F64))
+    basis = _orthonormal_columns(torch.from_numpy(blocks).to(m.dtype))
     y = torch.bmm(m, basis)  # [B, p, width]
     theta, w = torch.linalg.eigh(torch.bmm(y.mT, y))  # Rayleigh-Ritz of m^T m on the block
     theta, w = theta.flip(-1), w.flip(-1)
@@ -263,7 +283,7 @@ def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
     s_all = torch.linalg.vector_norm(z, dim=-2)
     u = z[..., :k] / torch.where(s_all[..., :k] > 0, s_all[..., :k], 1.0).unsqueeze(-2)
     s, v = s_all[..., :k], v_all[..., :k]
-    # Check in float64. (m^T u - v s) s is the residual of the Ritz pairs of m^T m; over the gap to
+    # Check. (m^T u - v s) s is the residual of the Ritz pairs of m^T m; over the gap to
     # the rest of the block it bounds the sine of the angle to the true top-k subspace
     # (Davis-Kahan), and s_1 sqrt(2) times that bounds the change of the rank-k product.
     resid = torch.linalg.matrix_norm((torch.bmm(m.mT, u) - v * s.unsqueeze(-2)) * s.unsqueeze(-2))
@@ -274,7 +294,7 @@ def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
     estimate = torch.where((gap > 0) & (scale > 0), estimate, torch.full_like(estimate, float("inf")))
     # A block that is invariant but not the top one would pass the residual test; its Ritz values
     # then fall short of the top float32 eigenvalues by about the gap, in sum.
-    shortfall = (torch.from_numpy(eig32) - theta).abs().sum(-1)
+    shortfall = (torch.from_numpy(eig32).to(m.dtype) - theta).abs().sum(-1)
     ok = (estimate <= tol) & (shortfall <= 0.25 * gap) & torch.isfinite(estimate)
     fallback = ~ok
     if bool(fallback.any()):
@@ -289,6 +309,11 @@ def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
 # Mimetic
 
 
+def _working(z: torch.Tensor) -> torch.Tensor:
+    """z in a working precision: float32 and float64 as they are, other dtypes in float64."""
+    return z if z.dtype in (_F32, _F64) else z.to(_F64)
+
+
 def _add_rect_identity_(m: torch.Tensor, value: float) -> torch.Tensor:
     torch.diagonal(m, dim1=-2, dim2=-1).add_(value)
     return m
@@ -301,15 +326,16 @@ def mimetic_qk_batch(z: torch.Tensor, *, alpha: float, beta: float, head_dim: in
     Per head, target M = alpha * z + beta * I (rectangular identity when D_in != D_k_in). With
     the top-dh singular triplets M ≈ U S V^T (:func:`top_singular`), returns
     ``W_q = (U sqrt(S))^T`` (``[H, dh, D_in]``) and ``W_k = (V sqrt(S))^T`` (``[H, dh, D_k_in]``),
-    so ``W_q^T W_k`` is the best rank-dh approximation of M. The factorization runs in float64
-    on z's device; ``solver`` is passed to :func:`top_singular`.
+    so ``W_q^T W_k`` is the best rank-dh approximation of M. The factorization runs in z's dtype
+    (the working precision: float32 or float64) on z's device; ``solver`` is passed to
+    :func:`top_singular`.
     """
     if head_dim > min(z.shape[-2:]):
         raise ValueError(
             f"mimetic Q/K needs head_dim <= min(D_in, D_k_in); got head_dim={head_dim} for a "
             f"{tuple(z.shape[-2:])} target"
         )
-    m = _add_rect_identity_(z.to(_F64) * alpha, beta)
+    m = _add_rect_identity_(_working(z) * alpha, beta)
     top = top_singular(m, head_dim, solver=solver)
     root = top.s.sqrt().unsqueeze(-2)
     return (top.u * root).mT.contiguous(), (top.v * root).mT.contiguous()
@@ -327,25 +353,23 @@ def mimetic_qk(z: torch.Tensor, *, alpha: float, beta: float, head_dim: int,
     return w_q[0], w_k[0]
 
 
-def _eigenvectors_descending(a: torch.Tensor) -> torch.Tensor:
-    """Eigenvectors of the symmetric float64 ``a`` by descending eigenvalue (all of them).
+def _gram_eigenvectors(side: torch.Tensor) -> torch.Tensor:
+    """Eigenvectors of ``side^T side`` (float32 or float64) by descending eigenvalue (all of them).
 
-    On the CPU through scipy's LAPACK (divide and conquer, ``?syevd``), measured about 1.4x faster
-    than ``torch.linalg.eigh`` here at these sizes; elsewhere ``torch.linalg.eigh``.
+    On the CPU through LAPACK (``?syrk``, then divide and conquer ``?syevd``; measured about 1.4x
+    faster than ``torch.linalg.eigh`` here at these sizes); elsewhere ``torch.linalg.eigh``.
     """
-    if a.device.type != "cpu":
-        return torch.linalg.eigh(a)[1].flip(-1)
-    import scipy.linalg
-
+    if side.device.type != "cpu":
+        return torch.linalg.eigh(side.mT @ side)[1].flip(-1)
     with single_threaded():
-        _, vec = scipy.linalg.eigh(a.numpy(), driver="evd", check_finite=False)
+        _, vec = all_eigenpairs(gram_upper(side.numpy()))
     return torch.from_numpy(vec[:, ::-1].copy())
 
 
 def mimetic_vo(
     z: torch.Tensor, *, alpha: float, beta: float, dim_v: int, w_v_default: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor, bool]:
-    """Value and output blocks from the noise ``z`` (``[D_v_in, D_out]``), in float64 on z's device.
+    """Value and output blocks from the noise ``z`` (``[D_v_in, D_out]``), in z's dtype on z's device.
 
     Target M = alpha * z - beta * I (rectangular identity when non-square). With the SVD
     M = U S V^T and r = min(D_v_in, D_out, dim_v), value rows j < r are ``sqrt(s_j) U[:, j]^T`` and
@@ -357,16 +381,17 @@ def mimetic_vo(
     The SVD comes from the symmetric eigen-decomposition of the smaller Gram matrix (about half
     the cost of a full SVD): with M^T M = V diag(S^2) V^T, the other side is ``M V = U S``.
     The columns of ``M V`` scaled by ``1/sqrt(s)`` are the value rows, so the product is
-    ``M V V^T = M`` to float64 accuracy (V is orthogonal), however small a singular value is.
+    ``M V V^T = M`` to the accuracy of z's dtype (V is orthogonal), however small a singular
+    value is.
 
     Returns ``(W_v [dim_v, D_v_in], W_o [D_out, dim_v], exact)``.
     """
     d_v_in, d_out = z.shape
-    m = _add_rect_identity_(z.to(_F64) * alpha, -beta)
+    m = _add_rect_identity_(_working(z) * alpha, -beta)
     r = min(d_v_in, d_out, dim_v)
     left = d_v_in < d_out  # decompose on the smaller side
     side = m.mT if left else m  # [rows >= cols]
-    basis = _eigenvectors_descending(side.mT @ side)[:, :r]  # right singular vectors of `side`
+    basis = _gram_eigenvectors(side)[:, :r]  # right singular vectors of `side`
     image = side @ basis  # = U S of `side`
     s = torch.linalg.vector_norm(image, dim=0)
     root = s.sqrt()
@@ -376,8 +401,8 @@ def mimetic_vo(
         value_rows, out_cols = other, scaled
     else:
         value_rows, out_cols = scaled, other
-    w_v = w_v_default.to(device=m.device, dtype=_F64).clone()
+    w_v = w_v_default.to(device=m.device, dtype=m.dtype).clone()
     w_v[:r] = value_rows.T
-    w_o = torch.zeros(d_out, dim_v, dtype=_F64, device=m.device)
+    w_o = torch.zeros(d_out, dim_v, dtype=m.dtype, device=m.device)
     w_o[:, :r] = out_cols
     return w_v, w_o, dim_v >= min(d_v_in, d_out)
