@@ -62,19 +62,12 @@ def load_config(path, opts):
 
 def model_node(cfg, arm, seed):
     """The model node that builds ``arm`` (seed ``seed``), or for ``arm`` None the bare model without arm code."""
-    from omegaconf import OmegaConf
-
-    from condinit_det.modeling.arm import is_armed
+    from condinit_det.modeling.arm import is_armed, unarmed
 
     if arm is not None:
         cfg.condinit.arm, cfg.condinit.seed = arm, seed
         return cfg.model
-    node = OmegaConf.to_container(cfg.model, resolve=False)
-    if is_armed(node):
-        node["_target_"] = node.pop("_arm_target_")
-        node.pop("condinit")
-        node.pop("_arm_site_prefix_", None)
-    return OmegaConf.create(node, flags={"allow_objects": True})
+    return unarmed(cfg.model) if is_armed(cfg.model) else cfg.model
 
 
 def take_batches(cfg, num, seed):

@@ -62,6 +62,19 @@ def test_armed_node_builds_the_same_model_with_the_arm():
             assert torch.equal(value, conditioned.state_dict()[name]), name
 
 
+def test_unarmed_builds_the_bare_model():
+    cfg = _config("conditioned")
+    bare_node = arm_module.unarmed(cfg.model)
+    assert not arm_module.is_armed(bare_node) and "condinit" not in bare_node
+    torch.manual_seed(0)
+    bare, default = instantiate(bare_node), _build(_config("default"))
+    assert not hasattr(bare, "condinit_report")
+    assert all(torch.equal(a, b) for a, b in zip(bare.state_dict().values(), default.state_dict().values()))
+    assert arm_module.is_armed(cfg.model)  # the config itself is left armed
+    with pytest.raises(ValueError, match="takes an armed node"):
+        arm_module.unarmed(bare_node)
+
+
 def test_usual_override_paths_still_reach_the_model():
     cfg = _config("mimetic")
     cfg.model.net.embed_dim = 48
@@ -147,11 +160,26 @@ def test_an_armed_backbone_names_sites_as_in_the_full_model():
 
 def test_an_arm_applied_in_two_places_is_refused():
     cfg = _config("conditioned")
-    cfg.model.net = armed(cfg.model.net, condinit={"arm": "mimetic"}, site_prefix="backbone.net.")
+    cfg.model.net = armed(cfg.model.net, condinit={"arm": "conditioned"}, site_prefix="backbone.net.")
     with pytest.raises(ValueError, match="the arm is applied in two places"):
         _build(cfg)
     with pytest.raises(ValueError, match="armed already"):
         armed(cfg.model)
+
+
+def test_an_arm_set_in_two_disagreeing_places_is_refused_by_a_plain_instantiate():
+    """No project entry point: a literal or overridden model.condinit that disagrees with condinit fails."""
+    cfg = _config("conditioned")
+    cfg.model.condinit = {"arm": "mimetic"}
+    with pytest.raises(ValueError, match="the arm is set in two places that disagree: condinit .*'conditioned'.* and "
+                                         "the condinit of the armed .* node .*'mimetic'"):
+        instantiate(cfg.model)
+    cfg.model.condinit = {"arm": "conditioned", "seed": 0}  # agrees with condinit: accepted
+    assert instantiate(cfg.model).condinit_report.arm == "conditioned"
+    cfg = _config("conditioned")
+    cfg.model.net = armed(cfg.model.net, condinit={"arm": "mimetic"}, site_prefix="backbone.net.")
+    with pytest.raises(ValueError, match="the arm is set in two places that disagree"):
+        _build(cfg)
 
 
 def test_other_ranks_leave_the_arm_to_the_ddp_broadcast(monkeypatch):

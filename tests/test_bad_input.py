@@ -150,9 +150,40 @@ def test_bad_seed_and_scale_lists(tmp_path, seeds, lr, message):
     ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
 ])
 def test_cli_prints_one_error_line(tmp_path, override, message):
-    last = _cli(tmp_path, "--arm", "mimetic", f"train.output_dir={tmp_path / 'run'}", override)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text('{"version": 1, "records": []}')  # an earlier run's results
+    last = _cli(tmp_path, "--arm", "mimetic", f"train.output_dir={run}", override)
     assert message in last
-    assert not (tmp_path / "run" / "results.json").exists()
+    # Nothing was written, launched or moved aside: the earlier results are where they were.
+    assert sorted(os.listdir(run)) == ["results.json"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("condinit.include=[nothing.*]", "include pattern 'nothing.*' matches no attention site"),
+    ("model.backbone.net.depth=0", "no attention site found in GeneralizedRCNN"),
+    ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
+])
+def test_arm_site_errors_come_before_the_launch(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        _check("--arm", "conditioned", f"train.output_dir={tmp_path}", override)
+    with pytest.raises(ValueError, match=message):
+        _check("--arm", "all", f"train.output_dir={tmp_path}", override)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_site_check_changes_no_weight_and_leaves_the_rng(tmp_path):
+    from detectron2.config import instantiate
+
+    from condinit_det.engine.training import _check_arm_sites, load_config, prepare_config
+
+    cfg = prepare_config(load_config(CONFIG, [f"train.output_dir={tmp_path}"]), arm="conditioned")
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    _check_arm_sites(cfg)
+    assert torch.equal(state, torch.get_rng_state())
+    model = instantiate(cfg.model)
+    assert model.condinit_report.arm == "conditioned" and model.condinit_report.changed_parameters()
 
 
 def test_arm_report_records_the_identity_checked_on_resume(tmp_path):

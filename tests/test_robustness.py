@@ -192,8 +192,11 @@ def test_seed_and_lr_scan_layout_resumes_after_a_kill_between_runs(tmp_path):
 
 def test_ddp_two_processes_match_one_process(tmp_path):
     exp = tmp_path / "ddp"
+    # Score threshold 0: even a model 3 iterations old then keeps detections, so the evaluations compared
+    # below have predictions to agree on.
+    every_detection = "model.roi_heads.box_predictor.test_score_thresh=0.0"
     _run(tmp_path, "--num-gpus", "2", "--arm", "all", f"train.output_dir={exp}", "train.max_iter=3",
-         "train.eval_period=3")
+         "train.eval_period=3", every_detection)
     for arm in ARMS:
         run = exp / arm / "seed0"
         log = _read(run / "log.txt")
@@ -208,9 +211,16 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     # The 2-process evaluation equals a 1-process evaluation of the same checkpoint.
     run = exp / "conditioned" / "seed0"
     _run(tmp_path, "--eval-only", f"train.init_checkpoint={run / 'model_final.pth'}",
-         f"train.output_dir={tmp_path / 'eval'}")
+         f"train.output_dir={tmp_path / 'eval'}", every_detection)
     (ddp,), (single,) = ResultsFile(run).records("ap"), ResultsFile(tmp_path / "eval").records("eval")
     for task in ("bbox", "segm"):
         for metric in ("AP", "AP50", "AP75"):
             a, b = ddp[task][metric], single[task][metric]
             assert (a is None and b is None) or a == pytest.approx(b, abs=1e-6), (task, metric)
+    predictions = [json.loads(_read(d / "inference" / "coco_instances_results.json")) for d in (run, tmp_path / "eval")]
+    assert len(predictions[0]) > 0 and len(predictions[0]) == len(predictions[1])
+    key = lambda p: (p["image_id"], p["category_id"], -p["score"])  # noqa: E731
+    for p, q in zip(sorted(predictions[0], key=key), sorted(predictions[1], key=key)):
+        assert (p["image_id"], p["category_id"]) == (q["image_id"], q["category_id"])
+        assert p["score"] == pytest.approx(q["score"], abs=1e-5)
+        assert p["bbox"] == pytest.approx(q["bbox"], abs=1e-3)

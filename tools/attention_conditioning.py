@@ -4,7 +4,7 @@
     python tools/attention_conditioning.py --config-file configs/demo/mask_rcnn_vit_tiny.py \
         --arm all --output output/conditioning [key=value overrides]
 
-For every arm: build cfg.model, apply the arm (cfg.condinit with its arm replaced), optionally
+For every arm: build cfg.model with the arm (cfg.condinit with its arm replaced), optionally
 load --weights, capture X for the chosen attention sites on one batch, and measure
 kappa(J) (J = d vec f(X) / d vec(W_Q, W_K, W_V), output projection replaced by the identity
 unless --include-output-proj) next to Theorem 3.1's bound and terms. Prints a Markdown table
@@ -22,8 +22,8 @@ import torch
 from condinit_det.analysis import measure_sites, resolve_sites, write_table
 from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
 from condinit_det.fileio import atomic_write
+from condinit_det.init import ARMS
 
-ARMS = ("default", "mimetic", "conditioned")
 COLUMNS = ("arm",) + TABLE_COLUMNS
 
 
@@ -83,23 +83,20 @@ def _first_batch(cfg, split, num_images):
 
 
 def build_model(cfg, arm, device):
-    """cfg.model with ``arm`` applied (same global seed for every arm, so the rest is identical)."""
+    """cfg.model built with ``arm`` (``condinit.arm`` replaced); the same global seed for every arm."""
     from detectron2.config import instantiate
+    from omegaconf import OmegaConf, open_dict
 
+    from condinit_det.modeling.arm import armed, armed_nodes
+
+    with open_dict(cfg):
+        if cfg.get("condinit") is None:
+            cfg.condinit = OmegaConf.create({"arm": arm})
+        cfg.condinit.arm = arm
+    if not armed_nodes(cfg.model):
+        armed(cfg.model)
     torch.manual_seed(int(cfg.train.get("seed", 0) or 0) if "train" in cfg else 0)
-    model = instantiate(cfg.model).to(device)
-    node = dict(cfg.get("condinit", None) or {})
-    node["arm"] = arm
-    try:
-        from condinit_det.modeling.arm import apply_arm_config
-
-        apply_arm_config(model, node)
-    except ImportError:
-        from condinit_det.init import apply_init
-
-        apply_init(model, arm, seed=int(node.get("seed", 0) or 0), include=node.get("include"),
-                   exclude=node.get("exclude"), **dict(node.get("options") or {}))
-    return model
+    return instantiate(cfg.model).to(device)
 
 
 def _json_safe(value):

@@ -37,7 +37,7 @@ from detectron2.utils import comm
 
 from condinit_det.arm_node import ArmSpec, plain, resolve_arm_node
 from condinit_det.init import ARMS
-from condinit_det.modeling.arm import ARM_NODE_REF, armed, armed_nodes, rank0_computes_arm
+from condinit_det.modeling.arm import armed, armed_nodes, check_arm_agrees, rank0_computes_arm, sites_only
 from condinit_det.results import ResultsFile
 from condinit_det.runs import (
     ARM_CHOICES,
@@ -222,14 +222,17 @@ def _check_model_arm(cfg) -> None:
     if len(nodes) > 1:
         raise ValueError(f"the arm is applied in two places ({', '.join(p for p, _ in nodes)}); arm the model once")
     path, node = nodes[0]
-    raw = node._get_node("condinit")._value() if OmegaConf.is_config(node) else node.get("condinit")
-    if raw == ARM_NODE_REF:
-        return
-    top, inner = resolve_arm_node(cfg.condinit).identity(), resolve_arm_node(node.condinit).identity()
-    if top != inner:
-        raise ValueError(
-            f"the arm is set in two places that disagree: condinit ({top}) and {path}.condinit ({inner}); set it "
-            f"once, in condinit, and leave {path}.condinit = '{ARM_NODE_REF}'")
+    check_arm_agrees(node.condinit, cfg.condinit, where=f"{path}.condinit")
+
+
+def _check_arm_sites(cfg) -> None:
+    """Build the model once with the arm's sites checked and no weight changed (the default arm's
+    work): a model without attention, an include/exclude pattern that matches nothing or a head
+    count that does not divide the width fails here, before anything is written or launched. The
+    global RNG is left as it was."""
+    with sites_only(), torch.random.fork_rng(devices=[]), torch.no_grad():
+        instantiate(cfg.model)
+    gc.collect()
 
 
 def _set_evaluator_output(cfg, output_dir: str) -> None:
@@ -647,9 +650,14 @@ def check_invocation(args) -> None:
     kwargs = dict(resume=args.resume, eval_only=args.eval_only, allow_changed_run=args.allow_changed_run,
                   allow_shared_checkpoint=args.allow_shared_checkpoint)
     if not is_experiment(args):
-        check_run(prepare_config(load_config(args.config_file, args.opts), arm=args.arm), **kwargs)
+        cfg = prepare_config(load_config(args.config_file, args.opts), arm=args.arm)
+        check_run(cfg, **kwargs)
+        if not _is_yacs(cfg):
+            _check_arm_sites(cfg)
         return
     _, runs = _experiment_runs(args)
+    if not _is_yacs(runs[0][1]):
+        _check_arm_sites(runs[0][1])  # the runs differ in arm, seed and lr only: the same sites
     by_seed = {}
     for spec, cfg in runs:
         init = get_init_checkpoint(cfg)

@@ -9,7 +9,8 @@ and its model node is *armed*::
     model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
 
 :func:`armed` swaps the node's ``_target_`` for :func:`build_armed`, keeps the original target in
-``_arm_target_`` and adds ``condinit: "${condinit}"``; every other key stays where it was, so
+``_arm_target_``, adds ``condinit: "${condinit}"`` and a reference to the config's top-level
+``condinit`` (``_arm_config_condinit_``); every other key stays where it was, so
 overrides such as ``model.backbone.net.embed_dim=...`` keep their paths. ``instantiate(cfg.model)``
 -- from ``tools/train_net.py``, detectron2's ``tools/lazyconfig_train_net.py``, detrex or a
 notebook -- builds the model exactly as before (state_dict keys unchanged, so ViTDet / MAE / Swin
@@ -18,30 +19,38 @@ kept on ``model.condinit_report``.
 
 Any node can be armed, e.g. only a backbone: ``model.backbone = armed(model.backbone,
 site_prefix="backbone.")`` (``site_prefix`` names the sites as they appear in the full model).
-One arm per model: an armed node inside another armed node is an error.
+One arm per model, set in one place: an armed node inside another armed node is an error, and so
+is an armed node whose ``condinit`` (a literal, or an override of it) disagrees with the config's
+top-level ``condinit`` -- under a plain ``instantiate`` too.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import List, Tuple
+from typing import List, Mapping, Tuple
 
 from torch import nn
 
-from ..arm_node import ArmSpec, apply_arm_spec, resolve_arm_node
+from ..arm_node import ArmSpec, apply_arm_spec, plain, resolve_arm_node
 from ..init import InitReport
 
-__all__ = ["ARM_NODE_REF", "arm_spec_of", "armed", "armed_nodes", "build_armed", "is_armed", "rank0_computes_arm"]
+__all__ = ["ARM_NODE_REF", "arm_spec_of", "armed", "armed_nodes", "build_armed", "check_arm_agrees", "is_armed",
+           "rank0_computes_arm", "sites_only", "unarmed"]
 
 _logger = logging.getLogger(__name__)
 
 ARM_NODE_REF = "${condinit}"
 _TARGET_KEY = "_arm_target_"
 _PREFIX_KEY = "_arm_site_prefix_"
+_REFERENCE_KEY = "_arm_config_condinit_"
+_REFERENCE = "${oc.select:condinit,null}"  # the config's top-level arm node, None without one
 _REPORT_ATTR = "condinit_report"
 
 # Set by a trainer that wraps the model in DistributedDataParallel right after building it: DDP
 # broadcasts rank 0's weights at construction, so other ranks skip the arm's computation.
 _skip_on_other_ranks = False
+# Set by checks before a launch: the arm's sites are checked, no weight is changed.
+_sites_only = False
 
 
 class rank0_computes_arm:
@@ -57,6 +66,21 @@ class rank0_computes_arm:
     def __exit__(self, *exc):
         global _skip_on_other_ranks
         _skip_on_other_ranks = self._before
+
+
+class sites_only:
+    """Context: inside it, armed nodes check the arm's attention sites (a model without attention, an
+    include/exclude pattern that matches nothing, a head count that does not divide the width) as
+    the default arm does, and change no weight: a cheap check of a configuration before a launch."""
+
+    def __enter__(self):
+        global _sites_only
+        self._before, _sites_only = _sites_only, True
+        return self
+
+    def __exit__(self, *exc):
+        global _sites_only
+        _sites_only = self._before
 
 
 def _rank() -> int:
@@ -91,9 +115,24 @@ def armed(node, *, condinit=ARM_NODE_REF, site_prefix: str = ""):
     node[_TARGET_KEY] = node["_target_"]
     node["_target_"] = build_armed
     node["condinit"] = condinit
+    node[_REFERENCE_KEY] = _REFERENCE
     if site_prefix:
         node[_PREFIX_KEY] = site_prefix
     return node
+
+
+def unarmed(node):
+    """A copy of an armed lazy-config node that builds the bare model, with no arm code at all (the
+    inverse of :func:`armed`; interpolations stay unresolved)."""
+    from omegaconf import OmegaConf
+
+    if not is_armed(node):
+        raise ValueError("unarmed() takes an armed node (see armed())")
+    plain_node = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else dict(node)
+    plain_node["_target_"] = plain_node.pop(_TARGET_KEY)
+    for key in ("condinit", _PREFIX_KEY, _REFERENCE_KEY):
+        plain_node.pop(key, None)
+    return OmegaConf.create(plain_node, flags={"allow_objects": True})
 
 
 def armed_nodes(node, path: str = "model") -> List[Tuple[str, object]]:
@@ -107,7 +146,7 @@ def armed_nodes(node, path: str = "model") -> List[Tuple[str, object]]:
     except Exception:
         items = []
     for key, value in items:
-        if key in ("condinit", _TARGET_KEY) and found and found[-1][1] is node:
+        if key in ("condinit", _TARGET_KEY, _REFERENCE_KEY) and found and found[-1][1] is node:
             continue
         if hasattr(value, "items") or isinstance(value, dict):
             found += armed_nodes(value, f"{path}.{key}")
@@ -118,13 +157,28 @@ def _existing_reports(module: nn.Module):
     return [(name, m) for name, m in module.named_modules() if getattr(m, _REPORT_ATTR, None) is not None]
 
 
+def check_arm_agrees(condinit, config_condinit, *, where: str = "the armed node's condinit") -> ArmSpec:
+    """The validated arm of an armed node; raises ValueError when the config's top-level arm node
+    ``config_condinit`` (None, or an unresolved reference, when there is none) says otherwise."""
+    spec = resolve_arm_node(condinit)
+    top = plain(config_condinit)
+    if isinstance(top, Mapping):
+        top_identity, identity = resolve_arm_node(top).identity(), spec.identity()
+        if top_identity != identity:
+            raise ValueError(
+                f"the arm is set in two places that disagree: condinit ({top_identity}) and {where} ({identity}); "
+                f"set it once, in condinit, and leave the armed node's condinit = '{ARM_NODE_REF}'")
+    return spec
+
+
 def build_armed(*, condinit=None, **kwargs) -> nn.Module:
     """Build ``_arm_target_(**kwargs)`` and apply the arm node ``condinit`` to it in place."""
     from detectron2.utils.registry import locate
 
     target = kwargs.pop(_TARGET_KEY)
     site_prefix = kwargs.pop(_PREFIX_KEY, "")
-    spec = resolve_arm_node(condinit)  # validate before the (possibly long) build
+    spec = check_arm_agrees(condinit, kwargs.pop(_REFERENCE_KEY, None),
+                            where=f"the condinit of the armed {_target_name(target)} node")  # before the build
     target = locate(target) if isinstance(target, str) else target
     module = target(**kwargs)
     inner = _existing_reports(module)
@@ -134,7 +188,9 @@ def build_armed(*, condinit=None, **kwargs) -> nn.Module:
             f"the arm is applied in two places: an armed node inside {_target_name(target)} ({where}) and the "
             f"model node ({spec.arm}); arm the model once (armed() on one node, set condinit.arm)"
         )
-    if _skip_on_other_ranks and _rank() != 0:
+    if _sites_only:
+        report = apply_arm_spec(module, dataclasses.replace(spec, arm="default"), site_prefix=site_prefix)
+    elif _skip_on_other_ranks and _rank() != 0:
         report = InitReport(arm=spec.arm, seed=spec.seed, options=spec.identity()["options"], sites=[])
         _logger.info("Attention init %s: computed on rank 0 and broadcast by DistributedDataParallel", spec.arm)
     else:
