@@ -34,13 +34,13 @@ from detectron2.data.datasets import register_coco_instances
 from detectron2.evaluation import COCOEvaluator
 
 from condinit_det.evaluation import FastCOCOEvaluator, fast_coco_eval_available
-from condinit_det.evaluation.synthetic import (
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py, however invoked
+from synthetic_coco import (  # noqa: E402
     make_synthetic_coco,
     make_synthetic_predictions,
     predictions_to_coco_results,
 )
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py, however invoked
 from common import (  # noqa: E402
     format_machine_info,
     format_table,

@@ -25,7 +25,6 @@ from condinit_det.modeling.convert import (
     convert_timm_checkpoint,
     convert_timm_swin,
     convert_timm_vit,
-    convert_timm_xcit_checkpoint,
     find_trunk,
     unwrap_state_dict,
 )
@@ -267,12 +266,6 @@ def test_xcit_trunk_matches_timm_through_the_entry_point():
     for i in range(4):
         assert got[f"block{i}"].shape == expected[i].shape == (2, 64, 4, 6)
         assert (got[f"block{i}"] - expected[i]).abs().max() <= 1e-5, i
-
-
-def test_xcit_module_keeps_the_old_import():
-    from condinit_det.modeling.xcit import convert_timm_xcit_checkpoint as old
-
-    assert old is convert_timm_xcit_checkpoint
 
 
 # ---------------------------------------------------------------------------------------------

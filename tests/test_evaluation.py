@@ -17,7 +17,9 @@ from detectron2.evaluation import COCOEvaluator, SemSegEvaluator
 from omegaconf import OmegaConf
 
 from condinit_det.evaluation import FastCOCOEvaluator, fast_coco_eval_available, to_fast_evaluator
-from condinit_det.evaluation.synthetic import (
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from synthetic_coco import (  # noqa: E402  (the benchmarks' synthetic COCO data)
     make_synthetic_coco,
     make_synthetic_predictions,
     predictions_to_coco_results,

@@ -10,7 +10,8 @@ from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
 
 from condinit_det.init import apply_init, find_attention
-from condinit_det.modeling.xcit import XCiT, convert_timm_xcit_checkpoint
+from condinit_det.modeling.convert import convert_timm_xcit_checkpoint
+from condinit_det.modeling.xcit import XCiT
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -7,10 +7,11 @@ Layout of a dataset root (timm's ``create_dataset`` / torchvision's ``ImageFolde
     <root>/val/<class>/<index>.png
 
 Every image is 64x64 (``ShapesClsSpec.image_size``) and shows one large shape of its class, centred
-with jitter, rotated, in an arbitrary colour, on the cluttered backgrounds of the detection dataset
+with jitter, rotated, on the cluttered backgrounds of the detection dataset
 (:mod:`condinit_det.data.shapes`: gradients, blotches or stripes, lines, dots, noise), with a few
-small shapes of any class as distractors and sometimes an occluding blob. Colour carries no class
-information, so the class must be read from the outline. Image ``i`` of a split has class
+small shapes of any class as distractors and sometimes an occluding blob. Half of the targets
+(``class_color_prob``) take their class's hue, jittered, the others an arbitrary colour: colour is
+a cue, and the outline decides the rest. Image ``i`` of a split has class
 ``CLASSES[i % len(CLASSES)]`` (balanced splits) and is drawn from its own generator seeded by
 ``(seed, split, i)``: the dataset is the same, byte for byte, on every machine.
 

@@ -29,7 +29,7 @@ from timm.models.xcit import ConvPatchEmbed, PositionalEncodingFourier, XCABlock
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import Backbone
 
-__all__ = ["XCiT", "XCiTDeconvPyramid", "convert_timm_xcit_checkpoint"]
+__all__ = ["XCiT", "XCiTDeconvPyramid"]
 
 
 class XCiT(Backbone):
@@ -289,9 +289,3 @@ class XCiTDeconvPyramid(Backbone):
             name: ShapeSpec(channels=self._out_feature_channels[name], stride=self._out_feature_strides[name])
             for name in self._out_features
         }
-
-
-# The converter lives in convert.py with the ViT and Swin ones; kept importable from here.
-from .convert import convert_timm_xcit_checkpoint  # noqa: E402
-
-

@@ -10,7 +10,7 @@ projections (its output *is* the attention map; there are no values and no outpu
 it is not an ``nn.MultiheadAttention``, so the init arms never touch it.
 """
 import math
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F

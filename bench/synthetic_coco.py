@@ -1,5 +1,5 @@
 """
-Synthetic COCO-style ground truth and detector outputs, for evaluator tests and benchmarks.
+Synthetic COCO-style ground truth and detector outputs, for the evaluation benchmark and its tests.
 
 The ground truth is a COCO annotation dict (polygon masks, a few crowd regions with
 uncompressed RLE, non-contiguous category ids like COCO's 1..90). Predictions imitate a
