@@ -4,9 +4,10 @@ All randomness comes from one CPU ``torch.Generator`` per site, seeded from ``(s
 the global RNG is never advanced, and a site's weights do not depend on which other sites are
 included. Draws are float32 and happen on the CPU (so a seed gives the same values on every
 device and for every dtype, up to rounding); the factorizations run in the parameters' working
-precision (float64 for float64 parameters, else float32: exact to the dtype written) on the
-parameters' device when it is a CUDA device, else on the CPU, and the blocks are rounded once to
-each parameter's dtype. All heads of a layer are computed in one batch.
+precision (float64 for float64 parameters, else float32: exact to the dtype written; mimetic's
+truncated targets stay in float64) on the parameters' device when it is a CUDA device, else on the
+CPU, and the blocks are rounded once to each parameter's dtype. All heads of a layer are computed
+in one batch.
 
 On the CPU each site is computed on one thread (torch's and scipy's OpenBLAS thread counts are set
 to one meanwhile and restored after, see ``_threads``), and up to ``min(torch.get_num_threads(),
