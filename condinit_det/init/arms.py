@@ -59,6 +59,11 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
     return _F64 if dtype == _F64 else _F32
 
 
+def _working(z: torch.Tensor) -> torch.Tensor:
+    """z in a working precision: float32 and float64 as they are, other dtypes in float64."""
+    return z if z.dtype in (_F32, _F64) else z.to(_F64)
+
+
 def standard_normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
     """float32 samples of N(0, 1) with the given shape, drawn on the CPU from ``generator``.
 
@@ -236,8 +241,7 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
     """
     if m.dim() != 3:
         raise ValueError(f"top_singular takes a batch [B, p, q], got shape {tuple(m.shape)}")
-    if m.dtype not in (_F32, _F64):
-        m = m.to(_F64)
+    m = _working(m)
     small = min(m.shape[-2:])
     if not 1 <= k <= small:
         raise ValueError(f"k must be in [1, {small}] for a {tuple(m.shape[-2:])} matrix, got {k}")
@@ -307,11 +311,6 @@ def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
 
 # ----------------------------------------------------------------------------------------------
 # Mimetic
-
-
-def _working(z: torch.Tensor) -> torch.Tensor:
-    """z in a working precision: float32 and float64 as they are, other dtypes in float64."""
-    return z if z.dtype in (_F32, _F64) else z.to(_F64)
 
 
 def _add_rect_identity_(m: torch.Tensor, value: float) -> torch.Tensor:

@@ -25,6 +25,7 @@ top-level ``condinit`` -- under a plain ``instantiate`` too.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import List, Mapping, Tuple
@@ -46,41 +47,34 @@ _REFERENCE_KEY = "_arm_config_condinit_"
 _REFERENCE = "${oc.select:condinit,null}"  # the config's top-level arm node, None without one
 _REPORT_ATTR = "condinit_report"
 
-# Set by a trainer that wraps the model in DistributedDataParallel right after building it: DDP
-# broadcasts rank 0's weights at construction, so other ranks skip the arm's computation.
-_skip_on_other_ranks = False
-# Set by checks before a launch: the arm's sites are checked, no weight is changed.
-_sites_only = False
+# What build_armed does once the module is built: "compute" the arm (outside any context below),
+# "broadcast" (ranks other than 0 leave the arm's weights to DDP's broadcast from rank 0) or "sites"
+# (check the arm's sites only, change no weight).
+_build_mode = "compute"
 
 
-class rank0_computes_arm:
+@contextlib.contextmanager
+def _building(mode: str):
+    global _build_mode
+    before, _build_mode = _build_mode, mode
+    try:
+        yield
+    finally:
+        _build_mode = before
+
+
+def rank0_computes_arm():
     """Context: inside it, ranks other than 0 of an initialized process group leave the arm's
     weights to DDP's broadcast from rank 0 (the report then notes it). Use only around a build
     whose model is wrapped in DistributedDataParallel before its first step."""
-
-    def __enter__(self):
-        global _skip_on_other_ranks
-        self._before, _skip_on_other_ranks = _skip_on_other_ranks, True
-        return self
-
-    def __exit__(self, *exc):
-        global _skip_on_other_ranks
-        _skip_on_other_ranks = self._before
+    return _building("broadcast")
 
 
-class sites_only:
+def sites_only():
     """Context: inside it, armed nodes check the arm's attention sites (a model without attention, an
     include/exclude pattern that matches nothing, a head count that does not divide the width) as
     the default arm does, and change no weight: a cheap check of a configuration before a launch."""
-
-    def __enter__(self):
-        global _sites_only
-        self._before, _sites_only = _sites_only, True
-        return self
-
-    def __exit__(self, *exc):
-        global _sites_only
-        _sites_only = self._before
+    return _building("sites")
 
 
 def _rank() -> int:
@@ -188,9 +182,9 @@ def build_armed(*, condinit=None, **kwargs) -> nn.Module:
             f"the arm is applied in two places: an armed node inside {_target_name(target)} ({where}) and the "
             f"model node ({spec.arm}); arm the model once (armed() on one node, set condinit.arm)"
         )
-    if _sites_only:
+    if _build_mode == "sites":
         report = apply_arm_spec(module, dataclasses.replace(spec, arm="default"), site_prefix=site_prefix)
-    elif _skip_on_other_ranks and _rank() != 0:
+    elif _build_mode == "broadcast" and _rank() != 0:
         report = InitReport(arm=spec.arm, seed=spec.seed, options=spec.identity()["options"], sites=[])
         _logger.info("Attention init %s: computed on rank 0 and broadcast by DistributedDataParallel", spec.arm)
     else:
