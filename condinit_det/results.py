@@ -21,6 +21,12 @@ scanned) and ``"config"``. Kinds:
   for recipes with an EMA.
 - ``"cls_eval"``: a ``"cls"``-shaped record of ``tools/pretrain_net.py --eval-only``, with ``"checkpoint"``.
 - ``"conditioning"`` (:mod:`condinit_det.analysis.hooks`): one attention site's kappa(J), with ``"site"``.
+- ``"failed"`` (:mod:`condinit_det.runs`): the run stopped on an exception. ``"reason"`` is
+  ``"diverged"`` (a non-finite loss or prediction: a result about the arm at that learning rate) or
+  ``"error"`` (anything else: out of memory, a crashed data worker, a full disk); ``"iteration"`` is
+  the number of optimizer steps completed when it stopped (pretraining also gives ``"epoch"``, the
+  epoch it was in, 0-based); ``"message"`` is the exception in one line. The traceback is in the
+  run's log.
 
 A record is identified by
 ``(kind, iteration, site)`` (``site`` is ``None`` when absent): adding a record with an
@@ -38,11 +44,12 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from .fileio import atomic_write
 
-__all__ = ["ARM_REPORT_FILENAME", "ResultsFile", "RESULTS_FILENAME"]
+__all__ = ["ARM_REPORT_FILENAME", "FAILED_KIND", "ResultsFile", "RESULTS_FILENAME"]
 
 RESULTS_FILENAME = "results.json"
 # What the arm did to each attention site, and the run's identity (arm, seeds, patterns), beside results.json.
 ARM_REPORT_FILENAME = "condinit_arm_report.json"
+FAILED_KIND = "failed"
 _FORMAT_VERSION = 1
 
 
@@ -153,6 +160,17 @@ class ResultsFile:
         if kind is not None:
             recs = [r for r in recs if r["kind"] == kind]
         return sorted(recs, key=_sort_key)
+
+    def remove(self, kind: str) -> List[Dict[str, Any]]:
+        """Drop every record of ``kind`` (one rewrite); returns the dropped records."""
+        if not _is_main_process():
+            return []
+        with self._lock:
+            records = self._load()
+            dropped = [r for r in records if r["kind"] == kind]
+            if dropped:
+                self._write([r for r in records if r["kind"] != kind])
+        return dropped
 
     def archive(self) -> Optional[str]:
         """

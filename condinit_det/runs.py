@@ -13,25 +13,43 @@ Layout of an experiment directory ``<base>``::
 A run directory holds ``results.json`` and ``condinit_arm_report.json``; the latter records the
 run's *identity* (arm, seeds, include/exclude patterns, arm options, lr scale), against which a
 ``--resume`` is checked: a run directory never changes arm, seed or patterns silently.
+
+Failures are results (:func:`execute_runs`): a run that raises gets a ``"failed"`` record in its
+``results.json`` (``"diverged"`` or ``"error"``, the iteration, the exception in one line) and the
+experiment goes on with the next run. ``--resume`` continues a run that failed with an error from
+its last checkpoint, and skips a diverged one (the same seed and settings diverge again);
+``--retry-failed`` moves a failed or diverged run's directory aside to ``<run>.failed<n>/`` and
+trains it afresh.
 """
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import math
 import os
+import re
+import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from .fileio import atomic_write
 from .init import ARMS
-from .results import ARM_REPORT_FILENAME
+from .results import ARM_REPORT_FILENAME, FAILED_KIND, ResultsFile
 
 __all__ = [
     "ARM_CHOICES",
     "IDENTITY_KEYS",
     "PLAN_FILENAME",
+    "Outcome",
     "RunSpec",
     "check_resume_identity",
+    "describe_failure",
+    "execute_runs",
+    "failure_of",
+    "failure_summary",
+    "is_set_aside",
+    "note_failure",
     "parse_lr_scales",
     "parse_seeds",
     "plan_runs",
@@ -117,10 +135,17 @@ def plan_runs(arms: Sequence[str], seeds: Sequence[int], lr_scales: Sequence[flo
     return runs
 
 
-def write_plan(base: str, runs: Sequence[RunSpec], *, stage: str, config: Optional[str]) -> str:
-    """Write ``<base>/experiment.json`` (the runs the report expects); returns its path."""
+def write_plan(base: str, runs: Sequence[RunSpec], *, stage: str, config: Optional[str],
+               length: Optional[Mapping] = None) -> str:
+    """Write ``<base>/experiment.json`` (the runs the report expects); returns its path.
+
+    ``length``: how long each run trains, ``{"unit": "iteration" | "epoch", "total": N}`` (read by the
+    status command to tell finished runs and estimate the time left).
+    """
     path = os.path.join(base, PLAN_FILENAME)
     payload = {"version": 1, "stage": stage, "config": config, "runs": [r.to_dict() for r in runs]}
+    if length is not None:
+        payload["length"] = {"unit": str(length["unit"]), "total": int(length["total"])}
     atomic_write(path, json.dumps(payload, indent=1))
     return path
 
@@ -178,3 +203,156 @@ def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool
             "another output directory, or pass --allow-changed-run to continue anyway"
         )
     return previous
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures are results
+# ---------------------------------------------------------------------------------------------
+_NOTE_PREFIX = "failure.rank"
+_SET_ASIDE = re.compile(r"\.failed\d+$")
+logger = logging.getLogger("condinit_det")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``"diverged"`` for a non-finite loss or prediction (``FloatingPointError``, as detectron2 and the
+    pretraining loop raise it), ``"error"`` for anything else."""
+    return "diverged" if isinstance(exc, FloatingPointError) else "error"
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def note_failure(run_dir: str, exc: BaseException, *, rank: int, iteration: Optional[int] = None,
+                 epoch: Optional[int] = None) -> None:
+    """In a training process whose run raised: leave ``<run_dir>/failure.rank<k>.json`` for the launching
+    process, which turns the notes into one ``"failed"`` record. The first note of a process wins (the
+    innermost handler knows the iteration)."""
+    path = os.path.join(run_dir, f"{_NOTE_PREFIX}{rank}.json")
+    if os.path.exists(path):
+        return
+    note = {"reason": failure_reason(exc), "message": _one_line(exc), "iteration": iteration, "epoch": epoch,
+            "rank": int(rank), "time": time.time()}
+    atomic_write(path, json.dumps(note))
+
+
+def _take_notes(run_dir: str) -> List[dict]:
+    notes = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), f"{_NOTE_PREFIX}*.json"))):
+        try:
+            with open(path) as f:
+                notes.append(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            pass
+        os.remove(path)
+    return notes
+
+
+def _last_iteration(run_dir: str) -> int:
+    rf = ResultsFile(run_dir)
+    return max((r["iteration"] for r in rf.records()), default=0) if rf.exists() else 0
+
+
+def record_failure(run_dir: str, exc: BaseException, metadata: Mapping) -> dict:
+    """In the launching process, after a run raised: add one ``"failed"`` record built from the processes'
+    notes (a divergence first, else the earliest note: the other processes usually fail because that one
+    stopped), or from ``exc`` when no process left a note (it was killed). Returns the record."""
+    notes = _take_notes(run_dir) if os.path.isdir(run_dir) else []
+    diverged = [n for n in notes if n.get("reason") == "diverged"]
+    note = min(diverged or notes, key=lambda n: n.get("time", 0.0)) if notes else \
+        {"reason": failure_reason(exc), "message": _one_line(exc)}
+    iteration = note.get("iteration")
+    record = {"kind": FAILED_KIND, "reason": note["reason"],
+              "iteration": int(iteration) if iteration is not None else _last_iteration(run_dir),
+              "message": note["message"], **dict(metadata)}
+    if note.get("epoch") is not None:
+        record["epoch"] = int(note["epoch"])
+    ResultsFile(run_dir).add(record)
+    return record
+
+
+def failure_of(run_dir: str) -> Optional[dict]:
+    """The run's ``"failed"`` record, or None (no results, or the run did not fail)."""
+    rf = ResultsFile(run_dir)
+    failed = rf.records(FAILED_KIND) if rf.exists() else []
+    return failed[-1] if failed else None
+
+
+def describe_failure(record: Mapping) -> str:
+    """``"diverged at iteration 4"`` / ``"failed: RuntimeError: ..."``."""
+    if record.get("reason") == "diverged":
+        return f"diverged at iteration {record.get('iteration')}"
+    return f"failed: {record.get('message')}"
+
+
+def is_set_aside(name: str) -> bool:
+    """Whether a folder name is a run directory moved aside by ``--retry-failed`` (``seed0.failed1``)."""
+    return bool(_SET_ASIDE.search(name))
+
+
+def _set_aside(run_dir: str) -> str:
+    n = 0
+    while os.path.exists(f"{run_dir}.failed{n}"):
+        n += 1
+    os.replace(run_dir, f"{run_dir}.failed{n}")
+    return f"{run_dir}.failed{n}"
+
+
+@dataclass
+class Outcome:
+    """What became of one planned run in :func:`execute_runs`."""
+
+    spec: RunSpec
+    path: str
+    failure: Optional[dict] = None  # the "failed" record; None when the run finished (now or earlier)
+
+
+def execute_runs(runs: Sequence[RunSpec], base: str, *, launch: Callable[[RunSpec], object],
+                 finished: Callable[[RunSpec], bool], resume: bool, retry_failed: bool = False,
+                 config: Optional[str] = None) -> List[Outcome]:
+    """Train every planned run through ``launch(spec)`` (all processes of one run); a run that raises is
+    recorded as failed and the next one starts. Resume rules: see the module docstring."""
+    outcomes = []
+    for spec in runs:
+        run_dir = spec.path(base)
+        name = f"{spec.arm}/{spec.name}"
+        failure = failure_of(run_dir) if resume else None
+        if failure is not None and retry_failed:
+            logger.warning(f"Run {name} {describe_failure(failure)} earlier; moved aside to {_set_aside(run_dir)}, "
+                           "training it afresh (--retry-failed)")
+        elif failure is not None and failure.get("reason") == "diverged":
+            logger.warning(f"Run {name} {describe_failure(failure)} earlier: not retried, the same seed and settings "
+                           "diverge again (--retry-failed trains it afresh)")
+            outcomes.append(Outcome(spec, run_dir, failure))
+            continue
+        elif failure is not None:
+            ResultsFile(run_dir).remove(FAILED_KIND)
+            logger.warning(f"Run {name} {describe_failure(failure)} earlier: resuming it from its last checkpoint")
+        elif resume and finished(spec):
+            logger.info(f"Run {name} already finished in {run_dir}: skipped, results kept.")
+            outcomes.append(Outcome(spec, run_dir))
+            continue
+        try:
+            launch(spec)
+        except Exception as e:  # noqa: BLE001 -- any failure of one run is a result; the experiment goes on
+            record = record_failure(run_dir, e, {"arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale,
+                                                 "config": config})
+            logger.error(f"Run {name} {describe_failure(record)} (traceback in {run_dir}/log*); going on with "
+                         "the next run")
+            outcomes.append(Outcome(spec, run_dir, record))
+        else:
+            outcomes.append(Outcome(spec, run_dir))
+    return outcomes
+
+
+def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
+    """Lines naming the failed runs (empty when none failed)."""
+    failed = [o for o in outcomes if o.failure is not None]
+    if not failed:
+        return []
+    lines = [f"{len(failed)} of {len(outcomes)} run(s) did not finish:"]
+    lines += [f"  {o.spec.arm} seed {o.spec.seed}" + ("" if o.spec.lr_scale == 1.0 else f" lr scale {o.spec.lr_scale:g}")
+              + f": {describe_failure(o.failure)} ({o.path})" for o in failed]
+    return lines
