@@ -210,7 +210,6 @@ def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool
 # ---------------------------------------------------------------------------------------------
 _NOTE_PREFIX = "failure.rank"
 _SET_ASIDE = re.compile(r"\.failed\d+$")
-logger = logging.getLogger("condinit_det")
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -226,16 +225,17 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def note_failure(run_dir: str, exc: BaseException, *, rank: int, iteration: Optional[int] = None,
-                 epoch: Optional[int] = None) -> None:
+                 epoch: Optional[int] = None) -> bool:
     """In a training process whose run raised: leave ``<run_dir>/failure.rank<k>.json`` for the launching
     process, which turns the notes into one ``"failed"`` record. The first note of a process wins (the
-    innermost handler knows the iteration)."""
+    innermost handler knows the iteration); returns whether this call wrote it."""
     path = os.path.join(run_dir, f"{_NOTE_PREFIX}{rank}.json")
     if os.path.exists(path):
-        return
+        return False
     note = {"reason": failure_reason(exc), "message": _one_line(exc), "iteration": iteration, "epoch": epoch,
             "rank": int(rank), "time": time.time()}
     atomic_write(path, json.dumps(note))
+    return True
 
 
 def _take_notes(run_dir: str) -> List[dict]:
@@ -311,34 +311,41 @@ class Outcome:
 
 def execute_runs(runs: Sequence[RunSpec], base: str, *, launch: Callable[[RunSpec], object],
                  finished: Callable[[RunSpec], bool], resume: bool, retry_failed: bool = False,
-                 config: Optional[str] = None) -> List[Outcome]:
+                 config: Optional[str] = None, main: bool = True,
+                 log: Optional[logging.Logger] = None) -> List[Outcome]:
     """Train every planned run through ``launch(spec)`` (all processes of one run); a run that raises is
-    recorded as failed and the next one starts. Resume rules: see the module docstring."""
+    recorded as failed and the next one starts. Resume rules: see the module docstring. ``main``: whether
+    this is the launcher that writes (the first machine's); the others only launch. ``log``: the stage's
+    console logger."""
+    logger = log or logging.getLogger("condinit_det")
     outcomes = []
     for spec in runs:
         run_dir = spec.path(base)
         name = f"{spec.arm}/{spec.name}"
         failure = failure_of(run_dir) if resume else None
         if failure is not None and retry_failed:
-            logger.warning(f"Run {name} {describe_failure(failure)} earlier; moved aside to {_set_aside(run_dir)}, "
-                           "training it afresh (--retry-failed)")
+            aside = _set_aside(run_dir) if main else "<run>.failed<n>"
+            logger.warning(f"Run {name} {describe_failure(failure)} earlier; moved aside to {aside}, training it "
+                           "afresh (--retry-failed)")
         elif failure is not None and failure.get("reason") == "diverged":
             logger.warning(f"Run {name} {describe_failure(failure)} earlier: not retried, the same seed and settings "
                            "diverge again (--retry-failed trains it afresh)")
             outcomes.append(Outcome(spec, run_dir, failure))
             continue
         elif failure is not None:
-            ResultsFile(run_dir).remove(FAILED_KIND)
+            if main:
+                ResultsFile(run_dir).remove(FAILED_KIND)
             logger.warning(f"Run {name} {describe_failure(failure)} earlier: resuming it from its last checkpoint")
         elif resume and finished(spec):
-            logger.info(f"Run {name} already finished in {run_dir}: skipped, results kept.")
+            logger.info(f"Run {name} already finished in {run_dir}: skipped, results kept")
             outcomes.append(Outcome(spec, run_dir))
             continue
         try:
             launch(spec)
         except Exception as e:  # noqa: BLE001 -- any failure of one run is a result; the experiment goes on
-            record = record_failure(run_dir, e, {"arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale,
-                                                 "config": config})
+            metadata = {"arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale, "config": config}
+            record = record_failure(run_dir, e, metadata) if main else {
+                "kind": FAILED_KIND, "reason": failure_reason(e), "iteration": 0, "message": _one_line(e), **metadata}
             logger.error(f"Run {name} {describe_failure(record)} (traceback in {run_dir}/log*); going on with "
                          "the next run")
             outcomes.append(Outcome(spec, run_dir, record))

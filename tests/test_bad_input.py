@@ -63,40 +63,47 @@ def test_missing_dataset_folder(tmp_path):
 
 
 def test_corrupt_results_file_is_never_overwritten(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+    run = tmp_path / "default" / "seed0"  # the run of the config's arm and seed
+    run.mkdir(parents=True)
     (run / "results.json").write_text('{"version": 1, "records": [{"kind": "ap", "itera')
     with pytest.raises(ValueError, match="results.json is not valid JSON .*refusing to overwrite it"):
-        _check("--resume", f"train.output_dir={run}")
+        _check("--resume", f"train.output_dir={tmp_path}")
     assert (run / "results.json").read_text().endswith('"itera')  # untouched
     moved = ResultsFile(run).archive()  # what a fresh (non --resume) run does: kept aside
     assert moved.endswith("results.0.json.bak") and open(moved).read().endswith('"itera')
 
 
 def test_resume_with_another_arm_seed_or_patterns_is_refused(tmp_path):
-    write_arm_report(str(tmp_path), {"arm": "conditioned", "sites": []}, _identity())
-    with pytest.raises(ValueError, match="was started with arm='conditioned'.* but this run asks for arm='mimetic'"):
-        _check("--resume", "--arm", "mimetic", f"train.output_dir={tmp_path}")
-    with pytest.raises(ValueError, match="was started with .*seed=0.* but this run asks for .*seed=3"):
-        _check("--resume", "--arm", "conditioned", "train.seed=3", f"train.output_dir={tmp_path}")
+    run = tmp_path / "conditioned" / "seed0"
+    write_arm_report(str(run), {"arm": "conditioned", "sites": []}, _identity())
     with pytest.raises(ValueError, match="include=None.* but this run asks for include=\\['backbone.net.blocks.0.\\*'\\]"):
         _check("--resume", "--arm", "conditioned", "condinit.include=[backbone.net.blocks.0.*]",
                f"train.output_dir={tmp_path}")
     _check("--resume", "--arm", "conditioned", f"train.output_dir={tmp_path}")  # the same run: fine
-    _check("--resume", "--arm", "mimetic", "--allow-changed-run", f"train.output_dir={tmp_path}")
+    # Another arm or seed is another run directory (<output_dir>/<arm>/seed<k>): nothing to refuse.
+    _check("--resume", "--arm", "mimetic", f"train.output_dir={tmp_path}")
+    _check("--resume", "--arm", "conditioned", "train.seed=3", f"train.output_dir={tmp_path}")
+    # A run directory whose arm report names another arm or seed (moved by hand) is refused.
+    write_arm_report(str(run), {"arm": "mimetic", "sites": []}, _identity(arm="mimetic", seed=3))
+    with pytest.raises(ValueError, match="was started with arm='mimetic', seed=3 but this run asks for arm='conditioned',"
+                                         " seed=0"):
+        _check("--resume", "--arm", "conditioned", f"train.output_dir={tmp_path}")
+    _check("--resume", "--arm", "conditioned", "--allow-changed-run", f"train.output_dir={tmp_path}")
 
 
 def test_truncated_checkpoints_are_named(tmp_path):
-    torch.save({"model": {"w": torch.zeros(1000)}}, tmp_path / "model_final.pth")
-    data = (tmp_path / "model_final.pth").read_bytes()
-    (tmp_path / "model_final.pth").write_bytes(data[: len(data) // 2])
-    (tmp_path / "last_checkpoint").write_text("model_final.pth")
+    run = tmp_path / "default" / "seed0"
+    run.mkdir(parents=True)
+    torch.save({"model": {"w": torch.zeros(1000)}}, run / "model_final.pth")
+    data = (run / "model_final.pth").read_bytes()
+    (run / "model_final.pth").write_bytes(data[: len(data) // 2])
+    (run / "last_checkpoint").write_text("model_final.pth")
     message = "model_final.pth is truncated or not a PyTorch checkpoint"
     with pytest.raises(ValueError, match=message):
         _check("--resume", f"train.output_dir={tmp_path}")
     with pytest.raises(ValueError, match=message):
-        _check("--eval-only", f"train.init_checkpoint={tmp_path / 'model_final.pth'}", f"train.output_dir={tmp_path}")
-    (tmp_path / "last_checkpoint").write_text("")
+        _check("--eval-only", f"train.init_checkpoint={run / 'model_final.pth'}", f"train.output_dir={tmp_path}")
+    (run / "last_checkpoint").write_text("")
     with pytest.raises(ValueError, match="last_checkpoint is empty"):
         _check("--resume", f"train.output_dir={tmp_path}")
 
@@ -150,13 +157,14 @@ def test_bad_seed_and_scale_lists(tmp_path, seeds, lr, message):
     ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
 ])
 def test_cli_prints_one_error_line(tmp_path, override, message):
-    run = tmp_path / "run"
-    run.mkdir()
+    exp = tmp_path / "exp"
+    run = exp / "mimetic" / "seed0"
+    run.mkdir(parents=True)
     (run / "results.json").write_text('{"version": 1, "records": []}')  # an earlier run's results
-    last = _cli(tmp_path, "--arm", "mimetic", f"train.output_dir={run}", override)
+    last = _cli(tmp_path, "--arm", "mimetic", f"train.output_dir={exp}", override)
     assert message in last
     # Nothing was written, launched or moved aside: the earlier results are where they were.
-    assert sorted(os.listdir(run)) == ["results.json"]
+    assert sorted(os.listdir(run)) == ["results.json"] and os.listdir(exp) == ["mimetic"]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -82,8 +82,8 @@ def _best_is_best(run):
 
 
 def test_kill_during_training_then_resume(tmp_path):
-    run = tmp_path / "run"
-    args = ["--arm", "conditioned", f"train.output_dir={run}", *SCHEDULE]
+    run = tmp_path / "exp" / "conditioned" / "seed0"  # where a run of arm X, seed k goes
+    args = ["--arm", "conditioned", f"train.output_dir={tmp_path / 'exp'}", *SCHEDULE]
     proc = _popen(tmp_path, *args)
     _kill_when(proc, lambda: _read(run / "last_checkpoint") == "model_0000009.pth"
                and max(_metric_iterations(run), default=0) >= 12)
@@ -95,8 +95,8 @@ def test_kill_during_training_then_resume(tmp_path):
 
 
 def test_kill_during_evaluation_then_resume(tmp_path):
-    run, marker = tmp_path / "run", tmp_path / "evaluating.txt"
-    args = ["--arm", "mimetic", f"train.output_dir={run}", *SCHEDULE]
+    run, marker = tmp_path / "exp" / "mimetic" / "seed0", tmp_path / "evaluating.txt"
+    args = ["--arm", "mimetic", f"train.output_dir={tmp_path / 'exp'}", *SCHEDULE]
     proc = _popen(tmp_path, *args, config=SLOW_EVAL_CONFIG, SLOW_EVAL_MARKER=str(marker), SLOW_EVAL_SECONDS="5")
     _kill_when(proc, lambda: _read(marker).count("evaluating") == 2)  # inside the evaluation at iteration 20
     assert _iterations(run) == [10]
@@ -212,12 +212,13 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     run = exp / "conditioned" / "seed0"
     _run(tmp_path, "--eval-only", f"train.init_checkpoint={run / 'model_final.pth'}",
          f"train.output_dir={tmp_path / 'eval'}", every_detection)
-    (ddp,), (single,) = ResultsFile(run).records("ap"), ResultsFile(tmp_path / "eval").records("eval")
+    evaluated = tmp_path / "eval" / "default" / "seed0"  # the config's arm: the record names the checkpoint
+    (ddp,), (single,) = ResultsFile(run).records("ap"), ResultsFile(evaluated).records("eval")
     for task in ("bbox", "segm"):
         for metric in ("AP", "AP50", "AP75"):
             a, b = ddp[task][metric], single[task][metric]
             assert (a is None and b is None) or a == pytest.approx(b, abs=1e-6), (task, metric)
-    predictions = [json.loads(_read(d / "inference" / "coco_instances_results.json")) for d in (run, tmp_path / "eval")]
+    predictions = [json.loads(_read(d / "inference" / "coco_instances_results.json")) for d in (run, evaluated)]
     assert len(predictions[0]) > 0 and len(predictions[0]) == len(predictions[1])
     key = lambda p: (p["image_id"], p["category_id"], -p["score"])  # noqa: E731
     for p, q in zip(sorted(predictions[0], key=key), sorted(predictions[1], key=key)):

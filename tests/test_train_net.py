@@ -11,7 +11,7 @@ from detectron2.config import instantiate
 from detectron2.utils.env import seed_all_rng
 
 from condinit_det.results import ResultsFile
-from condinit_det.engine.training import build_argument_parser, build_model, load_config, prepare_config, run_experiment
+from condinit_det.engine.training import build_argument_parser, build_model, check_invocation, load_config, prepare_config
 from condinit_det.init import ARMS, find_attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +73,7 @@ def test_bad_arguments(tmp_path):
         parser.parse_args(["--config-file", CONFIG, "--arm", "bogus"])
     args = parser.parse_args(["--config-file", CONFIG, "--arm", "all", "--eval-only"])
     with pytest.raises(ValueError, match="eval-only"):
-        run_experiment(args)
+        check_invocation(args)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_config(str(tmp_path / "missing.py"))
     with pytest.raises(ValueError, match="Unknown arm"):
@@ -83,9 +83,9 @@ def test_bad_arguments(tmp_path):
 @pytest.mark.slow
 def test_train_then_arm_all_with_resume(tmp_path):
     exp = tmp_path / "exp"
-    # 1. One arm, trained straight into the layout --arm all uses.
+    # 1. One arm: a run goes to <output_dir>/<arm>/seed<k>/, the layout --arm all uses.
     run = exp / "conditioned" / "seed0"
-    log = _train_net(tmp_path, "--arm", "conditioned", f"train.output_dir={run}",
+    log = _train_net(tmp_path, "--arm", "conditioned", f"train.output_dir={exp}",
                      "train.max_iter=2", "train.eval_period=1")
     assert "eta:" in log  # progress with ETA
     recs = ResultsFile(run).records("ap")
@@ -166,16 +166,16 @@ SEED: -1
 
 
 def test_yacs_config_path(tmp_path):
-    from condinit_det.engine.training import main
+    from condinit_det.engine.training import execute
 
     torch.set_num_threads(1)
     load_config(CONFIG, [])  # registers the tiny datasets in this process
     yaml_file = tmp_path / "tiny.yaml"
     yaml_file.write_text(_TINY_YACS)
-    out = tmp_path / "yacs_run"
     args = build_argument_parser().parse_args(
-        ["--config-file", str(yaml_file), "--arm", "mimetic", "OUTPUT_DIR", str(out)])
-    main(args)
+        ["--config-file", str(yaml_file), "--arm", "mimetic", "OUTPUT_DIR", str(tmp_path / "yacs_run")])
+    assert execute(args) == 0
+    out = tmp_path / "yacs_run" / "mimetic" / "seed0"
     recs = ResultsFile(out).records("ap")
     assert [(r["iteration"], r["arm"], r["seed"]) for r in recs] == [(1, "mimetic", 0), (2, "mimetic", 0)]
     assert recs[-1]["segm"] is not None and set(recs[-1]["bbox"]) >= {"AP", "AP50", "AP75"}

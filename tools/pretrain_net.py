@@ -4,7 +4,8 @@ Classification pretraining (ImageNet-style) of a timm model with an attention-in
 
 detectron2's command line (--config-file with a lazy .py config, --num-gpus, --num-machines,
 --machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
---arm {default,mimetic,conditioned,all}, --seeds, --lr-scale and --allow-changed-run.
+--arm {default,mimetic,conditioned,all}, --seeds, --lr-scale, --retry-failed and --allow-changed-run.
+A run that fails or diverges is recorded and the others go on; the exit status is then 1.
 The logic lives in condinit_det.pretrain.
 """
 import sys
@@ -13,9 +14,7 @@ import warnings
 # fvcore (imported by detectron2) scripts a loss with torch.jit, which recent torch marks deprecated.
 warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
 
-from detectron2.engine import launch  # noqa: E402
-
-from condinit_det.pretrain import UsageError, build_argument_parser, main, prepare_experiment  # noqa: E402
+from condinit_det.pretrain import UsageError, build_argument_parser, execute, prepare_experiment  # noqa: E402
 
 if __name__ == "__main__":
     parser = build_argument_parser()
@@ -25,11 +24,4 @@ if __name__ == "__main__":
     except UsageError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    launch(
-        main,
-        args.num_gpus,
-        num_machines=args.num_machines,
-        machine_rank=args.machine_rank,
-        dist_url=args.dist_url,
-        args=(args,),
-    )
+    sys.exit(execute(args))

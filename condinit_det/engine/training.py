@@ -13,9 +13,11 @@ Seeds: a negative ``train.seed`` (detectron2's "random") is replaced by 0, so th
 runs of different arms share data order and every non-attention weight; ``--seeds`` or
 ``train.seed=N`` choose others, and the arm's seed follows the training seed.
 
-An *experiment* (``--arm all``, ``--seeds``, ``--lr-scale``) trains one run per arm, seed and
-learning-rate scale into ``<output_dir>/<arm>/seed<k>[-lr<s>]/`` (:mod:`condinit_det.runs`) and
-then writes the comparison into ``<output_dir>/report/``.
+Every run trains into ``<output_dir>/<arm>/seed<k>[-lr<s>]/`` (:mod:`condinit_det.runs`), the
+same place in both stages, whether it is one run or an *experiment* (``--arm all``, ``--seeds``,
+``--lr-scale``: one run per arm, seed and learning-rate scale, then the comparison in
+``<output_dir>/report/``). Each run has a launch of its own (:func:`execute`): a run that
+diverges or raises is recorded as failed, every process of it stops, and the next run starts.
 """
 import contextlib
 import gc
@@ -23,6 +25,7 @@ import hashlib
 import inspect
 import logging
 import os
+import sys
 import tempfile
 from typing import List, Optional
 
@@ -41,7 +44,11 @@ from condinit_det.modeling.arm import armed, armed_nodes, check_arm_agrees, rank
 from condinit_det.results import ResultsFile
 from condinit_det.runs import (
     ARM_CHOICES,
+    RunSpec,
     check_resume_identity,
+    execute_runs,
+    failure_summary,
+    note_failure,
     parse_lr_scales,
     parse_seeds,
     plan_runs,
@@ -57,14 +64,15 @@ __all__ = [
     "REPORT_DIRNAME",
     "build_argument_parser",
     "check_invocation",
+    "execute",
     "load_config",
+    "plan_invocation",
     "prepare_config",
     "build_model",
     "do_test",
     "do_train",
     "run",
-    "run_experiment",
-    "main",
+    "run_worker",
 ]
 
 logger = logging.getLogger("detectron2")
@@ -79,13 +87,16 @@ Examples:
 Train one arm on one machine (lazy config, CPU):
     $ tools/train_net.py --config-file configs/demo/mask_rcnn_vit_tiny.py --arm conditioned
 
-Train the three arms into <output_dir>/<arm>/seed<k>/, then write the comparison into
+Every run goes to <output_dir>/<arm>/seed<k>/. Train the three arms, then write the comparison into
 <output_dir>/report/ (several seeds; a learning-rate scan on the first seed):
     $ tools/train_net.py --config-file cfg.py --arm all train.output_dir=output/exp1
     $ tools/train_net.py --config-file cfg.py --arm all --seeds 0,1,2 --lr-scale 0.5,1,2 train.output_dir=output/exp1
 
-Resume (finished runs are skipped; a run directory never changes arm, seed or patterns):
+Resume (finished runs are skipped; a run directory never changes arm, seed or patterns; a diverged run
+is not retried, one that failed with an error continues from its last checkpoint):
     $ tools/train_net.py --config-file cfg.py --arm all --resume train.output_dir=output/exp1
+Train the failed and diverged runs afresh (their old directories are moved aside to <run>.failed<n>/):
+    $ tools/train_net.py --config-file cfg.py --arm all --retry-failed train.output_dir=output/exp1
 
 Fine-tune each arm from its own pretrained backbone:
     $ tools/train_net.py --config-file cfg.py --arm all "train.init_checkpoint='output/pretrain/{arm}/seed{seed}'"
@@ -116,6 +127,11 @@ def build_argument_parser():
         "--bootstrap", type=int, default=0, metavar="B",
         help="resamples of the evaluation images for the confidence intervals of a one-seed comparison in the "
         "report written at the end of an experiment (0: none; costs 4*B COCO evaluations)")
+    parser.add_argument(
+        "--retry-failed", action="store_true",
+        help="implies --resume; also train the runs that failed or diverged afresh, moving their old run "
+        "directories aside to <run>.failed<n>/ (--resume alone skips a diverged run and continues one that "
+        "failed with an error from its last checkpoint)")
     parser.add_argument(
         "--allow-changed-run", action="store_true",
         help="let --resume continue a run directory started with another arm, seed, patterns or lr scale")
@@ -570,7 +586,11 @@ def do_train(args, cfg):
             if main_process:
                 results_file.add(ap_record(last_results, iteration=max_iter, **metadata))
         return last_results
-    trainer.train(start_iter, max_iter)
+    try:
+        trainer.train(start_iter, max_iter)
+    except Exception as e:
+        note_failure(output_dir, e, rank=comm.get_rank(), iteration=trainer.iter)
+        raise
     check_replicas(ddp_model, "after training")
     return last_results
 
@@ -624,22 +644,22 @@ def is_experiment(args) -> bool:
     return args.arm == "all" or bool(args.seeds) or bool(args.lr_scale)
 
 
-def _experiment_runs(args):
-    """(base output dir, [(RunSpec, prepared cfg)]) of an experiment invocation."""
+def _run_config(args, base: str, spec: RunSpec):
+    return prepare_config(load_config(args.config_file, args.opts), arm=spec.arm, output_dir=spec.path(base),
+                          seed=spec.seed, lr_scale=spec.lr_scale)
+
+
+def plan_invocation(args):
+    """(base output dir, [(RunSpec, prepared cfg)]): one run (``--arm X`` or the config's arm) or an experiment."""
     base_cfg = prepare_config(load_config(args.config_file, args.opts),
                               arm=None if args.arm in (None, "all") else args.arm)
     base = get_output_dir(base_cfg)
     if not base:
-        raise ValueError("an experiment needs an output directory (train.output_dir / OUTPUT_DIR).")
+        raise ValueError("the config has no output directory (train.output_dir / OUTPUT_DIR)")
     arms = list(ARMS) if args.arm == "all" else [arm_spec(base_cfg).arm]
     seeds = parse_seeds(args.seeds) if args.seeds else [get_seed(base_cfg)]
     scales = parse_lr_scales(args.lr_scale) if args.lr_scale else [1.0]
-    runs = []
-    for spec in plan_runs(arms, seeds, scales):
-        cfg = prepare_config(load_config(args.config_file, args.opts), arm=spec.arm, output_dir=spec.path(base),
-                             seed=spec.seed, lr_scale=spec.lr_scale)
-        runs.append((spec, cfg))
-    return base, runs
+    return base, [(spec, _run_config(args, base, spec)) for spec in plan_runs(arms, seeds, scales)]
 
 
 def check_invocation(args) -> None:
@@ -647,15 +667,11 @@ def check_invocation(args) -> None:
     if args.eval_only and is_experiment(args):
         raise ValueError("--eval-only evaluates one checkpoint; it cannot be combined with --arm all, --seeds or "
                          "--lr-scale")
+    if getattr(args, "retry_failed", False):
+        args.resume = True
     kwargs = dict(resume=args.resume, eval_only=args.eval_only, allow_changed_run=args.allow_changed_run,
                   allow_shared_checkpoint=args.allow_shared_checkpoint)
-    if not is_experiment(args):
-        cfg = prepare_config(load_config(args.config_file, args.opts), arm=args.arm)
-        check_run(cfg, **kwargs)
-        if not _is_yacs(cfg):
-            _check_arm_sites(cfg)
-        return
-    _, runs = _experiment_runs(args)
+    _, runs = plan_invocation(args)
     if not _is_yacs(runs[0][1]):
         _check_arm_sites(runs[0][1])  # the runs differ in arm, seed and lr only: the same sites
     by_seed = {}
@@ -673,41 +689,65 @@ def check_invocation(args) -> None:
                 "--allow-shared-checkpoint")
 
 
-def run_experiment(args):
-    """Train every run of the experiment (arms x seeds, then the lr scan on the first seed), then report.
+def run_worker(args, base: str, spec: RunSpec):
+    """Per-process entry point of one planned run (what ``detectron2.engine.launch`` calls in every process).
+    A failure leaves a note in the run directory for :func:`execute` and is re-raised."""
+    cfg = _run_config(args, base, spec)
+    try:
+        return run(args, cfg)
+    except Exception as e:
+        if not args.eval_only and note_failure(get_output_dir(cfg), e, rank=comm.get_rank()):
+            logger.exception(f"Run {get_output_dir(cfg)} failed:")
+        raise
 
-    With --resume, a run whose final evaluation is recorded is skipped.
-    """
-    if args.eval_only:
-        raise ValueError("--arm all trains the three arms; it cannot be combined with --eval-only.")
+
+def _console_logging():
     from detectron2.utils.logger import setup_logger
 
     _reset_loggers()
-    setup_logger(distributed_rank=comm.get_rank())  # console only, until each run's own setup
-    base, runs = _experiment_runs(args)
-    if comm.is_main_process():
-        write_plan(base, [spec for spec, _ in runs], stage="detection", config=args.config_file or None)
-    for spec, cfg in runs:
-        if args.resume and _final_recorded(cfg):
-            logger.info(f"Run {spec.arm}/{spec.name} already finished in {get_output_dir(cfg)}: skipped.")
-            continue
-        run(args, cfg)
-        comm.synchronize()
-        gc.collect()
-    text = None
-    if comm.is_main_process():
+    setup_logger(distributed_rank=comm.get_rank())
+    setup_logger(name="condinit_det", distributed_rank=comm.get_rank())
+
+
+def execute(args) -> int:
+    """Train (or evaluate) every planned run, each in a launch of its own, then write the comparison when
+    there are several runs. Returns the exit status: 1 when a run failed or diverged (named on the last
+    lines), else 0. Call :func:`check_invocation` first."""
+    from detectron2.engine import launch
+
+    _console_logging()
+    base, runs = plan_invocation(args)
+    specs = [spec for spec, _ in runs]
+    cfg_of = dict(runs)
+    main_launcher = int(args.machine_rank) == 0
+
+    def launch_run(spec: RunSpec):
+        try:
+            launch(run_worker, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+                   dist_url=args.dist_url, args=(args, base, spec))
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            _console_logging()
+
+    if args.eval_only:
+        launch_run(specs[0])
+        return 0
+    if main_launcher:
+        write_plan(base, specs, stage="detection", config=args.config_file or None,
+                   length={"unit": "iteration", "total": get_max_iter(runs[0][1])})
+    outcomes = execute_runs(specs, base, launch=launch_run, finished=lambda spec: _final_recorded(cfg_of[spec]),
+                            resume=args.resume, retry_failed=getattr(args, "retry_failed", False),
+                            config=args.config_file or None, main=main_launcher)
+    if len(specs) > 1 and main_launcher:
         from condinit_det.report import compare_arms
 
         report_dir = os.path.join(base, REPORT_DIRNAME)
         _, text = compare_arms([base], output_dir=report_dir, bootstrap=args.bootstrap)
         print(text, flush=True)
         print(f"Report written to {report_dir}", flush=True)
-    comm.synchronize()
-    return text
-
-
-def main(args):
-    """Per-process entry point: an experiment or a single run."""
-    if is_experiment(args):
-        return run_experiment(args)
-    return run(args)
+    lines = failure_summary(outcomes)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return 1 if lines else 0

@@ -16,7 +16,7 @@ This package does not import :mod:`condinit_det.engine` or :mod:`condinit_det.mo
 from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, load_final
 from .config import DEFAULTS, UsageError, load_config, node, resolve_lr
 from .evaluate import EvalResult, evaluate
-from .launch import Experiment, build_argument_parser, configure_run, main, prepare_experiment
+from .launch import Experiment, build_argument_parser, configure_run, execute, prepare_experiment, run_worker
 from .model import build_armed_model, check_model_name, create_classifier, state_digest
 from .trainer import PREDICTIONS_FILENAME, evaluate_checkpoint, run_finished, train_run
 
@@ -37,9 +37,10 @@ __all__ = [
     "evaluate_checkpoint",
     "load_config",
     "load_final",
-    "main",
+    "execute",
     "node",
     "prepare_experiment",
+    "run_worker",
     "resolve_lr",
     "run_finished",
     "state_digest",

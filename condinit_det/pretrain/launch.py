@@ -3,22 +3,25 @@
 ``prepare_experiment`` runs once per machine before any training process starts: it loads the
 config, checks everything a run needs (arm options, model name and kwargs, dataset folders and
 class count, batch split, resume identity) and raises :class:`UsageError` -- one line, exit status 2,
-nothing written -- on bad input; then it writes ``<output_dir>/experiment.json``. ``main`` is what
-``detectron2.engine.launch`` calls in every process: it trains (or evaluates) the planned runs and,
-when there are several, prints the comparison report.
+nothing written -- on bad input; then it writes ``<output_dir>/experiment.json``. ``execute`` runs
+each planned run in a launch of its own (``run_worker`` is what ``detectron2.engine.launch`` calls in
+every process): a run that diverges or raises is recorded as failed (:func:`condinit_det.runs.execute_runs`),
+every process of it stops, and the next run starts; with several runs it prints the comparison.
 """
 from __future__ import annotations
 
 import gc
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
 
 from ..init import ARMS
-from ..runs import ARM_CHOICES, RunSpec, check_resume_identity, parse_lr_scales, parse_seeds, plan_runs, write_plan
+from ..runs import (ARM_CHOICES, RunSpec, check_resume_identity, execute_runs, failure_summary, note_failure,
+                    parse_lr_scales, parse_seeds, plan_runs, write_plan)
 from .checkpoint import FINAL_FILENAME
 from .config import DEFAULTS, UsageError, arm_spec, load_config, node, run_identity
 from .data import build_mixup, check_dataset_folders
@@ -26,7 +29,8 @@ from .model import check_arm_sites, create_classifier
 from .trainer import evaluate_checkpoint, run_finished, total_epochs, train_run
 from .writers import setup_logging
 
-__all__ = ["Experiment", "REPORT_DIRNAME", "build_argument_parser", "configure_run", "main", "prepare_experiment"]
+__all__ = ["Experiment", "REPORT_DIRNAME", "build_argument_parser", "configure_run", "execute", "prepare_experiment",
+           "run_worker"]
 
 REPORT_DIRNAME = "report"
 logger = logging.getLogger("condinit_det.pretrain")
@@ -40,8 +44,11 @@ Train the tiny CPU demo, three arms, then print the comparison:
 One arm, three seeds, and a learning-rate scan on the first seed:
     $ tools/pretrain_net.py --config-file CFG.py --arm conditioned --seeds 0,1,2 --lr-scale 0.5,1,2
 
-Resume (finished runs are skipped; a run directory never changes arm or seed):
+Resume (finished runs are skipped; a run directory never changes arm or seed; a diverged run is not
+retried, one that failed with an error continues from its last checkpoint):
     $ tools/pretrain_net.py --config-file CFG.py --arm all --resume train.output_dir=output/p
+Train the failed and diverged runs afresh (their old directories are moved aside to <run>.failed<n>/):
+    $ tools/pretrain_net.py --config-file CFG.py --arm all --retry-failed train.output_dir=output/p
 
 ImageNet on 8 GPUs, or on 2 machines (R = 0 on the first, 1 on the second):
     $ tools/pretrain_net.py --num-gpus 8 --config-file configs/ImageNet/vit_b16_deit_300ep.py data.root=/data/imagenet
@@ -71,6 +78,10 @@ def build_argument_parser():
     parser.add_argument("--lr-scale", default="1",
                         help="multipliers of the config's learning rate, e.g. '0.5,1,2'; scales other than 1 run "
                              "on the first seed only")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="implies --resume; also train the runs that failed or diverged afresh, moving their old "
+                             "run directories aside to <run>.failed<n>/ (--resume alone skips a diverged run and "
+                             "continues one that failed with an error from its last checkpoint)")
     parser.add_argument("--allow-changed-run", action="store_true",
                         help="resume a run directory even if its arm, seed, patterns or options differ")
     return parser
@@ -110,6 +121,8 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
 
     Attaches the result to ``args.experiment`` so that every training process gets it through ``launch``.
     """
+    if getattr(args, "retry_failed", False):
+        args.resume = True
     cfg = load_config(args.config_file, args.opts)
     nodes = {name: node(cfg, name) for name in DEFAULTS}
     train, data, augment = nodes["train"], nodes["data"], nodes["augment"]
@@ -168,41 +181,70 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
     experiment = Experiment(base=base, runs=runs, config_file=args.config_file, opts=list(args.opts),
                             epochs=total_epochs(cfg))
     if write and not args.eval_only and int(getattr(args, "machine_rank", 0)) == 0:
-        write_plan(base, runs, stage="pretrain", config=args.config_file)
+        write_plan(base, runs, stage="pretrain", config=args.config_file,
+                   length={"unit": "epoch", "total": experiment.epochs})
     args.experiment = experiment
     return experiment
 
 
-def main(args) -> Optional[str]:
-    """Per-process entry point: train (or evaluate) every planned run; print the comparison when there are several."""
+def run_worker(args, run: RunSpec) -> None:
+    """Per-process entry point of one planned run: train it (or with --eval-only evaluate it). A failure
+    leaves a note in the run directory for :func:`execute` and is re-raised."""
     from detectron2.utils import comm
 
-    setup_logging(None, rank=comm.get_rank())  # console only, until each run logs into its own folder
-    experiment: Experiment = getattr(args, "experiment", None) or prepare_experiment(args, write=comm.is_main_process())
-    for run in experiment.runs:
-        cfg = configure_run(load_config(experiment.config_file, experiment.opts), run)
-        run_dir = run.path(experiment.base)
-        if args.eval_only:
-            train = node(cfg, "train")
-            checkpoint = train.get("init_checkpoint") or os.path.join(run_dir, FINAL_FILENAME)
-            evaluate_checkpoint(cfg, run=run, run_dir=run_dir, checkpoint=checkpoint,
-                                config_file=experiment.config_file)
-            continue
-        if args.resume and run_finished(run_dir, experiment.epochs):
-            setup_logging(None, rank=comm.get_rank())
-            logger.info(f"{run_dir}: finished earlier; skipped, results kept")
-            continue
+    experiment: Experiment = args.experiment
+    cfg = configure_run(load_config(experiment.config_file, experiment.opts), run)
+    run_dir = run.path(experiment.base)
+    if args.eval_only:
+        train = node(cfg, "train")
+        checkpoint = train.get("init_checkpoint") or os.path.join(run_dir, FINAL_FILENAME)
+        evaluate_checkpoint(cfg, run=run, run_dir=run_dir, checkpoint=checkpoint, config_file=experiment.config_file)
+        return
+    try:
         train_run(cfg, run=run, run_dir=run_dir, config_file=experiment.config_file, resume=args.resume,
                   allow_changed_run=args.allow_changed_run)
-        comm.synchronize()
-        gc.collect()
-    text = None
-    if len(experiment.runs) > 1 and not args.eval_only and comm.is_main_process():
+    except Exception as e:
+        if os.path.isdir(run_dir) and note_failure(run_dir, e, rank=comm.get_rank()):
+            logger.exception(f"Run {run_dir} failed:")
+        raise
+
+
+def execute(args) -> int:
+    """Train (or evaluate) every planned run, each in a launch of its own; print the comparison when there are
+    several. Returns the exit status: 1 when a run failed or diverged (named on the last lines), else 0.
+    Call :func:`prepare_experiment` first."""
+    from detectron2.engine import launch
+
+    setup_logging(None, rank=0)  # console only, until each run logs into its own folder
+    experiment: Experiment = args.experiment
+    main_launcher = int(args.machine_rank) == 0
+
+    def launch_run(run: RunSpec):
+        try:
+            launch(run_worker, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+                   dist_url=args.dist_url, args=(args, run))
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            setup_logging(None, rank=0)
+
+    if args.eval_only:
+        for run in experiment.runs:
+            launch_run(run)
+        return 0
+    outcomes = execute_runs(experiment.runs, experiment.base, launch=launch_run,
+                            finished=lambda run: run_finished(run.path(experiment.base), experiment.epochs),
+                            resume=args.resume, retry_failed=getattr(args, "retry_failed", False),
+                            config=experiment.config_file, main=main_launcher, log=logger)
+    if len(experiment.runs) > 1 and main_launcher:
         from ..report import compare_arms
 
         report_dir = os.path.join(experiment.base, REPORT_DIRNAME)
         _, text = compare_arms([experiment.base], output_dir=report_dir)
         print(text, flush=True)
         print(f"Report written to {report_dir}", flush=True)
-    comm.synchronize()
-    return text
+    lines = failure_summary(outcomes)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return 1 if lines else 0

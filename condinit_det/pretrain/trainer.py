@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from ..fileio import atomic_torch_save, atomic_write, remove_stale_temp_files
 from ..results import ResultsFile
-from ..runs import RunSpec, check_resume_identity, write_arm_report
+from ..runs import RunSpec, check_resume_identity, note_failure, write_arm_report
 from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, checkpoint_path, find_checkpoints, last_checkpoint, prune_checkpoints
 from .config import DEFAULTS, UsageError, arm_spec, node, resolve_lr, run_identity
 from .data import build_datasets, build_mixup, build_train_loader, build_train_sampler, epoch_seed, set_sampler_epoch
@@ -190,8 +190,10 @@ def train_one_epoch(*, ddp: nn.Module, model: nn.Module, loader, optimizer, sche
             ema.update(model, step=step)
         value = loss.item()
         if not math.isfinite(value):
-            raise FloatingPointError(f"loss became {value} at step {step} (epoch {epoch + 1}); lower the "
-                                     "learning rate (--lr-scale) or enable gradient clipping (optimizer.clip_grad)")
+            error = FloatingPointError(f"loss became {value} at step {step} (epoch {epoch + 1}); lower the learning "
+                                       "rate (--lr-scale) or enable gradient clipping (optimizer.clip_grad)")
+            error.step = step  # the run's failure record names the step it diverged at
+            raise error
         total += value
         count += 1
         timer.update(value, time.perf_counter() - end, data_time)
@@ -348,6 +350,9 @@ def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], re
                 atomic_torch_save(state, checkpoint_path(run_dir, done))
                 prune_checkpoints(run_dir, keep=1)
             comm.synchronize()
+    except Exception as e:
+        note_failure(run_dir, e, rank=rank, iteration=getattr(e, "step", step), epoch=epoch)
+        raise
     finally:
         if writer is not None:
             writer.close()

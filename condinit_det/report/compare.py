@@ -32,7 +32,7 @@ def write_report(report: ArmsReport, output_dir: str) -> Dict[str, str]:
         paths[name] = os.path.join(output_dir, name)
         atomic_write(paths[name], text)
     for sr in report.stages:
-        if sr.groups:
+        if sr.groups or sr.failed:
             paths.update(plot_stage(sr, output_dir))
     return paths
 

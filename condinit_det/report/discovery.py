@@ -15,8 +15,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from condinit_det.results import ARM_REPORT_FILENAME, RESULTS_FILENAME, ResultsFile
-from condinit_det.runs import PLAN_FILENAME, RunSpec, read_plan
+from condinit_det.results import ARM_REPORT_FILENAME, FAILED_KIND, RESULTS_FILENAME, ResultsFile
+from condinit_det.runs import PLAN_FILENAME, RunSpec, describe_failure, is_set_aside, read_plan
 
 from .loss import METRICS_FILENAME, read_training_loss, smooth
 from .stages import CLASSIFICATION, DETECTION, Metric, Stage
@@ -60,6 +60,12 @@ class Run:
         return evals[-1] if evals else None
 
     @property
+    def failure(self) -> Optional[dict]:
+        """The run's ``"failed"`` record (it diverged or raised), or None."""
+        failed = [r for r in self.records if r["kind"] == FAILED_KIND]
+        return failed[-1] if failed else None
+
+    @property
     def final_x(self) -> Optional[int]:
         final = self.final
         return None if final is None else int(final[self.stage.x])
@@ -99,6 +105,8 @@ class Missing:
     path: str
     reason: str
     stage: Optional[Stage] = None
+    run: Optional[Run] = None  # the run's records when it failed (its curves stop where it stopped)
+    failure: Optional[dict] = None  # its "failed" record
 
     def describe(self) -> str:
         return f"{run_name(self.arm, self.seed, self.lr_scale)}: {self.reason}"
@@ -205,7 +213,7 @@ def find_runs(paths: Sequence[str]) -> List[Run]:
         bases = _plan_bases(p)
         found = []
         for root, dirs, _files in os.walk(p):
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if not is_set_aside(d))
             if _is_run_dir(root):
                 found.append(root)
         if not found:

@@ -9,7 +9,7 @@ from typing import List, Optional
 from condinit_det.stats import NOT_DISTINGUISHABLE
 
 from .loss import SMOOTHING_WINDOW
-from .summary import LOSS, ArmsReport, StageReport
+from .summary import LOSS, ArmsReport, StageReport, arm_sort_key
 from .stages import DETECTION
 
 __all__ = ["format_markdown"]
@@ -58,10 +58,25 @@ def _main_table(out, sr: StageReport) -> None:
               + (" (no runs at the config's learning rate)" if sr.scale != 1.0 else "") + ".\n\n")
     header = ["arm"] + [m.header for m in st.table] + ["seeds", "final iter" if st is DETECTION else f"final {st.x}"]
     rows = []
-    for g in sr.arms:
-        rows.append([g.arm] + [fmt_value(*g.final[m.header], len(g.runs)) for m in st.table]
-                    + [_seeds(g.seeds), _span(g.final_x)])
+    for arm in _arms_shown(sr):
+        groups = [g for g in sr.arms if g.arm == arm]
+        for g in groups:
+            rows.append([g.arm] + [fmt_value(*g.final[m.header], len(g.runs)) for m in st.table]
+                        + [_seeds(g.seeds), _span(g.final_x)])
+        rows += _failed_rows(sr.failed_at(arm, sr.scale), len(st.table))
     _table(out, header, rows)
+
+
+def _arms_shown(sr: StageReport, scale: Optional[float] = None) -> List[str]:
+    """Arms with finished or failed runs at ``scale`` (default: the main comparison's), in arm order."""
+    scale = sr.scale if scale is None else scale
+    arms = {g.arm for g in sr.groups if g.lr_scale == scale} | {m.arm for m in sr.failed if m.lr_scale == scale}
+    return sorted(arms, key=arm_sort_key)
+
+
+def _failed_rows(failed, width: int) -> List[List[str]]:
+    """One table row per failed run: what became of it where its values would be, never a number."""
+    return [[m.arm, m.reason] + [""] * (width - 1) + [_seeds([m.seed]), ""] for m in failed]
 
 
 def _convergence(out, sr: StageReport) -> None:
@@ -73,25 +88,28 @@ def _convergence(out, sr: StageReport) -> None:
     out.write(f"First {st.x} at which an arm's seed-mean curve reaches the default arm's final value, and the "
               f"speed-up (1 - {st.x} / {st.x}_default_final) x 100 %. LOSS: first iteration at which the "
               "smoothed training loss falls to or below the default arm's final smoothed loss.\n\n")
-    arms = sr.arms
+    arms = _arms_shown(sr)
+    groups = {g.arm: g for g in sr.arms}
+
+    def cell(arm, key, loss=False):
+        g = groups.get(arm)
+        if g is None:  # every run of the arm stopped early
+            return "diverged" if any(m.failure.get("reason") == "diverged" for m in sr.failed_at(arm, sr.scale)) \
+                else "failed"
+        if loss and g.loss is None:
+            return "no loss logged"
+        return _reach_cell(g.reach.get(key), g.speedup.get(key))
+
     rows = []
     for m in st.headline:
         x_final, value = sr.target[m.key]
         if x_final is None or not math.isfinite(value):
             continue
-        cells = [m.header, f"{value:.1f} at {st.x} {x_final}"]
-        for g in arms:
-            r, sp = g.reach.get(m.key), g.speedup.get(m.key)
-            cells.append(_reach_cell(r, sp))
-        rows.append(cells)
+        rows.append([m.header, f"{value:.1f} at {st.x} {x_final}"] + [cell(a, m.key) for a in arms])
     x_final, value = sr.target.get(LOSS, (None, float("nan")))
     if x_final is not None:
-        cells = ["LOSS", f"{value:.4g} at iteration {x_final}"]
-        for g in arms:
-            r, sp = g.reach.get(LOSS), g.speedup.get(LOSS)
-            cells.append("no loss logged" if g.loss is None else _reach_cell(r, sp))
-        rows.append(cells)
-    _table(out, ["metric", "default final"] + [g.arm for g in arms], rows)
+        rows.append(["LOSS", f"{value:.4g} at iteration {x_final}"] + [cell(a, LOSS, loss=True) for a in arms])
+    _table(out, ["metric", "default final"] + arms, rows)
     if x_final is None:
         out.write("LOSS: no training loss logged (metrics.json) for the default arm.\n\n")
 
@@ -133,7 +151,11 @@ def _stats(out, sr: StageReport) -> None:
             dropped.setdefault(s.arm, s.dropped)
     for arm, d in dropped.items():
         out.write(f"- {arm}: dropped from the pairing: {', '.join(d)}\n")
-    if lines or dropped:
+    unpaired = [a for a in _arms_shown(sr) if a not in {g.arm for g in sr.arms}]
+    for arm in unpaired:
+        out.write(f"- {arm}: no finished run to pair: "
+                  + ", ".join(f"seed {m.seed} {m.reason}" for m in sr.failed_at(arm, sr.scale)) + "\n")
+    if lines or dropped or unpaired:
         out.write("\n")
 
 
@@ -146,11 +168,15 @@ def _lr(out, sr: StageReport) -> None:
     out.write("### Learning-rate sensitivity\n\n")
     out.write(f"Final {', '.join(heads)} (%) per learning-rate scale (multiplier of the config's learning rate), "
               f"mean over seeds; the best scale is the one with the highest {first}.\n\n")
-    arms = sorted({g.arm for g in sr.groups}, key=lambda a: [g.arm for g in sr.groups].index(a))
+    arms = sorted({g.arm for g in sr.groups} | {m.arm for m in sr.failed}, key=arm_sort_key)
     for arm in arms:
         out.write(f"**{arm}**\n\n")
-        rows = [[_scale(g.lr_scale)] + [fmt_value(*g.final[h], len(g.runs)) for h in heads] + [_seeds(g.seeds)]
-                for g in sr.groups if g.arm == arm]
+        rows = []
+        for scale in sr.scales:
+            rows += [[_scale(g.lr_scale)] + [fmt_value(*g.final[h], len(g.runs)) for h in heads] + [_seeds(g.seeds)]
+                     for g in sr.groups if g.arm == arm and g.lr_scale == scale]
+            rows += [[_scale(scale), m.reason] + [""] * (len(heads) - 1) + [_seeds([m.seed])]
+                     for m in sr.failed_at(arm, scale)]
         _table(out, ["lr scale"] + heads + ["seeds"], rows)
     shared = [g for g in sr.groups if g.lr_scale == 1.0]
     if shared:

@@ -137,10 +137,15 @@ def _bootstrap(stage: Stage, run: Run, ref: Run, metrics: List[Metric], num: int
     return _classification_bootstrap(run, ref, metrics, num, seed)
 
 
-def _pair(arm_runs: Dict[int, Run], ref_runs: Dict[int, Run], ref_name: str, arm: str) -> Tuple[List[int], List[str]]:
+def _pair(arm_runs: Dict[int, Run], ref_runs: Dict[int, Run], ref_name: str, arm: str,
+          why: Dict[Tuple[str, int], str]) -> Tuple[List[int], List[str]]:
+    """Seeds with both runs, and the dropped ones named with what became of the missing run (``why``:
+    (arm, seed) -> e.g. "diverged at iteration 40")."""
     paired = sorted(set(arm_runs) & set(ref_runs))
-    dropped = [f"seed {s} (no {arm} run)" for s in sorted(set(ref_runs) - set(arm_runs))]
-    dropped += [f"seed {s} (no {ref_name} run)" for s in sorted(set(arm_runs) - set(ref_runs))]
+    dropped = [f"seed {s} ({arm} run {why[(arm, s)]})" if (arm, s) in why else f"seed {s} (no {arm} run)"
+               for s in sorted(set(ref_runs) - set(arm_runs))]
+    dropped += [f"seed {s} ({ref_name} run {why[(ref_name, s)]})" if (ref_name, s) in why else
+                f"seed {s} (no {ref_name} run)" for s in sorted(set(arm_runs) - set(ref_runs))]
     return paired, dropped
 
 
@@ -149,11 +154,12 @@ def paired_statistics(stage_report, *, bootstrap: int = 200, seed: int = 0) -> L
     stage: Stage = stage_report.stage
     groups = stage_report.arms
     default = next((g for g in groups if g.arm == "default"), None)
+    why = {(m.arm, m.seed): m.reason for m in stage_report.failed if m.lr_scale == stage_report.scale}
     rows: List[PairedStat] = []
     for g in groups:
         runs = _by_seed(g.runs)
         ref_runs = _by_seed(default.runs) if default is not None else {}
-        paired, dropped = _pair(runs, ref_runs, "default", g.arm) if default is not None else ([], [])
+        paired, dropped = _pair(runs, ref_runs, "default", g.arm, why) if default is not None else ([], [])
         metrics = [m for m in stage.headline if math.isfinite(g.value(m.header))]
         boot, boot_method, boot_error = None, "", ""
         if g is not default and default is not None and len(paired) == 1 and bootstrap > 0:

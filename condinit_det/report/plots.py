@@ -52,7 +52,9 @@ def _band_note(sr: StageReport) -> str:
 
 def _metric_plot(path: str, sr: StageReport, metric: Metric) -> bool:
     groups = [g for g in sr.arms if len(g.curves[metric.key].x) and np.isfinite(g.curves[metric.key].mean).any()]
-    if not groups:
+    failed = [(m, *m.run.curve(metric)) for m in sr.failed if m.lr_scale == sr.scale and m.run is not None]
+    failed = [(m, x, y) for m, x, y in failed if len(x) and np.isfinite(y).any()]
+    if not groups and not failed:
         return False
 
     def draw(ax):
@@ -61,6 +63,8 @@ def _metric_plot(path: str, sr: StageReport, metric: Metric) -> bool:
             ax.plot(c.x, c.mean, marker="o", ms=3, color=color, label=f"{g.arm} ({len(g.runs)} seed{'s' * (len(g.runs) > 1)})")
             if len(g.runs) > 1:
                 ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=color, alpha=0.2, lw=0)
+        for m, x, y in failed:  # each stopped run on its own, ending where it stopped
+            ax.plot(x, y, ls=":", marker="x", ms=4, color=arm_color(m.arm), label=f"{m.arm} seed {m.seed}: {m.reason}")
         x_final, value = sr.target.get(metric.key, (None, float("nan")))
         if x_final is not None and np.isfinite(value):
             ax.axhline(value, color=arm_color("default"), ls="--", lw=1, label="default final")

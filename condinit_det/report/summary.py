@@ -9,6 +9,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from condinit_det.stats import mean_std
 
 from .curves import Curve, first_reach, kappa_curve, seed_mean, speedup
+from condinit_det.runs import describe_failure
+
 from .discovery import ExpectedRun, Missing, Run
 from .paired import PairedStat, paired_statistics
 from .stages import CLASSIFICATION, DETECTION, STAGES, Stage
@@ -71,7 +73,15 @@ class StageReport:
 
     @property
     def scales(self) -> List[float]:
-        return sorted({g.lr_scale for g in self.groups})
+        return sorted({g.lr_scale for g in self.groups} | {m.lr_scale for m in self.failed})
+
+    @property
+    def failed(self) -> List[Missing]:
+        """Runs that diverged or failed (never averaged; shown where they would have been)."""
+        return [m for m in self.missing if m.failure is not None]
+
+    def failed_at(self, arm: str, lr_scale: float) -> List[Missing]:
+        return [m for m in self.failed if m.arm == arm and m.lr_scale == lr_scale]
 
     def arm(self, name: str, lr_scale: Optional[float] = None) -> ArmSummary:
         scale = self.scale if lr_scale is None else float(lr_scale)
@@ -196,14 +206,18 @@ def _collect_missing(expected: Sequence[ExpectedRun], runs: List[Run]) -> Tuple[
             out.append(Missing(e.spec.arm, e.spec.seed, e.spec.lr_scale, e.path, "no results (failed or not run)", stage))
     end: Dict[Tuple[str, str], int] = {}
     for r in runs:
-        if r.stage is not None:
+        if r.stage is not None and r.failure is None:
             key = (r.root, r.stage.name)
             end[key] = max(end.get(key, r.final_x), r.final_x)
     for r in runs:
-        if r.stage is None:
+        failure = r.failure
+        if failure is not None:
+            stage = r.stage or planned_stage.get(os.path.realpath(r.path)) or _stage_hint(failure.get("config"))
+            out.append(Missing(r.arm, r.seed, r.lr_scale, r.path, describe_failure(failure), stage, r, failure))
+        elif r.stage is None:
             out.append(Missing(r.arm, r.seed, r.lr_scale, r.path, "no evaluation recorded (unfinished or failed)",
                                planned_stage.get(os.path.realpath(r.path))))
-        elif r.final_x < end[(r.root, r.stage.name)]:
+        elif r.final_x < end.get((r.root, r.stage.name), r.final_x):
             out.append(Missing(r.arm, r.seed, r.lr_scale, r.path,
                                f"unfinished (last evaluation at {r.stage.x} {r.final_x}; "
                                f"other runs reach {end[(r.root, r.stage.name)]})", r.stage))
@@ -234,13 +248,16 @@ def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *,
             by_group.setdefault((r.arm, r.lr_scale), []).append(r)
         groups = [_summarize_group(stage, a, s, rs) for (a, s), rs in
                   sorted(by_group.items(), key=lambda kv: (arm_sort_key(kv[0][0]), kv[0][1]))]
-        sr = StageReport(stage=stage, groups=groups, scale=_main_scale(groups) if groups else 1.0,
-                         missing=stage_missing, has_plan=stage.name in planned)
+        failed_scales = {m.lr_scale for m in stage_missing if m.failure is not None}
+        scale = _main_scale(groups) if groups else (1.0 if 1.0 in failed_scales or not failed_scales
+                                                    else min(failed_scales))
+        sr = StageReport(stage=stage, groups=groups, scale=scale, missing=stage_missing,
+                         has_plan=stage.name in planned)
         sr.target = _convergence(sr.arms, stage)
         kappa = {g.arm: kappa_curve([r.records for r in g.runs]) for g in sr.arms}
         sr.kappa = {a: k for a, k in kappa.items() if len(k[0])}
         sr.stats = paired_statistics(sr, bootstrap=bootstrap, seed=seed)
         stages.append(sr)
-    if not any(s.groups for s in stages):
+    if not any(s.groups or s.failed for s in stages):
         raise ValueError("No finished runs to compare: " + "; ".join(m.describe() for m in missing))
     return ArmsReport(stages=stages, runs=runs, missing=missing, bootstrap=bootstrap, seed=seed)
