@@ -18,7 +18,7 @@ TRAIN_NET = str(ROOT / "tools" / "train_net.py")
 PRETRAIN_NET = str(ROOT / "tools" / "pretrain_net.py")
 CONFIG = str(ROOT / "tests" / "tiny_train_config.py")
 FAILING_CONFIG = str(ROOT / "tests" / "tiny_failing_config.py")
-HUGE = "1000000"
+HUGE = "100000000"  # x the config's learning rate: the tiny detector diverges within two iterations
 
 
 def _env(**extra):
@@ -149,7 +149,7 @@ def test_detection_experiment_with_a_diverging_lr(tmp_path):
         assert [r["iteration"] for r in ResultsFile(RunSpec(arm, 0).path(str(exp))).records("ap")] == [1, 2, 3]
     tail = "\n".join(_last_lines(err))
     first = failure_of(diverged[0].path(str(exp)))
-    assert f"did not finish" in tail and f"{diverged[0].arm} seed 0 lr scale 1e+06: diverged at iteration " \
+    assert "did not finish" in tail and f"{diverged[0].arm} seed 0 lr scale 1e+08: diverged at iteration " \
         f"{first['iteration']}" in tail
     md = (exp / "report" / "report.md").read_text()
     assert f"diverged at iteration {first['iteration']}" in md.split("### Learning-rate sensitivity")[1]
@@ -157,10 +157,10 @@ def test_detection_experiment_with_a_diverging_lr(tmp_path):
     assert "Traceback" in log and "FloatingPointError" in log
 
     # --resume: nothing is retrained, the diverged runs are named and still fail the command.
-    rc, out, err = _tool(TRAIN_NET, *argv, "--resume", cwd=tmp_path)
+    rc, out, err = _tool(TRAIN_NET, "--resume", *argv, cwd=tmp_path)
     assert rc == 1 and "not retried" in out + err and (out + err).count("already finished") == 3
     # --retry-failed: the diverged runs are moved aside and trained afresh.
-    rc, out, err = _tool(TRAIN_NET, *argv, "--retry-failed", cwd=tmp_path)
+    rc, out, err = _tool(TRAIN_NET, "--retry-failed", *argv, cwd=tmp_path)
     assert rc == 1 and "moved aside" in out + err
     for s in diverged:
         assert Path(s.path(str(exp)) + ".failed0").is_dir() and failure_of(s.path(str(exp))) is not None
@@ -183,7 +183,7 @@ def test_detection_run_whose_loader_raises_then_resume(tmp_path):
     for arm in ("mimetic", "conditioned"):
         assert [r["iteration"] for r in ResultsFile(RunSpec(arm, 0).path(str(exp))).records("ap")] == [2]
     # --resume continues the run that failed with an error; the experiment is then complete.
-    rc, out, err = _tool(TRAIN_NET, *argv, "--resume", cwd=tmp_path, **env)
+    rc, out, err = _tool(TRAIN_NET, "--resume", *argv, cwd=tmp_path, **env)
     assert rc == 0, err[-3000:]
     assert failure_of(RunSpec("default", 0).path(str(exp))) is None
     assert [r["iteration"] for r in ResultsFile(RunSpec("default", 0).path(str(exp))).records("ap")] == [2]
@@ -232,9 +232,9 @@ def test_pretraining_experiment_with_a_diverging_lr(tmp_path):
     assert first["iteration"] >= 1 and first["epoch"] in (0, 1) and "loss became" in first["message"]
     for arm in ARMS:
         assert [r["epoch"] for r in ResultsFile(RunSpec(arm, 0).path(str(exp))).records("cls")] == [1, 2]
-    assert f"{diverged[0].arm} seed 0 lr scale 1e+06: diverged at iteration {first['iteration']}" in \
+    assert f"{diverged[0].arm} seed 0 lr scale 1e+08: diverged at iteration {first['iteration']}" in \
         "\n".join(_last_lines(err))
     md = (exp / "report" / "report.md").read_text()
     assert f"diverged at iteration {first['iteration']}" in md.split("### Learning-rate sensitivity")[1]
-    rc, out, err = _tool(PRETRAIN_NET, *argv, "--resume", cwd=tmp_path)
+    rc, out, err = _tool(PRETRAIN_NET, "--resume", *argv, cwd=tmp_path)
     assert rc == 1 and "not retried" in out + err
