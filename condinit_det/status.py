@@ -161,10 +161,10 @@ def _identity(path: str, records: Sequence[dict]) -> Tuple[Optional[str], Option
             arm, seed, scale = run.get("arm"), run.get("seed"), run.get("lr_scale")
         except (OSError, json.JSONDecodeError, AttributeError):
             pass
-    for r in records:
-        arm = r.get("arm", arm)
-        seed = r.get("seed", seed)
-        scale = r.get("lr_scale", scale)
+    for r in records:  # the records win, as in the report
+        arm = r["arm"] if r.get("arm") is not None else arm
+        seed = r["seed"] if r.get("seed") is not None else seed
+        scale = r["lr_scale"] if r.get("lr_scale") is not None else scale
     return arm, None if seed is None else int(seed), 1.0 if scale is None else float(scale)
 
 
@@ -399,7 +399,7 @@ def summary_line(statuses: Sequence[RunStatus]) -> str:
     """``"9 runs: 4 finished, 1 running, 1 stopped, 2 not started, 1 diverged"`` (states with no run left out)."""
     counts = Counter(s.state for s in statuses)
     parts = [f"{counts[state]} {state}" for state in STATES if counts[state]]
-    return f"{len(statuses)} run{'s' if len(statuses) != 1 else ''}: " + ", ".join(parts)
+    return f"{len(statuses)} run{'s' if len(statuses) != 1 else ''}" + (": " + ", ".join(parts) if parts else "")
 
 
 def main(argv=None) -> int:
