@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .results import ARM_REPORT_FILENAME, FAILED_KIND, RESULTS_FILENAME, ResultsFile
-from .runs import PLAN_FILENAME, RunSpec, describe_failure, is_set_aside, read_plan
+from .runs import PLAN_FILENAME, describe_failure, is_set_aside, read_plan
 
 __all__ = ["STALE_AFTER", "STATES", "RunStatus", "experiment_status", "format_table", "main", "summary_line"]
 

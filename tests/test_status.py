@@ -155,7 +155,8 @@ def test_pretraining_experiment(tmp_path):
             final=True)
     pre_run(base, runs[1], evals=[(1, 12.0), (2, 25.0)], lines=[(24, 0.2), (30, 0.25)], when=RECENT)
     pre_run(base, runs[2], evals=[(1, 11.0)], lines=[(16, 0.2)],
-            failed={"reason": "diverged", "iteration": 17, "epoch": 1, "message": "FloatingPointError: loss became nan"})
+            failed={"reason": "diverged", "iteration": 17, "epoch": 1,
+                    "message": "FloatingPointError: loss became nan"})
     statuses = experiment_status(base, now=NOW)
     f, r, dv, ns = statuses
     assert [s.state for s in statuses] == ["finished", "running", "diverged", "not started"]
