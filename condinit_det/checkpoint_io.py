@@ -105,7 +105,8 @@ def _decode(text: str) -> Any:
         return text
 
 
-def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str, metadata: Optional[Mapping[str, Any]] = None) -> None:
+def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str,
+                     metadata: Optional[Mapping[str, Any]] = None) -> None:
     """Write ``tensors`` (a state dict) and ``metadata`` (JSON-able values) as safetensors, atomically.
 
     Tensors are copied to CPU and made contiguous; tensors sharing storage are saved as copies
@@ -126,6 +127,10 @@ def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str, metadata: O
     atomic_write(path, save(out, metadata=meta), fsync=True)
 
 
+def _not_safetensors(path: str, error: Exception) -> ValueError:
+    return ValueError(f"checkpoint {path} is truncated or not a safetensors file ({type(error).__name__}: {error})")
+
+
 def read_safetensors_metadata(path: str) -> Dict[str, Any]:
     """The decoded metadata of a safetensors file (reads the header only)."""
     from safetensors import safe_open
@@ -134,7 +139,7 @@ def read_safetensors_metadata(path: str) -> Dict[str, Any]:
         with safe_open(path, framework="pt") as f:
             meta = f.metadata() or {}
     except Exception as e:  # safetensors raises its own error types for a bad header
-        raise ValueError(f"checkpoint {path} is truncated or not a safetensors file ({type(e).__name__}: {e})") from None
+        raise _not_safetensors(path, e) from None
     return {k: _decode(v) for k, v in meta.items()}
 
 
@@ -146,7 +151,7 @@ def load_safetensors(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]
     try:
         tensors = load_file(path, device="cpu")
     except Exception as e:
-        raise ValueError(f"checkpoint {path} is truncated or not a safetensors file ({type(e).__name__}: {e})") from None
+        raise _not_safetensors(path, e) from None
     return tensors, meta
 
 

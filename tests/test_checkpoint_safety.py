@@ -107,8 +107,9 @@ def _one_error_line(code, err, tool, path, why):
 # ---------------------------------------------------------------------------------------------
 def test_loader_refuses_code_and_reads_weights(tmp_path, marker):
     evil_pth, evil_pkl = _malicious(tmp_path / "evil.pth", marker), _malicious(tmp_path / "evil.pkl", marker)
+    why = r"needs full unpickling \(it refers to (builtins\.)?exec\)"
     for load in (load_checkpoint, check_loadable, torch_load):
-        with pytest.raises(UnsafeCheckpointError, match="needs full unpickling \\(it refers to (builtins\\.)?exec\\)") as e:
+        with pytest.raises(UnsafeCheckpointError, match=why) as e:
             load(evil_pth)
         assert "\n" not in str(e.value) and "evil.pth" in str(e.value) and "--trust-pickle" in str(e.value)
     for load in (load_checkpoint, check_loadable):
@@ -174,12 +175,14 @@ def _detection_case(tmp_path, marker, case):
     raise AssertionError(case)
 
 
-@pytest.mark.parametrize("case", ["init_file", "init_run_dir", "resume", "eval_only", "pkl_init", "pkl_eval_only"])
+@pytest.mark.parametrize("case", ["init_file", "init_run_dir", "resume", "eval_only", "pkl_init",
+                                  "pkl_eval_only"])
 def test_train_net_refuses_a_checkpoint_that_runs_code(tmp_path, marker, capsys, case):
     bad, argv = _detection_case(tmp_path, marker, case)
     code, err = _tool(TRAIN_NET, ["--config-file", CONFIG, *argv, f"train.output_dir={tmp_path / 'out'}"], capsys)
     _one_error_line(code, err, "train_net.py", bad, "pickle file" if case.startswith("pkl") else "full unpickling")
-    assert sorted(os.listdir(tmp_path / "out")) == (["last_checkpoint", "model_0000004.pth"] if case == "resume" else [])
+    untouched = ["last_checkpoint", "model_0000004.pth"] if case == "resume" else []
+    assert sorted(os.listdir(tmp_path / "out")) == untouched
 
 
 def test_detection_checkpointer_refuses_in_the_worker_too(tmp_path, marker):
@@ -196,6 +199,21 @@ def test_detection_checkpointer_refuses_in_the_worker_too(tmp_path, marker):
         RunCheckpointer(model).load(str(benign))
     RunCheckpointer(model, trust_pickle=True).load(str(benign))  # detectron2's pickle path, opted in
     assert torch.equal(model.weight.detach(), torch.ones(1, 3))
+
+
+def test_trust_pickle_lets_a_pkl_through_the_pre_launch_check(tmp_path):
+    from condinit_det.engine.training import build_argument_parser, check_invocation
+
+    benign = tmp_path / "zoo.pkl"
+    with open(benign, "wb") as f:
+        pickle.dump({"model": {"w": [0.0]}, "__author__": "d2"}, f)
+    argv = ["--config-file", CONFIG, f"train.init_checkpoint={benign}", f"train.output_dir={tmp_path / 'out'}"]
+    with pytest.raises(UnsafeCheckpointError, match="zoo.pkl is a pickle file"):
+        check_invocation(build_argument_parser().parse_args(argv))
+    check_invocation(build_argument_parser().parse_args(["--trust-pickle", *argv]))
+    with pytest.raises(UnsafeCheckpointError, match="R-50.pkl is a pickle file"):  # model-zoo URLs too
+        check_invocation(build_argument_parser().parse_args(
+            [*argv, "train.init_checkpoint=detectron2://ImageNetPretrained/MSRA/R-50.pkl"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,7 +353,8 @@ def test_fine_tune_from_a_run_directory_with_only_safetensors(tmp_path):
     report = json.loads((exp / "condinit_arm_report.json").read_text())
     assert report["init_checkpoint"].endswith("pretrain/mimetic/seed0/model_final.safetensors")
     # The same per-site provenance as from model_final.pth (tests/test_finetune_handoff.py).
-    assert report["sites"] and all(s["weights_from"].endswith("(pretrained with arm mimetic)") for s in report["sites"])
+    sites = report["sites"]
+    assert sites and all(s["weights_from"].endswith("(pretrained with arm mimetic)") for s in sites)
     assert "pretrained with arm 'mimetic'" in (exp / "log.txt").read_text()
     # The detection run's own final weights: .pth and the shareable .safetensors, equal, with metadata.
     final = torch_load(exp / "model_final.pth")["model"]
