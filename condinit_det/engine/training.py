@@ -36,6 +36,7 @@ from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
 from condinit_det.arm_node import ArmSpec, plain, resolve_arm_node
+from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable, refuse_pickle
 from condinit_det.init import ARMS
 from condinit_det.modeling.arm import armed, armed_nodes, check_arm_agrees, rank0_computes_arm, sites_only
 from condinit_det.results import ResultsFile
@@ -50,7 +51,6 @@ from condinit_det.runs import (
 )
 
 from .arm_report import AttentionSnapshot, log_arm_report, save_arm_report, weights_from
-from ..checkpoint_io import TRUST_FLAG, check_loadable, refuse_pickle
 from .checkpoint import RunCheckpointer, check_checkpoint_file, pretrain_checkpoint_file, read_pretrain_meta
 from .hooks import APHook, ap_record, build_best_checkpointer
 
