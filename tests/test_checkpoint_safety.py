@@ -226,10 +226,10 @@ def cls_data(tmp_path_factory):
                                                spec=spec))
 
 
-def _pretrain_opts(data, out):
+def _pretrain_opts(data, out, **extra):
     opts = {"data.root": data, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 2,
             "train.output_dir": out, "train.epochs": 1, "train.batch_size": 8, "train.workers": 0,
-            "train.eval_batch_size": 8}
+            "train.eval_batch_size": 8, **extra}
     return [f"{k}={v}" for k, v in opts.items()]
 
 
@@ -279,6 +279,35 @@ def test_pretrain_eval_only_reads_model_final_safetensors(tmp_path, capsys, cls_
     (record,) = ResultsFile(run_dir).records("cls_eval")
     assert record["checkpoint"].endswith("model_final.safetensors") and record["epoch"] == 3
     assert record["iteration"] == 6 and record["arm"] == "conditioned" and 0 <= record["top1"] <= 100
+
+
+def test_pretrain_resume_with_ema_from_weights_only_checkpoints(tmp_path, cls_data, monkeypatch):
+    """Epoch checkpoints hold the EMA and RNG states as tensors; resuming from one is still bitwise exact."""
+    from condinit_det.pretrain import configure_run, load_config, train_run
+    from condinit_det.pretrain import trainer
+
+    spec = RunSpec("conditioned", 0)
+    opts = {"train.epochs": 2, "scheduler.warmup_epochs": 1, "train.ema.enabled": True, "train.ema.decay": 0.5}
+
+    def train(out, resume=False):
+        cfg = configure_run(load_config(DEMO, _pretrain_opts(cls_data, out, **opts)), spec)
+        train_run(cfg, run=spec, run_dir=spec.path(out), config_file=DEMO, resume=resume)
+        return spec.path(out)
+
+    a = train(str(tmp_path / "a"))
+    with monkeypatch.context() as m:  # keep the first epoch's checkpoint, then forget the second epoch
+        m.setattr(trainer, "prune_checkpoints", lambda run_dir, keep: None)
+        b = train(str(tmp_path / "b"))
+    for name in ("checkpoint_epoch0002.pth", "model_final.pth", "model_final.safetensors"):
+        os.remove(os.path.join(b, name))
+    state = torch.load(os.path.join(b, "checkpoint_epoch0001.pth"), map_location="cpu", weights_only=True)
+    assert state["ema"].keys() == state["model"].keys()
+    assert all(isinstance(state["rng"][k], torch.Tensor) for k in ("python", "numpy", "torch"))
+    train(str(tmp_path / "b"), resume=True)
+    fa = load_final(os.path.join(a, "model_final.safetensors"))
+    fb = load_final(os.path.join(b, "model_final.safetensors"))
+    assert fa["weights"] == fb["weights"] == "ema" and fa["epoch"] == 2
+    assert all(torch.equal(fa["model"][k], fb["model"][k]) for k in fa["model"])
 
 
 # ---------------------------------------------------------------------------------------------
