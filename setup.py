@@ -35,6 +35,7 @@ setup(
         "black",  # detectron2's LazyConfig.save formats the dumped config with it
         "packaging",
         "psutil",
+        "safetensors",  # the shareable model_final.safetensors
     ],
     extras_require={"test": ["pytest>=7"]},
 )

@@ -48,7 +48,7 @@ def test_each_arm_fine_tunes_from_its_own_pretraining(tmp_path):
     qkv = {}
     for arm in ARMS:
         run = exp / arm / "seed0"
-        final = torch.load(run / "model_final.pth", map_location="cpu", weights_only=False)["model"]
+        final = torch.load(run / "model_final.pth", map_location="cpu", weights_only=True)["model"]
         for block in range(2):
             for name in ("qkv.weight", "qkv.bias", "proj.weight"):
                 ours = final[f"backbone.net.blocks.{block}.attn.{name}"]

@@ -284,6 +284,12 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
         pred = json.load(f)
     assert pred["epoch"] == epochs and len(pred["labels"]) == len(pred["top1"]) == len(pred["top5_hit"]) == 16
     assert [os.path.basename(p) for p in Path(run_b).glob("checkpoint_epoch*.pth")] == ["checkpoint_epoch0005.pth"]
+    # Every file loads weights-only; model_final.safetensors holds the same weights, the rest as metadata.
+    last = torch.load(os.path.join(run_b, "checkpoint_epoch0005.pth"), map_location="cpu", weights_only=True)
+    assert all(isinstance(last["rng"][k], torch.Tensor) for k in ("python", "numpy", "torch"))
+    shared = load_final(os.path.join(run_b, "model_final.safetensors"))
+    assert shared.keys() == fb.keys() and all(shared[k] == fb[k] for k in fb if k != "model")
+    assert all(torch.equal(shared["model"][k], fb["model"][k]) for k in fb["model"])
     # A finished run is skipped on --resume.
     again = _run([*argv, "--resume", *tiny(tiny_data, b, epochs=epochs)])
     assert again.returncode == 0 and "already finished" in again.stdout

@@ -77,7 +77,7 @@ def _metric_iterations(run):
 def _best_is_best(run):
     records = ResultsFile(run).records("ap")
     best = max(records, key=lambda r: (r["bbox"]["AP"] or 0.0, -r["iteration"]))
-    saved = torch.load(run / "model_best.pth", map_location="cpu", weights_only=False)
+    saved = torch.load(run / "model_best.pth", map_location="cpu", weights_only=True)
     assert saved["iteration"] + 1 == best["iteration"]
 
 

@@ -185,6 +185,10 @@ def test_yacs_config_path(tmp_path):
     assert len([m for m in _metrics(out) if "bbox/AP" in m]) == 2
     assert (out / "last_checkpoint").read_text().strip() == "model_final.pth"
     assert (out / "model_best.pth").is_file()
+    from condinit_det.checkpoint_io import load_safetensors
+
+    _, meta = load_safetensors(str(out / "model_final.safetensors"))  # the shareable copy, with the run's metadata
+    assert (meta["format"], meta["arm"], meta["seed"], meta["iteration"]) == ("condinit_det.detection/v1", "mimetic", 0, 1)
 
 
 def test_init_checkpoint_override_is_detected_per_site(tmp_path):

@@ -21,6 +21,7 @@ import torch
 
 from condinit_det.analysis import measure_sites, resolve_sites, write_table
 from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
+from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable
 from condinit_det.fileio import atomic_write
 from condinit_det.init import ARMS
 
@@ -31,7 +32,10 @@ def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-file", required=True, help="detectron2 lazy config (.py or .yaml)")
     p.add_argument("--arm", default="all", choices=ARMS + ("all",), help="arm to measure (default: all)")
-    p.add_argument("--weights", default=None, help="checkpoint loaded after the arm is applied (overwrites it)")
+    p.add_argument("--weights", default=None, help="checkpoint loaded after the arm is applied (overwrites it): "
+                   ".safetensors, .pth (weights only) or a pretraining run's model_final file")
+    p.add_argument(TRUST_FLAG, action="store_true",
+                   help="let --weights be a .pkl or a .pth that needs full unpickling (can run code stored in it)")
     p.add_argument("--sites", nargs="*", default=None, help="fnmatch patterns on site names (default: all sites)")
     p.add_argument("--output", default=None, help="directory for the CSV / Markdown / JSON tables")
     p.add_argument("--method", default="matrix_free", choices=("matrix_free", "exact", "auto"))
@@ -114,15 +118,17 @@ def main(argv=None):
     args = get_parser().parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cfg = _load_cfg(args.config_file, args.opts)
+    if args.weights:  # refuse an unsafe or unreadable file before any work
+        check_loadable(args.weights, trust_pickle=args.trust_pickle)
     batch = _first_batch(cfg, args.split, args.num_images)
     arms = ARMS if args.arm == "all" else (args.arm,)
     rows = []
     for arm in arms:
         model = build_model(cfg, arm, args.device)
         if args.weights:
-            from detectron2.checkpoint import DetectionCheckpointer
+            from condinit_det.engine.checkpoint import RunCheckpointer
 
-            DetectionCheckpointer(model).load(args.weights)
+            RunCheckpointer(model, trust_pickle=args.trust_pickle).load(args.weights)
         sites = resolve_sites(model, args.sites, default="all")
         for m in measure_sites(model, batch, sites, max_batch=args.max_batch, max_tokens=args.max_tokens,
                                method=args.method, max_iter=args.max_iter, block_size=args.block_size, tol=args.tol,
@@ -140,4 +146,8 @@ def main(argv=None):
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    main()
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
+        sys.exit(2)

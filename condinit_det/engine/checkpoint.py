@@ -1,55 +1,74 @@
-"""Checkpoints of a run: written atomically, read with clear errors, pretraining checkpoints converted.
+"""Checkpoints of a run: written atomically, read without running code, pretraining checkpoints converted.
 
-:class:`RunCheckpointer` is detectron2's ``DetectionCheckpointer`` with three changes:
+:class:`RunCheckpointer` is detectron2's ``DetectionCheckpointer`` with these changes:
 
 - ``save`` writes ``<name>.pth`` and the ``last_checkpoint`` tag through a temporary file in the
   same folder and ``os.replace``, so a run killed while saving leaves the previous checkpoint and
-  tag intact (no half-written file is ever read by ``--resume``);
-- a truncated or corrupt checkpoint is reported as one ``ValueError`` naming the file;
+  tag intact (no half-written file is ever read by ``--resume``); ``model_final`` is also written
+  as ``model_final.safetensors`` (the weights to share; arm, seed, iteration as metadata);
+- files are read without running code from them (:mod:`condinit_det.checkpoint_io`): ``.pth``
+  with ``weights_only=True``, ``.safetensors`` natively, ``.pkl`` only with ``trust_pickle``; a
+  truncated, corrupt or unsafe checkpoint is reported as one ``ValueError`` naming the file;
 - a checkpoint written by ``tools/pretrain_net.py`` (``{"format": "condinit_det.pretrain/v1",
-  "model": <timm state dict>, "arm": ..., ...}``) is converted to the model's detectron2 backbone
-  on load (:func:`condinit_det.modeling.convert.convert_timm_checkpoint`); its metadata is kept
-  on ``pretrain_meta``.
+  "model": <timm state dict>, "arm": ..., ...}``, or its ``.safetensors`` with that metadata) is
+  converted to the model's detectron2 backbone on load
+  (:func:`condinit_det.modeling.convert.convert_timm_checkpoint`); its metadata is kept on
+  ``pretrain_meta``.
 """
 import logging
 import os
 import zipfile
 from typing import Optional
 
-import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from detectron2.checkpoint import DetectionCheckpointer
 
+from ..checkpoint_io import (
+    PICKLE_SUFFIXES,
+    SAFETENSORS_SUFFIX,
+    check_loadable,
+    final_weights_file,
+    load_safetensors,
+    read_safetensors_metadata,
+    refuse_pickle,
+    save_safetensors,
+    torch_load,
+)
 from ..fileio import atomic_torch_save, atomic_write
 
-__all__ = ["PRETRAIN_FORMAT", "RunCheckpointer", "check_checkpoint_file", "pretrain_checkpoint_file",
-           "read_pretrain_meta"]
+__all__ = ["DETECTION_FORMAT", "PRETRAIN_FORMAT", "RunCheckpointer", "check_checkpoint_file",
+           "pretrain_checkpoint_file", "read_pretrain_meta"]
 
 logger = logging.getLogger(__name__)
 
 PRETRAIN_FORMAT = "condinit_det.pretrain/v1"
-PRETRAIN_FINAL = "model_final.pth"
+DETECTION_FORMAT = "condinit_det.detection/v1"  # the format tag of a detection run's model_final.safetensors
+_FINAL = "model_final"
 _LAST = "last_checkpoint"
 
 
 def pretrain_checkpoint_file(path: str) -> str:
-    """A pretraining run directory -> its ``model_final.pth``; a file path is returned unchanged."""
+    """A pretraining run directory -> its ``model_final.safetensors`` (else ``model_final.pth``); a file
+    path is returned unchanged."""
     if os.path.isdir(path):
-        final = os.path.join(path, PRETRAIN_FINAL)
-        if not os.path.isfile(final):
+        final = final_weights_file(path, _FINAL)
+        if final is None:
             raise FileNotFoundError(
-                f"{path} is a directory without {PRETRAIN_FINAL}: point train.init_checkpoint at a finished "
-                "tools/pretrain_net.py run directory or at a checkpoint file")
+                f"{path} is a directory without {_FINAL}.pth (or {_FINAL}{SAFETENSORS_SUFFIX}): point "
+                "train.init_checkpoint at a finished tools/pretrain_net.py run directory or at a checkpoint file")
         return final
     return path
 
 
 def check_checkpoint_file(path: str) -> None:
-    """Raise ValueError when ``path`` (a torch zip checkpoint) is truncated or not a checkpoint."""
+    """Raise ValueError when ``path`` (a torch zip or safetensors checkpoint) is truncated or not a checkpoint."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.endswith((".pkl", ".pyth")):
+    if path.endswith(SAFETENSORS_SUFFIX):
+        read_safetensors_metadata(path)
+        return
+    if path.endswith(PICKLE_SUFFIXES + (".pyth",)):
         return
     if not zipfile.is_zipfile(path):
         raise ValueError(
@@ -57,22 +76,36 @@ def check_checkpoint_file(path: str) -> None:
             "directory): it was probably cut short by a crash; delete it (and fix last_checkpoint) or start afresh")
 
 
-def read_pretrain_meta(path: str) -> Optional[dict]:
-    """Metadata (everything but the weights) of a pretraining checkpoint, or None for other files."""
-    if not os.path.isfile(path) or path.endswith((".pkl", ".pyth")):
+def read_pretrain_meta(path: str, *, trust_pickle: bool = False) -> Optional[dict]:
+    """Metadata (everything but the weights) of a pretraining checkpoint, or None for other files.
+
+    Raises :class:`~condinit_det.checkpoint_io.UnsafeCheckpointError` for a ``.pth`` that needs full
+    unpickling unless ``trust_pickle``."""
+    if not os.path.isfile(path) or path.endswith(PICKLE_SUFFIXES + (".pyth",)):
         return None
     check_checkpoint_file(path)
-    data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if path.endswith(SAFETENSORS_SUFFIX):
+        data = read_safetensors_metadata(path)
+    else:
+        data = torch_load(path, trust_pickle=trust_pickle, mmap=True)
     if not isinstance(data, dict) or data.get("format") != PRETRAIN_FORMAT:
         return None
     return {k: v for k, v in data.items() if k != "model"}
 
 
 class RunCheckpointer(DetectionCheckpointer):
-    """``DetectionCheckpointer`` with atomic saves, clear load errors and pretraining-checkpoint conversion."""
+    """``DetectionCheckpointer`` with atomic saves, safe and clear loads and pretraining-checkpoint conversion.
 
-    def __init__(self, model, save_dir="", **kwargs):
+    Args:
+        trust_pickle: load ``.pkl`` files and ``.pth`` files that need full unpickling (both can run
+            code stored in them); refused otherwise.
+        metadata: plain values (arm, seed, ...) written into ``model_final.safetensors``.
+    """
+
+    def __init__(self, model, save_dir="", *, trust_pickle: bool = False, metadata: Optional[dict] = None, **kwargs):
         super().__init__(model, save_dir, **kwargs)
+        self.trust_pickle = bool(trust_pickle)
+        self.metadata = dict(metadata or {})
         self.pretrain_meta: Optional[dict] = None
 
     def save(self, name: str, **kwargs) -> None:
@@ -83,6 +116,10 @@ class RunCheckpointer(DetectionCheckpointer):
         data.update(kwargs)
         basename = f"{name}.pth"
         path = os.path.join(self.save_dir, basename)
+        if name == _FINAL:  # the weights to share, written before the .pth that marks the run finished
+            extra = {k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))}
+            save_safetensors(data["model"], os.path.join(self.save_dir, _FINAL + SAFETENSORS_SUFFIX),
+                             {"format": DETECTION_FORMAT, **self.metadata, **extra})
         self.logger.info(f"Saving checkpoint to {path}")
         atomic_torch_save(data, path)
         self.tag_last_checkpoint(basename)
@@ -93,13 +130,20 @@ class RunCheckpointer(DetectionCheckpointer):
     def _torch_load(self, f):
         check_checkpoint_file(f)
         try:
-            return super()._torch_load(f)
+            return torch_load(f, trust_pickle=self.trust_pickle)
         except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as e:
             raise ValueError(f"checkpoint {f} cannot be read ({type(e).__name__}: {e}); it is truncated or "
                              "corrupt") from None
 
     def _load_file(self, filename):
-        loaded = super()._load_file(filename)
+        if filename.endswith(SAFETENSORS_SUFFIX):
+            tensors, meta = load_safetensors(filename)
+            loaded = {**meta, "model": tensors}
+        else:
+            refuse_pickle(filename, self.trust_pickle)
+            if filename.endswith(".pyth"):  # detectron2 reads pycls files with its own torch.load
+                check_loadable(filename, trust_pickle=self.trust_pickle)
+            loaded = super()._load_file(filename)
         if loaded.get("format") != PRETRAIN_FORMAT:
             return loaded
         from ..modeling.convert import convert_timm_checkpoint

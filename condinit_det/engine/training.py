@@ -39,6 +39,7 @@ from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
 from condinit_det.arm_node import ArmSpec, plain, resolve_arm_node
+from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable, refuse_pickle
 from condinit_det.init import ARMS
 from condinit_det.modeling.arm import armed, armed_nodes, check_arm_agrees, rank0_computes_arm, sites_only
 from condinit_det.results import ResultsFile
@@ -139,6 +140,10 @@ def build_argument_parser():
         "--allow-shared-checkpoint", action="store_true",
         help="allow train.init_checkpoint to give an arm weights that are not its own: the same checkpoint "
         "for every arm, or another arm's pretraining checkpoint")
+    parser.add_argument(
+        TRUST_FLAG, action="store_true",
+        help="load checkpoints that need full unpickling (.pkl, e.g. detectron2:// model-zoo files, or .pth "
+        "holding objects), which can run code stored in them; only for files from a source you trust")
     return parser
 
 
@@ -382,7 +387,7 @@ def _checkpoint_to_resume(output_dir: str) -> Optional[str]:
 
 
 def check_run(cfg, *, resume: bool, eval_only: bool, allow_changed_run: bool = False,
-              allow_shared_checkpoint: bool = False) -> None:
+              allow_shared_checkpoint: bool = False, trust_pickle: bool = False) -> None:
     """Refuse, with one clear error, what would fail later or lose data; changes nothing on disk
     except creating the output directory."""
     output_dir = get_output_dir(cfg)
@@ -397,13 +402,16 @@ def check_run(cfg, *, resume: bool, eval_only: bool, allow_changed_run: bool = F
         last = _checkpoint_to_resume(output_dir)
         if last:
             check_checkpoint_file(last)
+            check_loadable(last, trust_pickle=trust_pickle)
     init = get_init_checkpoint(cfg)
     if eval_only and not init and not (resume and _checkpoint_to_resume(output_dir)):
         raise ValueError("--eval-only needs train.init_checkpoint=PATH (MODEL.WEIGHTS for yacs) or --resume in a "
                          "run directory with a checkpoint")
+    if init:
+        refuse_pickle(init, trust_pickle)  # also detectron2:// and http(s):// .pkl files
     if init and "://" not in init:
         check_checkpoint_file(init.split("?")[0])
-        meta = read_pretrain_meta(init)
+        meta = read_pretrain_meta(init, trust_pickle=trust_pickle)
         if meta and meta.get("arm") not in (None, spec.arm) and not (eval_only or allow_shared_checkpoint):
             raise ValueError(
                 f"train.init_checkpoint {init} was pretrained with arm {meta.get('arm')!r} but this run's arm is "
@@ -533,7 +541,8 @@ def do_train(args, cfg):
 
     ddp_model = _create_ddp(model, cfg)
     trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, train_loader, optim)
-    checkpointer = RunCheckpointer(ddp_model, output_dir, optimizer=optim, trainer=trainer)
+    checkpointer = RunCheckpointer(ddp_model, output_dir, optimizer=optim, trainer=trainer,
+                                   trust_pickle=getattr(args, "trust_pickle", False), metadata=metadata)
     eval_period = int(cfg.train.eval_period)
     last_results = {}
 
@@ -604,7 +613,7 @@ def do_eval_only(args, cfg):
     model, _ = build_model(cfg)
     model.to(cfg.train.device)
     model = create_ddp_model(model)
-    checkpointer = RunCheckpointer(model, cfg.train.output_dir)
+    checkpointer = RunCheckpointer(model, cfg.train.output_dir, trust_pickle=getattr(args, "trust_pickle", False))
     path = checkpointer.get_checkpoint_file() if args.resume and checkpointer.has_checkpoint() \
         else cfg.train.init_checkpoint
     if not path:
@@ -670,7 +679,7 @@ def check_invocation(args) -> None:
     if getattr(args, "retry_failed", False):
         args.resume = True
     kwargs = dict(resume=args.resume, eval_only=args.eval_only, allow_changed_run=args.allow_changed_run,
-                  allow_shared_checkpoint=args.allow_shared_checkpoint)
+                  allow_shared_checkpoint=args.allow_shared_checkpoint, trust_pickle=args.trust_pickle)
     _, runs = plan_invocation(args)
     if not _is_yacs(runs[0][1]):
         _check_arm_sites(runs[0][1])  # the runs differ in arm, seed and lr only: the same sites

@@ -26,8 +26,9 @@ class CondinitTrainer(DefaultTrainer):
     evaluator is COCO box (+ mask) AP, and whose evaluation hook records into ``results.json``.
     """
 
-    def __init__(self, cfg, config_file=None):
+    def __init__(self, cfg, config_file=None, trust_pickle=False):
         self._config_file = config_file
+        self._trust_pickle = trust_pickle  # read by build_hooks, which DefaultTrainer.__init__ calls
         super().__init__(cfg)
 
     @classmethod
@@ -63,12 +64,13 @@ class CondinitTrainer(DefaultTrainer):
     def build_hooks(self):
         # Atomic checkpoint writes and clear load errors; DefaultTrainer's hooks take this checkpointer.
         old = self.checkpointer
-        self.checkpointer = RunCheckpointer(old.model, old.save_dir, **old.checkpointables)
-        ret = super().build_hooks()
         period = self.cfg.TEST.EVAL_PERIOD
         results_file = ResultsFile(self.cfg.OUTPUT_DIR)
         metadata = {"arm": str(self.cfg.MODEL.CONDINIT.ARM), "seed": int(self.cfg.SEED),
                     "lr_scale": float(self.cfg.SOLVER.LR_SCALE), "config": self._config_file}
+        self.checkpointer = RunCheckpointer(old.model, old.save_dir, trust_pickle=self._trust_pickle,
+                                            metadata=metadata, **old.checkpointables)
+        ret = super().build_hooks()
         out = []
         for h in ret:
             if type(h) is hooks.EvalHook:
@@ -92,7 +94,8 @@ def run_yacs(args, cfg, identity):
     _register_embedded(cfg)
     if args.eval_only:
         model = CondinitTrainer.build_model(cfg)
-        RunCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
+        RunCheckpointer(model, save_dir=cfg.OUTPUT_DIR, trust_pickle=getattr(args, "trust_pickle", False)
+                        ).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
         return CondinitTrainer.test(cfg, model)
     if args.resume:
         check_resume_identity(cfg.OUTPUT_DIR, identity, allow_change=getattr(args, "allow_changed_run", False))
@@ -100,7 +103,8 @@ def run_yacs(args, cfg, identity):
         old = ResultsFile(cfg.OUTPUT_DIR).archive()
         if old:
             logger.warning(f"Fresh (non --resume) run: previous results moved to {old}")
-    trainer = CondinitTrainer(cfg, config_file=args.config_file or None)
+    trainer = CondinitTrainer(cfg, config_file=args.config_file or None,
+                              trust_pickle=getattr(args, "trust_pickle", False))
     will_resume = args.resume and trainer.checkpointer.has_checkpoint()
     model = trainer.model.module if hasattr(trainer.model, "module") else trainer.model
     report = getattr(model.backbone, "condinit_report", None)

@@ -15,6 +15,9 @@ This module maps one onto the other:
   the per-architecture converters (prefix given by the caller).
 
 What each converter drops, maps, interpolates and leaves at its init is listed in its docstring.
+Every converter takes a state dict or the path of a checkpoint file: ``.safetensors``, ``.pth`` read
+with ``weights_only=True`` (:mod:`condinit_det.checkpoint_io`); a ``.pkl`` or a ``.pth`` that needs
+full unpickling only with ``trust_pickle=True`` (loading it can run code stored in it).
 The result loads with ``model.load_state_dict(converted, strict=False)``; the target keys it does
 not provide are ``converted.missing``. Save it with ``torch.save({"model": dict(converted)}, path)``
 for detectron2's checkpointer (load without matching heuristics).
@@ -23,12 +26,15 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..checkpoint_io import load_checkpoint
 
 __all__ = [
     "ConvertedCheckpoint",
@@ -46,6 +52,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 StateDict = Mapping[str, torch.Tensor]
+Checkpoint = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 Target = Union[nn.Module, StateDict]
 
 
@@ -106,10 +113,17 @@ def _abbrev(keys: Sequence[str], n: int = 8) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def unwrap_state_dict(state_dict: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
-    """The tensors of a checkpoint: unwraps ``{"model": ...}`` / ``{"state_dict": ...}`` (timm's
-    training checkpoints, the official XCiT / Swin files) and a ``module.`` prefix (DDP)."""
-    sd: Mapping[str, Any] = state_dict
+def _read(checkpoint: Checkpoint, trust_pickle: bool) -> Mapping[str, Any]:
+    if isinstance(checkpoint, (str, os.PathLike)):
+        return load_checkpoint(checkpoint, trust_pickle=trust_pickle)
+    return checkpoint
+
+
+def unwrap_state_dict(state_dict: Checkpoint, *, trust_pickle: bool = False) -> Dict[str, torch.Tensor]:
+    """The tensors of a checkpoint (or of the checkpoint file at that path): unwraps ``{"model": ...}`` /
+    ``{"state_dict": ...}`` (timm's training checkpoints, the official XCiT / Swin files) and a
+    ``module.`` prefix (DDP)."""
+    sd: Mapping[str, Any] = _read(state_dict, trust_pickle)
     for _ in range(3):
         for key in ("model", "state_dict", "module"):
             inner = sd.get(key) if isinstance(sd, Mapping) else None
@@ -411,12 +425,13 @@ def resize_pos_grid(grid: torch.Tensor, new_side: int) -> torch.Tensor:
 
 
 def convert_timm_vit(
-    state_dict: Mapping[str, Any],
+    state_dict: Checkpoint,
     *,
     target: Target,
     prefix: str = "backbone.net.",
     num_heads: Optional[int] = None,
     where: str = "",
+    trust_pickle: bool = False,
 ) -> ConvertedCheckpoint:
     """timm ``VisionTransformer`` (ViT, DeiT, distilled DeiT) state dict -> detectron2 ``ViT`` keys.
 
@@ -440,7 +455,7 @@ def convert_timm_vit(
     init. Refused: LayerScale (``ls1``/``ls2``), q/k norms, register tokens, pre-norm and other
     parts detectron2's ViT has no place for -- the converted model would compute another function.
     """
-    sd = unwrap_state_dict(state_dict)
+    sd = unwrap_state_dict(state_dict, trust_pickle=trust_pickle)
     if checkpoint_architecture(sd) != "vit":
         raise ValueError(f"not a timm ViT / DeiT state dict (first keys: {_abbrev(list(sd), 5)})")
     src = _describe_timm_vit(sd, num_heads)
@@ -520,11 +535,12 @@ _SWIN_BUFFERS = ("relative_position_index", "attn_mask")
 
 
 def convert_timm_swin(
-    state_dict: Mapping[str, Any],
+    state_dict: Checkpoint,
     *,
     target: Target,
     prefix: str = "backbone.bottom_up.",
     where: str = "",
+    trust_pickle: bool = False,
 ) -> ConvertedCheckpoint:
     """timm ``SwinTransformer`` (or official-Swin) state dict -> detectron2 ``SwinTransformer`` keys.
 
@@ -551,7 +567,7 @@ def convert_timm_swin(
     than the window (the last stage at 224 px with window 7): the two then differ in those
     blocks, as the official Swin classification and detection code do.
     """
-    sd = unwrap_state_dict(state_dict)
+    sd = unwrap_state_dict(state_dict, trust_pickle=trust_pickle)
     if checkpoint_architecture(sd) != "swin":
         raise ValueError(f"not a timm Swin state dict (first keys: {_abbrev(list(sd), 5)})")
     layout = _swin_layout(sd)
@@ -608,11 +624,12 @@ _XCIT_CLASSIFIER = ("cls_token", "cls_attn_blocks.", "norm.", "head.", "head_dro
 
 
 def convert_timm_xcit_checkpoint(
-    state_dict: Mapping[str, Any],
+    state_dict: Checkpoint,
     prefix: str = "backbone.net.",
     *,
     target: Optional[Target] = None,
     where: str = "",
+    trust_pickle: bool = False,
 ) -> ConvertedCheckpoint:
     """timm or official XCiT ImageNet state dict -> this project's :class:`~condinit_det.modeling.xcit.XCiT` keys.
 
@@ -630,7 +647,7 @@ def convert_timm_xcit_checkpoint(
     The neck of :class:`XCiTDeconvPyramid` is not in ImageNet checkpoints and keeps its init.
     Any other key raises :class:`UnexpectedCheckpointKey` (a KeyError and a ValueError).
     """
-    sd = unwrap_state_dict(state_dict)
+    sd = unwrap_state_dict(state_dict, trust_pickle=trust_pickle)
     out: Dict[str, torch.Tensor] = {}
     dropped: List[str] = []
     for key, value in sd.items():
@@ -663,11 +680,12 @@ def convert_timm_xcit_checkpoint(
 
 
 def convert_timm_checkpoint(
-    state_dict: Mapping[str, Any],
+    state_dict: Checkpoint,
     model: nn.Module,
     *,
     timm_model_name: Optional[str] = None,
     timm_model_kwargs: Optional[Mapping[str, Any]] = None,
+    trust_pickle: bool = False,
 ) -> ConvertedCheckpoint:
     """Convert a timm ImageNet checkpoint for a built detectron2 model; keys are ``model.state_dict()`` keys.
 
@@ -679,7 +697,9 @@ def convert_timm_checkpoint(
 
     Args:
         state_dict: a timm state dict, or a checkpoint wrapping one (``{"model": ...}``,
-            ``{"state_dict": ...}``, ``module.`` prefixes).
+            ``{"state_dict": ...}``, ``module.`` prefixes), or the path of a checkpoint file
+            (``.safetensors``, ``.pth``; a pretraining run's ``model_final`` file also gives
+            ``timm_model_name`` and ``timm_model_kwargs`` when they are not passed).
         model: the built model (before or after the arm; the converted weights replace it where
             they exist).
         timm_model_name: the timm model the checkpoint was trained as, if known (e.g.
@@ -690,6 +710,9 @@ def convert_timm_checkpoint(
             taken otherwise).
         timm_model_kwargs: the keyword arguments it was created with (``timm.create_model(name,
             **kwargs)``), when they change its architecture (e.g. a tiny ViT from a ViT name).
+        trust_pickle: load a ``.pkl`` file, or a ``.pth`` that needs full unpickling (either can
+            run code stored in it); refused with :class:`~condinit_det.checkpoint_io.UnsafeCheckpointError`
+            otherwise.
 
     Returns:
         :class:`ConvertedCheckpoint`: load with ``model.load_state_dict(converted, strict=False)``;
@@ -697,6 +720,11 @@ def convert_timm_checkpoint(
         init), ``converted.dropped`` the checkpoint keys not used, ``converted.notes`` the rest.
         The summary is logged at INFO.
     """
+    if isinstance(state_dict, (str, os.PathLike)):
+        state_dict = _read(state_dict, trust_pickle)
+        if isinstance(state_dict, Mapping):  # the metadata of a pretraining run's model_final file
+            timm_model_name = timm_model_name or state_dict.get("timm_model")
+            timm_model_kwargs = timm_model_kwargs if timm_model_kwargs is not None else state_dict.get("model_kwargs")
     sd = unwrap_state_dict(state_dict)
     where, trunk, kind = find_trunk(model)
     src_kind = checkpoint_architecture(sd)

@@ -3,11 +3,13 @@
 Files in a run directory::
 
     checkpoint_epoch0007.pth   training state after 7 epochs (the newest ``keep`` are kept)
+    model_final.safetensors    the final weights, to share; the rest of model_final.pth as metadata
     model_final.pth            the weights detection fine-tunes from (:data:`FINAL_FORMAT`)
 
-Files are written with :func:`condinit_det.fileio.atomic_torch_save` (a temporary name in the same
-folder, flushed to disk, renamed), so a crash (even SIGKILL) leaves either the previous checkpoint
-or the new one, never a torn file.
+Files are written atomically (:mod:`condinit_det.fileio`: a temporary name in the same folder,
+flushed to disk, renamed), so a crash (even SIGKILL) leaves either the previous checkpoint or the
+new one, never a torn file. Every file holds tensors, plain containers, numbers and strings only,
+so it loads with ``torch.load(weights_only=True)`` (:mod:`condinit_det.checkpoint_io`).
 """
 from __future__ import annotations
 
@@ -15,20 +17,24 @@ import os
 import re
 from typing import Any, Dict, Optional
 
-import torch
+from ..checkpoint_io import load_checkpoint, save_safetensors
+from ..fileio import atomic_torch_save
 
 __all__ = [
     "CHECKPOINT_PATTERN",
     "FINAL_FILENAME",
     "FINAL_FORMAT",
+    "FINAL_SAFETENSORS",
     "checkpoint_path",
     "find_checkpoints",
     "last_checkpoint",
     "load_final",
     "prune_checkpoints",
+    "save_final",
 ]
 
 FINAL_FILENAME = "model_final.pth"
+FINAL_SAFETENSORS = "model_final.safetensors"
 FINAL_FORMAT = "condinit_det.pretrain/v1"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_epoch(\d{4,})\.pth$")
 
@@ -65,9 +71,17 @@ def prune_checkpoints(run_dir: str, keep: int) -> None:
             pass
 
 
-def load_final(path: str) -> Dict[str, Any]:
-    """Read a ``model_final.pth`` written by :mod:`condinit_det.pretrain`; checks its format tag."""
-    data = torch.load(path, map_location="cpu", weights_only=False)
+def save_final(payload: Dict[str, Any], run_dir: str) -> None:
+    """Write ``model_final.safetensors`` (``payload["model"]``, every other entry as metadata), then
+    ``model_final.pth`` (the payload): the .pth is the commit point a finished run is known by."""
+    meta = {k: v for k, v in payload.items() if k != "model"}
+    save_safetensors(payload["model"], os.path.join(run_dir, FINAL_SAFETENSORS), meta)
+    atomic_torch_save(payload, os.path.join(run_dir, FINAL_FILENAME))
+
+
+def load_final(path: str, *, trust_pickle: bool = False) -> Dict[str, Any]:
+    """Read a ``model_final.pth`` or ``.safetensors`` written by :mod:`condinit_det.pretrain`; checks its format tag."""
+    data = load_checkpoint(path, trust_pickle=trust_pickle)
     if not isinstance(data, dict) or data.get("format") != FINAL_FORMAT or "model" not in data:
         raise ValueError(f"{path} is not a {FINAL_FORMAT} file (a dict with 'format' and 'model')")
     return data

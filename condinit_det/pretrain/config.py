@@ -101,7 +101,7 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "eval_period": 1,  # epochs; the last epoch is always evaluated
         "workers": 8,  # data-loading processes per training process
         "eval_batch_size": None,  # per process; None: 1.5 x the training batch per process
-        "init_checkpoint": None,  # --eval-only: checkpoint to evaluate (default: the run's model_final.pth)
+        "init_checkpoint": None,  # --eval-only: checkpoint to evaluate (default: the run's model_final.safetensors or .pth)
     },
 }
 _NESTED = {("train", "ema")}

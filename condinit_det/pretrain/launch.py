@@ -19,10 +19,11 @@ from typing import List, Optional
 
 import torch
 
+from ..checkpoint_io import TRUST_FLAG, check_loadable, final_weights_file
 from ..init import ARMS
 from ..runs import (ARM_CHOICES, RunSpec, check_resume_identity, execute_runs, failure_summary, note_failure,
                     parse_lr_scales, parse_seeds, plan_runs, write_plan)
-from .checkpoint import FINAL_FILENAME
+from .checkpoint import FINAL_FILENAME, last_checkpoint
 from .config import DEFAULTS, UsageError, arm_spec, load_config, node, run_identity
 from .data import build_mixup, check_dataset_folders
 from .model import check_arm_sites, create_classifier
@@ -54,7 +55,7 @@ ImageNet on 8 GPUs, or on 2 machines (R = 0 on the first, 1 on the second):
     $ tools/pretrain_net.py --num-gpus 8 --config-file configs/ImageNet/vit_b16_deit_300ep.py data.root=/data/imagenet
     $ tools/pretrain_net.py --num-gpus 8 --num-machines 2 --machine-rank R --dist-url tcp://HOST0:PORT --config-file ...
 
-Evaluate a run's model_final.pth (or train.init_checkpoint=PATH):
+Evaluate a run's model_final.safetensors or .pth (or train.init_checkpoint=PATH):
     $ tools/pretrain_net.py --config-file CFG.py --arm conditioned --eval-only train.output_dir=output/p
 """
 
@@ -69,7 +70,8 @@ def build_argument_parser():
         "continue every planned run after its last complete epoch (checkpoint_epochNNNN.pth); finished runs "
         "are skipped; a run directory is never resumed with another arm, seed or arm options")
     parser._option_string_actions["--eval-only"].help = (
-        "evaluate each planned run's model_final.pth (or train.init_checkpoint=PATH) and add a cls_eval record")
+        "evaluate each planned run's model_final.safetensors (else .pth; or train.init_checkpoint=PATH) and add a "
+        "cls_eval record")
     parser.add_argument("--arm", choices=ARM_CHOICES, default=None,
                         help="attention-init arm (sets condinit.arm); 'all' trains default, mimetic and conditioned. "
                              "Default: the config's condinit.arm.")
@@ -84,6 +86,9 @@ def build_argument_parser():
                              "continues one that failed with an error from its last checkpoint)")
     parser.add_argument("--allow-changed-run", action="store_true",
                         help="resume a run directory even if its arm, seed, patterns or options differ")
+    parser.add_argument(TRUST_FLAG, action="store_true",
+                        help="load checkpoints that need full unpickling (.pkl, or .pth holding objects), which can "
+                             "run code stored in them; only for files from a source you trust")
     return parser
 
 
@@ -163,21 +168,28 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
         spec = specs[(run.arm, run.seed)] = arm_spec(cfg, run.seed)
         check_arm_sites(model, spec)
     del model
+    trust = args.trust_pickle
     if args.resume and not args.eval_only:
         for run in runs:
             try:
                 check_resume_identity(run.path(base), run_identity(specs[(run.arm, run.seed)], seed=run.seed,
                                                                    lr_scale=run.lr_scale),
                                       allow_change=args.allow_changed_run)
+                last = last_checkpoint(run.path(base))
+                if last:
+                    check_loadable(last, trust_pickle=trust)
             except ValueError as e:
                 raise UsageError(str(e)) from None
     if args.eval_only:
-        given = train.get("init_checkpoint")
         for run in runs:
-            path = given or os.path.join(run.path(base), FINAL_FILENAME)
+            path = eval_checkpoint(train, run.path(base))
             if not os.path.isfile(path):
                 raise UsageError(f"--eval-only: {path} does not exist; train the run first or pass "
                                  "train.init_checkpoint=PATH")
+            try:
+                check_loadable(path, trust_pickle=trust)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
     experiment = Experiment(base=base, runs=runs, config_file=args.config_file, opts=list(args.opts),
                             epochs=total_epochs(cfg))
     if write and not args.eval_only and int(getattr(args, "machine_rank", 0)) == 0:
@@ -185,6 +197,12 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
                    length={"unit": "epoch", "total": experiment.epochs})
     args.experiment = experiment
     return experiment
+
+
+def eval_checkpoint(train, run_dir: str) -> str:
+    """What --eval-only evaluates: ``train.init_checkpoint``, else the run's ``model_final.safetensors``
+    (else ``model_final.pth``)."""
+    return train.get("init_checkpoint") or final_weights_file(run_dir) or os.path.join(run_dir, FINAL_FILENAME)
 
 
 def run_worker(args, run: RunSpec) -> None:
@@ -196,13 +214,12 @@ def run_worker(args, run: RunSpec) -> None:
     cfg = configure_run(load_config(experiment.config_file, experiment.opts), run)
     run_dir = run.path(experiment.base)
     if args.eval_only:
-        train = node(cfg, "train")
-        checkpoint = train.get("init_checkpoint") or os.path.join(run_dir, FINAL_FILENAME)
-        evaluate_checkpoint(cfg, run=run, run_dir=run_dir, checkpoint=checkpoint, config_file=experiment.config_file)
+        evaluate_checkpoint(cfg, run=run, run_dir=run_dir, checkpoint=eval_checkpoint(node(cfg, "train"), run_dir),
+                            config_file=experiment.config_file, trust_pickle=args.trust_pickle)
         return
     try:
         train_run(cfg, run=run, run_dir=run_dir, config_file=experiment.config_file, resume=args.resume,
-                  allow_changed_run=args.allow_changed_run)
+                  allow_changed_run=args.allow_changed_run, trust_pickle=args.trust_pickle)
     except Exception as e:
         if os.path.isdir(run_dir) and note_failure(run_dir, e, rank=comm.get_rank()):
             logger.exception(f"Run {run_dir} failed:")

@@ -28,10 +28,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..checkpoint_io import load_checkpoint
 from ..fileio import atomic_torch_save, atomic_write, remove_stale_temp_files
 from ..results import ResultsFile
 from ..runs import RunSpec, check_resume_identity, note_failure, write_arm_report
-from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, checkpoint_path, find_checkpoints, last_checkpoint, prune_checkpoints
+from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, FINAL_SAFETENSORS, checkpoint_path, find_checkpoints
+from .checkpoint import last_checkpoint, prune_checkpoints, save_final
 from .config import DEFAULTS, UsageError, arm_spec, node, resolve_lr, run_identity
 from .data import build_datasets, build_mixup, build_train_loader, build_train_sampler, epoch_seed, set_sampler_epoch
 from .data import data_config, set_transforms
@@ -95,6 +97,17 @@ def run_finished(run_dir: str, epochs: int) -> bool:
     return done and os.path.isfile(os.path.join(run_dir, FINAL_FILENAME))
 
 
+def rng_state() -> Dict[str, torch.Tensor]:
+    """The global RNG states as tensors (so checkpoints load with ``weights_only=True``): python's and
+    numpy's Mersenne Twister words with their position last, torch's byte state. A record only: each
+    epoch re-seeds every RNG from ``(seed, epoch, rank)``, so resuming needs none of them."""
+    _, words, _ = random.getstate()
+    _, keys, pos, _, _ = np.random.get_state()
+    return {"python": torch.tensor(words, dtype=torch.int64),
+            "numpy": torch.from_numpy(np.append(keys.astype(np.int64), pos)),
+            "torch": torch.get_rng_state()}
+
+
 def _start_fresh(run_dir: str) -> None:
     """A run started without --resume: set the previous run's files aside (results, metrics) or delete them."""
     old = ResultsFile(run_dir).archive()
@@ -107,8 +120,8 @@ def _start_fresh(run_dir: str) -> None:
             n += 1
         os.replace(metrics, os.path.join(run_dir, f"metrics.{n}.json.bak"))
     stale = list(find_checkpoints(run_dir).values())
-    stale += [p for p in (os.path.join(run_dir, FINAL_FILENAME), os.path.join(run_dir, PREDICTIONS_FILENAME))
-              if os.path.isfile(p)]
+    stale += [os.path.join(run_dir, name) for name in (FINAL_FILENAME, FINAL_SAFETENSORS, PREDICTIONS_FILENAME)
+              if os.path.isfile(os.path.join(run_dir, name))]
     for path in stale:
         os.remove(path)
     if stale:
@@ -210,8 +223,11 @@ def train_one_epoch(*, ddp: nn.Module, model: nn.Module, loader, optimizer, sche
 
 
 def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], resume: bool,
-              allow_changed_run: bool = False) -> Optional[dict]:
-    """Train one run into ``run_dir`` (every process calls it); returns the last ``"cls"`` record."""
+              allow_changed_run: bool = False, trust_pickle: bool = False) -> Optional[dict]:
+    """Train one run into ``run_dir`` (every process calls it); returns the last ``"cls"`` record.
+
+    ``trust_pickle`` lets --resume load an epoch checkpoint that needs full unpickling (written
+    before checkpoints held tensors and plain containers only)."""
     from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
     from timm.utils import ModelEmaV3
@@ -277,7 +293,7 @@ def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], re
 
     start_epoch, step = 0, 0
     if resume_from:
-        state = torch.load(resume_from, map_location="cpu", weights_only=False)
+        state = load_checkpoint(resume_from, trust_pickle=trust_pickle)
         if state.get("steps_per_epoch") != steps_per_epoch or state.get("num_epochs") != num_epochs:
             raise UsageError(f"{resume_from} was written with {state.get('num_epochs')} epochs x "
                              f"{state.get('steps_per_epoch')} steps, this run has {num_epochs} x {steps_per_epoch}; "
@@ -344,8 +360,7 @@ def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], re
                          "optimizer": optimizer.state_dict(),
                          "scheduler": scheduler.state_dict() if scheduler is not None else None,
                          "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-                         "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                                 "torch": torch.get_rng_state()},
+                         "rng": rng_state(),
                          "identity": identity}
                 atomic_torch_save(state, checkpoint_path(run_dir, done))
                 prune_checkpoints(run_dir, keep=1)
@@ -366,19 +381,22 @@ def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], re
                    "classes": datasets.classes,
                    "data_config": {k: (list(v) if isinstance(v, tuple) else v)
                                    for k, v in data_config(data, model).items()}}
-        atomic_torch_save(payload, os.path.join(run_dir, FINAL_FILENAME))
-        logger.info(f"Final weights ({payload['weights']}) written to {os.path.join(run_dir, FINAL_FILENAME)}")
+        save_final(payload, run_dir)
+        logger.info(f"Final weights ({payload['weights']}) written to {os.path.join(run_dir, FINAL_FILENAME)} and "
+                    f"{FINAL_SAFETENSORS}")
     comm.synchronize()
     return last_record
 
 
-def evaluate_checkpoint(cfg, *, run: RunSpec, run_dir: str, checkpoint: str, config_file: Optional[str]) -> dict:
-    """Evaluate the weights of a ``model_final.pth`` or epoch checkpoint; adds a ``"cls_eval"`` record to ``run_dir``."""
+def evaluate_checkpoint(cfg, *, run: RunSpec, run_dir: str, checkpoint: str, config_file: Optional[str],
+                        trust_pickle: bool = False) -> dict:
+    """Evaluate the weights of a ``model_final.{safetensors,pth}`` or epoch checkpoint; adds a ``"cls_eval"``
+    record to ``run_dir``."""
     comm = _comm()
     setup_logging(run_dir, rank=comm.get_rank())
     data, train = node(cfg, "data"), node(cfg, "train")
     device = _device(train)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
     if not isinstance(state, dict) or "model" not in state:
         raise UsageError(f"{checkpoint} holds no 'model' state dict")
     model = create_classifier(node(cfg, "model"), int(data["num_classes"]))

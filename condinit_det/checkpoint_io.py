@@ -1,0 +1,200 @@
+"""Reading checkpoint files without running code from them, and writing shareable safetensors weights.
+
+How each format is read:
+
+- ``.safetensors``: tensors plus string metadata; nothing in it can execute. Metadata values
+  written here are JSON (:func:`save_safetensors`); a plain string stays a string.
+- ``.pth`` / ``.pt`` / ``.pyth`` (torch zip files): ``torch.load(weights_only=True)``, which
+  accepts tensors, plain containers, numbers and strings only. A file that needs full unpickling
+  (an object of some class inside) is refused with :class:`UnsafeCheckpointError`.
+- ``.pkl`` / ``.pickle`` (detectron2's pickle path): unpickling runs whatever code the file
+  holds, so it is refused unless the caller trusts the file (``--trust-pickle`` on the tools,
+  ``trust_pickle=True`` in Python). The same flag lets a ``.pth`` that needs full unpickling load.
+
+Run directories of both stages hold ``model_final.pth`` and ``model_final.safetensors`` (the file
+to share); :func:`final_weights_file` prefers the latter.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import re
+import zipfile
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import torch
+
+from .fileio import atomic_write
+
+__all__ = [
+    "PICKLE_SUFFIXES",
+    "SAFETENSORS_SUFFIX",
+    "TRUST_FLAG",
+    "UnsafeCheckpointError",
+    "check_loadable",
+    "final_weights_file",
+    "load_checkpoint",
+    "load_safetensors",
+    "read_safetensors_metadata",
+    "refuse_pickle",
+    "save_safetensors",
+    "torch_load",
+]
+
+logger = logging.getLogger(__name__)
+
+TRUST_FLAG = "--trust-pickle"
+PICKLE_SUFFIXES = (".pkl", ".pickle")
+SAFETENSORS_SUFFIX = ".safetensors"
+_WHAT_TO_DO = (f"re-save its tensors as .safetensors or a weights-only .pth, or pass {TRUST_FLAG} "
+               "(trust_pickle=True in Python) if you trust where the file comes from")
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint whose loading would run code stored in it (one line: the file, why, what to do)."""
+
+
+def _name(path) -> str:
+    return os.fspath(path)
+
+
+def refuse_pickle(path, trust_pickle: bool = False) -> None:
+    """Raise :class:`UnsafeCheckpointError` for a pickle file (``.pkl``) unless ``trust_pickle``."""
+    if _name(path).split("?")[0].endswith(PICKLE_SUFFIXES) and not trust_pickle:
+        raise UnsafeCheckpointError(
+            f"checkpoint {_name(path)} is a pickle file: loading it runs any code stored in it, so it is not loaded "
+            f"without {TRUST_FLAG}; {_WHAT_TO_DO}")
+
+
+def _why(error: Exception) -> str:
+    # torch's message is a paragraph; keep the part that names what the file refers to.
+    m = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    return f"it refers to {m.group(1)}" if m else str(error).strip().splitlines()[0]
+
+
+def torch_load(path, *, trust_pickle: bool = False, mmap: bool = False) -> Any:
+    """``torch.load`` to CPU with ``weights_only=True``; a file that needs full unpickling raises
+    :class:`UnsafeCheckpointError`, or, with ``trust_pickle``, is loaded in full (with a warning)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if not trust_pickle:
+            raise UnsafeCheckpointError(
+                f"checkpoint {_name(path)} needs full unpickling ({_why(e)}), which can run code stored in it, so it "
+                f"is not loaded; {_WHAT_TO_DO}") from None
+        logger.warning(f"{_name(path)}: loading with full unpickling ({TRUST_FLAG}): {_why(e)}")
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _encode(value: Any) -> str:
+    # A string that is not itself JSON text is stored as it is (readable by any tool); all else as JSON.
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value)
+
+
+def _decode(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str,
+                     metadata: Optional[Mapping[str, Any]] = None) -> None:
+    """Write ``tensors`` (a state dict) and ``metadata`` (JSON-able values) as safetensors, atomically.
+
+    Tensors are copied to CPU and made contiguous; tensors sharing storage are saved as copies
+    (safetensors stores no aliasing).
+    """
+    from safetensors.torch import save
+
+    out, seen = {}, set()
+    for key, value in tensors.items():
+        t = value.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        if ptr is not None and ptr in seen:
+            t = t.clone()
+        elif ptr is not None:
+            seen.add(ptr)
+        out[key] = t
+    meta = {str(k): _encode(v) for k, v in (metadata or {}).items()}
+    atomic_write(path, save(out, metadata=meta), fsync=True)
+
+
+def _not_safetensors(path: str, error: Exception) -> ValueError:
+    return ValueError(f"checkpoint {path} is truncated or not a safetensors file ({type(error).__name__}: {error})")
+
+
+def read_safetensors_metadata(path: str) -> Dict[str, Any]:
+    """The decoded metadata of a safetensors file (reads the header only)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error types for a bad header
+        raise _not_safetensors(path, e) from None
+    return {k: _decode(v) for k, v in meta.items()}
+
+
+def load_safetensors(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """(tensors, decoded metadata) of a safetensors file, on CPU."""
+    from safetensors.torch import load_file
+
+    meta = read_safetensors_metadata(path)
+    try:
+        tensors = load_file(path, device="cpu")
+    except Exception as e:
+        raise _not_safetensors(path, e) from None
+    return tensors, meta
+
+
+def load_checkpoint(path, *, trust_pickle: bool = False) -> Any:
+    """Load any checkpoint file the project takes, without running code from it unless ``trust_pickle``.
+
+    ``.safetensors`` gives ``{"model": tensors, **metadata}``; ``.pkl`` is unpickled only when
+    trusted; everything else goes through :func:`torch_load`.
+    """
+    path = _name(path)
+    if path.endswith(SAFETENSORS_SUFFIX):
+        tensors, meta = load_safetensors(path)
+        return {**meta, "model": tensors}
+    refuse_pickle(path, trust_pickle)
+    if path.endswith(PICKLE_SUFFIXES):
+        with open(path, "rb") as f:
+            return pickle.load(f, encoding="latin1")  # trusted by the caller
+    return torch_load(path, trust_pickle=trust_pickle)
+
+
+def check_loadable(path, *, trust_pickle: bool = False) -> None:
+    """Refuse, before anything runs, a file :func:`load_checkpoint` would refuse; cheap (header or mmap)."""
+    path = _name(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if path.endswith(SAFETENSORS_SUFFIX):
+        read_safetensors_metadata(path)
+        return
+    refuse_pickle(path, trust_pickle)
+    if not path.endswith(PICKLE_SUFFIXES) and not trust_pickle:
+        try:
+            torch_load(path, mmap=zipfile.is_zipfile(path))
+        except UnsafeCheckpointError:
+            raise
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); it is truncated or "
+                             "corrupt") from None
+
+
+def final_weights_file(run_dir: str, stem: str = "model_final") -> Optional[str]:
+    """``<run_dir>/<stem>.safetensors`` if it exists, else ``<stem>.pth`` if it exists, else None."""
+    for suffix in (SAFETENSORS_SUFFIX, ".pth"):
+        path = os.path.join(run_dir, stem + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
