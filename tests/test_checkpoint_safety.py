@@ -159,9 +159,10 @@ def _detection_case(tmp_path, marker, case):
         (tmp_path / "pre").mkdir()
         bad = _malicious(tmp_path / "pre" / "model_final.pth", marker)
         return bad, [f"train.init_checkpoint={tmp_path / 'pre'}"]
-    if case == "resume":
-        bad = _malicious(out / "model_0000004.pth", marker)
-        (out / "last_checkpoint").write_text("model_0000004.pth")
+    if case == "resume":  # the run of the config's arm and seed: <output_dir>/default/seed0
+        (out / "default" / "seed0").mkdir(parents=True)
+        bad = _malicious(out / "default" / "seed0" / "model_0000004.pth", marker)
+        (out / "default" / "seed0" / "last_checkpoint").write_text("model_0000004.pth")
         return bad, ["--resume"]
     if case == "eval_only":
         bad = _malicious(tmp_path / "evil.pth", marker)
@@ -181,8 +182,9 @@ def test_train_net_refuses_a_checkpoint_that_runs_code(tmp_path, marker, capsys,
     bad, argv = _detection_case(tmp_path, marker, case)
     code, err = _tool(TRAIN_NET, ["--config-file", CONFIG, *argv, f"train.output_dir={tmp_path / 'out'}"], capsys)
     _one_error_line(code, err, "train_net.py", bad, "pickle file" if case.startswith("pkl") else "full unpickling")
-    untouched = ["last_checkpoint", "model_0000004.pth"] if case == "resume" else []
-    assert sorted(os.listdir(tmp_path / "out")) == untouched
+    if case == "resume":
+        assert sorted(os.listdir(tmp_path / "out" / "default" / "seed0")) == ["last_checkpoint", "model_0000004.pth"]
+    assert sorted(os.listdir(tmp_path / "out")) == (["default"] if case == "resume" else [])
 
 
 def test_detection_checkpointer_refuses_in_the_worker_too(tmp_path, marker):
@@ -273,9 +275,11 @@ def test_pretrain_eval_only_reads_model_final_safetensors(tmp_path, capsys, cls_
     old = sys.argv
     sys.argv = ["pretrain_net.py", *runpy_argv]
     try:
-        runpy.run_path(PRETRAIN_NET, run_name="__main__")
+        with pytest.raises(SystemExit) as exited:
+            runpy.run_path(PRETRAIN_NET, run_name="__main__")
     finally:
         sys.argv = old
+    assert exited.value.code == 0
     (record,) = ResultsFile(run_dir).records("cls_eval")
     assert record["checkpoint"].endswith("model_final.safetensors") and record["epoch"] == 3
     assert record["iteration"] == 6 and record["arm"] == "conditioned" and 0 <= record["top1"] <= 100

@@ -226,7 +226,8 @@ def test_json_output(half_finished, capsys):
     runs = {(r["arm"], r["lr_scale"]): r for r in data["runs"]}
     m = runs[("mimetic", 1.0)]
     assert (m["state"], m["last"], m["total"], m["unit"], m["job"]) == ("running", 60, 100, "iteration", None)
-    assert m["eta_seconds"] > 0 and m["evaluation"] == {"at": 50, "bbox": 12.0, "segm": 11.0}
+    # (the value depends on the wall clock since the fixture was written: test_half_finished_detection pins it)
+    assert m["eta_seconds"] is not None and m["evaluation"] == {"at": 50, "bbox": 12.0, "segm": 11.0}
     assert runs[("default", 2.0)]["state"] == "not started" and data["stale_after"] == 600
 
 
