@@ -35,6 +35,7 @@ setup(
         "black",  # detectron2's LazyConfig.save formats the dumped config with it
         "packaging",
         "psutil",
+        "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.slurm)
     ],
     extras_require={"test": ["pytest>=7"]},
 )

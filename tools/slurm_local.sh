@@ -78,7 +78,8 @@ SlurmctldHost=$host
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE_SOCKET
+# cred_expire is also how long a requeued job waits before it runs again (default 120 s).
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
