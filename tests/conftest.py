@@ -22,15 +22,17 @@ def _slurm_unavailable():
 
 
 @pytest.fixture(scope="session")
-def _slurm_cluster():
-    reason = _slurm_unavailable()
-    if reason:
-        pytest.skip(reason)
+def slurm_unavailable():
+    """Why no Slurm cluster answers here (a str), or None when one does."""
+    return _slurm_unavailable()
 
 
 @pytest.fixture
-def slurm_env(_slurm_cluster, monkeypatch, tmp_path):
-    """A folder for submitit (``tmp_path``) with the environment jobs inherit: this checkout first on PYTHONPATH."""
+def slurm_env(slurm_unavailable, monkeypatch, tmp_path):
+    """A folder for submitit (``tmp_path``) with the environment jobs inherit: this checkout first on PYTHONPATH.
+    Skips the test when no cluster answers."""
+    if slurm_unavailable:
+        pytest.skip(slurm_unavailable)
     path = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", REPO + (os.pathsep + path if path else ""))
     return tmp_path
