@@ -8,7 +8,8 @@
   listed job) or :func:`after_each` (element ``i`` of the new array waits for element ``i`` of an
   earlier array to succeed: Slurm's ``aftercorr:``).
 - :func:`slurm_rendezvous`: ``(num_machines, machine_rank, num_gpus_per_machine, dist_url)`` for
-  detectron2's ``launch`` inside an allocation; :func:`restart_count`: how often this job was requeued.
+  detectron2's ``launch`` inside an allocation; :func:`restart_count`: how often this job was requeued;
+  :func:`requeue_flag`: an event a worker process checks to save and stop before a requeue.
 
 Job states come from ``squeue --states=all`` (:class:`SqueueWatcher`), not ``sacct``: clusters
 without accounting (the one-node cluster of ``tools/slurm_local.sh``) have no ``sacct``. A finished
@@ -42,6 +43,12 @@ step signals to *every* process of the step, so processes the callable starts (d
   ``KillWait``; ``checkpoint()`` is *not* called, and the rerun starts from the pickle last written,
   which is the original submission unless an earlier USR2 checkpointed. So the rerun must resume
   from what the run itself saved on disk (its last checkpoint), never from state held in memory.
+- **Workers** (``launch``'s processes) get USR2 directly, before the main process has done anything,
+  and the requeue tears the step down right after ``checkpoint()`` returns. So a run whose state
+  lives in its workers checkpoints like this (tested): each worker sets a flag on USR2
+  (:func:`requeue_flag`), and at its next step boundary writes its checkpoint and exits; the main
+  process's ``checkpoint()`` waits for that checkpoint file (bounded well below the signal delay)
+  before returning, and the rerun resumes from the file.
 - **The rerun**: same job id (``<array id>_<index>`` for an element), same submitit folder and log
   files (appended), ``SLURM_RESTART_COUNT`` = number of requeues so far (:func:`restart_count`; unset
   on the first run). A requeued job pends with reason ``BeginTime`` until the job credential expires
@@ -51,7 +58,9 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import submitit
@@ -60,6 +69,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 __all__ = [
     "add_slurm_arguments",
     "make_executor",
+    "slurm_folder",
     "submit",
     "after",
     "after_each",
@@ -67,6 +77,7 @@ __all__ = [
     "slurm_rendezvous",
     "first_hostname",
     "restart_count",
+    "requeue_flag",
     "parse_time_minutes",
 ]
 
@@ -144,7 +155,7 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
     Each array element is one run with ``--nodes`` nodes, one Slurm task per node holding
     ``--gpus-per-node`` GPUs and ``--cpus-per-task`` CPUs. ``--slurm-folder`` defaults to ``None``:
-    the caller puts it at ``<output_dir>/slurm/``.
+    :func:`slurm_folder` puts it at ``<output_dir>/slurm``.
     """
     g = parser.add_argument_group("Slurm (submit the runs as a job array instead of running them here)")
     g.add_argument("--slurm", action="store_true", help="submit to Slurm with submitit and return")
@@ -182,6 +193,11 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     )
     g.add_argument("--slurm-folder", default=None, help="submitit's scripts and logs (default <output_dir>/slurm/)")
     return parser
+
+
+def slurm_folder(args: argparse.Namespace, output_dir: str) -> str:
+    """Where submitit writes: ``--slurm-folder``, else ``<output_dir>/slurm``."""
+    return args.slurm_folder or os.path.join(output_dir, "slurm")
 
 
 def make_executor(args: argparse.Namespace, folder: str, name: str) -> submitit.SlurmExecutor:
@@ -340,3 +356,16 @@ def restart_count(environ=None) -> int:
     """How many times this Slurm job was requeued (0 on its first run or outside Slurm)."""
     env = os.environ if environ is None else environ
     return int(env.get("SLURM_RESTART_COUNT") or 0)
+
+
+def requeue_flag(signums: Sequence[int] = (signal.SIGUSR2,)) -> threading.Event:
+    """An event set when this process receives one of ``signums`` (default USR2, the time-limit signal).
+
+    Call it once in each worker's main thread (signal handlers can only be installed there); the
+    training loop checks ``is_set()`` at step boundaries to write a checkpoint and stop. It replaces
+    the default action of these signals, which is to terminate the process.
+    """
+    event = threading.Event()
+    for signum in signums:
+        signal.signal(signum, lambda *_: event.set())
+    return event

@@ -33,10 +33,11 @@ def test_flags_parse():
     assert args.mem == "64G" and args.time == 90 and args.signal_delay == 120
     assert (args.partition, args.account, args.qos, args.constraint) == ("gpu", "lab", "high", "a100|h100")
     assert args.slurm_extra == [("exclusive", "true"), ("mail-type", "END")]
-    assert args.max_parallel == 4 and args.slurm_folder == "/x/slurm"
+    assert args.max_parallel == 4 and slurm.slurm_folder(args, "/out") == "/x/slurm"
     defaults = _parse()
     assert not defaults.slurm and defaults.nodes == 1 and defaults.gpus_per_node == 0 and defaults.time == 60
-    assert defaults.max_parallel is None and defaults.slurm_folder is None and defaults.slurm_extra == []
+    assert defaults.max_parallel is None and defaults.slurm_extra == []
+    assert slurm.slurm_folder(defaults, "/out") == "/out/slurm"
 
 
 @pytest.mark.parametrize(
@@ -99,6 +100,20 @@ def test_rendezvous_from_environment(monkeypatch):
     with pytest.raises(RuntimeError, match="not inside a Slurm job"):
         slurm.slurm_rendezvous(environ={})
     assert slurm.restart_count({}) == 0 and slurm.restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
+
+
+def test_requeue_flag():
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        flag = slurm.requeue_flag()
+        assert not flag.is_set()
+        os.kill(os.getpid(), signal.SIGUSR2)  # the process survives: the flag replaces the default action
+        deadline = time.time() + 5
+        while not flag.is_set() and time.time() < deadline:
+            time.sleep(0.01)
+        assert flag.is_set()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
 
 
 class _Job:
@@ -173,7 +188,7 @@ class _Report:
 def test_array_and_dependent_report(slurm_env):
     out = slurm_env / "out"
     out.mkdir()
-    ex = _executor(slurm_env / "slurm", "arr", "--slurm-extra", "comment=condinit")
+    ex = _executor(slurm_env / "slurm", "arr", "--slurm-extra", "comment=condinit", "--mem", "1G")
     jobs = slurm.submit(ex, [_Element(out, i, 1.0) for i in range(3)])
     base = jobs[0].job_id.split("_")[0]
     assert [j.job_id for j in jobs] == [f"{base}_{i}" for i in range(3)]
@@ -186,7 +201,7 @@ def test_array_and_dependent_report(slurm_env):
     assert _stamps(out, "report_start")[0] >= max(_stamps(out, f"end{i}")[0] for i in range(3))
     text = (slurm_env / "slurm" / base / f"{base}_submission.sh").read_text()  # an array's script
     for line in ("--array=0-2%3", "--signal=USR2@120", "--time=5", "--cpus-per-task=1", "--ntasks-per-node=1",
-                 "--comment=condinit", "--job-name=arr"):
+                 "--comment=condinit", "--job-name=arr", "--mem=1G"):
         assert f"#SBATCH {line}" in text, text
     assert "--dependency" not in text  # the report's dependency did not leak into the executor
     assert "--dependency=afterany:" in open(report[0].paths.submission_file).read()
@@ -303,3 +318,71 @@ def test_cancelled_job_is_done_without_sacct(slurm_env):
     subprocess.run(["scancel", job.job_id], check=True)
     _wait([job], timeout=60)
     assert job.state == "CANCELLED" and not job.paths.result_pickle.exists()
+
+
+# A worker of the run: loads condinit_det/slurm.py by path (the package would import torch), counts
+# from the last saved step, and on USR2 saves its step at the next step boundary and stops.
+_WORKER = r"""
+import importlib.util, os, sys, time
+spec = importlib.util.spec_from_file_location("slurm_helpers", sys.argv[1])
+helpers = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(helpers)
+flag = helpers.requeue_flag()
+folder, run, total = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+saved = os.path.join(folder, "saved")
+step = int(open(saved).read()) if os.path.exists(saved) else 0
+with open(os.path.join(folder, f"resumed{run}"), "w") as f:
+    f.write(str(step))
+while step < total:
+    if flag.is_set():
+        with open(saved + ".tmp", "w") as f:
+            f.write(str(step))
+        os.replace(saved + ".tmp", saved)
+        sys.exit(0)
+    step += 1
+    with open(os.path.join(folder, "progress"), "a") as f:
+        f.write(f"{step}\n")
+    time.sleep(0.25)
+"""
+
+
+class _Trainer(submitit.helpers.Checkpointable):
+    """The main process of a run whose state lives in a worker process."""
+
+    def __init__(self, folder, total=24):
+        self.folder, self.total = str(folder), total
+
+    def __call__(self):
+        run = int(os.environ.get("SLURM_RESTART_COUNT", 0))
+        worker = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, _SLURM_PY, self.folder, str(run), str(self.total)]
+        )
+        worker.wait()
+        return run, int(_lines(self.folder, f"resumed{run}")[0])
+
+    def checkpoint(self):
+        # Wait for the worker's checkpoint: the requeue that follows kills whatever is still running.
+        saved = os.path.join(self.folder, "saved")
+        deadline = time.time() + 30
+        while not os.path.exists(saved) and time.time() < deadline:
+            time.sleep(0.1)
+        _stamp(self.folder, "checkpoints", _lines(self.folder, "saved")[0])
+        return super().checkpoint()
+
+
+_SLURM_PY = slurm.__file__
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_workers_save_before_requeue(slurm_env):
+    out = slurm_env / "out"
+    out.mkdir()
+    (job,) = slurm.submit(_executor(slurm_env / "slurm"), [_Trainer(out)])
+    _when_counting(out)
+    subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True)
+    _wait([job], timeout=150)
+    (saved,) = [int(x) for x in _lines(out, "checkpoints")]
+    # The rerun resumed from the step the worker saved on USR2, and counted on to the end.
+    assert saved >= 4 and job.result() == (1, saved)
+    assert [int(x) for x in _lines(out, "progress")] == list(range(1, 25))  # every step once
