@@ -25,26 +25,34 @@ step signals to *every* process of the step, so processes the callable starts (d
 ``launch`` workers, dataloader workers, ``subprocess``) receive them too, with their own handlers
 (by default USR2 and SIGTERM terminate a process).
 
-- **Time limit** (``--signal=USR2@N``: N seconds before the limit) and ``scancel --signal=USR2``:
-  the main process calls the callable's ``checkpoint()`` (a :class:`submitit.helpers.Checkpointable`
+- **Time limit** (``--signal=USR2@N``: N seconds before the limit; observed with ``--time 2``,
+  ``--signal-delay 100``: SIGCONT + USR2 about 7 s later than due, as Slurm checks time limits
+  periodically, so keep N well above what a checkpoint takes) and ``scancel --signal=USR2``: the
+  main process calls the callable's ``checkpoint()`` (a :class:`submitit.helpers.Checkpointable`
   returns a ``DelayedSubmission`` of the callable *as it is now*; submitit pickles it over the
-  submitted one), runs ``scontrol requeue <job id>`` and exits. The requeue then sends SIGCONT and
-  SIGTERM to whatever is left of the step, SIGKILL ``KillWait`` seconds later. Without a
+  submitted one), runs ``scontrol requeue <job id>`` and exits. The requeue sends SIGCONT + SIGTERM
+  to whatever is left of the step and SIGKILL ``KillWait`` seconds later; the main process itself
+  was seen ending by that SIGTERM or SIGKILL before its own exit finished, so nothing may be left to
+  do after ``checkpoint()`` returns. From submitit's code (not exercised here): without a
   ``checkpoint`` method the job is not requeued when submitit counts the signal as a time-out, and is
-  requeued unchanged when it counts it as a preemption. submitit counts it as a time-out once the job
-  has run ``min(0.8 * time, time - 10 min)``: with ``--time`` of 10 minutes or less, *every* USR2 is a
-  time-out. After ``max_num_timeout`` (3) time-outs it stops requeueing.
-- **Preemption / scancel** (``scancel``, ``scancel --signal=TERM``, a preempting job with
-  ``PreemptMode=REQUEUE``): SIGCONT + SIGTERM to every process of the step. The main process ignores
-  them (submitit's bypass), children die of SIGTERM unless they handle it; the main process is
-  SIGKILLed ``KillWait`` seconds later. ``checkpoint()`` is *not* called. ``scancel`` ends the job
-  (state ``CANCELLED``, no result file); a requeueing preemption pends and reruns it.
+  requeued unchanged when it counts it as a preemption; it counts a time-out once the job has run
+  ``min(0.8 * time, time - 10 min)``, so with ``--time`` of 10 minutes or less *every* USR2 is a
+  time-out (observed: "this job is timed-out"); after ``max_num_timeout`` (3) time-outs it stops
+  requeueing.
+- **scancel / preemption**: ``scancel`` sends SIGCONT + SIGTERM to every process of the step,
+  ``scancel --signal=TERM`` only SIGTERM. The main process ignores them (submitit's bypass),
+  children die of SIGTERM unless they handle it, and the main process is SIGKILLed ``KillWait``
+  seconds later. ``checkpoint()`` is *not* called. ``scancel`` ends the job (state ``CANCELLED``, no
+  result file). A preemption with ``PreemptMode=REQUEUE`` is a SIGTERM and a requeue (not configured
+  on the one-node cluster: expect the ``scontrol requeue`` case below); submitit's own preemption
+  test (``job._interrupt()``) sends SIGTERM then USR2, which checkpoints and requeues as above.
 - **``scontrol requeue <job id>``** from outside: the same SIGCONT + SIGTERM, then SIGKILL after
   ``KillWait``; ``checkpoint()`` is *not* called, and the rerun starts from the pickle last written,
   which is the original submission unless an earlier USR2 checkpointed. So the rerun must resume
   from what the run itself saved on disk (its last checkpoint), never from state held in memory.
-- **Workers** (``launch``'s processes) get USR2 directly, before the main process has done anything,
-  and the requeue tears the step down right after ``checkpoint()`` returns. So a run whose state
+- **Workers** (``launch``'s processes) get USR2 themselves, at the same moment as the main process
+  (which cannot ask them for anything first), and the requeue tears the step down right after
+  ``checkpoint()`` returns. So a run whose state
   lives in its workers checkpoints like this (tested): each worker sets a flag on USR2
   (:func:`requeue_flag`), and at its next step boundary writes its checkpoint and exits; the main
   process's ``checkpoint()`` waits for that checkpoint file (bounded well below the signal delay)
