@@ -1,6 +1,7 @@
 """condinit_det.slurm: flags, rendezvous, dependencies; and, on a real cluster (marker ``slurm``), job
 arrays, per-element dependencies, requeue on USR2 and on ``scontrol requeue``, ``--max-parallel``."""
 import argparse
+import functools
 import os
 import signal
 import subprocess
@@ -386,3 +387,22 @@ def test_workers_save_before_requeue(slurm_env):
     # The rerun resumed from the step the worker saved on USR2, and counted on to the end.
     assert saved >= 4 and job.result() == (1, saved)
     assert [int(x) for x in _lines(out, "progress")] == list(range(1, 25))  # every step once
+
+
+def _rendezvous_here(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("slurm_helpers", path)
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    return helpers.slurm_rendezvous(cpu_processes_per_machine=2), os.environ["SLURM_JOB_ID"]
+
+
+@pytest.mark.slurm
+def test_rendezvous_inside_a_job(slurm_env):
+    (job,) = slurm.submit(_executor(slurm_env / "slurm"), [functools.partial(_rendezvous_here, _SLURM_PY)])
+    _wait([job])
+    (machines, rank, per_machine, url), job_id = job.result()
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    assert (machines, rank, per_machine) == (1, 0, 2)  # one node, no GPU: the CPU processes asked for
+    assert url == f"tcp://{host}:{10000 + int(job_id) % 20000}"
