@@ -36,6 +36,7 @@ setup(
         "packaging",
         "psutil",
         "safetensors",  # the shareable model_final.safetensors
+        "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.slurm)
     ],
     extras_require={"test": ["pytest>=7"]},
 )
