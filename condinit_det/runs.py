@@ -42,6 +42,8 @@ __all__ = [
     "IDENTITY_KEYS",
     "PLAN_FILENAME",
     "Outcome",
+    "PREEMPTED_FILENAME",
+    "Preempted",
     "RunSpec",
     "check_resume_identity",
     "describe_failure",
@@ -206,8 +208,16 @@ def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool
 
 
 # ---------------------------------------------------------------------------------------------
-# Failures are results
+# Failures are results; a preemption is neither a failure nor a finish
 # ---------------------------------------------------------------------------------------------
+PREEMPTED_FILENAME = "preempted"
+
+
+class Preempted(Exception):
+    """A run stopped at a step boundary to be requeued (the scheduler's time-limit signal); it resumes from
+    its last checkpoint. Its processes leave ``<run_dir>/preempted``."""
+
+
 _NOTE_PREFIX = "failure.rank"
 _SET_ASIDE = re.compile(r"\.failed\d+$")
 
@@ -340,9 +350,16 @@ def execute_runs(runs: Sequence[RunSpec], base: str, *, launch: Callable[[RunSpe
             logger.info(f"Run {name} already finished in {run_dir}: skipped, results kept")
             outcomes.append(Outcome(spec, run_dir))
             continue
+        preempted = os.path.join(run_dir, PREEMPTED_FILENAME)
+        if main and os.path.exists(preempted):
+            os.remove(preempted)
         try:
             launch(spec)
         except Exception as e:  # noqa: BLE001 -- any failure of one run is a result; the experiment goes on
+            if isinstance(e, Preempted) or os.path.exists(preempted):
+                if main:
+                    _take_notes(run_dir)  # the processes stopped by the requeue signal are not failures
+                raise Preempted(f"run {name} stopped for a requeue; it resumes from its last checkpoint") from e
             metadata = {"arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale, "config": config}
             record = record_failure(run_dir, e, metadata) if main else {
                 "kind": FAILED_KIND, "reason": failure_reason(e), "iteration": 0, "message": _one_line(e), **metadata}

@@ -21,6 +21,10 @@ States, in the order they are decided:
 - ``running``: ``log.txt`` or ``metrics.json`` was written within ``stale_after`` seconds.
 - ``stopped``: anything else (killed, or waiting to be resumed); the entry keeps its last iteration.
 
+Runs submitted with ``--slurm`` (``<base>/slurm.json``) also show their job id and Slurm state (from
+``squeue``, while Slurm remembers the job); a run that has not finished or failed is ``queued`` while
+its job is pending and ``cancelled`` when its job was cancelled.
+
 Progress counts completed optimizer steps (detectron2's ``metrics.json`` numbers them from 0; the
 pretraining writer from 1) and, for pretraining, the epoch as a fraction. The time per iteration is the
 last logged median step time; the ETA (running runs only) is detectron2's own estimate for detection
@@ -43,7 +47,7 @@ from .runs import PLAN_FILENAME, describe_failure, is_set_aside, read_plan
 
 __all__ = ["STALE_AFTER", "STATES", "RunStatus", "experiment_status", "format_table", "main", "summary_line"]
 
-STATES = ("not started", "running", "stopped", "finished", "failed", "diverged")
+STATES = ("not started", "queued", "running", "stopped", "cancelled", "finished", "failed", "diverged")
 STALE_AFTER = 600.0  # seconds without a log or metrics write after which a run counts as stopped
 DETECTION, PRETRAIN = "detection", "pretrain"
 METRICS_FILENAME = "metrics.json"
@@ -320,6 +324,7 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
             runs.append(_read_run(RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True), stage, now,
                                   stale_after))
         groups.append((runs, _plan_length(plan, stage)))
+        _add_jobs(base, runs)
     found = []
     for run_path in run_dirs:
         if os.path.realpath(run_path) in seen:
@@ -339,6 +344,41 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
                 _settle(r, length if length is not None else (r._end if r._end is not None else shown), now)
         out.extend(runs)
     return out
+
+
+def _squeue_states(job_ids: Sequence[str]) -> Dict[str, str]:
+    """Slurm's state of each job id it still remembers (``squeue --states=all``); {} without Slurm."""
+    import shutil
+    import subprocess
+
+    if not job_ids or shutil.which("squeue") is None:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T", "-j", ",".join(job_ids)],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.strip().split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def _add_jobs(base: str, runs: List[RunStatus]) -> None:
+    from .cluster import read_jobs
+
+    jobs = read_jobs(base)
+    if not jobs:
+        return
+    states = _squeue_states(sorted(set(jobs.values())))
+    for r in runs:
+        job = jobs.get(os.path.relpath(r.path, base))
+        if job is None:
+            continue
+        r.job = {"id": job, "state": states.get(job)}
+        if r.state in ("finished", "failed", "diverged"):
+            continue
+        if states.get(job) == "PENDING":
+            r.state = "queued"
+        elif states.get(job) == "CANCELLED":
+            r.state, r.eta_seconds = "cancelled", None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,7 +423,8 @@ def format_table(statuses: Sequence[RunStatus], base: str = "") -> str:
     rows = [header]
     for s in statuses:
         log = s.log or os.path.join(s.path, LOG_FILENAME) + " (none yet)"
-        rows.append((s.arm, "?" if s.seed is None else str(s.seed), f"{s.lr_scale:g}", s.state, _progress(s),
+        state = s.state + (f" (job {s.job['id']})" if s.job else "")
+        rows.append((s.arm, "?" if s.seed is None else str(s.seed), f"{s.lr_scale:g}", state, _progress(s),
                      _evaluation(s), "-" if s.sec_per_iter is None else f"{s.sec_per_iter:.3g}",
                      _duration(s.eta_seconds), os.path.relpath(log, base) if base else log))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]

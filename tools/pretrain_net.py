@@ -15,6 +15,7 @@ import warnings
 warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
 
 from condinit_det.pretrain import UsageError, build_argument_parser, execute, prepare_experiment  # noqa: E402
+from condinit_det.pretrain.launch import submit_to_slurm  # noqa: E402
 
 if __name__ == "__main__":
     parser = build_argument_parser()
@@ -24,4 +25,4 @@ if __name__ == "__main__":
     except UsageError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(execute(args))
+    sys.exit(submit_to_slurm(args) if args.slurm else execute(args))

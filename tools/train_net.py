@@ -4,8 +4,9 @@ Train / evaluate a detector with an attention-initialization arm.
 
 Lazy (.py) and yacs (.yaml) configs; detectron2's command line (--num-gpus, --num-machines,
 --machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
---arm {default,mimetic,conditioned,all}, --seeds, --lr-scale, --retry-failed. Everything that can be
-checked is checked before any worker starts; a bad input ends with one error line and exit status 2.
+--arm {default,mimetic,conditioned,all}, --seeds, --lr-scale, --retry-failed, and --slurm (with its
+resource flags) to submit the runs as a job array. Everything that can be checked is checked before any
+worker starts; a bad input ends with one error line and exit status 2.
 A run that fails or diverges is recorded and the others go on; the exit status is then 1.
 The logic lives in condinit_det.engine.training.
 """
@@ -16,7 +17,7 @@ import warnings
 warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
 
 from condinit_det.arm_node import ArmError  # noqa: E402
-from condinit_det.engine.training import build_argument_parser, check_invocation, execute  # noqa: E402
+from condinit_det.engine.training import build_argument_parser, check_invocation, execute, submit_to_slurm  # noqa: E402
 
 
 def _fail(error: Exception) -> None:
@@ -30,4 +31,4 @@ if __name__ == "__main__":
         check_invocation(args)
     except (ValueError, FileNotFoundError, ArmError) as e:
         _fail(e)
-    sys.exit(execute(args))
+    sys.exit(submit_to_slurm(args) if args.slurm else execute(args))

@@ -208,3 +208,27 @@ def build_best_checkpointer(
             if value is not None and (best.best_metric is None or value > best.best_metric):
                 best.best_metric, best.best_iter = float(value), r["iteration"]
     return best
+
+
+class PreemptionHook(hooks.HookBase):
+    """Inside a Slurm element: on the time-limit signal, every process agrees at the next step boundary,
+    rank 0 writes a checkpoint of that iteration, and the run stops for its requeue
+    (:class:`condinit_det.cluster.PreemptionWatch`). Does nothing elsewhere."""
+
+    def __init__(self, checkpointer, run_dir: str):
+        self._checkpointer, self._run_dir = checkpointer, run_dir
+        self._watch = None
+
+    def before_train(self):
+        from condinit_det.cluster import PreemptionWatch
+
+        self._watch = PreemptionWatch()
+
+    def after_step(self):
+        if self._watch is None or not self._watch.active or not self._watch.requested():
+            return
+        done = self.trainer.iter
+        if comm.is_main_process():
+            self._checkpointer.save(f"model_{done:07d}")
+        comm.synchronize()
+        self._watch.stop(self._run_dir, f"checkpoint model_{done:07d}.pth")

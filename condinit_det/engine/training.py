@@ -43,8 +43,10 @@ from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable, refuse_pickle
 from condinit_det.init import ARMS
 from condinit_det.modeling.arm import armed, armed_nodes, check_arm_agrees, rank0_computes_arm, sites_only
 from condinit_det.results import ResultsFile
+from condinit_det.slurm import add_slurm_arguments
 from condinit_det.runs import (
     ARM_CHOICES,
+    Preempted,
     RunSpec,
     check_resume_identity,
     execute_runs,
@@ -59,7 +61,7 @@ from condinit_det.runs import (
 
 from .arm_report import AttentionSnapshot, log_arm_report, save_arm_report, weights_from
 from .checkpoint import RunCheckpointer, check_checkpoint_file, pretrain_checkpoint_file, read_pretrain_meta
-from .hooks import APHook, ap_record, build_best_checkpointer
+from .hooks import APHook, PreemptionHook, ap_record, build_best_checkpointer
 
 __all__ = [
     "REPORT_DIRNAME",
@@ -136,6 +138,7 @@ def build_argument_parser():
     parser.add_argument(
         "--allow-changed-run", action="store_true",
         help="let --resume continue a run directory started with another arm, seed, patterns or lr scale")
+    add_slurm_arguments(parser)
     parser.add_argument(
         "--allow-shared-checkpoint", action="store_true",
         help="allow train.init_checkpoint to give an arm weights that are not its own: the same checkpoint "
@@ -560,6 +563,7 @@ def do_train(args, cfg):
             APHook(eval_period, evaluate, results_file=results_file, metadata=metadata,
                    predictions_file=predictions, ground_truth=ground_truth),
             build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main_process else None,
+            PreemptionHook(checkpointer, output_dir),
             _build_analysis_hook(cfg, args.config_file),
             hooks.PeriodicWriter(default_writers(output_dir, max_iter), period=cfg.train.log_period)
             if main_process else None,
@@ -597,6 +601,8 @@ def do_train(args, cfg):
         return last_results
     try:
         trainer.train(start_iter, max_iter)
+    except Preempted:
+        raise
     except Exception as e:
         note_failure(output_dir, e, rank=comm.get_rank(), iteration=trainer.iter)
         raise
@@ -676,8 +682,10 @@ def check_invocation(args) -> None:
     if args.eval_only and is_experiment(args):
         raise ValueError("--eval-only evaluates one checkpoint; it cannot be combined with --arm all, --seeds or "
                          "--lr-scale")
-    if getattr(args, "retry_failed", False):
-        args.resume = True
+    if getattr(args, "retry_failed", False) or getattr(args, "slurm", False):
+        args.resume = True  # a submission continues what exists: resubmitting is always safe
+    if getattr(args, "slurm", False) and args.eval_only:
+        raise ValueError("--slurm submits training runs; run --eval-only directly")
     kwargs = dict(resume=args.resume, eval_only=args.eval_only, allow_changed_run=args.allow_changed_run,
                   allow_shared_checkpoint=args.allow_shared_checkpoint, trust_pickle=args.trust_pickle)
     _, runs = plan_invocation(args)
@@ -704,6 +712,8 @@ def run_worker(args, base: str, spec: RunSpec):
     cfg = _run_config(args, base, spec)
     try:
         return run(args, cfg)
+    except Preempted:
+        raise
     except Exception as e:
         if not args.eval_only and note_failure(get_output_dir(cfg), e, rank=comm.get_rank()):
             logger.exception(f"Run {get_output_dir(cfg)} failed:")
@@ -718,14 +728,17 @@ def _console_logging():
     setup_logger(name="condinit_det", distributed_rank=comm.get_rank())
 
 
-def execute(args) -> int:
+def execute(args, only: Optional[RunSpec] = None) -> int:
     """Train (or evaluate) every planned run, each in a launch of its own, then write the comparison when
     there are several runs. Returns the exit status: 1 when a run failed or diverged (named on the last
-    lines), else 0. Call :func:`check_invocation` first."""
+    lines), else 0. Call :func:`check_invocation` first. ``only``: train that planned run alone (a Slurm
+    array element: no plan written, no report)."""
     from detectron2.engine import launch
 
     _console_logging()
     base, runs = plan_invocation(args)
+    if only is not None:
+        runs = [(spec, cfg) for spec, cfg in runs if spec == only]
     specs = [spec for spec, _ in runs]
     cfg_of = dict(runs)
     main_launcher = int(args.machine_rank) == 0
@@ -743,13 +756,12 @@ def execute(args) -> int:
     if args.eval_only:
         launch_run(specs[0])
         return 0
-    if main_launcher:
-        write_plan(base, specs, stage="detection", config=args.config_file or None,
-                   length={"unit": "iteration", "total": get_max_iter(runs[0][1])})
+    if main_launcher and only is None:
+        _write_plan(args, base, runs)
     outcomes = execute_runs(specs, base, launch=launch_run, finished=lambda spec: _final_recorded(cfg_of[spec]),
                             resume=args.resume, retry_failed=getattr(args, "retry_failed", False),
                             config=args.config_file or None, main=main_launcher)
-    if len(specs) > 1 and main_launcher:
+    if len(specs) > 1 and main_launcher and only is None:
         from condinit_det.report import compare_arms
 
         report_dir = os.path.join(base, REPORT_DIRNAME)
@@ -760,3 +772,22 @@ def execute(args) -> int:
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return 1 if lines else 0
+
+
+def _write_plan(args, base: str, runs) -> None:
+    write_plan(base, [spec for spec, _ in runs], stage="detection", config=args.config_file or None,
+               length={"unit": "iteration", "total": get_max_iter(runs[0][1])})
+
+
+def submit_to_slurm(args) -> int:
+    """``--slurm``: submit every unfinished planned run as an element of one job array and a report job after
+    them (:mod:`condinit_det.cluster`); returns 0 once submitted. Call :func:`check_invocation` first."""
+    from condinit_det.cluster import submit_experiment
+
+    base, runs = plan_invocation(args)
+    cfg_of = dict(runs)
+    _write_plan(args, base, runs)
+    submit_experiment(args, stage="detection", base=base, specs=[spec for spec, _ in runs],
+                      finished=lambda spec: _final_recorded(cfg_of[spec]), name="condinit-train",
+                      report=len(runs) > 1, bootstrap=args.bootstrap)
+    return 0

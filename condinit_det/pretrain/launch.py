@@ -21,8 +21,9 @@ import torch
 
 from ..checkpoint_io import TRUST_FLAG, check_loadable, final_weights_file
 from ..init import ARMS
-from ..runs import (ARM_CHOICES, RunSpec, check_resume_identity, execute_runs, failure_summary, note_failure,
-                    parse_lr_scales, parse_seeds, plan_runs, write_plan)
+from ..slurm import add_slurm_arguments
+from ..runs import (ARM_CHOICES, Preempted, RunSpec, check_resume_identity, execute_runs, failure_summary,
+                    note_failure, parse_lr_scales, parse_seeds, plan_runs, write_plan)
 from .checkpoint import FINAL_FILENAME, last_checkpoint
 from .config import DEFAULTS, UsageError, arm_spec, load_config, node, run_identity
 from .data import build_mixup, check_dataset_folders
@@ -84,6 +85,7 @@ def build_argument_parser():
                         help="implies --resume; also train the runs that failed or diverged afresh, moving their old "
                              "run directories aside to <run>.failed<n>/ (--resume alone skips a diverged run and "
                              "continues one that failed with an error from its last checkpoint)")
+    add_slurm_arguments(parser)
     parser.add_argument("--allow-changed-run", action="store_true",
                         help="resume a run directory even if its arm, seed, patterns or options differ")
     parser.add_argument(TRUST_FLAG, action="store_true",
@@ -126,8 +128,10 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
 
     Attaches the result to ``args.experiment`` so that every training process gets it through ``launch``.
     """
-    if getattr(args, "retry_failed", False):
-        args.resume = True
+    if getattr(args, "retry_failed", False) or getattr(args, "slurm", False):
+        args.resume = True  # a submission continues what exists: resubmitting is always safe
+    if getattr(args, "slurm", False) and args.eval_only:
+        raise UsageError("--slurm submits training runs; run --eval-only directly")
     cfg = load_config(args.config_file, args.opts)
     nodes = {name: node(cfg, name) for name in DEFAULTS}
     train, data, augment = nodes["train"], nodes["data"], nodes["augment"]
@@ -205,12 +209,11 @@ def eval_checkpoint(train, run_dir: str) -> str:
     return train.get("init_checkpoint") or final_weights_file(run_dir) or os.path.join(run_dir, FINAL_FILENAME)
 
 
-def run_worker(args, run: RunSpec) -> None:
+def run_worker(args, run: RunSpec, experiment: Experiment) -> None:
     """Per-process entry point of one planned run: train it (or with --eval-only evaluate it). A failure
     leaves a note in the run directory for :func:`execute` and is re-raised."""
     from detectron2.utils import comm
 
-    experiment: Experiment = args.experiment
     cfg = configure_run(load_config(experiment.config_file, experiment.opts), run)
     run_dir = run.path(experiment.base)
     if args.eval_only:
@@ -220,26 +223,33 @@ def run_worker(args, run: RunSpec) -> None:
     try:
         train_run(cfg, run=run, run_dir=run_dir, config_file=experiment.config_file, resume=args.resume,
                   allow_changed_run=args.allow_changed_run, trust_pickle=args.trust_pickle)
+    except Preempted:
+        raise
     except Exception as e:
         if os.path.isdir(run_dir) and note_failure(run_dir, e, rank=comm.get_rank()):
             logger.exception(f"Run {run_dir} failed:")
         raise
 
 
-def execute(args) -> int:
+def execute(args, only: Optional[RunSpec] = None) -> int:
     """Train (or evaluate) every planned run, each in a launch of its own; print the comparison when there are
     several. Returns the exit status: 1 when a run failed or diverged (named on the last lines), else 0.
-    Call :func:`prepare_experiment` first."""
+    Call :func:`prepare_experiment` first. ``only``: that planned run alone (a Slurm array element)."""
     from detectron2.engine import launch
 
     setup_logging(None, rank=0)  # console only, until each run logs into its own folder
+    if getattr(args, "experiment", None) is None:
+        prepare_experiment(args, write=False)
     experiment: Experiment = args.experiment
+    if only is not None:
+        experiment = Experiment(base=experiment.base, runs=[r for r in experiment.runs if r == only],
+                                config_file=experiment.config_file, opts=experiment.opts, epochs=experiment.epochs)
     main_launcher = int(args.machine_rank) == 0
 
     def launch_run(run: RunSpec):
         try:
             launch(run_worker, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-                   dist_url=args.dist_url, args=(args, run))
+                   dist_url=args.dist_url, args=(args, run, experiment))
         finally:
             gc.collect()
             if torch.cuda.is_available():
@@ -254,7 +264,7 @@ def execute(args) -> int:
                             finished=lambda run: run_finished(run.path(experiment.base), experiment.epochs),
                             resume=args.resume, retry_failed=getattr(args, "retry_failed", False),
                             config=experiment.config_file, main=main_launcher, log=logger)
-    if len(experiment.runs) > 1 and main_launcher:
+    if len(experiment.runs) > 1 and main_launcher and only is None:
         from ..report import compare_arms
 
         report_dir = os.path.join(experiment.base, REPORT_DIRNAME)
@@ -265,3 +275,15 @@ def execute(args) -> int:
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return 1 if lines else 0
+
+
+def submit_to_slurm(args) -> int:
+    """``--slurm``: submit every unfinished planned run as an element of one job array and a report job after
+    them (:mod:`condinit_det.cluster`); returns 0 once submitted. Call :func:`prepare_experiment` first."""
+    from ..cluster import submit_experiment
+
+    experiment: Experiment = args.experiment
+    submit_experiment(args, stage="pretrain", base=experiment.base, specs=experiment.runs,
+                      finished=lambda run: run_finished(run.path(experiment.base), experiment.epochs),
+                      name="condinit-pretrain", report=len(experiment.runs) > 1)
+    return 0

@@ -31,7 +31,8 @@ import torch.nn as nn
 from ..checkpoint_io import load_checkpoint
 from ..fileio import atomic_torch_save, atomic_write, remove_stale_temp_files
 from ..results import ResultsFile
-from ..runs import RunSpec, check_resume_identity, note_failure, write_arm_report
+from ..cluster import PreemptionWatch
+from ..runs import PREEMPTED_FILENAME, Preempted, RunSpec, check_resume_identity, note_failure, write_arm_report
 from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, FINAL_SAFETENSORS, checkpoint_path, find_checkpoints
 from .checkpoint import last_checkpoint, prune_checkpoints, save_final
 from .config import DEFAULTS, UsageError, arm_spec, node, resolve_lr, run_identity
@@ -165,8 +166,9 @@ def _criterion(augment: Dict, mixup) -> nn.Module:
 def train_one_epoch(*, ddp: nn.Module, model: nn.Module, loader, optimizer, scheduler, scaler, criterion, mixup,
                     ema, device: torch.device, amp_dtype, clip: Optional[float], clip_mode: str, step: int,
                     epoch: int, num_epochs: int, log_period: int, timer: StepTimer,
-                    writer: Optional[MetricsWriter]) -> tuple:
-    """Train one epoch; returns (summed step losses, number of steps, optimizer steps done in total)."""
+                    writer: Optional[MetricsWriter], stop_requested=lambda: False) -> tuple:
+    """Train one epoch; returns (summed step losses, number of steps, optimizer steps done in total).
+    ``stop_requested()`` is asked before every step (collective: a requeue stops every process at once)."""
     from timm.utils import dispatch_clip_grad
 
     ddp.train()
@@ -176,6 +178,8 @@ def train_one_epoch(*, ddp: nn.Module, model: nn.Module, loader, optimizer, sche
                 else contextlib.nullcontext())
     end = time.perf_counter()
     for i, (images, targets) in enumerate(loader):
+        if stop_requested():
+            raise Preempted(f"stopped for a requeue in epoch {epoch + 1}, step {step}")
         data_time = time.perf_counter() - end
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
@@ -324,6 +328,7 @@ def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], re
     eval_period = max(int(train["eval_period"]), 1)
     timer = StepTimer(total_steps=num_epochs * steps_per_epoch)
     last_record = None
+    watch = PreemptionWatch()
     try:
         for epoch in range(start_epoch, num_epochs):
             s = epoch_seed(seed, epoch, rank)
@@ -334,7 +339,8 @@ def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], re
                 ddp=ddp, model=model, loader=loader, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                 criterion=criterion, mixup=mixup, ema=ema, device=device, amp_dtype=amp_dtype,
                 clip=opt["clip_grad"], clip_mode=opt["clip_mode"], step=step, epoch=epoch, num_epochs=num_epochs,
-                log_period=max(int(train["log_period"]), 1), timer=timer, writer=writer)
+                log_period=max(int(train["log_period"]), 1), timer=timer, writer=writer,
+                stop_requested=watch.requested)
             train_loss = _mean_over_processes(total, count)
             done = epoch + 1
             if done == num_epochs or done % eval_period == 0:
@@ -365,6 +371,10 @@ def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], re
                 atomic_torch_save(state, checkpoint_path(run_dir, done))
                 prune_checkpoints(run_dir, keep=1)
             comm.synchronize()
+    except Preempted:
+        if main:  # it resumes from its last epoch checkpoint: epochs are the unit of exact resume
+            atomic_write(os.path.join(run_dir, PREEMPTED_FILENAME), f"epoch checkpoint {epoch}")
+        raise
     except Exception as e:
         note_failure(run_dir, e, rank=rank, iteration=getattr(e, "step", step), epoch=epoch)
         raise
