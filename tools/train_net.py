@@ -14,10 +14,9 @@ import warnings
 # fvcore (imported by detectron2) scripts a loss with torch.jit, which recent torch marks deprecated.
 warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
 
-from detectron2.engine import launch  # noqa: E402
-
 from condinit_det.arm_node import ArmError  # noqa: E402
-from condinit_det.engine.training import build_argument_parser, check_invocation, main  # noqa: E402
+from condinit_det.distributed import launch  # noqa: E402
+from condinit_det.engine.training import build_argument_parser, check_invocation, invocation_device, main  # noqa: E402
 
 
 def _fail(error: Exception) -> None:
@@ -32,13 +31,7 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError) as e:
         _fail(e)
     try:
-        launch(
-            main,
-            args.num_gpus,
-            num_machines=args.num_machines,
-            machine_rank=args.machine_rank,
-            dist_url=args.dist_url,
-            args=(args,),
-        )
+        launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+               dist_url=args.dist_url, args=(args,), device=invocation_device(args))
     except ArmError as e:  # raised while the model is built: the arm does not fit the model
         _fail(e)

@@ -85,6 +85,7 @@ class Experiment:
     config_file: str
     opts: List[str]
     epochs: int
+    device: str = "cpu"  # train.device: a CPU run's workers see no CUDA device (condinit_det.distributed.launch)
 
 
 def configure_run(cfg, run: RunSpec):
@@ -166,7 +167,7 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
                 raise UsageError(f"--eval-only: {path} does not exist; train the run first or pass "
                                  "train.init_checkpoint=PATH")
     experiment = Experiment(base=base, runs=runs, config_file=args.config_file, opts=list(args.opts),
-                            epochs=total_epochs(cfg))
+                            epochs=total_epochs(cfg), device=str(train["device"]))
     if write and not args.eval_only and int(getattr(args, "machine_rank", 0)) == 0:
         write_plan(base, runs, stage="pretrain", config=args.config_file)
     args.experiment = experiment
