@@ -30,17 +30,18 @@ rules keep the results device-independent:
   it, so every product is unchanged). The CPU's LAPACK routines, the CPU subspace solver and
   CUDA's ``torch.linalg.svd`` / ``eigh`` then give the same vectors up to rounding. (A vector whose
   two largest-magnitude entries agree to within rounding, and differ in sign, can still come out
-  with opposite signs on two solvers; the products never differ.)
+  with opposite signs on two solvers; in a float32 factorization (mimetic V/O for float32, float16
+  and bfloat16 parameters) vectors whose singular values agree to within float32 rounding can come
+  out rotated within their cluster. The products agree to the working precision either way.)
 - Float32 matrix products on CUDA run in full float32 (TF32 off while an arm computes, restored
   after): with TF32 the CholeskyQR of the conditioned arm would keep orthogonality only to about
   1e-3.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional, Tuple
-
-import contextlib
 
 import torch
 
