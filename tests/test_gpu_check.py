@@ -23,7 +23,8 @@ def test_gpu_check_refuses_without_a_cuda_device():
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skips of a machine without CUDA")
 def test_gpu_tests_skip_with_a_reason():
-    proc = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs", os.path.join("tests", "test_gpu.py"))
+    proc = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs",
+                os.path.join("tests", "test_gpu.py"))
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "16 skipped" in proc.stdout and "passed" not in proc.stdout and "failed" not in proc.stdout
     assert "needs a CUDA device (make gpu-check)" in proc.stdout

@@ -38,7 +38,8 @@ def run_tests(timeout: int):
             yield "FAIL", "tests/test_gpu.py", float(timeout), f"timed out after {timeout} s"
             return
         if not os.path.isfile(report):
-            yield "FAIL", "tests/test_gpu.py", 0.0, "".join((proc.stdout + proc.stderr).strip().splitlines()[-1:])
+            last = (proc.stdout + proc.stderr).strip().splitlines()[-1:]
+            yield "FAIL", "tests/test_gpu.py", 0.0, "".join(last)
             return
         for case in ET.parse(report).getroot().iter("testcase"):
             name = case.get("name")
@@ -65,7 +66,8 @@ def run_bench(models):
         try:
             rows = bench_init_cost.measure(name, ["conditioned", "mimetic"], 1, device="cuda")
         except subprocess.CalledProcessError as e:
-            yield "FAIL", f"bench {name}", time.perf_counter() - start, "".join((e.stderr or "").strip().splitlines()[-1:])
+            last = (e.stderr or "").strip().splitlines()[-1:]
+            yield "FAIL", f"bench {name}", time.perf_counter() - start, "".join(last)
             continue
         build = float(rows[0][4])
         cost = {row[3]: float(row[5]) for row in rows}
