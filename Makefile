@@ -5,7 +5,7 @@ DEMO_CONFIG ?= configs/demo/mask_rcnn_vit_tiny.py
 DEMO_OUTPUT ?= output/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo demo-pretrain demo-paper
+.PHONY: venv test test-fast demo demo-pretrain demo-paper gpu-check
 
 venv:
 	bash tools/setup_env.sh
@@ -28,3 +28,8 @@ demo-paper: venv
 	$(PY) tools/pretrain_net.py --config-file configs/demo/pretrain_vit_tiny.py --arm all train.output_dir=output/demo_paper/pretrain
 	$(PY) tools/train_net.py --config-file configs/demo/mask_rcnn_vit_tiny_finetune.py --arm all train.output_dir=output/demo_paper/finetune
 	$(PY) tools/compare_arms.py output/demo_paper/pretrain output/demo_paper/finetune --output output/demo_paper/report
+
+# On a machine with a CUDA device: the tests marked gpu and the init-cost bench on the GPU (ViTDet-B/L/H),
+# one verdict line per check, about 10 minutes (README: GPU check).
+gpu-check: venv
+	$(PY) tools/gpu_check.py

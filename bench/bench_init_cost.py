@@ -3,6 +3,7 @@
     python bench/bench_init_cost.py                      # ViTDet-B, Swin-B, ViTDet-L, ViTDet-H Mask R-CNN
     python bench/bench_init_cost.py --models vitdet_b    # a subset
     python bench/bench_init_cost.py --quick              # the tiny demo model only
+    python bench/bench_init_cost.py --device cuda --models vitdet_b,vitdet_l,vitdet_h   # arms on a GPU
 
 Per model, in one run of this script: "build" is ``instantiate(cfg.model)`` with the config's
 arm set to "default" (detectron2 builds and initializes every layer; an armed model node then
@@ -14,6 +15,10 @@ not depend on what an earlier arm left. Each measurement (one build, then each a
 a fresh process, as in a training run, where the build and the arm happen once (a second build
 in the same process is up to 2x faster: the allocator has its pages already); ``--repeats``
 processes per model (default 3), the median of each time is reported.
+
+With ``--device cuda`` the built model is moved to the GPU (the move is part of "build", as in a
+training run, which builds on the CPU and then moves) and each arm runs there (its draws stay on
+the CPU, its factorizations run on the GPU); both times end with ``torch.cuda.synchronize()``.
 
 Wall seconds are the headline; CPU seconds (all threads of this process) are printed beside them
 because the machine may be shared. Targets: conditioned <= 10% of the build time, mimetic <= 1x.
@@ -67,13 +72,15 @@ def load_config(name):
     return cfg, include
 
 
-def _timed(fn):
+def _timed(fn, device="cpu"):
     wall, cpu = time.perf_counter(), time.process_time()
     out = fn()
+    if device != "cpu":
+        torch.cuda.synchronize()
     return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def measure_once(name, arms):
+def measure_once(name, arms, device="cpu"):
     """One build of ``name`` and each arm once on it, in this process: a list of row dicts."""
     from detectron2.config import instantiate
 
@@ -81,19 +88,19 @@ def measure_once(name, arms):
 
     cfg, include = load_config(name)
     torch.manual_seed(0)
-    model, build_s, build_cpu = _timed(lambda: instantiate(cfg.model))
+    model, build_s, build_cpu = _timed(lambda: instantiate(cfg.model).to(device), device)
     params = sum(p.numel() for p in model.parameters())
     rows = []
     for arm in arms:
-        report, arm_s, arm_cpu = _timed(lambda: apply_init(model, arm, seed=0, include=include))
+        report, arm_s, arm_cpu = _timed(lambda: apply_init(model, arm, seed=0, include=include), device)
         rows.append({"model": name, "params": params, "sites": len(report.sites), "arm": arm, "build_s": build_s,
                      "build_cpu": build_cpu, "arm_s": arm_s, "arm_cpu": arm_cpu})
     return rows
 
 
-def measure(name, arms, repeats, threads=None):
+def measure(name, arms, repeats, threads=None, device="cpu"):
     """Table rows for ``name``: medians over ``repeats`` fresh processes (each: one build, every arm once)."""
-    command = [sys.executable, os.path.abspath(__file__), "--one", name, "--arms", ",".join(arms)]
+    command = [sys.executable, os.path.abspath(__file__), "--one", name, "--arms", ",".join(arms), "--device", device]
     if threads:
         command += ["--threads", str(threads)]
     runs = []
@@ -120,7 +127,11 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per model; medians are reported")
     parser.add_argument("--one", metavar="MODEL", help=argparse.SUPPRESS)  # one measurement, as JSON (internal)
     parser.add_argument("--quick", action="store_true", help="the tiny demo model only (for tests)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the built model and the arms' factorizations are (default: cpu)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
     names = ["demo_vit_tiny"] if args.quick else args.models.split(",")
     unknown = [n for n in names if n not in MODELS]
     if unknown:
@@ -130,15 +141,16 @@ def main(argv=None):
     import condinit_det  # noqa: F401  (registers the project's modules)
 
     if args.one:
-        print(json.dumps(measure_once(args.one, args.arms.split(","))))
+        print(json.dumps(measure_once(args.one, args.arms.split(","), args.device)))
         return None
     print(format_machine_info(machine_info()))
-    print(f"torch threads: {torch.get_num_threads()}")
+    print(f"torch threads: {torch.get_num_threads()}; device: "
+          f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     rows = []
     for name in names:
-        rows += measure(name, args.arms.split(","), 1 if args.quick else args.repeats, args.threads)
+        rows += measure(name, args.arms.split(","), 1 if args.quick else args.repeats, args.threads, args.device)
     print(format_table(["model", "params", "sites", "arm", "build s", "arm s", "arm / build", "build CPU s",
                         "arm CPU s"], rows))
     print(f"load avg 1/5/15 min at the end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -294,11 +294,12 @@ def _distributed_worker(json_file, dets, out_dir):
 
 @pytest.mark.slow
 def test_distributed_gathers_to_rank0(dataset, reference, tmp_path):
-    from detectron2.engine import launch
+    from condinit_det.distributed import launch
 
-    launch(
+    launch(  # CPU processes (gloo), also where CUDA is available
         _distributed_worker,
-        num_gpus_per_machine=2,
+        2,
+        device="cpu",
         dist_url="auto",
         args=(str(dataset["root"] / "gt.json"), dataset["dets"], str(tmp_path)),
     )

@@ -36,6 +36,7 @@ from condinit_det.runs import RunSpec, write_arm_report
 REPO = Path(__file__).resolve().parents[1]
 TOOL = str(REPO / "tools" / "pretrain_net.py")
 DEMO = str(REPO / "configs" / "demo" / "pretrain_vit_tiny.py")
+XCIT_DEMO = str(REPO / "configs" / "demo" / "pretrain_xcit_tiny.py")
 IMAGENET = sorted((REPO / "configs" / "ImageNet").glob("*.py"))
 SPEC = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
 
@@ -296,14 +297,18 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_cpu_run_matches_single_process_evaluation(tiny_data, tmp_path):
+@pytest.mark.parametrize("config", [DEMO, XCIT_DEMO], ids=["vit", "xcit_batchnorm"])
+def test_two_process_cpu_run_matches_single_process_evaluation(tiny_data, tmp_path, config):
+    # XCiT has BatchNorm (patch embedding, LPI): each process keeps its own running statistics; the
+    # parameters must still agree, and the evaluation and model_final.pth use rank 0's statistics.
     out = str(tmp_path / "ddp")
-    argv = ["--config-file", DEMO, "--arm", "conditioned", *tiny(tiny_data, out, epochs=1)]
+    argv = ["--config-file", config, "--arm", "conditioned", *tiny(tiny_data, out, epochs=1)]
     ddp = _run(["--num-gpus", "2", "--dist-url", "auto", *argv])
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     run_dir = RunSpec("conditioned", 0).path(out)
     with open(os.path.join(run_dir, "log.txt")) as f:
-        assert "2 processes start from identical weights" in f.read()
+        log = f.read()
+    assert "2 processes start from identical weights" in log and "2 processes hold identical final weights" in log
     single = _run(["--eval-only", *argv])
     assert single.returncode == 0, single.stderr[-3000:]
     (train_rec,) = ResultsFile(run_dir).records("cls")

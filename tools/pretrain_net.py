@@ -21,7 +21,7 @@ if __name__ == "__main__":
     parser = build_argument_parser()
     args = parser.parse_args()
     try:
-        prepare_experiment(args)
+        experiment = prepare_experiment(args)
     except UsageError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         sys.exit(2)

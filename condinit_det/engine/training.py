@@ -21,7 +21,6 @@ diverges or raises is recorded as failed, every process of it stops, and the nex
 """
 import contextlib
 import gc
-import hashlib
 import inspect
 import logging
 import os
@@ -40,6 +39,7 @@ from detectron2.utils import comm
 
 from condinit_det.arm_node import ArmSpec, plain, resolve_arm_node
 from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable, refuse_pickle
+from condinit_det.distributed import replica_fingerprint, sync_buffers
 from condinit_det.init import ARMS
 from condinit_det.modeling.arm import armed, armed_nodes, check_arm_agrees, rank0_computes_arm, sites_only
 from condinit_det.results import ResultsFile
@@ -205,6 +205,10 @@ def get_seed(cfg) -> int:
 
 def get_lr_scale(cfg) -> float:
     return float(cfg.SOLVER.LR_SCALE if _is_yacs(cfg) else cfg.train.get("lr_scale", 1.0))
+
+
+def get_device(cfg) -> str:
+    return str(cfg.MODEL.DEVICE if _is_yacs(cfg) else cfg.train.device)
 
 
 def get_init_checkpoint(cfg) -> str:
@@ -457,21 +461,20 @@ def _create_ddp(model, cfg):
     return create_ddp_model(model, **ddp)
 
 
-def _weights_fingerprint(model) -> str:
-    digest = hashlib.sha1()
-    for name, p in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+def _unwrap(model):
+    return model.module if hasattr(model, "module") else model
 
 
 def check_replicas(model, when: str) -> None:
-    """All ranks hold bitwise identical weights; raises otherwise (no-op in one process)."""
+    """All ranks hold bitwise identical parameters and synchronized buffers; raises otherwise (no-op in one
+    process). The running statistics of unsynchronized BatchNorm layers differ per rank by design: they are
+    left out here, and :func:`do_test` gives every rank rank 0's before it evaluates."""
     if comm.get_world_size() == 1:
         return
-    prints = comm.all_gather(_weights_fingerprint(model.module if hasattr(model, "module") else model))
+    prints = comm.all_gather(replica_fingerprint(_unwrap(model)))
     if len(set(prints)) != 1:
-        raise RuntimeError(f"replicas differ {when}: weight fingerprints per rank {prints}")
+        raise RuntimeError(f"replicas differ {when}: fingerprints of parameters and synchronized buffers per rank "
+                           f"{prints}")
     logger.info(f"Replica check {when}: all {len(prints)} ranks hold identical weights (sha1 {prints[0][:12]})")
 
 
@@ -480,6 +483,7 @@ def do_test(cfg, model):
     if "evaluator" not in cfg.dataloader:
         logger.warning("cfg.dataloader.evaluator is not set: no evaluation.")
         return {}
+    sync_buffers(_unwrap(model))  # every shard is scored with the statistics of the weights rank 0 saves
     ret = inference_on_dataset(model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator))
     if comm.is_main_process():
         print_csv_format(ret)
@@ -618,7 +622,7 @@ def do_eval_only(args, cfg):
     """
     model, _ = build_model(cfg)
     model.to(cfg.train.device)
-    model = create_ddp_model(model)
+    model = _create_ddp(model, cfg)
     checkpointer = RunCheckpointer(model, cfg.train.output_dir, trust_pickle=getattr(args, "trust_pickle", False))
     path = checkpointer.get_checkpoint_file() if args.resume and checkpointer.has_checkpoint() \
         else cfg.train.init_checkpoint
@@ -733,7 +737,7 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
     there are several runs. Returns the exit status: 1 when a run failed or diverged (named on the last
     lines), else 0. Call :func:`check_invocation` first. ``only``: train that planned run alone (a Slurm
     array element: no plan written, no report)."""
-    from detectron2.engine import launch
+    from condinit_det.distributed import launch
 
     _console_logging()
     base, runs = plan_invocation(args)
@@ -746,7 +750,7 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
     def launch_run(spec: RunSpec):
         try:
             launch(run_worker, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-                   dist_url=args.dist_url, args=(args, base, spec))
+                   dist_url=args.dist_url, args=(args, base, spec), device=get_device(cfg_of[spec]))
         finally:
             gc.collect()
             if torch.cuda.is_available():

@@ -6,6 +6,7 @@ import os
 from detectron2.engine import DefaultTrainer, hooks
 from detectron2.utils import comm
 
+from condinit_det.distributed import sync_buffers
 from condinit_det.evaluation import FastCOCOEvaluator
 from condinit_det.results import ResultsFile
 from condinit_det.runs import check_resume_identity
@@ -48,6 +49,12 @@ class CondinitTrainer(DefaultTrainer):
             return model
         log_arm_report(report)
         return model
+
+    @classmethod
+    def test(cls, cfg, model, evaluators=None):
+        """DefaultTrainer's evaluation, with every rank holding rank 0's buffers (BatchNorm statistics)."""
+        sync_buffers(model.module if hasattr(model, "module") else model)
+        return super().test(cfg, model, evaluators)
 
     @classmethod
     def build_optimizer(cls, cfg, model):

@@ -22,10 +22,24 @@ s_k) in float64.
   fall-back).
 
 Random draws always happen on the CPU, so the values a seed gives do not depend on the device;
-``device`` arguments only say where the factorizations run (a CUDA device, or the CPU).
+``device`` arguments only say where the factorizations run (a CUDA device, or the CPU). Two more
+rules keep the results device-independent:
+
+- Singular vectors are signed by one convention on every solver path (:func:`sign_convention`:
+  the largest-magnitude entry of each left singular vector is positive; its right vector flips with
+  it, so every product is unchanged). The CPU's LAPACK routines, the CPU subspace solver and
+  CUDA's ``torch.linalg.svd`` / ``eigh`` then give the same vectors up to rounding. (A vector whose
+  two largest-magnitude entries agree to within rounding, and differ in sign, can still come out
+  with opposite signs on two solvers; in a float32 factorization (mimetic V/O for float32, float16
+  and bfloat16 parameters) vectors whose singular values agree to within float32 rounding can come
+  out rotated within their cluster. The products agree to the working precision either way.)
+- Float32 matrix products on CUDA run in full float32 (TF32 off while an arm computes, restored
+  after): with TF32 the CholeskyQR of the conditioned arm would keep orthogonality only to about
+  1e-3.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -45,6 +59,7 @@ __all__ = [
     "mimetic_qk",
     "mimetic_qk_batch",
     "mimetic_vo",
+    "sign_convention",
     "top_singular",
     "TopSingular",
     "SOLVERS",
@@ -62,6 +77,36 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
 def _working(z: torch.Tensor) -> torch.Tensor:
     """z in a working precision: float32 and float64 as they are, other dtypes in float64."""
     return z if z.dtype in (_F32, _F64) else z.to(_F64)
+
+
+@contextlib.contextmanager
+def _full_fp32(device: torch.device):
+    """CUDA float32 matrix products in IEEE float32 (no TF32) inside the block; the setting is restored after.
+
+    The backend's own setting (``torch.backends.cuda.matmul.fp32_precision``) is used, so that a
+    setting made through either of torch's TF32 interfaces reads back as it was.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
+
+
+def sign_convention(u: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Signed singular vectors: column j of ``u`` and of ``v`` (``[..., p, k]``, ``[..., q, k]``) flipped
+    together so that the largest-magnitude entry of ``u[..., :, j]`` is positive (the first one on a tie).
+
+    ``u diag(s) v^T`` is unchanged; applied on every solver path, it makes their vectors agree.
+    """
+    idx = u.abs().argmax(dim=-2, keepdim=True)
+    signs = torch.where(torch.gather(u, -2, idx) < 0, -1.0, 1.0).to(u.dtype)
+    return u * signs, v * signs
 
 
 def standard_normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
@@ -98,10 +143,11 @@ def _orthonormal_rows(h: torch.Tensor) -> torch.Tensor:
     """
     n, m = h.shape[-2:]
     if m >= _CHOLESKY_MIN_ASPECT * n:
-        lower, info = torch.linalg.cholesky_ex(h @ h.mT)
-        if not bool((info != 0).any()):
-            eye = torch.eye(n, dtype=h.dtype, device=h.device).expand_as(lower)
-            return torch.linalg.solve_triangular(lower, eye, upper=False) @ h
+        with _full_fp32(h.device):
+            lower, info = torch.linalg.cholesky_ex(h @ h.mT)
+            if not bool((info != 0).any()):
+                eye = torch.eye(n, dtype=h.dtype, device=h.device).expand_as(lower)
+                return torch.linalg.solve_triangular(lower, eye, upper=False) @ h
     q, r = torch.linalg.qr(h.mT, mode="reduced")
     diag = torch.diagonal(r, dim1=-2, dim2=-1)
     signs = torch.where(diag < 0, -1.0, 1.0).to(q.dtype)  # sign(0) taken as +1
@@ -216,7 +262,7 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
                  tol: float = 1e-4) -> TopSingular:
     """The top-k singular triplets of each matrix of ``m`` (``[B, p, q]``, float32 or float64).
 
-    Results are in m's dtype (the working precision).
+    Results are in m's dtype (the working precision), signed by :func:`sign_convention` whatever the solver.
 
     solver:
     - ``"dense"``: ``torch.linalg.svd`` in float64 (the reference), cast to m's dtype.
@@ -251,6 +297,7 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
     batch = m.shape[0]
     if solver == "dense":
         u, s, v = _dense_top(m, k)
+        u, v = sign_convention(u, v)
         zeros = torch.zeros(batch, dtype=m.dtype, device=m.device)
         return TopSingular(u, s, v, solver, torch.zeros(batch, dtype=torch.bool, device=m.device), zeros)
     if m.device.type != "cpu":
@@ -261,6 +308,7 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
     u, s, v, fallback, estimate = _subspace_top(mm, k, max(1, min(oversample, small - k)), tol)
     if wide:
         u, v = v, u
+    u, v = sign_convention(u, v)
     return TopSingular(u, s, v, solver, fallback, estimate)
 
 
@@ -378,7 +426,8 @@ def mimetic_vo(
     is the best rank-dim_v approximation of M.
 
     The SVD comes from the symmetric eigen-decomposition of the smaller Gram matrix (about half
-    the cost of a full SVD): with M^T M = V diag(S^2) V^T, the other side is ``M V = U S``.
+    the cost of a full SVD): with M^T M = V diag(S^2) V^T, the other side is ``M V = U S``; the
+    pairs are signed by :func:`sign_convention` (on U).
     The columns of ``M V`` scaled by ``1/sqrt(s)`` are the value rows, so the product is
     ``M V V^T = M`` to the accuracy of z's dtype (V is orthogonal), however small a singular
     value is.
@@ -390,8 +439,14 @@ def mimetic_vo(
     r = min(d_v_in, d_out, dim_v)
     left = d_v_in < d_out  # decompose on the smaller side
     side = m.mT if left else m  # [rows >= cols]
-    basis = _gram_eigenvectors(side)[:, :r]  # right singular vectors of `side`
-    image = side @ basis  # = U S of `side`
+    with _full_fp32(m.device):
+        basis = _gram_eigenvectors(side)[:, :r]  # right singular vectors of `side`
+        image = side @ basis  # = U S of `side`
+    # M's left singular vectors are `basis` when side = M^T, else `image` (U S, the same signs).
+    if left:
+        basis, image = sign_convention(basis, image)
+    else:
+        image, basis = sign_convention(image, basis)
     s = torch.linalg.vector_norm(image, dim=0)
     root = s.sqrt()
     scaled = image / torch.where(root > 0, root, 1.0)  # U sqrt(S); a zero column stays zero

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed import sync_buffers
 from .data import build_eval_loader, eval_indices
 
 __all__ = ["EvalResult", "evaluate", "sync_buffers"]
@@ -53,14 +54,6 @@ class EvalResult:
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def sync_buffers(module: nn.Module) -> None:
-    """Copy rank 0's buffers (BatchNorm statistics) to every process; no-op on one process."""
-    if not _distributed():
-        return
-    for buf in module.buffers():
-        dist.broadcast(buf.data, src=0)
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ every process of it stops, and the next run starts; with several runs it prints 
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -103,6 +104,7 @@ class Experiment:
     config_file: str
     opts: List[str]
     epochs: int
+    device: str = "cpu"  # train.device: a CPU run's workers see no CUDA device (condinit_det.distributed.launch)
 
 
 def configure_run(cfg, run: RunSpec):
@@ -195,7 +197,7 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
             except ValueError as e:
                 raise UsageError(str(e)) from None
     experiment = Experiment(base=base, runs=runs, config_file=args.config_file, opts=list(args.opts),
-                            epochs=total_epochs(cfg))
+                            epochs=total_epochs(cfg), device=str(train["device"]))
     if write and not args.eval_only and int(getattr(args, "machine_rank", 0)) == 0:
         write_plan(base, runs, stage="pretrain", config=args.config_file,
                    length={"unit": "epoch", "total": experiment.epochs})
@@ -235,21 +237,20 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
     """Train (or evaluate) every planned run, each in a launch of its own; print the comparison when there are
     several. Returns the exit status: 1 when a run failed or diverged (named on the last lines), else 0.
     Call :func:`prepare_experiment` first. ``only``: that planned run alone (a Slurm array element)."""
-    from detectron2.engine import launch
+    from ..distributed import launch
 
     setup_logging(None, rank=0)  # console only, until each run logs into its own folder
     if getattr(args, "experiment", None) is None:
         prepare_experiment(args, write=False)
     experiment: Experiment = args.experiment
     if only is not None:
-        experiment = Experiment(base=experiment.base, runs=[r for r in experiment.runs if r == only],
-                                config_file=experiment.config_file, opts=experiment.opts, epochs=experiment.epochs)
+        experiment = dataclasses.replace(experiment, runs=[r for r in experiment.runs if r == only])
     main_launcher = int(args.machine_rank) == 0
 
     def launch_run(run: RunSpec):
         try:
             launch(run_worker, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-                   dist_url=args.dist_url, args=(args, run, experiment))
+                   dist_url=args.dist_url, args=(args, run, experiment), device=experiment.device)
         finally:
             gc.collect()
             if torch.cuda.is_available():

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from ..checkpoint_io import load_checkpoint
+from ..distributed import replica_fingerprint
 from ..fileio import atomic_torch_save, atomic_write, remove_stale_temp_files
 from ..results import ResultsFile
 from ..cluster import PreemptionWatch
@@ -129,14 +130,18 @@ def _start_fresh(run_dir: str) -> None:
         logger.warning(f"Fresh (non --resume) run: removed the previous run's {', '.join(map(os.path.basename, stale))}")
 
 
-def _check_replicas(digest: str) -> None:
+def _check_replicas(digest: str, when: str = "initial") -> None:
+    """Every process holds the same ``digest``; raises otherwise (no-op in one process)."""
     comm = _comm()
     if comm.get_world_size() == 1:
         return
     digests = comm.all_gather(digest)
     if len(set(digests)) != 1:
-        raise RuntimeError(f"processes built different initial weights (sha1 per rank: {digests})")
-    logger.info(f"{len(digests)} processes start from identical weights (sha1 {digest[:12]})")
+        raise RuntimeError(f"processes hold different {when} weights (sha1 per rank: {digests})")
+    if when == "initial":
+        logger.info(f"{len(digests)} processes start from identical weights (sha1 {digest[:12]})")
+    else:
+        logger.info(f"{len(digests)} processes hold identical {when} weights (sha1 {digest[:12]})")
 
 
 def _mean_over_processes(total: float, count: int) -> float:
@@ -381,6 +386,11 @@ def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], re
     finally:
         if writer is not None:
             writer.close()
+    # Parameters (and EMA weights) must agree; unsynchronized BatchNorm statistics differ per process
+    # (the evaluation and the saved weights use rank 0's).
+    _check_replicas(replica_fingerprint(model), "final")
+    if ema is not None:
+        _check_replicas(replica_fingerprint(ema.module), "final EMA")
 
     if main:
         final = ema.module if ema is not None else model

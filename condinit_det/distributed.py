@@ -1,0 +1,102 @@
+"""Several processes, for both stages: launching on the CPU or on GPUs, comparing replicas, rank 0's buffers.
+
+- :func:`launch` — detectron2's ``launch`` with the CUDA devices hidden from the workers when the
+  run is on the CPU. detectron2 picks NCCL and asserts ``num_gpus <= device_count`` whenever CUDA
+  is available; hiding the devices makes a ``train.device=cpu`` run take the CPU / gloo path on
+  any machine.
+- :func:`local_buffers` — the buffers each process updates on its own: the running statistics of
+  BatchNorm layers that are not synchronized (``nn.SyncBatchNorm`` and detectron2's
+  ``NaiveSyncBatchNorm`` average their batch statistics over the processes; ``BatchNorm*d`` does
+  not, and DDP copies rank 0's buffers only at the start of a forward pass, and only with
+  ``broadcast_buffers=True``).
+- :func:`replica_fingerprint` — SHA-1 of what every process must hold bitwise equal: the
+  parameters and every other buffer.
+- :func:`sync_buffers` — copy rank 0's buffers to every process, so that an evaluation scores every
+  shard with the statistics rank 0 saves.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from typing import Set
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["launch", "local_buffers", "replica_fingerprint", "sync_buffers"]
+
+
+@contextlib.contextmanager
+def _cuda_hidden():
+    """``CUDA_VISIBLE_DEVICES=""`` while the block runs: processes started in it see no CUDA device."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def launch(main_func, num_processes: int, *, device: str, num_machines: int = 1, machine_rank: int = 0,
+           dist_url: str = None, args: tuple = ()) -> None:
+    """``detectron2.engine.launch`` (same arguments; ``num_processes``: per machine) for a run on ``device``.
+
+    device: the run's device (``train.device`` / ``MODEL.DEVICE``). On the CPU with several processes
+    the workers start with no CUDA device visible (``CUDA_VISIBLE_DEVICES=""``), so they join a gloo
+    process group even on a machine with GPUs.
+    """
+    from detectron2.engine import launch as d2_launch
+
+    hide = int(num_processes) * int(num_machines) > 1 and str(device).startswith("cpu")
+    with _cuda_hidden() if hide else contextlib.nullcontext():
+        d2_launch(main_func, num_processes, num_machines=num_machines, machine_rank=machine_rank,
+                  dist_url=dist_url, args=args)
+
+
+def _synchronized_norms() -> tuple:
+    kinds = [nn.SyncBatchNorm]
+    try:
+        from detectron2.layers import NaiveSyncBatchNorm
+
+        kinds.append(NaiveSyncBatchNorm)
+    except ImportError:
+        pass
+    return tuple(kinds)
+
+
+def local_buffers(module: nn.Module) -> Set[str]:
+    """State-dict names of the buffers each process updates on its own (unsynchronized BatchNorm statistics)."""
+    synced = _synchronized_norms()
+    names = set()
+    for prefix, m in module.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and not isinstance(m, synced):
+            names.update(f"{prefix}.{b}" if prefix else b for b, value in m.named_buffers(recurse=False)
+                         if value is not None)
+    return names
+
+
+def replica_fingerprint(module: nn.Module) -> str:
+    """SHA-1 of the state dict without :func:`local_buffers` (names, dtypes, bytes): what replicas share."""
+    skip = local_buffers(module)
+    digest = hashlib.sha1()
+    for name, value in sorted(module.state_dict().items()):
+        if name in skip:
+            continue
+        t = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(name.encode())
+        digest.update(str(t.dtype).encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def sync_buffers(module: nn.Module) -> None:
+    """Copy rank 0's buffers (BatchNorm statistics among them) to every process; no-op on one process."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    for buf in module.buffers():
+        dist.broadcast(buf.data, src=0)
