@@ -1,0 +1,145 @@
+"""Experiments on a real (one-node) Slurm: job arrays of runs, the report job, requeue, cancel and resubmit, and the
+two-stage protocol. Skipped without a cluster (tools/slurm_local.sh start; .ci/run starts one)."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from condinit_det.init import ARMS
+from condinit_det.results import ResultsFile
+from condinit_det.runs import RunSpec
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_NET = str(ROOT / "tools" / "train_net.py")
+STATUS = str(ROOT / "tools" / "experiment_status.py")
+PROTOCOL = str(ROOT / "tools" / "submit_protocol.py")
+CONFIG = str(ROOT / "tests" / "tiny_train_config.py")
+SLURM = ["--slurm", "--time", "30", "--cpus-per-task", "1"]
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+        "DEADLINE"}
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+
+
+def _tool(tool, *argv, cwd):
+    proc = subprocess.run([sys.executable, tool, *argv], cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _states(job: str):
+    out = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T", "-j", job],
+                         capture_output=True, text=True, timeout=60).stdout
+    return dict(line.split("|", 1) for line in out.split() if "|" in line)
+
+
+def _wait(job: str, timeout: float = 900):
+    """Wait until every job of ``job`` (an array id names all its elements) has ended; returns their states."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = _states(job)
+        if states and all(s in DONE for s in states.values()):
+            return states
+        time.sleep(2)
+    raise AssertionError(f"job {job} did not end within {timeout:.0f} s: {_states(job)}")
+
+
+def _ids(log):
+    array = re.search(r"as job array (\d+)", log)
+    report = re.search(r"Report job (\d+)", log)
+    return (array.group(1) if array else None), (report.group(1) if report else None)
+
+
+def _iterations(run_dir):
+    return [r["iteration"] for r in ResultsFile(str(run_dir)).records("ap")]
+
+
+def test_arm_all_two_seeds_as_an_array_then_cancel_and_resubmit(slurm_env):
+    exp = slurm_env / "exp"
+    argv = ["--config-file", CONFIG, "--arm", "all", "--seeds", "0,1", *SLURM, "--max-parallel", "2",
+            "train.max_iter=2", "train.eval_period=1", f"train.output_dir={exp}"]
+    log = _tool(TRAIN_NET, *argv, cwd=slurm_env)
+    array, report = _ids(log)
+    assert f"Submitted 6 run(s) of 6 as job array {array}" in log
+    jobs = json.loads((exp / "slurm.json").read_text())
+    assert sorted(jobs["runs"].values()) == [f"{array}_{i}" for i in range(6)] and jobs["report"] == report
+    # The last element (conditioned, seed 1) is cancelled before it can start (at most 2 run at once).
+    subprocess.run(["scancel", f"{array}_5"], check=True, timeout=60)
+    states = _wait(array)
+    assert states[f"{array}_5"] == "CANCELLED" and sum(s == "COMPLETED" for s in states.values()) == 5, states
+    _wait(report)
+    for spec in [RunSpec(arm, seed) for seed in (0, 1) for arm in ARMS][:5]:
+        assert _iterations(spec.path(str(exp))) == [1, 2], spec
+    status = json.loads(_tool(STATUS, str(exp), "--json", cwd=slurm_env))
+    by_run = {(r["arm"], r["seed"]): r for r in status["runs"]}
+    assert by_run[("conditioned", 1)]["state"] == "cancelled" and by_run[("conditioned", 1)]["job"]["id"] == f"{array}_5"
+    assert status["counts"]["finished"] == 5
+    md = (exp / "report" / "report.md").read_text()  # written by the report job, after every element ended
+    assert "conditioned seed 1: no results" in md
+    # Submitting the same command again runs only what is not finished.
+    log = _tool(TRAIN_NET, *argv, cwd=slurm_env)
+    array, report = _ids(log)
+    assert "Submitted 1 run(s) of 6" in log and "(5 finished or diverged earlier: not resubmitted)" in log
+    _wait(array)
+    _wait(report)
+    assert _iterations(RunSpec("conditioned", 1).path(str(exp))) == [1, 2]
+    assert "Missing" in (md := (exp / "report" / "report.md").read_text()) and "conditioned seed 1: no" not in md
+
+
+def test_a_run_requeued_in_the_middle_records_every_evaluation_once(slurm_env):
+    exp = slurm_env / "exp"
+    log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "conditioned", *SLURM, "train.max_iter=8",
+                "train.eval_period=2", "train.checkpointer.period=2", f"train.output_dir={exp}", cwd=slurm_env)
+    array, report = _ids(log)
+    assert report is None  # one run: no comparison to write
+    run_dir = RunSpec("conditioned", 0).path(str(exp))
+    deadline = time.time() + 600
+    while _iterations(run_dir) == [] and time.time() < deadline:
+        time.sleep(0.5)
+    assert _iterations(run_dir) == [2], "no evaluation before the deadline"
+    subprocess.run(["scontrol", "requeue", array], check=True, timeout=60)  # one run: a plain job, not an array
+    assert list(_wait(array, timeout=1200).values()) == ["COMPLETED"]
+    assert _iterations(run_dir) == [2, 4, 6, 8]  # none lost, none repeated
+    text = Path(run_dir, "log.txt").read_text()
+    assert "Resuming from" in text or "Loading checkpoint from" in text
+    assert json.loads(Path(run_dir, "condinit_arm_report.json").read_text())["run"]["arm"] == "conditioned"
+
+
+def test_protocol_pretraining_then_finetuning_then_report(slurm_env):
+    from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
+
+    spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
+    data = generate_classification_dataset(slurm_env / "shapes", num_train=32, num_val=8, spec=spec)
+    out = slurm_env / "protocol"
+    pre = ["data.root=" + str(data), "train.epochs=1", "train.batch_size=8", "train.workers=0",
+           "train.eval_batch_size=8", "scheduler.warmup_epochs=0"]
+    ft = ["train.max_iter=2", "train.eval_period=2", "condinit_analysis.period=0"]
+    argv = ["--pretrain-config", str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"),
+            "--finetune-config", str(ROOT / "configs" / "demo" / "mask_rcnn_vit_tiny_finetune.py"),
+            "--output", str(out), "--seeds", "0", "--time", "30", "--cpus-per-task", "1"]
+    argv += [a for opt in pre for a in ("--pretrain-opt", opt)] + [a for opt in ft for a in ("--finetune-opt", opt)]
+    log = _tool(PROTOCOL, *argv, cwd=slurm_env)
+    arrays = re.findall(r"as job array (\d+)", log)
+    report = re.search(r"Report job (\d+)", log).group(1)
+    assert len(arrays) == 2, log  # pretraining, then fine-tuning element by element after it
+    _wait(report, timeout=1800)
+    for arm in ARMS:
+        pre_dir, ft_dir = (out / stage / arm / "seed0" for stage in ("pretrain", "finetune"))
+        assert [r["epoch"] for r in ResultsFile(str(pre_dir)).records("cls")] == [1]
+        assert _iterations(ft_dir) == [2]
+        # The fine-tune started after its own pretraining run had finished, and from it.
+        assert os.path.getmtime(ft_dir / "condinit_arm_report.json") >= os.path.getmtime(pre_dir / "model_final.pth")
+        provenance = json.loads((ft_dir / "condinit_arm_report.json").read_text())
+        assert f"pretrain/{arm}/seed0" in json.dumps(provenance)
+    md = (out / "report" / "report.md").read_text()
+    assert "## Classification pretraining" in md and "## Detection" in md
