@@ -155,6 +155,9 @@ def test_detection_experiment_with_a_diverging_lr(tmp_path):
     assert f"diverged at iteration {first['iteration']}" in md.split("### Learning-rate sensitivity")[1]
     log = (Path(diverged[0].path(str(exp))) / "log.txt").read_text()
     assert "Traceback" in log and "FloatingPointError" in log
+    for s in diverged:  # no evaluation after the failure (detectron2 calls after_train on the way out)
+        failure = failure_of(s.path(str(exp)))
+        assert all(r["iteration"] <= failure["iteration"] for r in ResultsFile(s.path(str(exp))).records("ap"))
 
     # --resume: nothing is retrained, the diverged runs are named and still fail the command.
     rc, out, err = _tool(TRAIN_NET, "--resume", *argv, cwd=tmp_path)

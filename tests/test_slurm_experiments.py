@@ -73,27 +73,33 @@ def test_arm_all_two_seeds_as_an_array_then_cancel_and_resubmit(slurm_env):
     assert f"Submitted 6 run(s) of 6 as job array {array}" in log
     jobs = json.loads((exp / "slurm.json").read_text())
     assert sorted(jobs["runs"].values()) == [f"{array}_{i}" for i in range(6)] and jobs["report"] == report
-    # The last element (conditioned, seed 1) is cancelled before it can start (at most 2 run at once).
-    subprocess.run(["scancel", f"{array}_5"], check=True, timeout=60)
+    # The first element (default, seed 0) is cancelled while it runs (Slurm forgets a pending element
+    # cancelled before it started at once; a running one stays visible as CANCELLED for MinJobAge).
+    deadline = time.time() + 600
+    while _states(array).get(f"{array}_0") != "RUNNING" and time.time() < deadline:
+        time.sleep(0.5)
+    subprocess.run(["scancel", f"{array}_0"], check=True, timeout=60)
     states = _wait(array)
-    assert states[f"{array}_5"] == "CANCELLED" and sum(s == "COMPLETED" for s in states.values()) == 5, states
+    assert states[f"{array}_0"] == "CANCELLED" and sum(s == "COMPLETED" for s in states.values()) == 5, states
     _wait(report)
-    for spec in [RunSpec(arm, seed) for seed in (0, 1) for arm in ARMS][:5]:
+    for spec in [RunSpec(arm, seed) for seed in (0, 1) for arm in ARMS][1:]:
         assert _iterations(spec.path(str(exp))) == [1, 2], spec
     status = json.loads(_tool(STATUS, str(exp), "--json", cwd=slurm_env))
     by_run = {(r["arm"], r["seed"]): r for r in status["runs"]}
-    assert by_run[("conditioned", 1)]["state"] == "cancelled" and by_run[("conditioned", 1)]["job"]["id"] == f"{array}_5"
+    assert by_run[("default", 0)]["state"] == "cancelled" and by_run[("default", 0)]["job"]["id"] == f"{array}_0"
     assert status["counts"]["finished"] == 5
     md = (exp / "report" / "report.md").read_text()  # written by the report job, after every element ended
-    assert "conditioned seed 1: no results" in md
+    missing = md.split("### Missing or unfinished runs")[1].split("##")[0]
+    assert "default seed 0:" in missing
     # Submitting the same command again runs only what is not finished.
     log = _tool(TRAIN_NET, *argv, cwd=slurm_env)
     array, report = _ids(log)
     assert "Submitted 1 run(s) of 6" in log and "(5 finished or diverged earlier: not resubmitted)" in log
     _wait(array)
     _wait(report)
-    assert _iterations(RunSpec("conditioned", 1).path(str(exp))) == [1, 2]
-    assert "Missing" in (md := (exp / "report" / "report.md").read_text()) and "conditioned seed 1: no" not in md
+    assert _iterations(RunSpec("default", 0).path(str(exp))) == [1, 2]
+    md = (exp / "report" / "report.md").read_text()
+    assert "None: every planned run has finished." in md
 
 
 def test_a_run_requeued_in_the_middle_records_every_evaluation_once(slurm_env):
@@ -111,7 +117,7 @@ def test_a_run_requeued_in_the_middle_records_every_evaluation_once(slurm_env):
     assert list(_wait(array, timeout=1200).values()) == ["COMPLETED"]
     assert _iterations(run_dir) == [2, 4, 6, 8]  # none lost, none repeated
     text = Path(run_dir, "log.txt").read_text()
-    assert "Resuming from" in text or "Loading checkpoint from" in text
+    assert re.search(r"\[Checkpointer\] Loading from .*model_00000\d\d\.pth", text), text[-3000:]  # resumed
     assert json.loads(Path(run_dir, "condinit_arm_report.json").read_text())["run"]["arm"] == "conditioned"
 
 
@@ -143,3 +149,23 @@ def test_protocol_pretraining_then_finetuning_then_report(slurm_env):
         assert f"pretrain/{arm}/seed0" in json.dumps(provenance)
     md = (out / "report" / "report.md").read_text()
     assert "## Classification pretraining" in md and "## Detection" in md
+
+
+def test_time_limit_signal_checkpoints_and_requeues(slurm_env):
+    exp = slurm_env / "exp"
+    log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic", *SLURM, "--signal-delay", "60",
+                "train.max_iter=30", "train.eval_period=10", "train.checkpointer.period=1000",
+                f"train.output_dir={exp}", cwd=slurm_env)
+    job, _ = _ids(log)
+    run_dir = Path(RunSpec("mimetic", 0).path(str(exp)))
+    deadline = time.time() + 600
+    while not (run_dir / "metrics.json").is_file() and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # a few iterations in, between two periodic checkpoints (there are none before the end)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=60)  # what Slurm sends before the limit
+    assert list(_wait(job, timeout=1200).values()) == ["COMPLETED"]
+    text = (run_dir / "log.txt").read_text()
+    saved = re.findall(r"Saving checkpoint to .*(model_\d{7})\.pth", text)
+    assert saved, text[-3000:]  # written at the signal: the schedule writes none before model_final
+    assert f"[Checkpointer] Loading from {run_dir / saved[0]}.pth" in text  # the requeued job resumed from it
+    assert _iterations(run_dir) == [10, 20, 30] and not (run_dir / "preempted").exists()

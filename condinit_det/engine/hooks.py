@@ -128,6 +128,12 @@ class APHook(hooks.EvalHook):
             finally:
                 storage.iter, self._iteration = done, None
 
+    def after_train(self):
+        # detectron2's train loop calls after_train on the way out of an exception too, with trainer.iter at
+        # the failed step: evaluate only a training that ran to its end (trainer.iter == max_iter then).
+        if self.trainer.iter >= self.trainer.max_iter:
+            super().after_train()
+
     def _evaluate_and_record(self):
         started = time.time()
         results = self._evaluate()
