@@ -37,4 +37,13 @@ setup(
         "psutil",
     ],
     extras_require={"test": ["pytest>=7"]},
+    # The same programs as tools/*.py, for installs without a checkout.
+    entry_points={
+        "console_scripts": [
+            "condinit-train=condinit_det.commands.train:main",
+            "condinit-pretrain=condinit_det.commands.pretrain:main",
+            "condinit-compare=condinit_det.commands.compare:main",
+            "condinit-conditioning=condinit_det.commands.conditioning:main",
+        ],
+    },
 )

@@ -1,0 +1,40 @@
+"""``condinit-pretrain`` (``tools/pretrain_net.py``): classification pretraining of a timm model with an arm.
+
+detectron2's command line (--config-file with a lazy .py config, --num-gpus, --num-machines,
+--machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
+--arm {default,mimetic,conditioned,all}, --seeds, --lr-scale and --allow-changed-run. A bad input ends with one error line and exit status 2.
+The logic lives in :mod:`condinit_det.pretrain`.
+"""
+import sys
+import warnings
+from typing import List, Optional
+
+# fvcore (imported by detectron2) scripts a loss with torch.jit, which recent torch marks deprecated.
+warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
+
+from detectron2.engine import launch  # noqa: E402
+
+from condinit_det import pretrain  # noqa: E402
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = pretrain.build_argument_parser()
+    args = parser.parse_args(argv)
+    try:
+        pretrain.prepare_experiment(args)
+    except pretrain.UsageError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    launch(
+        pretrain.main,
+        args.num_gpus,
+        num_machines=args.num_machines,
+        machine_rank=args.machine_rank,
+        dist_url=args.dist_url,
+        args=(args,),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

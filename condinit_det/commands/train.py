@@ -1,0 +1,49 @@
+"""``condinit-train`` (``tools/train_net.py``): train / evaluate a detector with an attention-initialization arm.
+
+Lazy (.py) and yacs (.yaml) configs; detectron2's command line (--num-gpus, --num-machines,
+--machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
+--arm {default,mimetic,conditioned,all}, --seeds, --lr-scale. Everything that can be checked is
+checked before any worker starts; a bad input ends with one error line and exit status 2.
+The logic lives in :mod:`condinit_det.engine.training`.
+"""
+import sys
+import warnings
+from typing import List, Optional
+
+# fvcore (imported by detectron2) scripts a loss with torch.jit, which recent torch marks deprecated.
+warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
+
+from detectron2.engine import launch  # noqa: E402
+
+from condinit_det.arm_node import ArmError  # noqa: E402
+from condinit_det.engine import training  # noqa: E402
+
+
+def _fail(prog: str, error: Exception) -> int:
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = training.build_argument_parser()
+    args = parser.parse_args(argv)
+    try:
+        training.check_invocation(args)
+    except (ValueError, FileNotFoundError) as e:
+        return _fail(parser.prog, e)
+    try:
+        launch(
+            training.main,
+            args.num_gpus,
+            num_machines=args.num_machines,
+            machine_rank=args.machine_rank,
+            dist_url=args.dist_url,
+            args=(args,),
+        )
+    except ArmError as e:  # raised while the model is built: the arm does not fit the model
+        return _fail(parser.prog, e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
