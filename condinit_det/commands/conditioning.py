@@ -1,7 +1,7 @@
 """``condinit-conditioning`` (``tools/attention_conditioning.py``): per-site condition number of the
 attention Jacobian at initialization, for each arm.
 
-    condinit-conditioning --config-file configs/demo/mask_rcnn_vit_tiny.py \
+    condinit-conditioning --config-file zoo:demo/mask_rcnn_vit_tiny.py \
         --arm all --output output/conditioning [key=value overrides]
 
 For every arm: build cfg.model with the arm (cfg.condinit with its arm replaced), optionally
@@ -23,6 +23,7 @@ from condinit_det.analysis import measure_sites, resolve_sites, write_table
 from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
 from condinit_det.fileio import atomic_write
 from condinit_det.init import ARMS
+from condinit_det.model_zoo import resolve_config_file
 
 COLUMNS = ("arm",) + TABLE_COLUMNS
 
@@ -30,7 +31,7 @@ COLUMNS = ("arm",) + TABLE_COLUMNS
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-file", required=True,
-                   help="detectron2 lazy config (.py or .yaml)")
+                   help="detectron2 lazy config (.py or .yaml): a path, or a model-zoo name zoo:NAME")
     p.add_argument("--arm", default="all", choices=ARMS + ("all",), help="arm to measure (default: all)")
     p.add_argument("--weights", default=None, help="checkpoint loaded after the arm is applied (overwrites it)")
     p.add_argument("--sites", nargs="*", default=None, help="fnmatch patterns on site names (default: all sites)")
@@ -49,12 +50,10 @@ def get_parser():
     return p
 
 
-def _load_cfg(path, opts):
+def _load_cfg(spec, opts):
     from detectron2.config import LazyConfig
 
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--config-file {path!r} does not exist")
-    cfg = LazyConfig.load(path)
+    cfg = LazyConfig.load(resolve_config_file(spec))
     return LazyConfig.apply_overrides(cfg, [o for o in opts if o != "--"])
 
 

@@ -1,8 +1,9 @@
 """``condinit-pretrain`` (``tools/pretrain_net.py``): classification pretraining of a timm model with an arm.
 
-detectron2's command line (--config-file with a lazy .py config, --num-gpus, --num-machines,
---machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
---arm {default,mimetic,conditioned,all}, --seeds, --lr-scale and --allow-changed-run. A bad input ends with one error line and exit status 2.
+detectron2's command line (--config-file with a lazy .py config, a path or ``zoo:<name>``,
+--num-gpus, --num-machines, --machine-rank, --dist-url, --resume, --eval-only, trailing key=value
+overrides) plus --arm {default,mimetic,conditioned,all}, --seeds, --lr-scale and
+--allow-changed-run. A bad input ends with one error line and exit status 2.
 The logic lives in :mod:`condinit_det.pretrain`.
 """
 import sys
@@ -19,6 +20,8 @@ from condinit_det import pretrain  # noqa: E402
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = pretrain.build_argument_parser()
+    parser._option_string_actions["--config-file"].help = (
+        "a lazy .py config: a path, or a model-zoo name zoo:NAME (NAME = its path under configs/)")
     args = parser.parse_args(argv)
     try:
         pretrain.prepare_experiment(args)

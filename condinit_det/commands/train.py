@@ -1,6 +1,7 @@
 """``condinit-train`` (``tools/train_net.py``): train / evaluate a detector with an attention-initialization arm.
 
-Lazy (.py) and yacs (.yaml) configs; detectron2's command line (--num-gpus, --num-machines,
+Lazy (.py) and yacs (.yaml) configs, as a path or a model-zoo name (``zoo:demo/...``,
+:mod:`condinit_det.model_zoo`); detectron2's command line (--num-gpus, --num-machines,
 --machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
 --arm {default,mimetic,conditioned,all}, --seeds, --lr-scale. Everything that can be checked is
 checked before any worker starts; a bad input ends with one error line and exit status 2.
@@ -26,6 +27,8 @@ def _fail(prog: str, error: Exception) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = training.build_argument_parser()
+    parser._option_string_actions["--config-file"].help = (
+        "a lazy .py or yacs .yaml config: a path, or a model-zoo name zoo:NAME (NAME = its path under configs/)")
     args = parser.parse_args(argv)
     try:
         training.check_invocation(args)
