@@ -7,15 +7,11 @@ overrides) plus --arm {default,mimetic,conditioned,all}, --seeds, --lr-scale and
 The logic lives in :mod:`condinit_det.pretrain`.
 """
 import sys
-import warnings
 from typing import List, Optional
 
-# fvcore (imported by detectron2) scripts a loss with torch.jit, which recent torch marks deprecated.
-warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
+from detectron2.engine import launch
 
-from detectron2.engine import launch  # noqa: E402
-
-from condinit_det import pretrain  # noqa: E402
+from condinit_det import pretrain
 
 
 def main(argv: Optional[List[str]] = None) -> int:

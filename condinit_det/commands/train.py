@@ -8,16 +8,12 @@ checked before any worker starts; a bad input ends with one error line and exit 
 The logic lives in :mod:`condinit_det.engine.training`.
 """
 import sys
-import warnings
 from typing import List, Optional
 
-# fvcore (imported by detectron2) scripts a loss with torch.jit, which recent torch marks deprecated.
-warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
+from detectron2.engine import launch
 
-from detectron2.engine import launch  # noqa: E402
-
-from condinit_det.arm_node import ArmError  # noqa: E402
-from condinit_det.engine import training  # noqa: E402
+from condinit_det.arm_node import ArmError
+from condinit_det.engine import training
 
 
 def _fail(prog: str, error: Exception) -> int:
