@@ -73,3 +73,11 @@ def test_tools_take_zoo_names(tmp_path):
         load_pretrain_config("zoo:demo/pretrain_vit_tiy.py")
     with pytest.raises(FileNotFoundError, match="does not exist; give a config file or a model-zoo name"):
         load_detection_config(str(tmp_path / "missing.py"))
+
+
+def test_readme_lists_every_name():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        section = f.read().split("## Install into your own environment", 1)[1].split("\n## ", 1)[0]
+    for name in model_zoo.list_configs():
+        folder, base = name.split("/", 1)
+        assert f"`{folder}/`" in section and f"`{base}`" in section, name
