@@ -1,4 +1,5 @@
-"""condinit-conditioning (tools/attention_conditioning.py) on a tiny lazy config (ViT backbone behind a detectron2-style forward)."""
+"""condinit-conditioning (tools/attention_conditioning.py) on a tiny lazy config: a ViT backbone behind
+a detectron2-style forward."""
 import csv
 import importlib.util
 import json
