@@ -1,5 +1,41 @@
 """condinit-det: conditioned, mimetic and default attention initialization for detectron2."""
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+# The top-level configs/ folder is the source; built packages carry a copy here (condinit_det.model_zoo).
+ZOO_CONFIGS = os.path.join("condinit_det", "model_zoo", "configs")
+
+
+def config_files():
+    """Every file of configs/ (relative paths), without bytecode caches."""
+    found = []
+    for folder, dirs, files in os.walk("configs"):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found.extend(os.path.join(folder, f) for f in files if not f.endswith((".pyc", ".pyo")))
+    return sorted(found)
+
+
+class build_py_with_configs(build_py):
+    """build_py that also copies configs/ into the built package as condinit_det/model_zoo/configs/
+    (as detectron2 ships its model zoo). Editable installs read configs/ in place and skip the copy."""
+
+    def _config_targets(self):
+        if getattr(self, "editable_mode", False):
+            return []
+        return [(src, os.path.join(self.build_lib, ZOO_CONFIGS, os.path.relpath(src, "configs")))
+                for src in config_files()]
+
+    def run(self):
+        super().run()
+        for src, dst in self._config_targets():
+            self.mkpath(os.path.dirname(dst))
+            self.copy_file(src, dst)
+
+    def get_outputs(self, include_bytecode=1):
+        return super().get_outputs(include_bytecode) + [dst for _, dst in self._config_targets()]
+
 
 setup(
     name="condinit-det",
@@ -39,4 +75,14 @@ setup(
         "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.slurm)
     ],
     extras_require={"test": ["pytest>=7"]},
+    cmdclass={"build_py": build_py_with_configs},
+    # The same programs as tools/*.py, for installs without a checkout.
+    entry_points={
+        "console_scripts": [
+            "condinit-train=condinit_det.commands.train:main",
+            "condinit-pretrain=condinit_det.commands.pretrain:main",
+            "condinit-compare=condinit_det.commands.compare:main",
+            "condinit-conditioning=condinit_det.commands.conditioning:main",
+        ],
+    },
 )

@@ -1,4 +1,5 @@
-"""tools/attention_conditioning.py on a tiny lazy config (ViT backbone behind a detectron2-style forward)."""
+"""condinit-conditioning (tools/attention_conditioning.py) on a tiny lazy config: a ViT backbone behind
+a detectron2-style forward."""
 import csv
 import importlib.util
 import json
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 pytest.importorskip("detectron2.modeling.backbone.vit")
+
+from condinit_det.commands.conditioning import measure  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +73,7 @@ def config_file(tmp_path):
 
 def test_tool_all_arms_writes_tables(tmp_path, config_file, capsys):
     out = tmp_path / "out"
-    rows = _tool().main(["--config-file", config_file, "--arm", "all", "--output", str(out), "--max-tokens", "4",
+    rows = measure(["--config-file", config_file, "--arm", "all", "--output", str(out), "--max-tokens", "4",
                          "--tol", "1e-6", "model.backbone.num_heads=4"])
     printed = capsys.readouterr().out
     assert [(r["arm"], r["site"]) for r in rows] == [
@@ -92,14 +95,22 @@ def test_tool_all_arms_writes_tables(tmp_path, config_file, capsys):
     assert len(saved["rows"]) == 6
 
 
-def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file):
-    tool = _tool()
+def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file, capsys):
     common = ["--config-file", config_file, "--arm", "mimetic", "--max-tokens", "4", "--sites", "*.blocks.1.*"]
-    exact = tool.main(common + ["--method", "exact"])
-    free = tool.main(common + ["--tol", "1e-6"])
+    exact = measure(common + ["--method", "exact"])
+    free = measure(common + ["--tol", "1e-6"])
     assert len(exact) == len(free) == 1 and exact[0]["method"] == "exact"
     assert free[0]["kappa"] == pytest.approx(exact[0]["kappa"], rel=0.02)
     with pytest.raises(ValueError, match="matches no attention site"):
-        tool.main(["--config-file", config_file, "--arm", "default", "--sites", "nothing.*"])
+        measure(["--config-file", config_file, "--arm", "default", "--sites", "nothing.*"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        tool.main(["--config-file", config_file + ".missing"])
+        measure(["--config-file", config_file + ".missing"])
+    # the command line: one error line, exit status 2
+    tool = _tool()
+    capsys.readouterr()
+    for argv, message in ((["--arm", "default", "--sites", "nothing.*"], "matches no attention site"),
+                          (["--config-file", config_file + ".missing"], "does not exist")):
+        argv = argv if argv[0] == "--config-file" else ["--config-file", config_file, *argv]
+        assert tool.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and err.count("\n") == 0 and ": error: " in err, err

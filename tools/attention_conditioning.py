@@ -1,153 +1,16 @@
 #!/usr/bin/env python
-"""Per-site condition number of the attention Jacobian at initialization, for each arm.
+"""Per-site condition number of the attention Jacobian at initialization, for each arm (the
+installed command is ``condinit-conditioning``).
 
     python tools/attention_conditioning.py --config-file configs/demo/mask_rcnn_vit_tiny.py \
         --arm all --output output/conditioning [key=value overrides]
 
-For every arm: build cfg.model with the arm (cfg.condinit with its arm replaced), optionally
-load --weights, capture X for the chosen attention sites on one batch, and measure
-kappa(J) (J = d vec f(X) / d vec(W_Q, W_K, W_V), output projection replaced by the identity
-unless --include-output-proj) next to Theorem 3.1's bound and terms. Prints a Markdown table
-and writes <output>/attention_conditioning.{csv,md} and .json.
+Prints a Markdown table and writes <output>/attention_conditioning.{csv,md} and .json. The
+command lives in condinit_det.commands.conditioning.
 """
-import argparse
-import json
-import logging
-import math
-import os
 import sys
 
-import torch
-
-from condinit_det.analysis import measure_sites, resolve_sites, write_table
-from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
-from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable
-from condinit_det.fileio import atomic_write
-from condinit_det.init import ARMS
-
-COLUMNS = ("arm",) + TABLE_COLUMNS
-
-
-def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config-file", required=True, help="detectron2 lazy config (.py or .yaml)")
-    p.add_argument("--arm", default="all", choices=ARMS + ("all",), help="arm to measure (default: all)")
-    p.add_argument("--weights", default=None, help="checkpoint loaded after the arm is applied (overwrites it): "
-                   ".safetensors, .pth (weights only) or a pretraining run's model_final file")
-    p.add_argument(TRUST_FLAG, action="store_true",
-                   help="let --weights be a .pkl or a .pth that needs full unpickling (can run code stored in it)")
-    p.add_argument("--sites", nargs="*", default=None, help="fnmatch patterns on site names (default: all sites)")
-    p.add_argument("--output", default=None, help="directory for the CSV / Markdown / JSON tables")
-    p.add_argument("--method", default="matrix_free", choices=("matrix_free", "exact", "auto"))
-    p.add_argument("--split", default="test", choices=("test", "train"), help="data loader giving the batch")
-    p.add_argument("--num-images", type=int, default=1, help="images in the batch")
-    p.add_argument("--max-batch", type=int, default=1, help="sequences (windows) kept per site")
-    p.add_argument("--max-tokens", type=int, default=196, help="tokens kept per sequence")
-    p.add_argument("--max-iter", type=int, default=60, help="block-Lanczos steps")
-    p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--tol", type=float, default=1e-4)
-    p.add_argument("--include-output-proj", action="store_true", help="keep W_O in f (default: identity)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value")
-    return p
-
-
-def _load_cfg(path, opts):
-    from detectron2.config import LazyConfig
-
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--config-file {path!r} does not exist")
-    cfg = LazyConfig.load(path)
-    return LazyConfig.apply_overrides(cfg, [o for o in opts if o != "--"])
-
-
-def _first_batch(cfg, split, num_images):
-    from detectron2.config import instantiate
-
-    try:
-        from condinit_det.data import register_embedded_datasets
-
-        register_embedded_datasets()
-    except ImportError:
-        pass
-    if "dataloader" not in cfg or split not in cfg.dataloader:
-        raise KeyError(f"the config has no dataloader.{split}; pass --split train or add one")
-    node = cfg.dataloader[split]
-    if "num_workers" in node:
-        node.num_workers = 0
-    loader = instantiate(node)
-    batch = []
-    for chunk in loader:
-        batch.extend(chunk)
-        if len(batch) >= num_images:
-            break
-    if not batch:
-        raise RuntimeError(f"dataloader.{split} gave no data")
-    return batch[:num_images]
-
-
-def build_model(cfg, arm, device):
-    """cfg.model built with ``arm`` (``condinit.arm`` replaced); the same global seed for every arm."""
-    from detectron2.config import instantiate
-    from omegaconf import OmegaConf, open_dict
-
-    from condinit_det.modeling.arm import armed, armed_nodes
-
-    with open_dict(cfg):
-        if cfg.get("condinit") is None:
-            cfg.condinit = OmegaConf.create({"arm": arm})
-        cfg.condinit.arm = arm
-    if not armed_nodes(cfg.model):
-        armed(cfg.model)
-    torch.manual_seed(int(cfg.train.get("seed", 0) or 0) if "train" in cfg else 0)
-    return instantiate(cfg.model).to(device)
-
-
-def _json_safe(value):
-    # Strict JSON: inf (rank deficient) and NaN (not computed) become null.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def main(argv=None):
-    args = get_parser().parse_args(argv)
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    cfg = _load_cfg(args.config_file, args.opts)
-    if args.weights:  # refuse an unsafe or unreadable file before any work
-        check_loadable(args.weights, trust_pickle=args.trust_pickle)
-    batch = _first_batch(cfg, args.split, args.num_images)
-    arms = ARMS if args.arm == "all" else (args.arm,)
-    rows = []
-    for arm in arms:
-        model = build_model(cfg, arm, args.device)
-        if args.weights:
-            from condinit_det.engine.checkpoint import RunCheckpointer
-
-            RunCheckpointer(model, trust_pickle=args.trust_pickle).load(args.weights)
-        sites = resolve_sites(model, args.sites, default="all")
-        for m in measure_sites(model, batch, sites, max_batch=args.max_batch, max_tokens=args.max_tokens,
-                               method=args.method, max_iter=args.max_iter, block_size=args.block_size, tol=args.tol,
-                               include_output_proj=args.include_output_proj):
-            rows.append({"arm": arm, **m.to_dict()})
-    print(format_markdown(rows, COLUMNS), end="")
-    if args.output:
-        paths = write_table(rows, args.output, columns=COLUMNS)
-        json_path = os.path.join(args.output, "attention_conditioning.json")
-        atomic_write(json_path, json.dumps({"config": args.config_file, "weights": args.weights,
-                                            "rows": [_json_safe(r) for r in rows]}, indent=1, allow_nan=False))
-        print(f"wrote {paths['csv']}, {paths['md']}, {json_path}", file=sys.stderr)
-    return rows
-
+from condinit_det.commands.conditioning import main
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        main()
-    except (ValueError, FileNotFoundError) as e:
-        print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())

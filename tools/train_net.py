@@ -1,34 +1,16 @@
 #!/usr/bin/env python
 """
-Train / evaluate a detector with an attention-initialization arm.
+Train / evaluate a detector with an attention-initialization arm (the installed command is
+``condinit-train``).
 
 Lazy (.py) and yacs (.yaml) configs; detectron2's command line (--num-gpus, --num-machines,
 --machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
---arm {default,mimetic,conditioned,all}, --seeds, --lr-scale, --retry-failed, and --slurm (with its
-resource flags) to submit the runs as a job array. Everything that can be checked is checked before any
-worker starts; a bad input ends with one error line and exit status 2.
-A run that fails or diverges is recorded and the others go on; the exit status is then 1.
-The logic lives in condinit_det.engine.training.
+--arm {default,mimetic,conditioned,all}, --seeds, --lr-scale. The command lives in
+condinit_det.commands.train, the logic in condinit_det.engine.training.
 """
 import sys
-import warnings
 
-# fvcore (imported by detectron2) scripts a loss with torch.jit, which recent torch marks deprecated.
-warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
-
-from condinit_det.arm_node import ArmError  # noqa: E402
-from condinit_det.engine.training import build_argument_parser, check_invocation, execute, submit_to_slurm  # noqa: E402
-
-
-def _fail(error: Exception) -> None:
-    print(f"train_net.py: error: {error}", file=sys.stderr)
-    sys.exit(2)
-
+from condinit_det.commands.train import main
 
 if __name__ == "__main__":
-    args = build_argument_parser().parse_args()
-    try:
-        check_invocation(args)
-    except (ValueError, FileNotFoundError, ArmError) as e:
-        _fail(e)
-    sys.exit(submit_to_slurm(args) if args.slurm else execute(args))
+    sys.exit(main())

@@ -19,6 +19,7 @@ same place in both stages, whether it is one run or an *experiment* (``--arm all
 ``<output_dir>/report/``). Each run has a launch of its own (:func:`execute`): a run that
 diverges or raises is recorded as failed, every process of it stops, and the next run starts.
 """
+import argparse
 import contextlib
 import gc
 import inspect
@@ -41,6 +42,7 @@ from condinit_det.arm_node import ArmSpec, plain, resolve_arm_node
 from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable, refuse_pickle
 from condinit_det.distributed import replica_fingerprint, sync_buffers
 from condinit_det.init import ARMS
+from condinit_det.model_zoo import is_yacs_file, resolve_config_file
 from condinit_det.modeling.arm import armed, armed_nodes, check_arm_agrees, rank0_computes_arm, sites_only
 from condinit_det.results import ResultsFile
 from condinit_det.slurm import add_slurm_arguments
@@ -153,37 +155,28 @@ def build_argument_parser():
 # ---------------------------------------------------------------------------------------------
 # Configs: lazy (DictConfig) and yacs (CfgNode)
 # ---------------------------------------------------------------------------------------------
-def _is_yacs_file(path: str) -> bool:
-    if not path.endswith((".yaml", ".yml")):
-        return False
-    import yaml
-
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
-    # yacs configs use upper-case keys (MODEL, SOLVER, _BASE_); a saved lazy config does not.
-    return any(str(k).isupper() or k == "_BASE_" for k in data)
-
-
 def load_config(config_file: str, opts: Optional[List[str]] = None):
-    """Load a lazy (.py, or a saved lazy .yaml) or yacs (.yaml) config and apply overrides."""
+    """Load a lazy (.py, or a saved lazy .yaml) or yacs (.yaml) config and apply overrides.
+
+    ``config_file`` is a path or a model-zoo name ``zoo:<name>`` (:mod:`condinit_det.model_zoo`).
+    """
     if not config_file:
-        raise ValueError("--config-file is required (a lazy .py config or a yacs .yaml config).")
-    if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"Config file {config_file} does not exist.")
+        raise ValueError("--config-file is required (a lazy .py config or a yacs .yaml config, a path or zoo:<name>).")
+    path = resolve_config_file(config_file)
     opts = list(opts or [])
-    if _is_yacs_file(config_file):
+    if is_yacs_file(path):
         from detectron2.config import get_cfg
 
         from condinit_det.config import add_condinit_config
 
         cfg = get_cfg()
         add_condinit_config(cfg)
-        cfg.merge_from_file(config_file)
+        cfg.merge_from_file(path)
         cfg.merge_from_list(opts)
         return cfg
-    if not config_file.endswith((".py", ".yaml", ".yml")):
+    if not path.endswith((".py", ".yaml", ".yml")):
         raise ValueError(f"Config file {config_file} must end in .py (lazy) or .yaml (yacs or lazy).")
-    cfg = LazyConfig.load(config_file)
+    cfg = LazyConfig.load(path)
     return LazyConfig.apply_overrides(cfg, opts)
 
 
@@ -441,6 +434,8 @@ def _reset_loggers():
 
 def _setup_logging(cfg, args):
     _reset_loggers()
+    if getattr(args, "config_file", ""):  # default_setup prints the file: the one behind a zoo:<name>
+        args = argparse.Namespace(**{**vars(args), "config_file": resolve_config_file(args.config_file)})
     default_setup(cfg, args)
     from detectron2.utils.logger import setup_logger
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from typing import Any, Dict, List, Optional
 
 from ..arm_node import ArmSpec, plain, resolve_arm_node
+from ..model_zoo import resolve_config_file
 
 __all__ = ["DEFAULTS", "UsageError", "arm_spec", "load_config", "node", "resolve_lr", "run_identity"]
 
@@ -112,12 +112,15 @@ def load_config(config_file: str, opts: Optional[List[str]] = None):
     from detectron2.config import LazyConfig
 
     if not config_file:
-        raise UsageError("--config-file is required (a lazy .py config, e.g. configs/demo/pretrain_vit_tiny.py)")
-    if not os.path.isfile(config_file):
-        raise UsageError(f"--config-file {config_file}: no such file")
-    if not config_file.endswith(".py"):
+        raise UsageError("--config-file is required (a lazy .py config, e.g. configs/demo/pretrain_vit_tiny.py "
+                         "or zoo:demo/pretrain_vit_tiny.py)")
+    try:
+        path = resolve_config_file(config_file)
+    except FileNotFoundError as e:
+        raise UsageError(f"--config-file: {e}") from None
+    if not path.endswith(".py"):
         raise UsageError(f"--config-file {config_file}: expected a lazy .py config")
-    cfg = LazyConfig.load(config_file)
+    cfg = LazyConfig.load(path)
     try:
         return LazyConfig.apply_overrides(cfg, list(opts or []))
     except Exception as e:  # hydra's parser and OmegaConf raise several types
