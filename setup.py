@@ -83,6 +83,8 @@ setup(
             "condinit-pretrain=condinit_det.commands.pretrain:main",
             "condinit-compare=condinit_det.commands.compare:main",
             "condinit-conditioning=condinit_det.commands.conditioning:main",
+            "condinit-status=condinit_det.status:main",
+            "condinit-protocol=condinit_det.protocol:main",
         ],
     },
 )

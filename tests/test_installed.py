@@ -16,7 +16,8 @@ import zipfile
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("condinit-train", "condinit-pretrain", "condinit-compare", "condinit-conditioning")
+SCRIPTS = ("condinit-train", "condinit-pretrain", "condinit-compare", "condinit-conditioning", "condinit-status",
+           "condinit-protocol")
 SOURCES = ("setup.py", "README.md", "MANIFEST.in", "condinit_det", "configs")
 
 
