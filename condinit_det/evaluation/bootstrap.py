@@ -2,32 +2,53 @@
 
 Two models evaluated on the same images are compared on resamples of those images: each
 resample draws as many images as the evaluation set holds, with replacement, and both models
-are scored on the *same* resample. For COCO detection every resample is a new COCO dataset in
-which a drawn image gets a fresh image id (and its annotations fresh ids), so an image drawn
-twice counts twice; box and mask AP are then recomputed with faster-coco-eval
-(``COCOeval_faster``), or pycocotools when it is not installed. For classification the
+are scored on the *same* resample; an image drawn k times counts k times. For classification the
 per-image correctness is resampled directly.
+
+For COCO detection, a resample is scored as if it were a new COCO dataset whose j-th image is the
+j-th draw (a fresh image id, in draw order) and AP were re-evaluated on it. That evaluation does
+not have to be run: COCO's per-image matching (which detection matches which ground truth at each
+IoU threshold, which are ignored) does not depend on the resample, only its accumulation does. So
+each model and task is matched once, with faster-coco-eval's per-image results (``COCOeval_faster``)
+or pycocotools' ``evalImgs`` when faster-coco-eval is not installed, and every resample's AP, AP50
+and AP75 is COCO's accumulation with per-image multiplicities: cumulative true / false positives
+over the detections of all images sorted by score, each weighted by how often its image was drawn,
+over ground-truth counts weighted the same way; 101-point interpolated precision envelope; -1 (left
+out of the mean) for a category without a non-ignored ground truth in the resample. Detections of
+equal score in one category keep COCO's order among them (stable sort over the images in draw
+order), so the result equals the re-evaluation's for the same draws (to rounding, ~1e-15).
+Area range "all" and 100 detections per image, as COCO's AP / AP50 / AP75.
 
 No detectron2 import.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
-from typing import Dict, List, Mapping, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Sequence, Union
 
 import numpy as np
 
 __all__ = [
+    "AP_METRICS",
+    "CocoMatches",
     "classification_correctness",
     "coco_ap",
     "load_json",
+    "match_images",
     "paired_accuracy_bootstrap",
     "paired_coco_bootstrap",
-    "resample_coco",
+    "resampled_ap",
 ]
 
 IOU_TYPES = ("bbox", "segm")
+AP_METRICS = ("AP", "AP50", "AP75")  # COCO names; AP50 / AP75 are the IoU-0.5 / 0.75 rows of AP
+
+# Elements of one [resamples, IoU thresholds, detections] work array: ~200 MB of int64/float64.
+_CHUNK_ELEMENTS = 25_000_000
 
 
 def load_json(path: Union[str, os.PathLike]):
@@ -53,6 +74,14 @@ def _quiet(*_args, **_kwargs):
     pass
 
 
+def _copy_dataset(dataset: Mapping) -> dict:
+    return {
+        **{k: v for k, v in dataset.items() if k not in ("images", "annotations")},
+        "images": [dict(im) for im in dataset.get("images", [])],
+        "annotations": [dict(a) for a in dataset.get("annotations", [])],
+    }
+
+
 def _build_gt(dataset: dict):
     coco_cls, _, fast = _coco_api()
     if fast:
@@ -63,31 +92,23 @@ def _build_gt(dataset: dict):
     return gt
 
 
-def _average_precision(coco_gt, predictions: List[dict], iou_type: str) -> float:
-    """COCO AP (percent, IoU 0.50:0.95, 100 detections) of ``predictions`` for one iou type."""
-    if not coco_gt.dataset.get("annotations"):
-        return float("nan")
-    if not predictions:
-        return 0.0
-    # loadRes sets "id"/"area" on the records: hand it copies. For masks drop "bbox" so the
-    # instance area is the mask area, as detectron2's evaluator does.
+def _load_results(coco_gt, predictions: Sequence[dict], iou_type: str):
+    """COCO results object of ``predictions`` (copied: loadRes sets "id"/"area" on the records)."""
+    # For masks drop "bbox" so the instance area is the mask area, as detectron2's evaluator does.
     drop = "bbox" if iou_type == "segm" else None
     dets = [{k: v for k, v in p.items() if k != drop} for p in predictions]
-    _, eval_cls, fast = _coco_api()
-    coco_dt = coco_gt.loadRes(dets)
-    ev = eval_cls(coco_gt, coco_dt, iou_type, print_function=_quiet) if fast else eval_cls(coco_gt, coco_dt, iou_type)
-    ev.evaluate()
-    ev.accumulate()
-    if fast:
-        ev.summarize()
-    else:
-        import contextlib
-        import io
+    if dets or _coco_api()[2]:
+        return coco_gt.loadRes(dets)
+    # pycocotools' loadRes fails on an empty list: an empty results object instead.
+    return _build_gt({"images": list(coco_gt.dataset["images"]), "annotations": [],
+                      "categories": list(coco_gt.dataset.get("categories", []))})
 
-        with contextlib.redirect_stdout(io.StringIO()):
-            ev.summarize()
-    ap = float(ev.stats[0])
-    return float("nan") if ap < 0 else 100.0 * ap
+
+def _evaluator(coco_gt, coco_dt, iou_type: str):
+    _, eval_cls, fast = _coco_api()
+    if fast:
+        return eval_cls(coco_gt, coco_dt, iou_type, print_function=_quiet, separate_eval=True)
+    return eval_cls(coco_gt, coco_dt, iou_type)
 
 
 def coco_ap(ground_truth: Union[str, dict], predictions: Sequence[dict],
@@ -95,74 +116,295 @@ def coco_ap(ground_truth: Union[str, dict], predictions: Sequence[dict],
     """Box / mask AP (percent) of COCO results on a COCO annotation json (path or dict)."""
     dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
     gt = _build_gt(_copy_dataset(dataset))
-    return {t: _average_precision(gt, list(predictions), t) for t in iou_types}
-
-
-def _copy_dataset(dataset: Mapping) -> dict:
-    return {
-        **{k: v for k, v in dataset.items() if k not in ("images", "annotations")},
-        "images": [dict(im) for im in dataset.get("images", [])],
-        "annotations": [dict(a) for a in dataset.get("annotations", [])],
-    }
-
-
-def _by_image(items: Sequence[dict]) -> Dict[int, List[dict]]:
-    out: Dict[int, List[dict]] = {}
-    for it in items:
-        out.setdefault(it["image_id"], []).append(it)
+    out = {}
+    for t in iou_types:
+        ev = _evaluator(gt, _load_results(gt, list(predictions), t), t)
+        with contextlib.redirect_stdout(io.StringIO()):
+            ev.evaluate()
+            ev.accumulate()
+            ev.summarize()
+        ap = float(ev.stats[0])
+        out[t] = float("nan") if ap < 0 else 100.0 * ap
     return out
 
 
-def resample_coco(dataset: Mapping, predictions: Sequence[Sequence[dict]], indices: Sequence[int]
-                  ) -> Tuple[dict, List[List[dict]]]:
+@dataclass
+class CocoMatches:
     """
-    The COCO dataset and prediction lists restricted to the images ``dataset["images"][i]`` for
-    ``i`` in ``indices`` (repeats allowed). The j-th drawn image gets image id ``j + 1``, its
-    annotations consecutive fresh ids, and its predictions that image id: a repeated image
-    counts as many times as it was drawn.
+    One model's COCO matching on one evaluation set for one iou type (area range "all", at most
+    ``max_dets`` detections per image and category), in the layout the accumulation needs.
+
+    Detections (D of them) are ordered by category, then descending score, then image, then rank
+    in the image (COCO's stable per-image order). Images are positions in ``dataset["images"]``;
+    categories are positions in the sorted category ids.
     """
-    images = dataset["images"]
-    anns = _by_image(dataset.get("annotations", []))
-    preds = [_by_image(p) for p in predictions]
-    new_images, new_anns = [], []
-    new_preds: List[List[dict]] = [[] for _ in predictions]
-    for j, i in enumerate(indices):
-        image = images[int(i)]
-        new_id = j + 1
-        new_images.append({**image, "id": new_id})
-        for a in anns.get(image["id"], ()):
-            new_anns.append({**a, "id": len(new_anns) + 1, "image_id": new_id})
-        for out, by_image in zip(new_preds, preds):
-            out.extend({**p, "image_id": new_id} for p in by_image.get(image["id"], ()))
-    resampled = {k: v for k, v in dataset.items() if k not in ("images", "annotations")}
-    resampled.update(images=new_images, annotations=new_anns)
-    return resampled, new_preds
+
+    iou_type: str
+    iou_thresholds: np.ndarray  # [T]
+    recall_thresholds: np.ndarray  # [R], COCO's 101 points
+    gt_count: np.ndarray  # [K, N] int: non-ignored ground truths per category and image
+    category: np.ndarray  # [D] int
+    image: np.ndarray  # [D] int
+    score: np.ndarray  # [D] float
+    tp: np.ndarray  # [T, D] bool: matched and not ignored
+    fp: np.ndarray  # [T, D] bool: unmatched and not ignored
+    group: np.ndarray  # [D] int: -1, or the id of its run of equal scores in its category (>= 2 detections)
+
+    @property
+    def num_images(self) -> int:
+        return self.gt_count.shape[1]
+
+
+def _fast_per_image(ev, num_t: int):
+    """(k, i, scores, matched [T, D], dt_ignore [T, D], gt_ignore) from faster-coco-eval's results."""
+    for n, e in enumerate(ev._evalImgs_cpp):
+        # The per-image result's pickled state, as faster-coco-eval's own distributed merge uses it:
+        # (dt matches [T*D], gt matches [T*G], dt scores [D], gt ignore [G], dt ignore [T*D], ...).
+        state = e.__getstate__()
+        dt_m, _, scores, gt_ig, dt_ig = state[:5]
+        d = len(scores)
+        if len(dt_m) != num_t * d or len(dt_ig) != num_t * d:
+            raise RuntimeError("faster-coco-eval's per-image results have an unknown layout; "
+                               "uninstall faster-coco-eval to use pycocotools' evalImgs instead")
+        if d == 0 and len(gt_ig) == 0:
+            continue
+        yield (n, scores, np.asarray(dt_m, dtype=np.int64).reshape(num_t, d) > 0,
+               np.asarray(dt_ig, dtype=bool).reshape(num_t, d), np.asarray(gt_ig, dtype=bool))
+
+
+def _pycocotools_per_image(ev, num_t: int):
+    for n, e in enumerate(ev.evalImgs):
+        if e is None:
+            continue
+        d = len(e["dtScores"])
+        yield (n, e["dtScores"], np.asarray(e["dtMatches"]).reshape(num_t, d) > 0,
+               np.asarray(e["dtIgnore"], dtype=bool).reshape(num_t, d), np.asarray(e["gtIgnore"], dtype=bool))
+
+
+def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], iou_type: str) -> CocoMatches:
+    """Evaluate ``predictions`` once on a COCO annotation json (path or dict); see :class:`CocoMatches`."""
+    if iou_type not in IOU_TYPES:
+        raise ValueError(f"iou_type must be one of {IOU_TYPES}, got {iou_type!r}")
+    dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
+    copy = _copy_dataset(dataset)
+    for n, a in enumerate(copy["annotations"]):
+        a["id"] = n + 1  # a match is a nonzero ground-truth id: fresh ids, as a resampled dataset has
+    gt = _build_gt(copy)
+    ev = _evaluator(gt, _load_results(gt, list(predictions), iou_type), iou_type)
+    p = ev.params
+    p.areaRng, p.areaRngLbl = [p.areaRng[0]], [p.areaRngLbl[0]]  # "all" only: AP, AP50, AP75
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev.evaluate()
+    p = ev.params  # evaluate() sorts image and category ids
+    image_ids, cat_ids = [int(i) for i in p.imgIds], [int(c) for c in p.catIds]
+    position = {int(im["id"]): n for n, im in enumerate(dataset["images"])}
+    image_pos = np.array([position[i] for i in image_ids], dtype=np.int64)
+    num_t, num_i = len(p.iouThrs), len(image_ids)
+
+    gt_count = np.zeros((len(cat_ids), len(dataset["images"])), dtype=np.int64)
+    cat, img, rank, score, tp, fp = [], [], [], [], [], []
+    per_image = _fast_per_image if hasattr(ev, "_evalImgs_cpp") else _pycocotools_per_image
+    for n, scores, matched, dt_ig, gt_ig in per_image(ev, num_t):
+        k, i = divmod(n, num_i)  # evalImgs are [K, A=1, I]
+        gt_count[k, image_pos[i]] = np.count_nonzero(~gt_ig)
+        d = len(scores)
+        if d:
+            cat.append(np.full(d, k))
+            img.append(np.full(d, image_pos[i]))
+            rank.append(np.arange(d))
+            score.append(np.asarray(scores, dtype=np.float64))
+            tp.append(matched & ~dt_ig)
+            fp.append(~matched & ~dt_ig)
+    if cat:
+        cat, img, rank, score = (np.concatenate(a) for a in (cat, img, rank, score))
+        tp, fp = np.concatenate(tp, axis=1), np.concatenate(fp, axis=1)
+    else:
+        cat, img, rank = (np.zeros(0, dtype=np.int64) for _ in range(3))
+        score, tp, fp = np.zeros(0), np.zeros((num_t, 0), dtype=bool), np.zeros((num_t, 0), dtype=bool)
+    order = np.lexsort((rank, img, -score, cat))
+    cat, img, score, tp, fp = cat[order], img[order], score[order], tp[:, order], fp[:, order]
+    same = (cat[1:] == cat[:-1]) & (score[1:] == score[:-1])
+    tied = np.zeros(len(cat), dtype=bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    starts = tied & ~np.concatenate([[False], same])
+    group = np.where(tied, np.cumsum(starts) - 1, -1)
+    return CocoMatches(iou_type, np.asarray(p.iouThrs, dtype=np.float64), np.asarray(p.recThrs, dtype=np.float64),
+                       gt_count, cat, img, score, tp, fp, group)
+
+
+def _first_reaching(npig: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """[Rc, R] smallest true-positive count m with m / npig >= threshold, in float64 as COCO's recall."""
+    n = np.maximum(npig, 1).astype(np.float64)[:, None]
+    m = np.ceil(thresholds[None] * n)
+    m = np.where((m >= 1) & ((m - 1) / n >= thresholds), m - 1, m)
+    m = np.where(m / n < thresholds, m + 1, m)
+    return m.astype(np.int64)
+
+
+class _Ties:
+    """Detections of equal score in one category: their order depends on the draw order."""
+
+    def __init__(self, m: CocoMatches):
+        tied = np.flatnonzero(m.group >= 0)
+        self.num_groups = int(m.group.max()) + 1 if tied.size else 0
+        # per image, its tied detections by group, then rank (their order within the matches)
+        self.dets = tied[np.lexsort((tied, m.group[tied], m.image[tied]))]
+        self.per_image = np.bincount(m.image[tied], minlength=m.num_images)
+        self.start = np.concatenate([[0], np.cumsum(self.per_image)[:-1]])
+        # the first group id of each category (groups are numbered in category order)
+        first = np.full(m.gt_count.shape[0] + 1, self.num_groups)
+        np.minimum.at(first, m.category[tied], m.group[tied])
+        self.first_group = np.minimum.accumulate(first[::-1])[::-1]
+
+    def expand(self, m: CocoMatches, draws: np.ndarray):
+        """
+        Every resample's tied detections, one entry per drawn copy, sorted by (group, resample, draw
+        position, rank): COCO's order inside a group. Returns (group, resample, det, position in its
+        (group, resample) run, slots per group = longest run over the resamples).
+        """
+        rc = draws.shape[0]
+        per_draw = self.per_image[draws].ravel()
+        total = int(per_draw.sum())
+        run_start = np.cumsum(per_draw) - per_draw
+        within = np.arange(total) - np.repeat(run_start, per_draw)
+        det = self.dets[np.repeat(self.start[draws].ravel(), per_draw) + within]
+        res = np.repeat(np.repeat(np.arange(rc), draws.shape[1]), per_draw)
+        g = m.group[det]
+        order = np.argsort(g * rc + res, kind="stable")
+        g, res, det = g[order], res[order], det[order]
+        key = g * rc + res
+        new_run = np.concatenate([[True], key[1:] != key[:-1]]) if total else np.zeros(0, dtype=bool)
+        run_first = np.maximum.accumulate(np.where(new_run, np.arange(total), 0)) if total else new_run
+        pos = np.arange(total) - run_first
+        slots = np.zeros(self.num_groups, dtype=np.int64)
+        np.maximum.at(slots, g, pos + 1)
+        return g, res, det, pos, slots
+
+
+def _category_weights(m: CocoMatches, k: int, lo: int, hi: int, counts: np.ndarray, ties, expanded):
+    """[Rc, T, S] true / false positive weights of category k's detections ``lo:hi`` in COCO's order."""
+    tp, fp = m.tp[:, lo:hi], m.fp[:, lo:hi]
+    w = counts[:, m.image[lo:hi]].astype(np.int32)
+    if ties is None or not (m.group[lo:hi] >= 0).any():
+        return w[:, None, :] * tp[None], w[:, None, :] * fp[None]
+    # One slot per untied detection (weighted by its image's multiplicity: its copies are
+    # consecutive) and, per group of equal scores, as many unit slots as the longest run; the
+    # slots a resample leaves empty repeat the previous point of the curve, which changes nothing.
+    g, res, det, pos, slots = expanded
+    group = m.group[lo:hi]
+    unit = (group < 0) | np.concatenate([[True], group[1:] != group[:-1]])
+    length = np.where(group < 0, 1, slots[np.maximum(group, 0)])[unit]
+    base = np.cumsum(length) - length
+    num_slots = int(length.sum())
+    rc = counts.shape[0]
+    tpw = np.zeros((rc, m.tp.shape[0], num_slots), dtype=np.int32)
+    fpw = np.zeros_like(tpw)
+    unit_base = np.repeat(base, np.diff(np.append(np.flatnonzero(unit), hi - lo)))  # each detection's unit
+    untied = group < 0
+    tpw[:, :, unit_base[untied]] = w[:, None, untied] * tp[None, :, untied]
+    fpw[:, :, unit_base[untied]] = w[:, None, untied] * fp[None, :, untied]
+    g0, g1 = ties.first_group[k], ties.first_group[k + 1]
+    a, b = np.searchsorted(g, g0), np.searchsorted(g, g1)
+    if b > a:
+        group_base = np.zeros(g1 - g0, dtype=np.int64)
+        group_base[group[~untied] - g0] = unit_base[~untied]
+        slot = group_base[g[a:b] - g0] + pos[a:b]
+        tpw[res[a:b], :, slot] = m.tp[:, det[a:b]].T
+        fpw[res[a:b], :, slot] = m.fp[:, det[a:b]].T
+    return tpw, fpw
+
+
+def _precision_sums(tpw: np.ndarray, fpw: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """
+    [Rc, T] sum over the recall thresholds of COCO's interpolated precision, from the true / false
+    positive weights [Rc, T, S] in COCO's order and ``reach`` [Rc, R], the true-positive count each
+    recall threshold needs.
+    """
+    rc, nt, s = tpw.shape
+    if s == 0:
+        return np.zeros((rc, nt))
+    tps = np.cumsum(tpw, axis=2, dtype=np.int64)
+    fps = np.cumsum(fpw, axis=2, dtype=np.int64)
+    pr = tps / (fps + tps + np.spacing(1))
+    envelope = np.maximum.accumulate(pr[:, :, ::-1], axis=2)[:, :, ::-1]
+    # first point whose recall reaches each threshold: one searchsorted over all rows at once,
+    # rows kept apart by an integer offset larger than any count
+    big = int(tps[:, :, -1].max()) + 2
+    offset = (np.arange(rc * nt, dtype=np.int64) * big).reshape(rc, nt, 1)
+    keys = (tps + offset).ravel()
+    queries = np.minimum(reach, big - 1)[:, None, :] + offset
+    first = np.searchsorted(keys, queries.ravel(), side="left").reshape(queries.shape)
+    inside = first - (offset // big) * s < s
+    q = np.where(inside, envelope.ravel()[np.minimum(first, keys.size - 1)], 0.0)
+    return q.sum(axis=2)
+
+
+def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarray]:
+    """
+    COCO AP, AP50 and AP75 (percent) on each resample of the images: ``draws`` [B, n] holds image
+    positions (repeats allowed), row b the images of resample b in draw order. Returns metric ->
+    [B]; NaN for a resample without any non-ignored ground truth.
+    """
+    m = matches
+    draws = np.asarray(draws, dtype=np.int64)
+    if draws.ndim != 2 or (draws.size and (draws.min() < 0 or draws.max() >= m.num_images)):
+        raise ValueError(f"draws must be a [resamples, n] array of image positions in [0, {m.num_images}); "
+                         f"got shape {draws.shape}")
+    num_b, num_k = draws.shape[0], m.gt_count.shape[0]
+    nt, nr = len(m.iou_thresholds), len(m.recall_thresholds)
+    counts = np.bincount((draws + m.num_images * np.arange(num_b)[:, None]).ravel(),
+                         minlength=num_b * m.num_images).reshape(num_b, m.num_images)
+    npig = counts @ m.gt_count.T  # [B, K]
+    bounds = np.searchsorted(m.category, np.arange(num_k + 1))
+    ties = _Ties(m) if (m.group >= 0).any() else None
+    widest = max(int(np.diff(bounds).max(initial=0)), 1)
+    chunk = max(1, _CHUNK_ELEMENTS // (nt * widest * (2 if ties is not None else 1)))
+    sums = np.zeros((num_b, nt, num_k))
+    for r0 in range(0, num_b, chunk):
+        rows = slice(r0, min(r0 + chunk, num_b))
+        expanded = ties.expand(m, draws[rows]) if ties is not None else None
+        for k in range(num_k):
+            lo, hi = bounds[k], bounds[k + 1]
+            if hi == lo or not npig[rows, k].any():
+                continue  # no detection: precision 0; no ground truth: left out
+            tpw, fpw = _category_weights(m, k, lo, hi, counts[rows], ties, expanded)
+            sums[rows, :, k] = _precision_sums(tpw, fpw, _first_reaching(npig[rows, k], m.recall_thresholds))
+    valid = npig > 0
+    num_valid = valid.sum(axis=1)
+    per_t = np.where(valid[:, None, :], sums, 0.0).sum(axis=2)  # [B, T]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = {"AP": 100.0 * per_t.sum(axis=1) / (num_valid * nt * nr)}
+        for name, iou in (("AP50", 0.5), ("AP75", 0.75)):
+            t = int(np.flatnonzero(np.isclose(m.iou_thresholds, iou))[0])
+            out[name] = 100.0 * per_t[:, t] / (num_valid * nr)
+    return out
 
 
 def paired_coco_bootstrap(ground_truth: Union[str, dict], predictions_a: Sequence[dict],
                           predictions_b: Sequence[dict], rng: np.random.Generator,
-                          num_resamples: int = 200, iou_types: Sequence[str] = IOU_TYPES
-                          ) -> Dict[str, np.ndarray]:
+                          num_resamples: int = 1000, iou_types: Sequence[str] = IOU_TYPES
+                          ) -> Dict[str, Dict[str, np.ndarray]]:
     """
     AP(a) - AP(b) in percent on ``num_resamples`` bootstrap resamples of the evaluation images
-    (the same resample for both prediction lists). Returns iou type -> array [num_resamples].
+    (the same resample for both prediction lists; resample b is ``rng.integers(0, n, size=n)``,
+    the b-th such draw). Returns iou type -> metric ("AP", "AP50", "AP75") -> array [num_resamples].
     """
     dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
     n = len(dataset["images"])
     if n == 0:
         raise ValueError("the ground truth has no images to resample")
-    diffs = {t: np.empty(num_resamples) for t in iou_types}
-    for b in range(num_resamples):
-        indices = rng.integers(0, n, size=n)
-        data, (pa, pb) = resample_coco(dataset, [predictions_a, predictions_b], indices)
-        gt = _build_gt(data)
-        for t in iou_types:
-            diffs[t][b] = _average_precision(gt, pa, t) - _average_precision(gt, pb, t)
-    return diffs
+    draws = rng.integers(0, n, size=(num_resamples, n))  # the same stream as num_resamples draws of n
+    out: Dict[str, Dict[str, np.ndarray]] = {}
+    for t in iou_types:
+        a = resampled_ap(match_images(dataset, predictions_a, t), draws)
+        b = resampled_ap(match_images(dataset, predictions_b, t), draws)
+        out[t] = {k: a[k] - b[k] for k in AP_METRICS}
+    return out
 
 
 def paired_accuracy_bootstrap(correct_a: Sequence[float], correct_b: Sequence[float],
-                              rng: np.random.Generator, num_resamples: int = 200) -> np.ndarray:
+                              rng: np.random.Generator, num_resamples: int = 1000) -> np.ndarray:
     """
     Accuracy(a) - accuracy(b) in percent on bootstrap resamples of the evaluation images, from
     per-image correctness (0/1, same image order for both). Returns an array [num_resamples].
@@ -185,4 +427,3 @@ def classification_correctness(eval_predictions: Mapping) -> Dict[str, np.ndarra
     if eval_predictions.get("top5_hit") is not None:
         out["top5"] = np.asarray(eval_predictions["top5_hit"], dtype=np.float64)
     return out
-
