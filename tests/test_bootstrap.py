@@ -122,7 +122,10 @@ def test_resampled_ap_equals_reevaluation(backend, monkeypatch):
         np.array([[3] * n, [2, 9] * (n // 2), [4, 10, 4, 4, 10, 0, 1, 4, 3, 3, 8, 0]]),  # one image n times; only empty images; category 3 drawn often
     ])
     assert any(not {4, 10} & set(row) for row in draws)  # a resample without category 3
-    _assert_equal_to_reevaluation(gt, [preds, pred_b], draws)
+    # the same detections with distinct scores (each category's order then the same in every resample)
+    untied = [{**p, "score": p["score"] + 1e-6 * n} for n, p in enumerate(preds)]
+    assert (match_images(gt, untied, "bbox").group < 0).all()
+    _assert_equal_to_reevaluation(gt, [preds, pred_b, untied], draws)
 
 
 def test_identity_resample_is_coco_ap_and_bad_draws():

@@ -283,16 +283,17 @@ class _Ties:
 
 
 def _category_weights(m: CocoMatches, k: int, lo: int, hi: int, counts: np.ndarray, ties, expanded):
-    """[Rc, T, S] true / false positive weights of category k's detections ``lo:hi`` in COCO's order."""
+    """
+    [Rc, T, S] true / false positive weights in COCO's order of category k (detections ``lo:hi``),
+    which has detections of equal score.
+    """
     tp, fp = m.tp[:, lo:hi], m.fp[:, lo:hi]
     w = counts[:, m.image[lo:hi]].astype(np.int32)
-    if ties is None or not (m.group[lo:hi] >= 0).any():
-        return w[:, None, :] * tp[None], w[:, None, :] * fp[None]
+    group = m.group[lo:hi]
     # One slot per untied detection (weighted by its image's multiplicity: its copies are
     # consecutive) and, per group of equal scores, as many unit slots as the longest run; the
     # slots a resample leaves empty repeat the previous point of the curve, which changes nothing.
     g, res, det, pos, slots = expanded
-    group = m.group[lo:hi]
     unit = (group < 0) | np.concatenate([[True], group[1:] != group[:-1]])
     length = np.where(group < 0, 1, slots[np.maximum(group, 0)])[unit]
     base = np.cumsum(length) - length
@@ -315,29 +316,67 @@ def _category_weights(m: CocoMatches, k: int, lo: int, hi: int, counts: np.ndarr
     return tpw, fpw
 
 
-def _precision_sums(tpw: np.ndarray, fpw: np.ndarray, reach: np.ndarray) -> np.ndarray:
+def _interpolated_sum(tps: np.ndarray, fps: np.ndarray, reach: np.ndarray) -> np.ndarray:
     """
-    [Rc, T] sum over the recall thresholds of COCO's interpolated precision, from the true / false
-    positive weights [Rc, T, S] in COCO's order and ``reach`` [Rc, R], the true-positive count each
-    recall threshold needs.
+    [rows] sum over the recall thresholds of COCO's interpolated precision, from cumulative true /
+    false positive counts [rows, P] at the points of a precision-recall curve (in COCO's order; any
+    subset that holds every point where a true positive was added) and ``reach`` [rows, R], the
+    true-positive count each recall threshold needs. A threshold no point reaches adds 0.
     """
-    rc, nt, s = tpw.shape
+    rows, s = tps.shape
     if s == 0:
-        return np.zeros((rc, nt))
-    tps = np.cumsum(tpw, axis=2, dtype=np.int64)
-    fps = np.cumsum(fpw, axis=2, dtype=np.int64)
+        return np.zeros(rows)
     pr = tps / (fps + tps + np.spacing(1))
-    envelope = np.maximum.accumulate(pr[:, :, ::-1], axis=2)[:, :, ::-1]
+    envelope = np.maximum.accumulate(pr[:, ::-1], axis=1)[:, ::-1]
     # first point whose recall reaches each threshold: one searchsorted over all rows at once,
     # rows kept apart by an integer offset larger than any count
-    big = int(tps[:, :, -1].max()) + 2
-    offset = (np.arange(rc * nt, dtype=np.int64) * big).reshape(rc, nt, 1)
+    big = int(tps[:, -1].max()) + 2
+    offset = np.arange(rows, dtype=np.int64)[:, None] * big
     keys = (tps + offset).ravel()
-    queries = np.minimum(reach, big - 1)[:, None, :] + offset
-    first = np.searchsorted(keys, queries.ravel(), side="left").reshape(queries.shape)
-    inside = first - (offset // big) * s < s
-    q = np.where(inside, envelope.ravel()[np.minimum(first, keys.size - 1)], 0.0)
-    return q.sum(axis=2)
+    first = np.searchsorted(keys, (np.minimum(reach, big - 1) + offset).ravel(), side="left").reshape(reach.shape)
+    inside = first - np.arange(rows)[:, None] * s < s
+    return np.where(inside, envelope.ravel()[np.minimum(first, keys.size - 1)], 0.0).sum(axis=1)
+
+
+def _dense_sums(tpw: np.ndarray, fpw: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """[Rc, T] precision sums from true / false positive weights [Rc, T, S] in COCO's order."""
+    rc, nt, s = tpw.shape
+    tps = np.cumsum(tpw, axis=2, dtype=np.int64).reshape(rc * nt, s)
+    fps = np.cumsum(fpw, axis=2, dtype=np.int64).reshape(rc * nt, s)
+    return _interpolated_sum(tps, fps, np.repeat(reach, nt, axis=0)).reshape(rc, nt)
+
+
+class _Points:
+    """
+    A category without equal scores: its detections' order is the same in every resample, each
+    weighted by its image's multiplicity (an image's copies of a detection are consecutive). Only
+    the points where a true positive is added matter to COCO's interpolated precision; per IoU
+    threshold, these are its true positives, and the false-positive count before each is the
+    non-ignored weight so far minus the true-positive weight so far.
+    """
+
+    def __init__(self, m: CocoMatches, lo: int, hi: int):
+        self.image = m.image[lo:hi]
+        self.tp = [np.flatnonzero(row) for row in m.tp[:, lo:hi]]
+        ignored = [np.flatnonzero(row) for row in ~(m.tp[:, lo:hi] | m.fp[:, lo:hi])]
+        self.ignored = [i if i.size else None for i in ignored]
+        # ignored detections before (or at) each true positive
+        self.ignored_before = [np.searchsorted(i, p, side="right") if i.size else None
+                               for i, p in zip(ignored, self.tp)]
+
+    def sums(self, counts: np.ndarray, reach: np.ndarray) -> np.ndarray:
+        w = counts[:, self.image]
+        weight_so_far = np.cumsum(w, axis=1, dtype=np.int32)
+        out = np.empty((counts.shape[0], len(self.tp)))
+        for t, (pos, ign, before) in enumerate(zip(self.tp, self.ignored, self.ignored_before)):
+            tps = np.cumsum(w[:, pos], axis=1, dtype=np.int32)
+            nonignored = weight_so_far[:, pos]
+            if ign is not None:
+                ignored_so_far = np.concatenate([np.zeros((w.shape[0], 1), dtype=np.int32),
+                                                 np.cumsum(w[:, ign], axis=1, dtype=np.int32)], axis=1)
+                nonignored = nonignored - ignored_so_far[:, before]
+            out[:, t] = _interpolated_sum(tps, nonignored - tps, reach)
+        return out
 
 
 def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarray]:
@@ -354,12 +393,15 @@ def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarra
     num_b, num_k = draws.shape[0], m.gt_count.shape[0]
     nt, nr = len(m.iou_thresholds), len(m.recall_thresholds)
     counts = np.bincount((draws + m.num_images * np.arange(num_b)[:, None]).ravel(),
-                         minlength=num_b * m.num_images).reshape(num_b, m.num_images)
+                         minlength=num_b * m.num_images).reshape(num_b, m.num_images).astype(np.int32)
     npig = counts @ m.gt_count.T  # [B, K]
     bounds = np.searchsorted(m.category, np.arange(num_k + 1))
     ties = _Ties(m) if (m.group >= 0).any() else None
-    widest = max(int(np.diff(bounds).max(initial=0)), 1)
-    chunk = max(1, _CHUNK_ELEMENTS // (nt * widest * (2 if ties is not None else 1)))
+    points = [None if (m.group[lo:hi] >= 0).any() else _Points(m, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    sizes = np.diff(bounds)
+    # a tied category's work arrays are [Rc, T, ~2 x its detections]; an untied one's [Rc, detections]
+    widest = max(int(max((2 * nt * n if p is None else n for n, p in zip(sizes, points)), default=1)), 1)
+    chunk = max(1, _CHUNK_ELEMENTS // widest)
     sums = np.zeros((num_b, nt, num_k))
     for r0 in range(0, num_b, chunk):
         rows = slice(r0, min(r0 + chunk, num_b))
@@ -368,8 +410,11 @@ def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarra
             lo, hi = bounds[k], bounds[k + 1]
             if hi == lo or not npig[rows, k].any():
                 continue  # no detection: precision 0; no ground truth: left out
-            tpw, fpw = _category_weights(m, k, lo, hi, counts[rows], ties, expanded)
-            sums[rows, :, k] = _precision_sums(tpw, fpw, _first_reaching(npig[rows, k], m.recall_thresholds))
+            reach = _first_reaching(npig[rows, k], m.recall_thresholds)
+            if points[k] is not None:
+                sums[rows, :, k] = points[k].sums(counts[rows], reach)
+            else:
+                sums[rows, :, k] = _dense_sums(*_category_weights(m, k, lo, hi, counts[rows], ties, expanded), reach)
     valid = npig > 0
     num_valid = valid.sum(axis=1)
     per_t = np.where(valid[:, None, :], sums, 0.0).sum(axis=2)  # [B, T]
