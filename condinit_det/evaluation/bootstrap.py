@@ -252,10 +252,6 @@ class _Ties:
         self.dets = tied[np.lexsort((tied, m.group[tied], m.image[tied]))]
         self.per_image = np.bincount(m.image[tied], minlength=m.num_images)
         self.start = np.concatenate([[0], np.cumsum(self.per_image)[:-1]])
-        # the first group id of each category (groups are numbered in category order)
-        first = np.full(m.gt_count.shape[0] + 1, self.num_groups)
-        np.minimum.at(first, m.category[tied], m.group[tied])
-        self.first_group = np.minimum.accumulate(first[::-1])[::-1]
 
     def expand(self, m: CocoMatches, draws: np.ndarray):
         """
@@ -282,40 +278,6 @@ class _Ties:
         return g, res, det, pos, slots
 
 
-def _category_weights(m: CocoMatches, k: int, lo: int, hi: int, counts: np.ndarray, ties, expanded):
-    """
-    [Rc, T, S] true / false positive weights in COCO's order of category k (detections ``lo:hi``),
-    which has detections of equal score.
-    """
-    tp, fp = m.tp[:, lo:hi], m.fp[:, lo:hi]
-    w = counts[:, m.image[lo:hi]].astype(np.int32)
-    group = m.group[lo:hi]
-    # One slot per untied detection (weighted by its image's multiplicity: its copies are
-    # consecutive) and, per group of equal scores, as many unit slots as the longest run; the
-    # slots a resample leaves empty repeat the previous point of the curve, which changes nothing.
-    g, res, det, pos, slots = expanded
-    unit = (group < 0) | np.concatenate([[True], group[1:] != group[:-1]])
-    length = np.where(group < 0, 1, slots[np.maximum(group, 0)])[unit]
-    base = np.cumsum(length) - length
-    num_slots = int(length.sum())
-    rc = counts.shape[0]
-    tpw = np.zeros((rc, m.tp.shape[0], num_slots), dtype=np.int32)
-    fpw = np.zeros_like(tpw)
-    unit_base = np.repeat(base, np.diff(np.append(np.flatnonzero(unit), hi - lo)))  # each detection's unit
-    untied = group < 0
-    tpw[:, :, unit_base[untied]] = w[:, None, untied] * tp[None, :, untied]
-    fpw[:, :, unit_base[untied]] = w[:, None, untied] * fp[None, :, untied]
-    g0, g1 = ties.first_group[k], ties.first_group[k + 1]
-    a, b = np.searchsorted(g, g0), np.searchsorted(g, g1)
-    if b > a:
-        group_base = np.zeros(g1 - g0, dtype=np.int64)
-        group_base[group[~untied] - g0] = unit_base[~untied]
-        slot = group_base[g[a:b] - g0] + pos[a:b]
-        tpw[res[a:b], :, slot] = m.tp[:, det[a:b]].T
-        fpw[res[a:b], :, slot] = m.fp[:, det[a:b]].T
-    return tpw, fpw
-
-
 def _interpolated_sum(tps: np.ndarray, fps: np.ndarray, reach: np.ndarray) -> np.ndarray:
     """
     [rows] sum over the recall thresholds of COCO's interpolated precision, from cumulative true /
@@ -338,44 +300,80 @@ def _interpolated_sum(tps: np.ndarray, fps: np.ndarray, reach: np.ndarray) -> np
     return np.where(inside, envelope.ravel()[np.minimum(first, keys.size - 1)], 0.0).sum(axis=1)
 
 
-def _dense_sums(tpw: np.ndarray, fpw: np.ndarray, reach: np.ndarray) -> np.ndarray:
-    """[Rc, T] precision sums from true / false positive weights [Rc, T, S] in COCO's order."""
-    rc, nt, s = tpw.shape
-    tps = np.cumsum(tpw, axis=2, dtype=np.int64).reshape(rc * nt, s)
-    fps = np.cumsum(fpw, axis=2, dtype=np.int64).reshape(rc * nt, s)
-    return _interpolated_sum(tps, fps, np.repeat(reach, nt, axis=0)).reshape(rc, nt)
+def _cumsum0(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Cumulative sums along ``axis`` with a leading 0: entry i is the sum of the first i values."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (1, 0)
+    return np.pad(np.cumsum(x, axis=axis, dtype=np.int32), pad)
 
 
-class _Points:
+class _Category:
     """
-    A category without equal scores: its detections' order is the same in every resample, each
-    weighted by its image's multiplicity (an image's copies of a detection are consecutive). Only
-    the points where a true positive is added matter to COCO's interpolated precision; per IoU
-    threshold, these are its true positives, and the false-positive count before each is the
-    non-ignored weight so far minus the true-positive weight so far.
+    One category's detections in COCO's order, as points of its precision-recall curve.
+
+    Detections without an equal score in their category keep one order in every resample, each
+    weighted by its image's multiplicity (an image's copies of such a detection are consecutive).
+    A group of equal scores becomes, per resample, a run of unit slots holding the drawn copies in
+    COCO's order (``_Ties.expand``); slots a resample leaves empty repeat the previous point.
+    Only points where a true positive can be added matter to the interpolated precision (any
+    other point repeats the true-positive count of an earlier one with more false positives): per
+    IoU threshold, the untied true positives and every group slot. At each point the false
+    positives so far are the non-ignored weight so far minus the true positives so far.
     """
 
     def __init__(self, m: CocoMatches, lo: int, hi: int):
-        self.image = m.image[lo:hi]
-        self.tp = [np.flatnonzero(row) for row in m.tp[:, lo:hi]]
-        ignored = [np.flatnonzero(row) for row in ~(m.tp[:, lo:hi] | m.fp[:, lo:hi])]
-        self.ignored = [i if i.size else None for i in ignored]
-        # ignored detections before (or at) each true positive
-        self.ignored_before = [np.searchsorted(i, p, side="right") if i.size else None
-                               for i, p in zip(ignored, self.tp)]
+        group = m.group[lo:hi]
+        starts = (group < 0) | np.concatenate([[True], group[1:] != group[:-1]])
+        unit = np.cumsum(starts) - 1  # position of each detection's unit (detection or group) in the order
+        untied = np.flatnonzero(group < 0)
+        first = np.flatnonzero(starts & (group >= 0))
+        self.image = m.image[lo:hi][untied]
+        self.unit = unit[untied]
+        self.groups, self.group_unit = group[first], unit[first]
+        tp, counted = m.tp[:, lo:hi][:, untied], (m.tp | m.fp)[:, lo:hi][:, untied]
+        self.tp = [np.flatnonzero(row) for row in tp]  # positions among the untied detections
+        self.ignored = [np.flatnonzero(~row) for row in counted]
 
-    def sums(self, counts: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    def _group_slots(self, m: CocoMatches, rc: int, expanded):
+        """(unit of each slot [S], cumulative true positives / non-ignored [Rc, T, S + 1]) of the groups."""
+        if not self.groups.size:
+            return np.zeros(0, dtype=np.int64), None, None
+        g, res, det, pos, slots = expanded
+        per_group = slots[self.groups]
+        base = np.cumsum(per_group) - per_group
+        slot_of_group = np.zeros(self.groups.max() - self.groups.min() + 1, dtype=np.int64)
+        slot_of_group[self.groups - self.groups.min()] = base
+        a, b = np.searchsorted(g, self.groups.min()), np.searchsorted(g, self.groups.max() + 1)
+        slot = slot_of_group[g[a:b] - self.groups.min()] + pos[a:b]
+        tp = np.zeros((rc, m.tp.shape[0], int(per_group.sum())), dtype=np.int32)
+        counted = np.zeros_like(tp)
+        tp[res[a:b], :, slot] = m.tp[:, det[a:b]].T
+        counted[res[a:b], :, slot] = (m.tp | m.fp)[:, det[a:b]].T
+        return np.repeat(self.group_unit, per_group), _cumsum0(tp), _cumsum0(counted)
+
+    def sums(self, m: CocoMatches, counts: np.ndarray, reach: np.ndarray, expanded) -> np.ndarray:
+        """[Rc, T] precision sums over the recall thresholds, for the multiplicities ``counts`` [Rc, N]."""
+        rc = counts.shape[0]
         w = counts[:, self.image]
-        weight_so_far = np.cumsum(w, axis=1, dtype=np.int32)
-        out = np.empty((counts.shape[0], len(self.tp)))
-        for t, (pos, ign, before) in enumerate(zip(self.tp, self.ignored, self.ignored_before)):
-            tps = np.cumsum(w[:, pos], axis=1, dtype=np.int32)
-            nonignored = weight_so_far[:, pos]
-            if ign is not None:
-                ignored_so_far = np.concatenate([np.zeros((w.shape[0], 1), dtype=np.int32),
-                                                 np.cumsum(w[:, ign], axis=1, dtype=np.int32)], axis=1)
-                nonignored = nonignored - ignored_so_far[:, before]
-            out[:, t] = _interpolated_sum(tps, nonignored - tps, reach)
+        weight = _cumsum0(w)
+        slot_unit, slot_tp, slot_counted = self._group_slots(m, rc, expanded)
+        num_slots = slot_unit.size
+        out = np.empty((rc, len(self.tp)))
+        for t, (pos, ign) in enumerate(zip(self.tp, self.ignored)):
+            # points: the untied true positives, then the group slots, merged by their unit
+            unit = np.concatenate([self.unit[pos], slot_unit])
+            order = np.argsort(unit, kind="stable")
+            unit, is_slot = unit[order], order >= pos.size
+            # untied true positives / untied detections / group slots up to and including each point
+            n_tp = np.searchsorted(self.unit[pos], unit, side="right")
+            n_det = np.searchsorted(self.unit, unit, side="right")
+            n_slot = np.where(is_slot, order - pos.size + 1, np.searchsorted(slot_unit, unit))
+            tps = _cumsum0(w[:, pos])[:, n_tp]
+            counted = weight[:, n_det] - _cumsum0(w[:, ign])[:, np.searchsorted(ign, n_det)]
+            if num_slots:
+                tps = tps + slot_tp[:, t, n_slot]
+                counted = counted + slot_counted[:, t, n_slot]
+            out[:, t] = _interpolated_sum(tps, counted - tps, reach)
         return out
 
 
@@ -397,24 +395,20 @@ def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarra
     npig = counts @ m.gt_count.T  # [B, K]
     bounds = np.searchsorted(m.category, np.arange(num_k + 1))
     ties = _Ties(m) if (m.group >= 0).any() else None
-    points = [None if (m.group[lo:hi] >= 0).any() else _Points(m, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    sizes = np.diff(bounds)
-    # a tied category's work arrays are [Rc, T, ~2 x its detections]; an untied one's [Rc, detections]
-    widest = max(int(max((2 * nt * n if p is None else n for n, p in zip(sizes, points)), default=1)), 1)
-    chunk = max(1, _CHUNK_ELEMENTS // widest)
+    categories = [_Category(m, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    # work arrays per category: [Rc, detections] and [Rc, T, ~2 x its tied detections]
+    widest = max((int(hi - lo + 2 * nt * (m.group[lo:hi] >= 0).sum()) for lo, hi in zip(bounds[:-1], bounds[1:])),
+                 default=1)
+    chunk = max(1, _CHUNK_ELEMENTS // max(widest, 1))
     sums = np.zeros((num_b, nt, num_k))
     for r0 in range(0, num_b, chunk):
         rows = slice(r0, min(r0 + chunk, num_b))
         expanded = ties.expand(m, draws[rows]) if ties is not None else None
         for k in range(num_k):
-            lo, hi = bounds[k], bounds[k + 1]
-            if hi == lo or not npig[rows, k].any():
+            if bounds[k + 1] == bounds[k] or not npig[rows, k].any():
                 continue  # no detection: precision 0; no ground truth: left out
             reach = _first_reaching(npig[rows, k], m.recall_thresholds)
-            if points[k] is not None:
-                sums[rows, :, k] = points[k].sums(counts[rows], reach)
-            else:
-                sums[rows, :, k] = _dense_sums(*_category_weights(m, k, lo, hi, counts[rows], ties, expanded), reach)
+            sums[rows, :, k] = categories[k].sums(m, counts[rows], reach, expanded)
     valid = npig > 0
     num_valid = valid.sum(axis=1)
     per_t = np.where(valid[:, None, :], sums, 0.0).sum(axis=2)  # [B, T]
