@@ -119,7 +119,8 @@ def test_resampled_ap_equals_reevaluation(backend, monkeypatch):
     draws = np.concatenate([
         np.arange(n)[None],  # the evaluation set itself
         np.random.default_rng(1).integers(0, n, size=(10, n)),
-        np.array([[3] * n, [2, 9] * (n // 2), [4, 10, 4, 4, 10, 0, 1, 4, 3, 3, 8, 0]]),  # one image n times; only empty images; category 3 drawn often
+        # one image n times; only empty images; category 3 drawn often
+        np.array([[3] * n, [2, 9] * (n // 2), [4, 10, 4, 4, 10, 0, 1, 4, 3, 3, 8, 0]]),
     ])
     assert any(not {4, 10} & set(row) for row in draws)  # a resample without category 3
     # the same detections with distinct scores (each category's order then the same in every resample)

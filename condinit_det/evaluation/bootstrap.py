@@ -28,7 +28,7 @@ import io
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence, Union
+from typing import Dict, Mapping, Sequence, Union
 
 import numpy as np
 

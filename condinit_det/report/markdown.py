@@ -217,7 +217,8 @@ def _method(out, report: ArmsReport) -> None:
            "matches each run's predictions once with COCO and accumulates box / mask AP over each resample's "
            "images with their multiplicities, which equals re-evaluating COCO on the resampled images; "
            "classification resamples per-image correctness), "
-           f"percentile interval, generator seed {report.seed}; convergence numbers get no interval"
+           f"percentile interval, generator seed {report.seed}; convergence numbers get no interval (resampling them "
+           "needs every evaluation's predictions, and runs keep the final evaluation's only)"
            if report.bootstrap > 0 else "no interval (bootstrap off)")
         + ". Verdict: better / worse than default when the interval excludes 0, else "
         f"\"{NOT_DISTINGUISHABLE}\".\n"

@@ -4,8 +4,8 @@ Runs with the same training seed share data order and every non-attention weight
 compared with the default arm through per-seed differences over the seeds both ran. Two or more
 paired seeds: a 95% Student t-interval of the mean difference. Exactly one: a paired bootstrap
 over evaluation images (COCO AP of each resample accumulated from one per-image matching per model
-and task, or per-image classification correctness). The convergence speed-ups are already relative to the same seed's default run, so
-their per-seed values are the paired quantity.
+and task, or per-image classification correctness). The convergence speed-ups are already relative
+to the same seed's default run, so their per-seed values are the paired quantity.
 """
 from __future__ import annotations
 
@@ -194,7 +194,8 @@ def paired_statistics(stage_report, *, bootstrap: int = 1000, seed: int = 0) -> 
                 row.verdict = "no interval"
             else:
                 row.differences = [defined[s] for s in paired]
-                _fill_interval(row, None, "", "no per-image bootstrap for a convergence number")
+                _fill_interval(row, None, "", "no image bootstrap for a convergence number (it needs every "
+                               "evaluation's predictions; runs keep the final evaluation's only)")
             rows.append(row)
     return rows
 
