@@ -47,7 +47,8 @@ __all__ = [
 IOU_TYPES = ("bbox", "segm")
 AP_METRICS = ("AP", "AP50", "AP75")  # COCO names; AP50 / AP75 are the IoU-0.5 / 0.75 rows of AP
 
-# Elements of one [resamples, IoU thresholds, detections] work array: ~200 MB of int64/float64.
+# Elements of the largest work array of one category ([resamples, detections], or [resamples, IoU
+# thresholds, slots] for its equal scores): ~200 MB in float64.
 _CHUNK_ELEMENTS = 25_000_000
 
 
@@ -131,8 +132,8 @@ def coco_ap(ground_truth: Union[str, dict], predictions: Sequence[dict],
 @dataclass
 class CocoMatches:
     """
-    One model's COCO matching on one evaluation set for one iou type (area range "all", at most
-    ``max_dets`` detections per image and category), in the layout the accumulation needs.
+    One model's COCO matching on one evaluation set for one iou type (area range "all", the 100
+    highest-scoring detections per image and category), in the layout the accumulation needs.
 
     Detections (D of them) are ordered by category, then descending score, then image, then rank
     in the image (COCO's stable per-image order). Images are positions in ``dataset["images"]``;
@@ -330,7 +331,7 @@ class _Category:
         self.image = m.image[lo:hi][untied]
         self.unit = unit[untied]
         self.groups, self.group_unit = group[first], unit[first]
-        tp, counted = m.tp[:, lo:hi][:, untied], (m.tp | m.fp)[:, lo:hi][:, untied]
+        tp, counted = m.tp[:, lo:hi][:, untied], (m.tp[:, lo:hi] | m.fp[:, lo:hi])[:, untied]
         self.tp = [np.flatnonzero(row) for row in tp]  # positions among the untied detections
         self.ignored = [np.flatnonzero(~row) for row in counted]
 
@@ -348,7 +349,7 @@ class _Category:
         tp = np.zeros((rc, m.tp.shape[0], int(per_group.sum())), dtype=np.int32)
         counted = np.zeros_like(tp)
         tp[res[a:b], :, slot] = m.tp[:, det[a:b]].T
-        counted[res[a:b], :, slot] = (m.tp | m.fp)[:, det[a:b]].T
+        counted[res[a:b], :, slot] = (m.tp[:, det[a:b]] | m.fp[:, det[a:b]]).T
         return np.repeat(self.group_unit, per_group), _cumsum0(tp), _cumsum0(counted)
 
     def sums(self, m: CocoMatches, counts: np.ndarray, reach: np.ndarray, expanded) -> np.ndarray:
