@@ -127,6 +127,9 @@ def test_resampled_ap_equals_reevaluation(backend, monkeypatch):
     untied = [{**p, "score": p["score"] + 1e-6 * n} for n, p in enumerate(preds)]
     assert (match_images(gt, untied, "bbox").group < 0).all()
     _assert_equal_to_reevaluation(gt, [preds, pred_b, untied], draws)
+    # a model without any detection: AP 0 wherever the resample has ground truth
+    assert resampled_ap(match_images(gt, [], "segm"), draws[:2])["AP"] == pytest.approx([0.0, 0.0])
+    _assert_equal_to_reevaluation(gt, [[]], draws[:2])
 
 
 def test_identity_resample_is_coco_ap_and_bad_draws():
