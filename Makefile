@@ -17,7 +17,7 @@ test-fast: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
 demo: venv
-	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --arm all --bootstrap 200 train.output_dir=$(DEMO_OUTPUT)
+	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --arm all --bootstrap 1000 train.output_dir=$(DEMO_OUTPUT)
 
 demo-pretrain: venv
 	$(PY) tools/pretrain_net.py --config-file configs/demo/pretrain_vit_tiny.py --arm all train.output_dir=output/demo_pretrain

@@ -1,10 +1,18 @@
+import math
+import os
+import sys
+
 import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from condinit_det.evaluation.bootstrap import (classification_correctness, coco_ap, paired_accuracy_bootstrap,
-                                               paired_coco_bootstrap, resample_coco)
+from condinit_det.evaluation import bootstrap
+from condinit_det.evaluation.bootstrap import (AP_METRICS, classification_correctness, coco_ap, match_images,
+                                               paired_accuracy_bootstrap, paired_coco_bootstrap, resampled_ap)
 from condinit_det.stats import percentile_interval
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from coco_reevaluation import reevaluated_ap, resample_coco  # noqa: E402  (the re-evaluation reference)
 
 SIZE = 64
 
@@ -17,9 +25,9 @@ def _rle(x, y, w, h):
     return rle
 
 
-def _ann(image_id, ann_id, cat, x, y, w=16, h=16):
+def _ann(image_id, ann_id, cat, x, y, w=16, h=16, crowd=0):
     return {"id": ann_id, "image_id": image_id, "category_id": cat, "bbox": [x, y, w, h], "area": w * h,
-            "iscrowd": 0, "segmentation": _rle(x, y, w, h)}
+            "iscrowd": crowd, "segmentation": _rle(x, y, w, h)}
 
 
 def _det(image_id, cat, x, y, score, w=16, h=16):
@@ -27,9 +35,9 @@ def _det(image_id, cat, x, y, score, w=16, h=16):
             "segmentation": _rle(x, y, w, h)}
 
 
-def _dataset(images, anns):
+def _dataset(images, anns, num_categories=2):
     return {"images": [{"id": i, "width": SIZE, "height": SIZE, "file_name": f"{i}.png"} for i in images],
-            "annotations": anns, "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]}
+            "annotations": anns, "categories": [{"id": c, "name": f"c{c}"} for c in range(1, num_categories + 1)]}
 
 
 def _synthetic(num_images, seed):
@@ -47,9 +55,95 @@ def _synthetic(num_images, seed):
     return _dataset([1000 + 3 * i for i in range(num_images)], anns), pred_a, pred_b
 
 
+def _hard(seed):
+    """
+    12 images, 3 categories: crowd regions (a detection on one is ignored), empty images, images
+    with objects and no detection, detections without objects, category 3 in two images only (absent
+    from many resamples), duplicates, and scores on a 0.1 grid, so many are equal within an image and
+    across images (COCO's order among them then follows the draw order).
+    """
+    rng = np.random.default_rng(seed)
+    anns, preds = [], []
+    ids = [7 + 5 * i for i in range(12)]
+    for n, image_id in enumerate(ids):
+        if n in (2, 9):
+            continue  # empty: no objects, no detections
+        for _ in range(int(rng.integers(1, 4))):
+            cat = 3 if n in (4, 10) and rng.uniform() < 0.7 else int(rng.integers(1, 3))
+            x, y, w, h = (int(v) for v in (*rng.integers(0, SIZE - 20, size=2), *rng.integers(6, 20, size=2)))
+            crowd = int(rng.uniform() < 0.15)
+            anns.append(_ann(image_id, 100 + len(anns), cat, x, y, w, h, crowd))
+            if n in (5, 11):
+                continue  # objects, no detection
+            for _ in range(int(rng.integers(1, 3))):  # a detection, sometimes a duplicate
+                dx, dy = (int(v) for v in rng.integers(-3, 4, size=2))
+                wrong = rng.uniform() < 0.15
+                preds.append(_det(image_id, (cat % 3) + 1 if wrong else cat, max(x + dx, 0), max(y + dy, 0),
+                                  score=round(float(rng.uniform(0.1, 1.0)), 1), w=w, h=h))
+        if n in (3, 8):  # background false positives, one image with detections only
+            preds.append(_det(image_id, int(rng.integers(1, 4)), 40, 40, round(float(rng.uniform(0.1, 1.0)), 1)))
+    preds.append(_det(ids[9], 1, 10, 10, 0.5))  # an image without objects, with a detection
+    return _dataset(ids, anns, num_categories=3), preds
+
+
+def _assert_equal_to_reevaluation(gt, predictions, draws):
+    for task in ("bbox", "segm"):
+        fast = [resampled_ap(match_images(gt, p, task), draws) for p in predictions]
+        for b, indices in enumerate(draws):
+            reference = reevaluated_ap(gt, predictions, indices, task)
+            for ours, ref in zip(fast, reference):
+                for metric in AP_METRICS:
+                    r, o = ref[metric], ours[metric][b]
+                    assert (math.isnan(r) and math.isnan(o)) or abs(o - r) <= 1e-9, (task, metric, b, o, r)
+
+
 def _ap_101(max_recall):
     """COCO AP when precision is 1 up to ``max_recall`` and no detection after: 101-point interpolation."""
     return 100.0 * np.sum(np.linspace(0, 1, 101) <= max_recall + 1e-9) / 101
+
+
+@pytest.mark.parametrize("backend", ["faster-coco-eval", "pycocotools"])
+def test_resampled_ap_equals_reevaluation(backend, monkeypatch):
+    if backend == "pycocotools":
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+
+        monkeypatch.setattr(bootstrap, "_coco_api", lambda: (COCO, COCOeval, False))
+    gt, preds = _hard(seed=0)
+    m = match_images(gt, preds, "bbox")
+    assert (m.group >= 0).sum() > 10  # many equal scores, within and across images
+    assert m.gt_count[2].sum() > 0 and (m.gt_count[2] > 0).sum() <= 2
+    _, pred_a, pred_b = _synthetic(12, seed=4)
+    pred_b = [{**p, "image_id": gt["images"][(p["image_id"] - 1000) // 3]["id"]} for p in pred_b]
+    n = len(gt["images"])
+    draws = np.concatenate([
+        np.arange(n)[None],  # the evaluation set itself
+        np.random.default_rng(1).integers(0, n, size=(10, n)),
+        # one image n times; only empty images; category 3 drawn often
+        np.array([[3] * n, [2, 9] * (n // 2), [4, 10, 4, 4, 10, 0, 1, 4, 3, 3, 8, 0]]),
+    ])
+    assert any(not {4, 10} & set(row) for row in draws)  # a resample without category 3
+    # the same detections with distinct scores (each category's order then the same in every resample)
+    untied = [{**p, "score": p["score"] + 1e-6 * n} for n, p in enumerate(preds)]
+    assert (match_images(gt, untied, "bbox").group < 0).all()
+    _assert_equal_to_reevaluation(gt, [preds, pred_b, untied], draws)
+    # a model without any detection: AP 0 wherever the resample has ground truth
+    assert resampled_ap(match_images(gt, [], "segm"), draws[:2])["AP"] == pytest.approx([0.0, 0.0])
+    _assert_equal_to_reevaluation(gt, [[]], draws[:2])
+
+
+def test_identity_resample_is_coco_ap_and_bad_draws():
+    gt, preds = _hard(seed=3)
+    full = coco_ap(gt, preds)
+    for task in ("bbox", "segm"):
+        ap = resampled_ap(match_images(gt, preds, task), np.arange(len(gt["images"]))[None])["AP"]
+        assert ap[0] == pytest.approx(full[task], abs=1e-9)
+    only_empty = resampled_ap(match_images(gt, preds, "bbox"), np.array([[2, 9, 9]]))
+    assert all(math.isnan(v[0]) for v in only_empty.values())  # no ground truth: COCO's -1
+    with pytest.raises(ValueError, match="image positions in \\[0, 12\\)"):
+        resampled_ap(match_images(gt, preds, "bbox"), np.array([[0, 12]]))
+    with pytest.raises(ValueError, match="iou_type must be one of"):
+        match_images(gt, preds, "keypoints")
 
 
 def test_duplicated_images_count_twice():
@@ -61,12 +155,11 @@ def test_duplicated_images_count_twice():
     data, (resampled,) = resample_coco(gt, [preds], np.array([0, 0, 1]))
     assert [im["id"] for im in data["images"]] == [1, 2, 3]
     assert [(a["id"], a["image_id"]) for a in data["annotations"]] == [(1, 1), (2, 2), (3, 3)]
-    assert sorted(p["image_id"] for p in resampled) == [1, 2]
     assert gt["images"][0]["id"] == 7 and preds[0]["image_id"] == 7  # inputs untouched
-    # the detected image drawn twice: recall 2/3 instead of 1/2
-    assert coco_ap(data, resampled) == pytest.approx({"bbox": _ap_101(2 / 3), "segm": _ap_101(2 / 3)})
-    data, (resampled,) = resample_coco(gt, [preds], np.array([1, 0, 1]))
-    assert coco_ap(data, resampled)["bbox"] == pytest.approx(_ap_101(1 / 3))
+    for task in ("bbox", "segm"):
+        ap = resampled_ap(match_images(gt, preds, task), np.array([[0, 0, 1], [1, 0, 1], [1, 1, 1]]))["AP"]
+        # the detected image drawn twice: recall 2/3 instead of 1/2; once in three: 1/3; never: 0
+        assert ap == pytest.approx([_ap_101(2 / 3), _ap_101(1 / 3), 0.0])
 
 
 def test_bootstrap_interval_contains_estimate_and_shrinks_with_more_images():
@@ -74,25 +167,32 @@ def test_bootstrap_interval_contains_estimate_and_shrinks_with_more_images():
     for num_images in (6, 48):
         gt, pred_a, pred_b = _synthetic(num_images, seed=1)
         full_a, full_b = coco_ap(gt, pred_a), coco_ap(gt, pred_b)
-        diffs = paired_coco_bootstrap(gt, pred_a, pred_b, np.random.default_rng(0), num_resamples=60)
-        assert set(diffs) == {"bbox", "segm"} and diffs["bbox"].shape == (60,)
+        diffs = paired_coco_bootstrap(gt, pred_a, pred_b, np.random.default_rng(0), num_resamples=200)
+        assert set(diffs) == {"bbox", "segm"} and set(diffs["bbox"]) == set(AP_METRICS)
+        assert diffs["bbox"]["AP"].shape == (200,)
         for task in ("bbox", "segm"):
             estimate = full_a[task] - full_b[task]
             assert estimate > 0  # arm a localizes better
-            assert percentile_interval(estimate, diffs[task]).contains(estimate)
-        iv = percentile_interval(full_a["bbox"] - full_b["bbox"], diffs["bbox"])
+            assert percentile_interval(estimate, diffs[task]["AP"]).contains(estimate)
+        iv = percentile_interval(full_a["bbox"] - full_b["bbox"], diffs["bbox"]["AP"])
         widths.append(iv.high - iv.low)
     assert widths[1] < 0.75 * widths[0]
 
 
-def test_bootstrap_is_paired_and_reproducible():
+def test_bootstrap_is_paired_reproducible_and_uses_the_generators_draws():
     gt, pred_a, _ = _synthetic(5, seed=2)
     same = paired_coco_bootstrap(gt, pred_a, pred_a, np.random.default_rng(3), num_resamples=5)
-    assert np.all(same["bbox"] == 0) and np.all(same["segm"] == 0)  # same resample for both arms
+    assert all(np.all(same[t][k] == 0) for t in same for k in AP_METRICS)  # same resample for both arms
     gt, pred_a, pred_b = _synthetic(5, seed=2)
     one = paired_coco_bootstrap(gt, pred_a, pred_b, np.random.default_rng(4), 4, iou_types=("bbox",))
     two = paired_coco_bootstrap(gt, pred_a, pred_b, np.random.default_rng(4), 4, iou_types=("bbox",))
-    assert list(one) == ["bbox"] and np.array_equal(one["bbox"], two["bbox"])
+    assert list(one) == ["bbox"] and np.array_equal(one["bbox"]["AP"], two["bbox"]["AP"])
+    # resample b is the b-th rng.integers(0, n, size=n), as one re-evaluation per resample drew it
+    rng = np.random.default_rng(4)
+    for b in range(4):
+        a_ap, b_ap = reevaluated_ap(gt, [pred_a, pred_b], rng.integers(0, 5, size=5), "bbox")
+        for k in AP_METRICS:
+            assert one["bbox"][k][b] == pytest.approx(a_ap[k] - b_ap[k], abs=1e-9)
 
 
 def test_classification_bootstrap():

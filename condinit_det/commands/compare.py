@@ -21,9 +21,9 @@ def get_parser() -> argparse.ArgumentParser:
                         help="run directories (with results.json) or directories containing them")
     parser.add_argument("--output", default=None, metavar="DIR",
                         help="where to write the report files (default: <first DIR>/report)")
-    parser.add_argument("--bootstrap", type=int, default=200, metavar="B",
+    parser.add_argument("--bootstrap", type=int, default=1000, metavar="B",
                         help="resamples of the paired bootstrap over evaluation images, used when an arm "
-                             "and the default share exactly one seed (0: off; default 200)")
+                             "and the default share exactly one seed (0: off; default 1000)")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the bootstrap's generator")
     return parser
 

@@ -129,9 +129,10 @@ def build_argument_parser():
         help="multipliers of the config's base learning rate, e.g. '0.5,1,2': runs the other scales for every "
         "arm on the first seed, into <output_dir>/<arm>/seed<k>-lr<s>/.")
     parser.add_argument(
-        "--bootstrap", type=int, default=0, metavar="B",
+        "--bootstrap", type=int, default=1000, metavar="B",
         help="resamples of the evaluation images for the confidence intervals of a one-seed comparison in the "
-        "report written at the end of an experiment (0: none; costs 4*B COCO evaluations)")
+        "report written at the end of an experiment (0: none; each arm's predictions are matched once per task, "
+        "then every resample is an accumulation)")
     parser.add_argument(
         "--retry-failed", action="store_true",
         help="implies --resume; also train the runs that failed or diverged afresh, moving their old run "

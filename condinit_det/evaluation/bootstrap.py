@@ -2,32 +2,54 @@
 
 Two models evaluated on the same images are compared on resamples of those images: each
 resample draws as many images as the evaluation set holds, with replacement, and both models
-are scored on the *same* resample. For COCO detection every resample is a new COCO dataset in
-which a drawn image gets a fresh image id (and its annotations fresh ids), so an image drawn
-twice counts twice; box and mask AP are then recomputed with faster-coco-eval
-(``COCOeval_faster``), or pycocotools when it is not installed. For classification the
+are scored on the *same* resample; an image drawn k times counts k times. For classification the
 per-image correctness is resampled directly.
+
+For COCO detection, a resample is scored as if it were a new COCO dataset whose j-th image is the
+j-th draw (a fresh image id, in draw order) and AP were re-evaluated on it. That evaluation does
+not have to be run: COCO's per-image matching (which detection matches which ground truth at each
+IoU threshold, which are ignored) does not depend on the resample, only its accumulation does. So
+each model and task is matched once, with faster-coco-eval's per-image results (``COCOeval_faster``)
+or pycocotools' ``evalImgs`` when faster-coco-eval is not installed, and every resample's AP, AP50
+and AP75 is COCO's accumulation with per-image multiplicities: cumulative true / false positives
+over the detections of all images sorted by score, each weighted by how often its image was drawn,
+over ground-truth counts weighted the same way; 101-point interpolated precision envelope; -1 (left
+out of the mean) for a category without a non-ignored ground truth in the resample. Detections of
+equal score in one category keep COCO's order among them (stable sort over the images in draw
+order), so the result equals the re-evaluation's for the same draws (to rounding, ~1e-15).
+Area range "all" and 100 detections per image, as COCO's AP / AP50 / AP75.
 
 No detectron2 import.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
-from typing import Dict, List, Mapping, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Dict, Mapping, Sequence, Union
 
 import numpy as np
 
 __all__ = [
+    "AP_METRICS",
+    "CocoMatches",
     "classification_correctness",
     "coco_ap",
     "load_json",
+    "match_images",
     "paired_accuracy_bootstrap",
     "paired_coco_bootstrap",
-    "resample_coco",
+    "resampled_ap",
 ]
 
 IOU_TYPES = ("bbox", "segm")
+AP_METRICS = ("AP", "AP50", "AP75")  # COCO names; AP50 / AP75 are the IoU-0.5 / 0.75 rows of AP
+
+# Elements of the largest work array of one category ([resamples, detections], or [resamples, IoU
+# thresholds, slots] for its equal scores): ~200 MB in float64.
+_CHUNK_ELEMENTS = 25_000_000
 
 
 def load_json(path: Union[str, os.PathLike]):
@@ -53,6 +75,14 @@ def _quiet(*_args, **_kwargs):
     pass
 
 
+def _copy_dataset(dataset: Mapping) -> dict:
+    return {
+        **{k: v for k, v in dataset.items() if k not in ("images", "annotations")},
+        "images": [dict(im) for im in dataset.get("images", [])],
+        "annotations": [dict(a) for a in dataset.get("annotations", [])],
+    }
+
+
 def _build_gt(dataset: dict):
     coco_cls, _, fast = _coco_api()
     if fast:
@@ -63,31 +93,23 @@ def _build_gt(dataset: dict):
     return gt
 
 
-def _average_precision(coco_gt, predictions: List[dict], iou_type: str) -> float:
-    """COCO AP (percent, IoU 0.50:0.95, 100 detections) of ``predictions`` for one iou type."""
-    if not coco_gt.dataset.get("annotations"):
-        return float("nan")
-    if not predictions:
-        return 0.0
-    # loadRes sets "id"/"area" on the records: hand it copies. For masks drop "bbox" so the
-    # instance area is the mask area, as detectron2's evaluator does.
+def _load_results(coco_gt, predictions: Sequence[dict], iou_type: str):
+    """COCO results object of ``predictions`` (copied: loadRes sets "id"/"area" on the records)."""
+    # For masks drop "bbox" so the instance area is the mask area, as detectron2's evaluator does.
     drop = "bbox" if iou_type == "segm" else None
     dets = [{k: v for k, v in p.items() if k != drop} for p in predictions]
-    _, eval_cls, fast = _coco_api()
-    coco_dt = coco_gt.loadRes(dets)
-    ev = eval_cls(coco_gt, coco_dt, iou_type, print_function=_quiet) if fast else eval_cls(coco_gt, coco_dt, iou_type)
-    ev.evaluate()
-    ev.accumulate()
-    if fast:
-        ev.summarize()
-    else:
-        import contextlib
-        import io
+    if dets or _coco_api()[2]:
+        return coco_gt.loadRes(dets)
+    # pycocotools' loadRes fails on an empty list: an empty results object instead.
+    return _build_gt({"images": list(coco_gt.dataset["images"]), "annotations": [],
+                      "categories": list(coco_gt.dataset.get("categories", []))})
 
-        with contextlib.redirect_stdout(io.StringIO()):
-            ev.summarize()
-    ap = float(ev.stats[0])
-    return float("nan") if ap < 0 else 100.0 * ap
+
+def _evaluator(coco_gt, coco_dt, iou_type: str):
+    _, eval_cls, fast = _coco_api()
+    if fast:
+        return eval_cls(coco_gt, coco_dt, iou_type, print_function=_quiet, separate_eval=True)
+    return eval_cls(coco_gt, coco_dt, iou_type)
 
 
 def coco_ap(ground_truth: Union[str, dict], predictions: Sequence[dict],
@@ -95,74 +117,334 @@ def coco_ap(ground_truth: Union[str, dict], predictions: Sequence[dict],
     """Box / mask AP (percent) of COCO results on a COCO annotation json (path or dict)."""
     dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
     gt = _build_gt(_copy_dataset(dataset))
-    return {t: _average_precision(gt, list(predictions), t) for t in iou_types}
-
-
-def _copy_dataset(dataset: Mapping) -> dict:
-    return {
-        **{k: v for k, v in dataset.items() if k not in ("images", "annotations")},
-        "images": [dict(im) for im in dataset.get("images", [])],
-        "annotations": [dict(a) for a in dataset.get("annotations", [])],
-    }
-
-
-def _by_image(items: Sequence[dict]) -> Dict[int, List[dict]]:
-    out: Dict[int, List[dict]] = {}
-    for it in items:
-        out.setdefault(it["image_id"], []).append(it)
+    out = {}
+    for t in iou_types:
+        ev = _evaluator(gt, _load_results(gt, list(predictions), t), t)
+        with contextlib.redirect_stdout(io.StringIO()):
+            ev.evaluate()
+            ev.accumulate()
+            ev.summarize()
+        ap = float(ev.stats[0])
+        out[t] = float("nan") if ap < 0 else 100.0 * ap
     return out
 
 
-def resample_coco(dataset: Mapping, predictions: Sequence[Sequence[dict]], indices: Sequence[int]
-                  ) -> Tuple[dict, List[List[dict]]]:
+@dataclass
+class CocoMatches:
     """
-    The COCO dataset and prediction lists restricted to the images ``dataset["images"][i]`` for
-    ``i`` in ``indices`` (repeats allowed). The j-th drawn image gets image id ``j + 1``, its
-    annotations consecutive fresh ids, and its predictions that image id: a repeated image
-    counts as many times as it was drawn.
+    One model's COCO matching on one evaluation set for one iou type (area range "all", the 100
+    highest-scoring detections per image and category), in the layout the accumulation needs.
+
+    Detections (D of them) are ordered by category, then descending score, then image, then rank
+    in the image (COCO's stable per-image order). Images are positions in ``dataset["images"]``;
+    categories are positions in the sorted category ids.
     """
-    images = dataset["images"]
-    anns = _by_image(dataset.get("annotations", []))
-    preds = [_by_image(p) for p in predictions]
-    new_images, new_anns = [], []
-    new_preds: List[List[dict]] = [[] for _ in predictions]
-    for j, i in enumerate(indices):
-        image = images[int(i)]
-        new_id = j + 1
-        new_images.append({**image, "id": new_id})
-        for a in anns.get(image["id"], ()):
-            new_anns.append({**a, "id": len(new_anns) + 1, "image_id": new_id})
-        for out, by_image in zip(new_preds, preds):
-            out.extend({**p, "image_id": new_id} for p in by_image.get(image["id"], ()))
-    resampled = {k: v for k, v in dataset.items() if k not in ("images", "annotations")}
-    resampled.update(images=new_images, annotations=new_anns)
-    return resampled, new_preds
+
+    iou_type: str
+    iou_thresholds: np.ndarray  # [T]
+    recall_thresholds: np.ndarray  # [R], COCO's 101 points
+    gt_count: np.ndarray  # [K, N] int: non-ignored ground truths per category and image
+    category: np.ndarray  # [D] int
+    image: np.ndarray  # [D] int
+    score: np.ndarray  # [D] float
+    tp: np.ndarray  # [T, D] bool: matched and not ignored
+    fp: np.ndarray  # [T, D] bool: unmatched and not ignored
+    group: np.ndarray  # [D] int: -1, or the id of its run of equal scores in its category (>= 2 detections)
+
+    @property
+    def num_images(self) -> int:
+        return self.gt_count.shape[1]
+
+
+def _fast_per_image(ev, num_t: int):
+    """(k, i, scores, matched [T, D], dt_ignore [T, D], gt_ignore) from faster-coco-eval's results."""
+    for n, e in enumerate(ev._evalImgs_cpp):
+        # The per-image result's pickled state, as faster-coco-eval's own distributed merge uses it:
+        # (dt matches [T*D], gt matches [T*G], dt scores [D], gt ignore [G], dt ignore [T*D], ...).
+        state = e.__getstate__()
+        dt_m, _, scores, gt_ig, dt_ig = state[:5]
+        d = len(scores)
+        if len(dt_m) != num_t * d or len(dt_ig) != num_t * d:
+            raise RuntimeError("faster-coco-eval's per-image results have an unknown layout; "
+                               "uninstall faster-coco-eval to use pycocotools' evalImgs instead")
+        if d == 0 and len(gt_ig) == 0:
+            continue
+        yield (n, scores, np.asarray(dt_m, dtype=np.int64).reshape(num_t, d) > 0,
+               np.asarray(dt_ig, dtype=bool).reshape(num_t, d), np.asarray(gt_ig, dtype=bool))
+
+
+def _pycocotools_per_image(ev, num_t: int):
+    for n, e in enumerate(ev.evalImgs):
+        if e is None:
+            continue
+        d = len(e["dtScores"])
+        yield (n, e["dtScores"], np.asarray(e["dtMatches"]).reshape(num_t, d) > 0,
+               np.asarray(e["dtIgnore"], dtype=bool).reshape(num_t, d), np.asarray(e["gtIgnore"], dtype=bool))
+
+
+def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], iou_type: str) -> CocoMatches:
+    """Evaluate ``predictions`` once on a COCO annotation json (path or dict); see :class:`CocoMatches`."""
+    if iou_type not in IOU_TYPES:
+        raise ValueError(f"iou_type must be one of {IOU_TYPES}, got {iou_type!r}")
+    dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
+    copy = _copy_dataset(dataset)
+    for n, a in enumerate(copy["annotations"]):
+        a["id"] = n + 1  # a match is a nonzero ground-truth id: fresh ids, as a resampled dataset has
+    gt = _build_gt(copy)
+    ev = _evaluator(gt, _load_results(gt, list(predictions), iou_type), iou_type)
+    p = ev.params
+    p.areaRng, p.areaRngLbl = [p.areaRng[0]], [p.areaRngLbl[0]]  # "all" only: AP, AP50, AP75
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev.evaluate()
+    p = ev.params  # evaluate() sorts image and category ids
+    image_ids, cat_ids = [int(i) for i in p.imgIds], [int(c) for c in p.catIds]
+    position = {int(im["id"]): n for n, im in enumerate(dataset["images"])}
+    image_pos = np.array([position[i] for i in image_ids], dtype=np.int64)
+    num_t, num_i = len(p.iouThrs), len(image_ids)
+
+    gt_count = np.zeros((len(cat_ids), len(dataset["images"])), dtype=np.int64)
+    cat, img, rank, score, tp, fp = [], [], [], [], [], []
+    per_image = _fast_per_image if hasattr(ev, "_evalImgs_cpp") else _pycocotools_per_image
+    for n, scores, matched, dt_ig, gt_ig in per_image(ev, num_t):
+        k, i = divmod(n, num_i)  # evalImgs are [K, A=1, I]
+        gt_count[k, image_pos[i]] = np.count_nonzero(~gt_ig)
+        d = len(scores)
+        if d:
+            cat.append(np.full(d, k))
+            img.append(np.full(d, image_pos[i]))
+            rank.append(np.arange(d))
+            score.append(np.asarray(scores, dtype=np.float64))
+            tp.append(matched & ~dt_ig)
+            fp.append(~matched & ~dt_ig)
+    if cat:
+        cat, img, rank, score = (np.concatenate(a) for a in (cat, img, rank, score))
+        tp, fp = np.concatenate(tp, axis=1), np.concatenate(fp, axis=1)
+    else:
+        cat, img, rank = (np.zeros(0, dtype=np.int64) for _ in range(3))
+        score, tp, fp = np.zeros(0), np.zeros((num_t, 0), dtype=bool), np.zeros((num_t, 0), dtype=bool)
+    order = np.lexsort((rank, img, -score, cat))
+    cat, img, score, tp, fp = cat[order], img[order], score[order], tp[:, order], fp[:, order]
+    same = (cat[1:] == cat[:-1]) & (score[1:] == score[:-1])
+    tied = np.zeros(len(cat), dtype=bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    starts = tied & ~np.concatenate([[False], same])
+    group = np.where(tied, np.cumsum(starts) - 1, -1)
+    return CocoMatches(iou_type, np.asarray(p.iouThrs, dtype=np.float64), np.asarray(p.recThrs, dtype=np.float64),
+                       gt_count, cat, img, score, tp, fp, group)
+
+
+def _first_reaching(npig: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """[Rc, R] smallest true-positive count m with m / npig >= threshold, in float64 as COCO's recall."""
+    n = np.maximum(npig, 1).astype(np.float64)[:, None]
+    m = np.ceil(thresholds[None] * n)
+    m = np.where((m >= 1) & ((m - 1) / n >= thresholds), m - 1, m)
+    m = np.where(m / n < thresholds, m + 1, m)
+    return m.astype(np.int64)
+
+
+class _Ties:
+    """Detections of equal score in one category: their order depends on the draw order."""
+
+    def __init__(self, m: CocoMatches):
+        tied = np.flatnonzero(m.group >= 0)
+        self.num_groups = int(m.group.max()) + 1 if tied.size else 0
+        # per image, its tied detections by group, then rank (their order within the matches)
+        self.dets = tied[np.lexsort((tied, m.group[tied], m.image[tied]))]
+        self.per_image = np.bincount(m.image[tied], minlength=m.num_images)
+        self.start = np.concatenate([[0], np.cumsum(self.per_image)[:-1]])
+
+    def expand(self, m: CocoMatches, draws: np.ndarray):
+        """
+        Every resample's tied detections, one entry per drawn copy, sorted by (group, resample, draw
+        position, rank): COCO's order inside a group. Returns (group, resample, det, position in its
+        (group, resample) run, slots per group = longest run over the resamples).
+        """
+        rc = draws.shape[0]
+        per_draw = self.per_image[draws].ravel()
+        total = int(per_draw.sum())
+        run_start = np.cumsum(per_draw) - per_draw
+        within = np.arange(total) - np.repeat(run_start, per_draw)
+        det = self.dets[np.repeat(self.start[draws].ravel(), per_draw) + within]
+        res = np.repeat(np.repeat(np.arange(rc), draws.shape[1]), per_draw)
+        g = m.group[det]
+        order = np.argsort(g * rc + res, kind="stable")
+        g, res, det = g[order], res[order], det[order]
+        key = g * rc + res
+        new_run = np.concatenate([[True], key[1:] != key[:-1]]) if total else np.zeros(0, dtype=bool)
+        run_first = np.maximum.accumulate(np.where(new_run, np.arange(total), 0)) if total else new_run
+        pos = np.arange(total) - run_first
+        slots = np.zeros(self.num_groups, dtype=np.int64)
+        np.maximum.at(slots, g, pos + 1)
+        return g, res, det, pos, slots
+
+
+def _interpolated_sum(tps: np.ndarray, fps: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """
+    [rows] sum over the recall thresholds of COCO's interpolated precision, from cumulative true /
+    false positive counts [rows, P] at the points of a precision-recall curve (in COCO's order; any
+    subset that holds every point where a true positive was added) and ``reach`` [rows, R], the
+    true-positive count each recall threshold needs. A threshold no point reaches adds 0.
+    """
+    rows, s = tps.shape
+    if s == 0:
+        return np.zeros(rows)
+    pr = tps / (fps + tps + np.spacing(1))
+    envelope = np.maximum.accumulate(pr[:, ::-1], axis=1)[:, ::-1]
+    # first point whose recall reaches each threshold: one searchsorted over all rows at once,
+    # rows kept apart by an integer offset larger than any count
+    big = int(tps[:, -1].max()) + 2
+    offset = np.arange(rows, dtype=np.int64)[:, None] * big
+    keys = (tps + offset).ravel()
+    first = np.searchsorted(keys, (np.minimum(reach, big - 1) + offset).ravel(), side="left").reshape(reach.shape)
+    inside = first - np.arange(rows)[:, None] * s < s
+    return np.where(inside, envelope.ravel()[np.minimum(first, keys.size - 1)], 0.0).sum(axis=1)
+
+
+def _cumsum0(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Cumulative sums along ``axis`` with a leading 0: entry i is the sum of the first i values."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (1, 0)
+    return np.pad(np.cumsum(x, axis=axis, dtype=np.int32), pad)
+
+
+class _Category:
+    """
+    One category's detections in COCO's order, as points of its precision-recall curve.
+
+    Detections without an equal score in their category keep one order in every resample, each
+    weighted by its image's multiplicity (an image's copies of such a detection are consecutive).
+    A group of equal scores becomes, per resample, a run of unit slots holding the drawn copies in
+    COCO's order (``_Ties.expand``); slots a resample leaves empty repeat the previous point.
+    Only points where a true positive can be added matter to the interpolated precision (any
+    other point repeats the true-positive count of an earlier one with more false positives): per
+    IoU threshold, the untied true positives and every group slot. At each point the false
+    positives so far are the non-ignored weight so far minus the true positives so far.
+    """
+
+    def __init__(self, m: CocoMatches, lo: int, hi: int):
+        group = m.group[lo:hi]
+        starts = (group < 0) | np.concatenate([[True], group[1:] != group[:-1]])
+        unit = np.cumsum(starts) - 1  # position of each detection's unit (detection or group) in the order
+        untied = np.flatnonzero(group < 0)
+        first = np.flatnonzero(starts & (group >= 0))
+        self.image = m.image[lo:hi][untied]
+        self.unit = unit[untied]
+        self.groups, self.group_unit = group[first], unit[first]
+        tp, counted = m.tp[:, lo:hi][:, untied], (m.tp[:, lo:hi] | m.fp[:, lo:hi])[:, untied]
+        self.tp = [np.flatnonzero(row) for row in tp]  # positions among the untied detections
+        self.ignored = [np.flatnonzero(~row) for row in counted]
+
+    def _group_slots(self, m: CocoMatches, rc: int, expanded):
+        """(unit of each slot [S], cumulative true positives / non-ignored [Rc, T, S + 1]) of the groups."""
+        if not self.groups.size:
+            return np.zeros(0, dtype=np.int64), None, None
+        g, res, det, pos, slots = expanded
+        per_group = slots[self.groups]
+        base = np.cumsum(per_group) - per_group
+        slot_of_group = np.zeros(self.groups.max() - self.groups.min() + 1, dtype=np.int64)
+        slot_of_group[self.groups - self.groups.min()] = base
+        a, b = np.searchsorted(g, self.groups.min()), np.searchsorted(g, self.groups.max() + 1)
+        slot = slot_of_group[g[a:b] - self.groups.min()] + pos[a:b]
+        tp = np.zeros((rc, m.tp.shape[0], int(per_group.sum())), dtype=np.int32)
+        counted = np.zeros_like(tp)
+        tp[res[a:b], :, slot] = m.tp[:, det[a:b]].T
+        counted[res[a:b], :, slot] = (m.tp[:, det[a:b]] | m.fp[:, det[a:b]]).T
+        return np.repeat(self.group_unit, per_group), _cumsum0(tp), _cumsum0(counted)
+
+    def sums(self, m: CocoMatches, counts: np.ndarray, reach: np.ndarray, expanded) -> np.ndarray:
+        """[Rc, T] precision sums over the recall thresholds, for the multiplicities ``counts`` [Rc, N]."""
+        rc = counts.shape[0]
+        w = counts[:, self.image]
+        weight = _cumsum0(w)
+        slot_unit, slot_tp, slot_counted = self._group_slots(m, rc, expanded)
+        num_slots = slot_unit.size
+        out = np.empty((rc, len(self.tp)))
+        for t, (pos, ign) in enumerate(zip(self.tp, self.ignored)):
+            # points: the untied true positives, then the group slots, merged by their unit
+            unit = np.concatenate([self.unit[pos], slot_unit])
+            order = np.argsort(unit, kind="stable")
+            unit, is_slot = unit[order], order >= pos.size
+            # untied true positives / untied detections / group slots up to and including each point
+            n_tp = np.searchsorted(self.unit[pos], unit, side="right")
+            n_det = np.searchsorted(self.unit, unit, side="right")
+            n_slot = np.where(is_slot, order - pos.size + 1, np.searchsorted(slot_unit, unit))
+            tps = _cumsum0(w[:, pos])[:, n_tp]
+            counted = weight[:, n_det] - _cumsum0(w[:, ign])[:, np.searchsorted(ign, n_det)]
+            if num_slots:
+                tps = tps + slot_tp[:, t, n_slot]
+                counted = counted + slot_counted[:, t, n_slot]
+            out[:, t] = _interpolated_sum(tps, counted - tps, reach)
+        return out
+
+
+def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarray]:
+    """
+    COCO AP, AP50 and AP75 (percent) on each resample of the images: ``draws`` [B, n] holds image
+    positions (repeats allowed), row b the images of resample b in draw order. Returns metric ->
+    [B]; NaN for a resample without any non-ignored ground truth.
+    """
+    m = matches
+    draws = np.asarray(draws, dtype=np.int64)
+    if draws.ndim != 2 or (draws.size and (draws.min() < 0 or draws.max() >= m.num_images)):
+        raise ValueError(f"draws must be a [resamples, n] array of image positions in [0, {m.num_images}); "
+                         f"got shape {draws.shape}")
+    num_b, num_k = draws.shape[0], m.gt_count.shape[0]
+    nt, nr = len(m.iou_thresholds), len(m.recall_thresholds)
+    counts = np.bincount((draws + m.num_images * np.arange(num_b)[:, None]).ravel(),
+                         minlength=num_b * m.num_images).reshape(num_b, m.num_images).astype(np.int32)
+    npig = counts @ m.gt_count.T  # [B, K]
+    bounds = np.searchsorted(m.category, np.arange(num_k + 1))
+    ties = _Ties(m) if (m.group >= 0).any() else None
+    categories = [_Category(m, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    # work arrays per category: [Rc, detections] and [Rc, T, ~2 x its tied detections]
+    widest = max((int(hi - lo + 2 * nt * (m.group[lo:hi] >= 0).sum()) for lo, hi in zip(bounds[:-1], bounds[1:])),
+                 default=1)
+    chunk = max(1, _CHUNK_ELEMENTS // max(widest, 1))
+    sums = np.zeros((num_b, nt, num_k))
+    for r0 in range(0, num_b, chunk):
+        rows = slice(r0, min(r0 + chunk, num_b))
+        expanded = ties.expand(m, draws[rows]) if ties is not None else None
+        for k in range(num_k):
+            if bounds[k + 1] == bounds[k] or not npig[rows, k].any():
+                continue  # no detection: precision 0; no ground truth: left out
+            reach = _first_reaching(npig[rows, k], m.recall_thresholds)
+            sums[rows, :, k] = categories[k].sums(m, counts[rows], reach, expanded)
+    valid = npig > 0
+    num_valid = valid.sum(axis=1)
+    per_t = np.where(valid[:, None, :], sums, 0.0).sum(axis=2)  # [B, T]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = {"AP": 100.0 * per_t.sum(axis=1) / (num_valid * nt * nr)}
+        for name, iou in (("AP50", 0.5), ("AP75", 0.75)):
+            t = int(np.flatnonzero(np.isclose(m.iou_thresholds, iou))[0])
+            out[name] = 100.0 * per_t[:, t] / (num_valid * nr)
+    return out
 
 
 def paired_coco_bootstrap(ground_truth: Union[str, dict], predictions_a: Sequence[dict],
                           predictions_b: Sequence[dict], rng: np.random.Generator,
-                          num_resamples: int = 200, iou_types: Sequence[str] = IOU_TYPES
-                          ) -> Dict[str, np.ndarray]:
+                          num_resamples: int = 1000, iou_types: Sequence[str] = IOU_TYPES
+                          ) -> Dict[str, Dict[str, np.ndarray]]:
     """
     AP(a) - AP(b) in percent on ``num_resamples`` bootstrap resamples of the evaluation images
-    (the same resample for both prediction lists). Returns iou type -> array [num_resamples].
+    (the same resample for both prediction lists; resample b is ``rng.integers(0, n, size=n)``,
+    the b-th such draw). Returns iou type -> metric ("AP", "AP50", "AP75") -> array [num_resamples].
     """
     dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
     n = len(dataset["images"])
     if n == 0:
         raise ValueError("the ground truth has no images to resample")
-    diffs = {t: np.empty(num_resamples) for t in iou_types}
-    for b in range(num_resamples):
-        indices = rng.integers(0, n, size=n)
-        data, (pa, pb) = resample_coco(dataset, [predictions_a, predictions_b], indices)
-        gt = _build_gt(data)
-        for t in iou_types:
-            diffs[t][b] = _average_precision(gt, pa, t) - _average_precision(gt, pb, t)
-    return diffs
+    draws = rng.integers(0, n, size=(num_resamples, n))  # the same stream as num_resamples draws of n
+    out: Dict[str, Dict[str, np.ndarray]] = {}
+    for t in iou_types:
+        a = resampled_ap(match_images(dataset, predictions_a, t), draws)
+        b = resampled_ap(match_images(dataset, predictions_b, t), draws)
+        out[t] = {k: a[k] - b[k] for k in AP_METRICS}
+    return out
 
 
 def paired_accuracy_bootstrap(correct_a: Sequence[float], correct_b: Sequence[float],
-                              rng: np.random.Generator, num_resamples: int = 200) -> np.ndarray:
+                              rng: np.random.Generator, num_resamples: int = 1000) -> np.ndarray:
     """
     Accuracy(a) - accuracy(b) in percent on bootstrap resamples of the evaluation images, from
     per-image correctness (0/1, same image order for both). Returns an array [num_resamples].
@@ -185,4 +467,3 @@ def classification_correctness(eval_predictions: Mapping) -> Dict[str, np.ndarra
     if eval_predictions.get("top5_hit") is not None:
         out["top5"] = np.asarray(eval_predictions["top5_hit"], dtype=np.float64)
     return out
-

@@ -37,7 +37,7 @@ def write_report(report: ArmsReport, output_dir: str) -> Dict[str, str]:
     return paths
 
 
-def compare_arms(paths: Sequence[str], output_dir: Optional[str] = None, *, bootstrap: int = 200,
+def compare_arms(paths: Sequence[str], output_dir: Optional[str] = None, *, bootstrap: int = 1000,
                  seed: int = 0) -> Tuple[ArmsReport, str]:
     """
     Find runs (and experiment plans) under ``paths``, compare the arms and, with ``output_dir``,

@@ -240,8 +240,11 @@ def _method(out, report: ArmsReport) -> None:
         "(n - 1 degrees of freedom). One paired seed: "
         + (f"paired bootstrap over evaluation images (B = {report.bootstrap} resamples of the images, drawn with "
            "replacement, the same resample for both arms, a repeated image counted each time; detection "
-           "re-evaluates COCO box / mask AP on each resample, classification resamples per-image correctness), "
-           f"percentile interval, generator seed {report.seed}; convergence numbers get no interval"
+           "matches each run's predictions once with COCO and accumulates box / mask AP over each resample's "
+           "images with their multiplicities, which equals re-evaluating COCO on the resampled images; "
+           "classification resamples per-image correctness), "
+           f"percentile interval, generator seed {report.seed}; convergence numbers get no interval (resampling them "
+           "needs every evaluation's predictions, and runs keep the final evaluation's only)"
            if report.bootstrap > 0 else "no interval (bootstrap off)")
         + ". Verdict: better / worse than default when the interval excludes 0, else "
         f"\"{NOT_DISTINGUISHABLE}\".\n"

@@ -3,9 +3,9 @@
 Runs with the same training seed share data order and every non-attention weight, so each arm is
 compared with the default arm through per-seed differences over the seeds both ran. Two or more
 paired seeds: a 95% Student t-interval of the mean difference. Exactly one: a paired bootstrap
-over evaluation images (COCO AP re-evaluated on each resample, or per-image classification
-correctness). The convergence speed-ups are already relative to the same seed's default run, so
-their per-seed values are the paired quantity.
+over evaluation images (COCO AP of each resample accumulated from one per-image matching per model
+and task, or per-image classification correctness). The convergence speed-ups are already relative
+to the same seed's default run, so their per-seed values are the paired quantity.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def _detection_bootstrap(run: Run, ref: Run, metrics: List[Metric], num: int, se
         raise _NoBootstrap(f"cannot read the predictions or ground truth ({e})") from None
     diffs = paired_coco_bootstrap(gt, preds[0], preds[1], np.random.default_rng(seed), num,
                                   iou_types=[m.section for m in metrics])
-    return {m.key: diffs[m.section] for m in metrics}, f"{len(gt['images'])} evaluation images"
+    return {m.key: diffs[m.section][m.name] for m in metrics}, f"{len(gt['images'])} evaluation images"
 
 
 def _classification_bootstrap(run: Run, ref: Run, metrics: List[Metric], num: int, seed: int):
@@ -149,7 +149,7 @@ def _pair(arm_runs: Dict[int, Run], ref_runs: Dict[int, Run], ref_name: str, arm
     return paired, dropped
 
 
-def paired_statistics(stage_report, *, bootstrap: int = 200, seed: int = 0) -> List[PairedStat]:
+def paired_statistics(stage_report, *, bootstrap: int = 1000, seed: int = 0) -> List[PairedStat]:
     """Rows of the paired-statistics table of one stage's main comparison (see module doc)."""
     stage: Stage = stage_report.stage
     groups = stage_report.arms
@@ -200,7 +200,8 @@ def paired_statistics(stage_report, *, bootstrap: int = 200, seed: int = 0) -> L
                 row.verdict = "no interval"
             else:
                 row.differences = [defined[s] for s in paired]
-                _fill_interval(row, None, "", "no per-image bootstrap for a convergence number")
+                _fill_interval(row, None, "", "no image bootstrap for a convergence number (it needs every "
+                               "evaluation's predictions; runs keep the final evaluation's only)")
             rows.append(row)
     return rows
 

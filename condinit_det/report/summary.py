@@ -105,7 +105,7 @@ class ArmsReport:
     stages: List[StageReport]
     runs: List[Run]
     missing: List[Missing]  # every missing or unfinished run (also listed per stage when known)
-    bootstrap: int = 200
+    bootstrap: int = 1000
     seed: int = 0
 
     def stage(self, name: str) -> StageReport:
@@ -224,7 +224,7 @@ def _collect_missing(expected: Sequence[ExpectedRun], runs: List[Run]) -> Tuple[
     return out, {s.name for s in planned_stage.values()}
 
 
-def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *, bootstrap: int = 200,
+def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *, bootstrap: int = 1000,
                    seed: int = 0) -> ArmsReport:
     """
     Group finished runs by (stage, arm, lr scale), aggregate them over seeds, compute the
