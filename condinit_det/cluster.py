@@ -199,7 +199,7 @@ def runs_to_submit(base: str, specs: Sequence[RunSpec], finished: Callable[[RunS
 
 
 def submit_experiment(args, *, stage: str, base: str, specs: Sequence[RunSpec], finished: Callable[[RunSpec], bool],
-                      name: str, dependency: Optional[str] = None, report: bool = True, bootstrap: int = 0,
+                      name: str, dependency: Optional[str] = None, report: bool = True, bootstrap: int = 1000,
                       log=print):
     """Submit the unfinished runs of ``specs`` as one job array (``dependency``: sbatch's, for every element)
     and, with ``report``, a report job after them (``afterany``). Returns (element jobs, their specs, report job)."""

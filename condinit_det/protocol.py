@@ -45,8 +45,8 @@ def build_argument_parser() -> argparse.ArgumentParser:
                         help="a config override of the pretraining runs, repeatable")
     parser.add_argument("--finetune-opt", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override of the fine-tuning runs, repeatable")
-    parser.add_argument("--bootstrap", type=int, default=0, metavar="B",
-                        help="image-bootstrap resamples for one-seed intervals in the report (0: off)")
+    parser.add_argument("--bootstrap", type=int, default=1000, metavar="B",
+                        help="image-bootstrap resamples for one-seed intervals in the report (default 1000; 0: off)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="also resubmit runs that diverged earlier (their directories are moved aside)")
     add_slurm_arguments(parser)
