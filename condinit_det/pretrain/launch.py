@@ -150,6 +150,10 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
     base = str(train["output_dir"] or "")
     if not base:
         raise UsageError("train.output_dir is empty; runs go to <train.output_dir>/<arm>/seed<k>/")
+    slurm = getattr(args, "slurm", False)
+    if slurm:  # each array element runs with its allocation's processes (condinit_det.cluster)
+        args.num_machines = args.nodes
+        args.num_gpus = args.gpus_per_node or args.num_gpus
     world = int(args.num_gpus) * int(args.num_machines)
     batch = int(train["batch_size"])
     if world < 1 or batch % world:
@@ -157,7 +161,7 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
     if build_mixup(augment, 2) is not None and (batch // world) % 2:
         raise UsageError(f"mixup/cutmix need an even batch per process; train.batch_size={batch} over {world} "
                          f"process(es) gives {batch // world}")
-    if str(train["device"]).startswith("cuda"):
+    if str(train["device"]).startswith("cuda") and not slurm:  # a login node may have no GPU
         if not torch.cuda.is_available():
             raise UsageError("train.device='cuda' but no CUDA device is available; pass train.device=cpu")
     if data.get("num_classes") is None:
