@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from submitit.helpers import Checkpointable, DelayedSubmission
+
 from .fileio import atomic_write
 from .runs import PREEMPTED_FILENAME, Preempted, RunSpec, failure_of
 
@@ -112,12 +114,6 @@ def _wait_for(path: str, timeout: float) -> bool:
             return True
         time.sleep(0.5)
     return False
-
-
-try:
-    from submitit.helpers import Checkpointable, DelayedSubmission
-except ImportError:  # submitit is an install requirement; keep the module importable for the docs
-    Checkpointable, DelayedSubmission = object, None
 
 
 class RunElement(Checkpointable):
@@ -203,7 +199,7 @@ def submit_experiment(args, *, stage: str, base: str, specs: Sequence[RunSpec], 
                       log=print):
     """Submit the unfinished runs of ``specs`` as one job array (``dependency``: sbatch's, for every element)
     and, with ``report``, a report job after them (``afterany``). Returns (element jobs, their specs, report job)."""
-    from .slurm import after, make_executor, slurm_folder, submit
+    from .slurm import make_executor, slurm_folder, submit
 
     folder = slurm_folder(args, base)
     todo = runs_to_submit(base, specs, finished, retry_failed=getattr(args, "retry_failed", False))

@@ -1,6 +1,5 @@
 """Failures are results: a diverged or failed run is recorded, the experiment goes on, the report shows it,
 the command exits non-zero naming it, and --resume / --retry-failed follow the resume rules."""
-import json
 import os
 import subprocess
 import sys

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from condinit_det.results import ARM_REPORT_FILENAME, FAILED_KIND, RESULTS_FILENAME, ResultsFile
-from condinit_det.runs import PLAN_FILENAME, RunSpec, describe_failure, is_set_aside, read_plan
+from condinit_det.runs import PLAN_FILENAME, RunSpec, is_set_aside, read_plan
 
 from .loss import METRICS_FILENAME, read_training_loss, smooth
 from .stages import CLASSIFICATION, DETECTION, Metric, Stage
