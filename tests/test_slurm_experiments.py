@@ -154,21 +154,21 @@ def test_protocol_pretraining_then_finetuning_then_report(slurm_env):
 def test_time_limit_signal_checkpoints_and_requeues(slurm_env):
     exp = slurm_env / "exp"
     log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic", *SLURM, "--signal-delay", "60",
-                "train.max_iter=30", "train.eval_period=10", "train.checkpointer.period=1000",
+                "train.max_iter=300", "train.eval_period=100", "train.checkpointer.period=1000",
                 f"train.output_dir={exp}", cwd=slurm_env)
     job, _ = _ids(log)
     run_dir = Path(RunSpec("mimetic", 0).path(str(exp)))
     deadline = time.time() + 600
     while not (run_dir / "metrics.json").is_file() and time.time() < deadline:
-        time.sleep(0.5)
-    time.sleep(3)  # a few iterations in, between two periodic checkpoints (there are none before the end)
+        time.sleep(0.2)
+    # In the middle of the run, where the schedule writes no checkpoint (there is none before the end).
     subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=60)  # what Slurm sends before the limit
     assert list(_wait(job, timeout=1200).values()) == ["COMPLETED"]
     text = (run_dir / "log.txt").read_text()
     saved = re.findall(r"Saving checkpoint to .*(model_\d{7})\.pth", text)
     assert saved, text[-3000:]  # written at the signal: the schedule writes none before model_final
     assert f"[Checkpointer] Loading from {run_dir / saved[0]}.pth" in text  # the requeued job resumed from it
-    assert _iterations(run_dir) == [10, 20, 30] and not (run_dir / "preempted").exists()
+    assert _iterations(run_dir) == [100, 200, 300] and not (run_dir / "preempted").exists()
 
 
 def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run(slurm_env):
@@ -188,7 +188,7 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
         return ["--config-file", str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"), "--arm", "mimetic",
                 *[f"{k}={v}" for k, v in opts.items()]]
 
-    log = _tool(tool, *argv(slurm_env / "slurm"), *SLURM, cwd=slurm_env)
+    log = _tool(tool, *SLURM, *argv(slurm_env / "slurm"), cwd=slurm_env)
     job, _ = _ids(log)
     run_dir = Path(RunSpec("mimetic", 0).path(str(slurm_env / "slurm")))
     deadline = time.time() + 600
