@@ -96,7 +96,7 @@ def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file):
     tool = _tool()
     common = ["--config-file", config_file, "--arm", "mimetic", "--max-tokens", "4", "--sites", "*.blocks.1.*"]
     exact = tool.main(common + ["--method", "exact"])
-    free = tool.main(common + ["--tol", "1e-6"])
+    free = tool.main(common + ["--tol", "1e-6", "--method", "matrix_free"])
     assert len(exact) == len(free) == 1 and exact[0]["method"] == "exact"
     assert free[0]["kappa"] == pytest.approx(exact[0]["kappa"], rel=0.02)
     with pytest.raises(ValueError, match="matches no attention site"):
