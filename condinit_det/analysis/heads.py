@@ -311,7 +311,7 @@ def _autodiff_factors(fn: AttentionFunction, bases: Dict[str, torch.Tensor]) -> 
     return factors
 
 
-def factor_entries(site, inputs, *, include_output_proj: bool = False) -> int:
+def factor_entries(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False) -> int:
     """Float64 entries of the largest matrix the exact per-head method forms (one head's factor, or the
     stacked factor when the output projection is kept)."""
     fn = site if isinstance(site, AttentionFunction) else AttentionFunction(site, inputs,
