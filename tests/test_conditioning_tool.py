@@ -4,6 +4,8 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -103,3 +105,17 @@ def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file):
         tool.main(["--config-file", config_file, "--arm", "default", "--sites", "nothing.*"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         tool.main(["--config-file", config_file + ".missing"])
+
+
+def test_tool_ends_with_one_error_line_naming_the_alternative(tmp_path, config_file):
+    # The dense Jacobian (1024 x 6144 here) does not fit a 1000-entry budget: one line, no traceback.
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, TOOL, "--config-file", config_file, "--arm", "default", "--max-tokens", "4",
+                           "--sites", "*.blocks.1.*", "--method", "dense", "--max-entries", "1000"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("attention_conditioning.py: error: dense Jacobian of attention site")
+    assert "use method='exact'" in last and "'matrix_free'" in last
+    assert "can't allocate" in _tool().error_line(RuntimeError("DefaultCPUAllocator: can't allocate memory")) and \
+        "--method matrix_free" in _tool().error_line(MemoryError())

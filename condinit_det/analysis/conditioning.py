@@ -61,8 +61,8 @@ def attention_jacobian(site, inputs: Optional[Dict[str, object]] = None, *, incl
         raise ValueError(
             f"dense Jacobian of attention site {fn.site.name!r} would be {fn.rows} x {fn.cols} = {entries:.3g} "
             f"entries ({entries * 8 / 2**30:.2f} GiB in float64), above max_entries={max_entries:.3g}; use "
-            f"exact_conditioning (per head) or estimate_conditioning (matrix-free), reduce the captured tokens, "
-            f"or raise max_entries")
+            f"method='exact' (exact_conditioning, per head) or 'matrix_free' (estimate_conditioning), reduce the "
+            f"captured tokens, or raise max_entries")
     theta = fn.theta()
     # Forward mode needs one pass per column, reverse mode one per row.
     with eval_mode(fn.module):
