@@ -14,6 +14,7 @@ BENCH_SCRIPTS = [
     ("bench_init_cost.py", ["--quick"], "| demo_vit_tiny"),
     ("bench_train_step.py", ["--quick"], "OK: every variant starts from the baseline's weights"),
     ("bench_demo.py", ["--quick"], "OK: 3 arms trained and evaluated at iteration 2"),
+    ("bench_conditioning.py", ["--quick", "--threads", "1"], "OK: exact per-head kappa equals the dense Jacobian's"),
 ]
 
 
