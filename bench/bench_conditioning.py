@@ -6,9 +6,13 @@
    (block Lanczos on jvp/vjp products) run to convergence, in the same process.
 2. On ViTDet-B sites (768 wide, 12 heads, rel-pos): the exact per-head method vs the matrix-free
    estimate (the tool's defaults: 60 steps x 8 vectors, tol 1e-4) side by side at 16 tokens (what
-   the training hook keeps), then at a full 14x14 window: matrix-free there, and exact at the
+   the training hook keeps), then at a full 14x14 window: matrix-free there (8 steps x 8 vectors), and exact at the
    largest full grid that fits in 10 minutes on 2 cores (``--exact-side``, default 7x7 = 49
    tokens; exact at 14x14 would form twelve 12544 x 37632 factors).
+3. The training hook on ``configs/COCO/mask_rcnn_vitdet_b_100ep.py`` with ``condinit_analysis.period``
+   set: one measurement (capture on a fixed 768 x 1024 image, then the default sites, first /
+   middle / last block, at the hook's 16 tokens with ``method="auto"``), timed; the method each
+   site used. (``--quick``: the same on ``configs/demo/mask_rcnn_vit_tiny.py``.)
 
     python bench/bench_conditioning.py            # full (about 15 minutes on 2 CPU cores)
     python bench/bench_conditioning.py --quick    # small layers, seconds
@@ -94,6 +98,33 @@ def bench_site(dim, heads, side, arm, methods, max_iter, block, tol):
     return out
 
 
+def bench_hook(config, arm, height, width):
+    """Seconds of one ConditioningHook measurement built from ``config``'s ``condinit_analysis`` node."""
+    from detectron2.config import LazyConfig, instantiate
+
+    from condinit_det.analysis.hooks import build_conditioning_hook
+
+    cfg = LazyConfig.load(config)
+    cfg.condinit.arm = arm
+    cfg.condinit_analysis.period = 1000
+    cfg.train.output_dir = ""
+    torch.manual_seed(0)
+    model = instantiate(cfg.model)
+    image = torch.rand(3, height, width, generator=torch.Generator().manual_seed(0)) * 255
+    hook = build_conditioning_hook(cfg, batch=[{"image": image, "height": height, "width": width}],
+                                   config_name=os.path.basename(config))
+
+    class _Trainer:  # what the hook reads from a detectron2 trainer
+        pass
+
+    hook.trainer = _Trainer()
+    hook.trainer.model = model
+    records, sec = _timed(lambda: hook.measure(0))
+    return {"config": config, "arm": arm, "image": [height, width], "seconds": sec,
+            "sites": [{k: r[k] for k in ("site", "method", "structure", "kappa", "converged", "tokens")}
+                      for r in records]}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small layers and a short budget (seconds)")
@@ -107,40 +138,53 @@ def main(argv=None):
         small = dict(dim=8, heads=2, side=3, max_iter=20, block=8)
         site = dict(dim=48, heads=3)
         sides, big_side, exact_side, budget = (2,), 4, 3, dict(max_iter=2, block=4, tol=1e-4)
+        big_budget = budget
     else:
         small = dict(dim=24, heads=4, side=6, max_iter=200, block=16)
         site = dict(dim=768, heads=12)
         sides, big_side, exact_side, budget = (4,), 14, args.exact_side, dict(max_iter=60, block=8, tol=1e-4)
+        big_budget = dict(max_iter=8, block=8, tol=1e-4)
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
                    f"{torch.__version__}, {args.threads} threads",
         "load_before": _load(),
         "quick": args.quick,
-        "small_layer": bench_small(small["dim"], small["heads"], small["side"], args.arm, 1e-6, small["max_iter"],
-                                   small["block"]),
-        "sites": [bench_site(site["dim"], site["heads"], side, args.arm, ("exact", "matrix_free"), **budget)
-                  for side in sides],
     }
-    result["sites"].append(bench_site(site["dim"], site["heads"], big_side, args.arm, ("matrix_free",), **budget))
-    result["sites"].append(bench_site(site["dim"], site["heads"], exact_side, args.arm, ("exact",), **budget))
-    result["load_after"] = _load()
-    a = result["small_layer"]
-    print(f"load average before/after: {result['load_before']} / {result['load_after']} ({result['machine']})")
+    print(f"load average before: {result['load_before']} ({result['machine']})", flush=True)
+    a = result["small_layer"] = bench_small(small["dim"], small["heads"], small["side"], args.arm, 1e-6,
+                                            small["max_iter"], small["block"])
     print("| layer | J shape | exact (per head) | dense | matrix-free | κ exact | κ dense | κ matrix-free |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| {a['layer']} | {a['shape'][0]}x{a['shape'][1]} | {a['exact_s']:.2f} s | {a['dense_s']:.2f} s | "
           f"{a['matrix_free_s']:.2f} s | {a['kappa_exact']:.6g} | {a['kappa_dense']:.6g} | "
-          f"{a['kappa_matrix_free']:.4g} ({'converged' if a['converged'] else 'not converged'}) |")
+          f"{a['kappa_matrix_free']:.4g} ({'converged' if a['converged'] else 'not converged'}) |", flush=True)
+    hook_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
+                               "demo/mask_rcnn_vit_tiny.py" if args.quick else "COCO/mask_rcnn_vitdet_b_100ep.py")
+    plan = [(side, ("exact",)) for side in sides] + [("hook", ())] + [(side, ("matrix_free",)) for side in sides]
+    plan += [(big_side, ("matrix_free",)), (exact_side, ("exact",))]
+    result["sites"] = []
     print()
     print("| layer | J shape | method | seconds | κ | σ_max | σ_min | converged |")
-    print("|---|---|---|---|---|---|---|---|")
-    for b in result["sites"]:
-        for method in ("exact", "matrix_free"):
-            if method in b:
-                r = b[method]
-                label = "exact (per head)" if method == "exact" else f"matrix-free ({r['steps']}x{r['block_size']})"
-                print(f"| {b['layer']} | {r['shape'][0]}x{r['shape'][1]} | {label} | {r['s']:.1f} | {r['kappa']:.4g} | "
-                      f"{r['sigma_max']:.4g} | {r['sigma_min']:.4g} | {'yes' if r['converged'] else 'no'} |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    for side, methods in plan:
+        if side == "hook":
+            h = result["hook"] = bench_hook(hook_config, args.arm, *((96, 128) if args.quick else (768, 1024)))
+            print(f"training hook, {os.path.relpath(h['config'])} (arm {h['arm']}, one {h['image'][0]}x"
+                  f"{h['image'][1]} image): {h['seconds']:.1f} s per measurement; sites: " + "; ".join(
+                      f"{r['site']} {r['tokens']} tokens {r['method']} ({r['structure'] or 'Lanczos'}) "
+                      f"κ {r['kappa']:.4g} converged {'yes' if r['converged'] else 'no'}" for r in h["sites"]),
+                  flush=True)
+            continue
+        b = bench_site(site["dim"], site["heads"], side, args.arm, methods,
+                       **(big_budget if side == big_side else budget))
+        result["sites"].append(b)
+        for method in methods:
+            r = b[method]
+            label = "exact (per head)" if method == "exact" else f"matrix-free ({r['steps']}x{r['block_size']})"
+            print(f"| {b['layer']} | {r['shape'][0]}x{r['shape'][1]} | {label} | {r['s']:.1f} | {r['kappa']:.4g} | "
+                  f"{r['sigma_max']:.4g} | {r['sigma_min']:.4g} | {'yes' if r['converged'] else 'no'} |", flush=True)
+    result["load_after"] = _load()
+    print(f"load average after: {result['load_after']}")
     if a["exact_vs_dense_rel"] <= 1e-9:
         print(f"OK: exact per-head kappa equals the dense Jacobian's (relative {a['exact_vs_dense_rel']:.1e})")
     else:
