@@ -166,3 +166,25 @@ def test_kappa_heads_curve_median_over_heads():
             {"kind": "ap", "iteration": 5}]
     its, med = kappa_heads_curve([recs])
     assert its.tolist() == [0] and med.tolist() == [3.0]
+
+
+def test_coco_vitdet_b_hook_measures_exactly_at_its_token_budget():
+    # The hook of configs/COCO/mask_rcnn_vitdet_b_100ep.py at period > 0 keeps 16 tokens per site and
+    # method "auto"; at ViT-B width (768, 12 heads) one head's factor is 1024 x 3072, so auto is exact.
+    import os
+
+    from detectron2.config import LazyConfig
+
+    from condinit_det.analysis import DEFAULT_MAX_ENTRIES
+    from condinit_det.analysis.heads import factor_entries
+    from condinit_det.analysis.hooks import build_conditioning_hook
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "COCO", "mask_rcnn_vitdet_b_100ep.py")
+    cfg = LazyConfig.apply_overrides(LazyConfig.load(path), ["condinit_analysis.period=1000", "train.output_dir=''"])
+    hook = build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 32, 32)}])
+    assert hook.period == 1000 and hook.measure_kwargs["method"] == "auto"
+    assert hook.capture_kwargs == {"max_batch": 1, "max_tokens": 16} and hook.patterns is None
+    module = vit.Attention(768, num_heads=12, use_rel_pos=True, input_size=(14, 14))
+    site = find_attention(module)[0]
+    entries = factor_entries(site, {"x": torch.randn(1, 4, 4, 768)})
+    assert entries == 1024 * 3072 <= DEFAULT_MAX_ENTRIES
