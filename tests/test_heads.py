@@ -188,3 +188,19 @@ def test_coco_vitdet_b_hook_measures_exactly_at_its_token_budget():
     site = find_attention(module)[0]
     entries = factor_entries(site, {"x": torch.randn(1, 4, 4, 768)})
     assert entries == 1024 * 3072 <= DEFAULT_MAX_ENTRIES
+
+
+def test_kappa_plot_draws_the_median_over_heads(tmp_path):
+    pytest.importorskip("matplotlib")
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from condinit_det.report.plots import _kappa_plot
+
+    its = np.array([0, 10])
+    sr = SimpleNamespace(scale=1.0, kappa={"conditioned": (its, np.array([5.0, 4.0]), np.array([3.0, 2.0]),
+                                                            np.array([9.0, 8.0]))},
+                         kappa_heads={"conditioned": (its, np.array([2.0, 1.5]))})
+    path = tmp_path / "kappa.png"
+    assert _kappa_plot(str(path), sr) and path.stat().st_size > 1000
