@@ -65,7 +65,7 @@ _CHECK_TOL = 1e-8
 class HeadFactors:
     """Per-head factors ``F_h`` with ``F_h F_h^T = J_h J_h^T``, and the full J's shape.
 
-    factors: H tensors ``[N_out * dh_v, cols_h]`` (rows ordered token-major as in ``token_index``).
+    factors: H tensors ``[N_out * dh_v, cols_h]``, rows ordered (token, channel of the head).
     shape: (rows, cols) of the full Jacobian J. structure: "closed_form" or "autodiff".
     """
 
@@ -361,7 +361,8 @@ def _check(fn: AttentionFunction, factors, bases, token_index, w_out) -> float:
 
 
 def head_factors(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False,
-                 max_entries: Optional[int] = None, structure: str = "auto") -> Tuple[HeadFactors, Optional[torch.Tensor]]:
+                 max_entries: Optional[int] = None,
+                 structure: str = "auto") -> Tuple[HeadFactors, Optional[torch.Tensor]]:
     """The per-head factors of J (see module doc) and W_O (None unless the output projection is kept).
 
     structure: "auto" (closed form when the layout has one, else autodiff), "closed_form" or "autodiff".
@@ -421,8 +422,6 @@ def head_factors(site, inputs: Optional[Dict[str, object]] = None, *, include_ou
             raise RuntimeError(f"attention site {name!r} ({fn.site.kind}): J is not block diagonal by heads (a "
                                f"head's output moves with another head's weights, relative {err:.2e}); use "
                                f"method='dense' (small layers) or 'matrix_free'")
-        token_index = torch.arange(tokens)
-    del token_index
     return HeadFactors(factors, (fn.rows, fn.cols), used), w_out
 
 
