@@ -1,15 +1,20 @@
 #!/usr/bin/env python
-"""Cost of measuring kappa of the attention Jacobian: matrix-free vs exact, and on a ViT-B layer.
+"""Cost of measuring kappa of the attention Jacobian: exact per head vs matrix-free vs dense.
 
-1. On one detectron2 ViT attention layer small enough for the dense Jacobian: time of the exact
-   computation (jacrev/jacfwd + SVD, float64) and of the matrix-free estimate (block Lanczos on
-   jvp/vjp products) run to convergence, in the same process; their ratio and the agreement.
-2. On a ViT-B-sized layer (768 wide, 12 heads, 14x14 = 196 tokens): time of one matrix-free
-   estimate with a fixed budget of block-Lanczos steps, as a multiple of one float64 forward
-   pass of the same layer measured in the same run (the dense Jacobian there would have
-   150528 x 1769472 entries, 2 TiB).
+1. On one detectron2 ViT attention layer small enough for the dense Jacobian: time and kappa of
+   the exact per-head method, the dense Jacobian (the reference) and the matrix-free estimate
+   (block Lanczos on jvp/vjp products) run to convergence, in the same process.
+2. On ViTDet-B sites (768 wide, 12 heads, rel-pos): the exact per-head method vs the matrix-free
+   estimate (the tool's defaults: 60 steps x 8 vectors, tol 1e-4) side by side at 16 tokens (what
+   the training hook keeps), then at a full 14x14 window: matrix-free there (8 steps x 8 vectors), and exact at the
+   largest full grid that fits in 10 minutes on 2 cores (``--exact-side``, default 7x7 = 49
+   tokens; exact at 14x14 would form twelve 12544 x 37632 factors).
+3. The training hook on ``configs/COCO/mask_rcnn_vitdet_b_100ep.py`` with ``condinit_analysis.period``
+   set: one measurement (capture on a fixed 768 x 1024 image, then the default sites, first /
+   middle / last block, at the hook's 16 tokens with ``method="auto"``), timed; the method each
+   site used. (``--quick``: the same on ``configs/demo/mask_rcnn_vit_tiny.py``.)
 
-    python bench/bench_conditioning.py            # full (minutes on 2 CPU cores)
+    python bench/bench_conditioning.py            # full (about 15 minutes on 2 CPU cores)
     python bench/bench_conditioning.py --quick    # small layers, seconds
 
 Prints a Markdown summary and one JSON object (``--output`` also saves it). Numbers depend on
@@ -26,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from condinit_det.analysis import AttentionFunction, estimate_conditioning, exact_conditioning  # noqa: E402
+from condinit_det.analysis import dense_conditioning, estimate_conditioning, exact_conditioning  # noqa: E402
 from condinit_det.fileio import atomic_write  # noqa: E402
 from condinit_det.init import apply_init, find_attention  # noqa: E402
 
@@ -56,91 +61,134 @@ def _load():
         return "n/a"
 
 
-def bench_exact_vs_free(dim, heads, side, arm, tol, max_iter, block):
+def bench_small(dim, heads, side, arm, tol, max_iter, block):
     site, inputs = _layer(dim, heads, side, arm)
     exact, t_exact = _timed(lambda: exact_conditioning(site, inputs))
+    dense, t_dense = _timed(lambda: dense_conditioning(site, inputs))
     free, t_free = _timed(lambda: estimate_conditioning(site, inputs, tol=tol, max_iter=max_iter, block_size=block))
     return {
         "layer": f"d2 ViT attention, {dim} wide, {heads} heads, {side}x{side} tokens, rel-pos, arm {arm}",
         "shape": list(exact.shape),
         "exact_s": t_exact,
+        "dense_s": t_dense,
         "matrix_free_s": t_free,
-        "ratio_free_over_exact": t_free / t_exact,
         "kappa_exact": exact.kappa,
+        "kappa_dense": dense.kappa,
         "kappa_matrix_free": free.kappa,
-        "rel_error": abs(free.kappa - exact.kappa) / exact.kappa,
+        "exact_vs_dense_rel": abs(exact.kappa - dense.kappa) / dense.kappa,
         "converged": free.converged,
-        "block_steps": free.iterations,
         "products": free.products,
     }
 
 
-def bench_large(dim, heads, side, arm, max_iter, block):
+def bench_site(dim, heads, side, arm, methods, max_iter, block, tol):
+    """One ViTDet-B-like site at side x side tokens: each of ``methods`` timed in turn."""
     site, inputs = _layer(dim, heads, side, arm)
-    fn = AttentionFunction(site, inputs)
-    site.module.eval()
-    theta = fn.weights
-    with torch.no_grad():
-        fn(*theta)
-        _, t_fwd = _timed(lambda: [fn(*theta) for _ in range(3)])
-    t_fwd /= 3
-    free, t_free = _timed(lambda: estimate_conditioning(fn, tol=1e-4, max_iter=max_iter, block_size=block))
-    return {
-        "layer": f"d2 ViT attention, {dim} wide, {heads} heads, {side}x{side} tokens, rel-pos, arm {arm}",
-        "shape": [fn.rows, fn.cols],
-        "forward_s": t_fwd,
-        "matrix_free_s": t_free,
-        "ratio_free_over_forward": t_free / t_fwd,
-        "block_steps": free.iterations,
-        "block_size": block,
-        "products": free.products,
-        "kappa_matrix_free": free.kappa,
-        "sigma_max": free.sigma_max,
-        "sigma_min": free.sigma_min,
-        "converged": free.converged,
-        "residual_min": free.residual_min,
-    }
+    out = {"layer": f"d2 ViT attention, {dim} wide, {heads} heads, {side}x{side} tokens, rel-pos, arm {arm}"}
+    if "exact" in methods:
+        res, sec = _timed(lambda: exact_conditioning(site, inputs, max_entries=10**9))
+        out["exact"] = {"s": sec, "kappa": res.kappa, "sigma_max": res.sigma_max, "sigma_min": res.sigma_min,
+                        "converged": True, "structure": res.structure, "shape": list(res.shape),
+                        "kappa_heads_median": sorted(res.kappa_heads)[len(res.kappa_heads) // 2]}
+    if "matrix_free" in methods:
+        res, sec = _timed(lambda: estimate_conditioning(site, inputs, tol=tol, max_iter=max_iter, block_size=block))
+        out["matrix_free"] = {"s": sec, "kappa": res.kappa, "sigma_max": res.sigma_max, "sigma_min": res.sigma_min,
+                              "converged": res.converged, "steps": res.iterations, "block_size": block,
+                              "shape": list(res.shape)}
+    return out
+
+
+def bench_hook(config, arm, height, width):
+    """Seconds of one ConditioningHook measurement built from ``config``'s ``condinit_analysis`` node."""
+    from detectron2.config import LazyConfig, instantiate
+
+    from condinit_det.analysis.hooks import build_conditioning_hook
+
+    cfg = LazyConfig.load(config)
+    cfg.condinit.arm = arm
+    cfg.condinit_analysis.period = 1000
+    cfg.train.output_dir = ""
+    torch.manual_seed(0)
+    model = instantiate(cfg.model)
+    image = torch.rand(3, height, width, generator=torch.Generator().manual_seed(0)) * 255
+    hook = build_conditioning_hook(cfg, batch=[{"image": image, "height": height, "width": width}],
+                                   config_name=os.path.basename(config))
+
+    class _Trainer:  # what the hook reads from a detectron2 trainer
+        pass
+
+    hook.trainer = _Trainer()
+    hook.trainer.model = model
+    records, sec = _timed(lambda: hook.measure(0))
+    return {"config": config, "arm": arm, "image": [height, width], "seconds": sec,
+            "sites": [{k: r[k] for k in ("site", "method", "structure", "kappa", "converged", "tokens")}
+                      for r in records]}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small layers and a short budget (seconds)")
-    p.add_argument("--arm", default="default", choices=("default", "mimetic", "conditioned"))
+    p.add_argument("--arm", default="conditioned", choices=("default", "mimetic", "conditioned"))
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--exact-side", type=int, default=7, help="grid side of the largest exact measurement")
     p.add_argument("--output", default=None, help="save the JSON summary here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
         small = dict(dim=8, heads=2, side=3, max_iter=20, block=8)
-        large = dict(dim=96, heads=3, side=7, max_iter=2, block=4)
+        site = dict(dim=48, heads=3)
+        sides, big_side, exact_side, budget = (2,), 4, 3, dict(max_iter=2, block=4, tol=1e-4)
+        big_budget = budget
     else:
         small = dict(dim=24, heads=4, side=6, max_iter=200, block=16)
-        large = dict(dim=768, heads=12, side=14, max_iter=8, block=8)
+        site = dict(dim=768, heads=12)
+        sides, big_side, exact_side, budget = (4,), 14, args.exact_side, dict(max_iter=60, block=8, tol=1e-4)
+        big_budget = dict(max_iter=8, block=8, tol=1e-4)
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
                    f"{torch.__version__}, {args.threads} threads",
         "load_before": _load(),
         "quick": args.quick,
-        "exact_vs_matrix_free": bench_exact_vs_free(small["dim"], small["heads"], small["side"], args.arm, 1e-6,
-                                                    small["max_iter"], small["block"]),
-        "large_layer": bench_large(large["dim"], large["heads"], large["side"], args.arm, large["max_iter"],
-                                   large["block"]),
-        "load_after": _load(),
     }
-    a, b = result["exact_vs_matrix_free"], result["large_layer"]
-    print(f"load average before/after: {result['load_before']} / {result['load_after']} ({result['machine']})")
-    print("| layer | J shape | exact | matrix-free | ratio | kappa exact | kappa matrix-free | converged |")
+    print(f"load average before: {result['load_before']} ({result['machine']})", flush=True)
+    a = result["small_layer"] = bench_small(small["dim"], small["heads"], small["side"], args.arm, 1e-6,
+                                            small["max_iter"], small["block"])
+    print("| layer | J shape | exact (per head) | dense | matrix-free | κ exact | κ dense | κ matrix-free |")
     print("|---|---|---|---|---|---|---|---|")
-    print(f"| {a['layer']} | {a['shape'][0]}x{a['shape'][1]} | {a['exact_s']:.2f} s | {a['matrix_free_s']:.2f} s | "
-          f"{a['ratio_free_over_exact']:.2f}x | {a['kappa_exact']:.4g} | {a['kappa_matrix_free']:.4g} | "
-          f"{a['converged']} ({a['products']} products) |")
+    print(f"| {a['layer']} | {a['shape'][0]}x{a['shape'][1]} | {a['exact_s']:.2f} s | {a['dense_s']:.2f} s | "
+          f"{a['matrix_free_s']:.2f} s | {a['kappa_exact']:.6g} | {a['kappa_dense']:.6g} | "
+          f"{a['kappa_matrix_free']:.4g} ({'converged' if a['converged'] else 'not converged'}) |", flush=True)
+    hook_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
+                               "demo/mask_rcnn_vit_tiny.py" if args.quick else "COCO/mask_rcnn_vitdet_b_100ep.py")
+    plan = [(side, ("exact",)) for side in sides] + [("hook", ())] + [(side, ("matrix_free",)) for side in sides]
+    plan += [(big_side, ("matrix_free",)), (exact_side, ("exact",))]
+    result["sites"] = []
     print()
-    print("| layer | J shape | one forward | matrix-free | ratio | steps x block | kappa (lower est. if not converged) "
-          "| converged |")
-    print("|---|---|---|---|---|---|---|---|")
-    print(f"| {b['layer']} | {b['shape'][0]}x{b['shape'][1]} | {b['forward_s']:.3f} s | {b['matrix_free_s']:.1f} s | "
-          f"{b['ratio_free_over_forward']:.0f}x | {b['block_steps']}x{b['block_size']} | {b['kappa_matrix_free']:.4g} | "
-          f"{b['converged']} |")
+    print("| layer | J shape | method | seconds | κ | σ_max | σ_min | converged |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    for side, methods in plan:
+        if side == "hook":
+            h = result["hook"] = bench_hook(hook_config, args.arm, *((96, 128) if args.quick else (768, 1024)))
+            print(f"training hook, {os.path.relpath(h['config'])} (arm {h['arm']}, one {h['image'][0]}x"
+                  f"{h['image'][1]} image): {h['seconds']:.1f} s per measurement; sites: " + "; ".join(
+                      f"{r['site']} {r['tokens']} tokens {r['method']} ({r['structure'] or 'Lanczos'}) "
+                      f"κ {r['kappa']:.4g} converged {'yes' if r['converged'] else 'no'}" for r in h["sites"]),
+                  flush=True)
+            continue
+        b = bench_site(site["dim"], site["heads"], side, args.arm, methods,
+                       **(big_budget if side == big_side else budget))
+        result["sites"].append(b)
+        for method in methods:
+            r = b[method]
+            label = "exact (per head)" if method == "exact" else f"matrix-free ({r['steps']}x{r['block_size']})"
+            print(f"| {b['layer']} | {r['shape'][0]}x{r['shape'][1]} | {label} | {r['s']:.1f} | {r['kappa']:.4g} | "
+                  f"{r['sigma_max']:.4g} | {r['sigma_min']:.4g} | {'yes' if r['converged'] else 'no'} |", flush=True)
+    result["load_after"] = _load()
+    print(f"load average after: {result['load_after']}")
+    if a["exact_vs_dense_rel"] <= 1e-9:
+        print(f"OK: exact per-head kappa equals the dense Jacobian's (relative {a['exact_vs_dense_rel']:.1e})")
+    else:
+        print(f"MISMATCH: exact per-head vs dense kappa differ by {a['exact_vs_dense_rel']:.1e} (relative)")
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:

@@ -9,6 +9,7 @@ from condinit_det.analysis import (
     AttentionFunction,
     attention_jacobian,
     capture_site_inputs,
+    dense_conditioning,
     estimate_conditioning,
     exact_conditioning,
     exact_spectrum,
@@ -210,9 +211,9 @@ def test_query_key_gauge_makes_tall_jacobians_rank_deficient():
 
 def test_dense_size_limit_refused():
     site = _vit_site(8, 2)
-    with pytest.raises(ValueError, match=r"48 x 192 = 9\.22e\+03 entries .*max_entries=1e\+03"):
-        exact_conditioning(site, {"x": torch.randn(1, 2, 3, 8)}, max_entries=1000)
-    assert exact_conditioning(site, {"x": torch.randn(1, 2, 3, 8)}, max_entries=48 * 192).shape == (48, 192)
+    with pytest.raises(ValueError, match=r"48 x 192 = 9\.22e\+03 entries .*max_entries=1e\+03; use method='exact'"):
+        dense_conditioning(site, {"x": torch.randn(1, 2, 3, 8)}, max_entries=1000)
+    assert dense_conditioning(site, {"x": torch.randn(1, 2, 3, 8)}, max_entries=48 * 192).shape == (48, 192)
 
 
 def test_conditioned_arm_terms_and_bound():

@@ -5,6 +5,8 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -98,7 +100,7 @@ def test_tool_all_arms_writes_tables(tmp_path, config_file, capsys):
 def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file, capsys):
     common = ["--config-file", config_file, "--arm", "mimetic", "--max-tokens", "4", "--sites", "*.blocks.1.*"]
     exact = measure(common + ["--method", "exact"])
-    free = measure(common + ["--tol", "1e-6"])
+    free = measure(common + ["--tol", "1e-6", "--method", "matrix_free"])
     assert len(exact) == len(free) == 1 and exact[0]["method"] == "exact"
     assert free[0]["kappa"] == pytest.approx(exact[0]["kappa"], rel=0.02)
     with pytest.raises(ValueError, match="matches no attention site"):
@@ -114,3 +116,19 @@ def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file, capsy
         assert tool.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and err.count("\n") == 0 and ": error: " in err, err
+
+
+def test_tool_ends_with_one_error_line_naming_the_alternative(tmp_path, config_file):
+    # The dense Jacobian (1024 x 6144 here) does not fit a 1000-entry budget: one line, no traceback.
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, TOOL, "--config-file", config_file, "--arm", "default", "--max-tokens", "4",
+                           "--sites", "*.blocks.1.*", "--method", "dense", "--max-entries", "1000"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("attention_conditioning.py: error: dense Jacobian of attention site")
+    assert "use method='exact'" in last and "'matrix_free'" in last
+    from condinit_det.commands.conditioning import error_line
+
+    assert "can't allocate" in error_line(RuntimeError("DefaultCPUAllocator: can't allocate memory")) and \
+        "--method matrix_free" in error_line(MemoryError())

@@ -4,6 +4,7 @@
     captured = capture_site_inputs(model, batched_inputs, sites)          # X per site
     result = estimate_conditioning(site, captured[site.name].inputs)    # matrix-free (jvp/vjp)
     result.kappa, result.sigma_max, result.sigma_min, result.converged
+    exact = exact_conditioning(site, captured[site.name].inputs)       # exact, per head (kappa_heads)
 
 ``f`` is the site's own forward with the output projection replaced by the identity (the paper's
 form; ``include_output_proj=True`` keeps it). The detectron2 training hook lives in
@@ -15,10 +16,12 @@ from .conditioning import (
     DEFAULT_MAX_ENTRIES,
     JacobianOperator,
     attention_jacobian,
+    dense_conditioning,
     estimate_conditioning,
     exact_conditioning,
 )
 from .functional import AttentionFunction, bind_inputs
+from .heads import head_spectrum
 from .measure import SiteMeasurement, default_sites, measure_site, measure_sites, resolve_sites, write_table
 from .spectrum import SpectrumResult, condition_number, exact_spectrum, lanczos_extremes, matrix_free_spectrum
 
@@ -38,9 +41,11 @@ __all__ = [
     "capture_site_inputs",
     "condition_number",
     "default_sites",
+    "dense_conditioning",
     "estimate_conditioning",
     "exact_conditioning",
     "exact_spectrum",
+    "head_spectrum",
     "lambda_softmax_condition",
     "lanczos_extremes",
     "matrix_free_spectrum",

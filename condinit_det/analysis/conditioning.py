@@ -1,10 +1,14 @@
 """kappa of the attention Jacobian J = d vec f(X) / d vec(W_Q, W_K, W_V) at a fixed input X.
 
-Two ways, same quantity (see :mod:`condinit_det.analysis.functional` for what ``f`` is):
+Three ways, same quantity (see :mod:`condinit_det.analysis.functional` for what ``f`` is):
 
-- :func:`exact_conditioning`: the dense Jacobian (``torch.func.jacfwd`` / ``jacrev``, float64) and
-  all its singular values. Memory ``8 * rows * cols`` bytes, so it refuses layers above
-  ``max_entries``.
+- :func:`exact_conditioning`: exact, from J's block structure by heads (closed-form per-head factors
+  for token attention, per-head autodiff otherwise; :mod:`condinit_det.analysis.heads`). Memory
+  ``8 * (tokens * dh) * (3 * dh * tokens)`` bytes per head, so real widths fit at moderate token
+  counts; refuses above ``max_entries``.
+- :func:`dense_conditioning`: the dense Jacobian (``torch.func.jacfwd`` / ``jacrev``, float64) and
+  all its singular values, the reference. Memory ``8 * rows * cols`` bytes, so it refuses layers
+  above ``max_entries``.
 - :func:`estimate_conditioning`: matrix-free, from Jacobian-vector products (``torch.func.jvp``)
   and vector-Jacobian products (``torch.func.vjp``) only; cost per Lanczos step is about one
   forward and one backward pass of the layer.
@@ -20,12 +24,14 @@ import torch
 from torch.func import jacfwd, jacrev, jvp, vjp, vmap
 
 from .functional import AttentionFunction, eval_mode
+from .heads import head_spectrum
 from .spectrum import SpectrumResult, exact_spectrum, matrix_free_spectrum
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
     "attention_jacobian",
     "exact_conditioning",
+    "dense_conditioning",
     "estimate_conditioning",
     "JacobianOperator",
 ]
@@ -55,7 +61,8 @@ def attention_jacobian(site, inputs: Optional[Dict[str, object]] = None, *, incl
         raise ValueError(
             f"dense Jacobian of attention site {fn.site.name!r} would be {fn.rows} x {fn.cols} = {entries:.3g} "
             f"entries ({entries * 8 / 2**30:.2f} GiB in float64), above max_entries={max_entries:.3g}; use "
-            f"estimate_conditioning (matrix-free), reduce the captured tokens, or raise max_entries")
+            f"method='exact' (exact_conditioning, per head) or 'matrix_free' (estimate_conditioning), reduce the "
+            f"captured tokens, or raise max_entries")
     theta = fn.theta()
     # Forward mode needs one pass per column, reverse mode one per row.
     with eval_mode(fn.module):
@@ -64,14 +71,25 @@ def attention_jacobian(site, inputs: Optional[Dict[str, object]] = None, *, incl
         return jacrev(fn.flat, chunk_size=chunk_size)(theta)
 
 
-def exact_conditioning(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False,
+def dense_conditioning(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False,
                        max_entries: int = DEFAULT_MAX_ENTRIES, rank_tol: Optional[float] = None) -> SpectrumResult:
-    """kappa(J) from the dense Jacobian's singular values (``method="exact"``).
+    """kappa(J) from the dense Jacobian's singular values (``method="dense"``, the reference).
 
     rank_tol: relative tolerance of the numerical rank (default ``max(rows, cols) * eps``).
     """
     jac = attention_jacobian(site, inputs, include_output_proj=include_output_proj, max_entries=max_entries)
     return exact_spectrum(jac, rank_tol=rank_tol)
+
+
+def exact_conditioning(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False,
+                       max_entries: int = DEFAULT_MAX_ENTRIES, rank_tol: Optional[float] = None) -> SpectrumResult:
+    """Exact kappa(J) from J's per-head blocks (``method="exact"``); same values and rank test as
+    :func:`dense_conditioning`, plus each head's sigma_max, sigma_min and kappa (without W_O).
+
+    max_entries: refuse when the largest matrix formed (one head's factor) would exceed it.
+    """
+    fn = _function(site, inputs, include_output_proj)
+    return head_spectrum(fn, include_output_proj=include_output_proj, rank_tol=rank_tol, max_entries=max_entries)
 
 
 class JacobianOperator:

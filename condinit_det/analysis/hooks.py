@@ -3,9 +3,9 @@
 ``ConditioningHook`` measures chosen attention sites (default: first, middle and last) on a fixed
 batch at the start of training (the initialization, or the resumed iteration), every ``period``
 iterations, and after the last iteration, on X captured from the fixed batch with the current
-weights. ``method="auto"`` (default) takes the exact SVD of the dense Jacobian when it fits
-(small captured inputs: exact and cheaper than Lanczos there) and the matrix-free estimate (block
-Lanczos on jvp/vjp products) otherwise. It writes
+weights. ``method="auto"`` (default) takes the exact per-head method when one head's factor fits
+(:mod:`condinit_det.analysis.heads`; at the default 16 tokens it does at ViT-B width) and the
+matrix-free estimate (block Lanczos on jvp/vjp products) otherwise. It writes
 
 - event storage scalars ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}``, and
 - one results record per site (``condinit_det.results.ResultsFile(output_dir).add``)::
@@ -13,7 +13,11 @@ Lanczos on jvp/vjp products) otherwise. It writes
     {"kind": "conditioning", "iteration": <completed iterations>, "site": <name>, "kappa",
      "sigma_max", "sigma_min", "bound", "kappa_wq", "kappa_wk", "kappa_wv", "kappa_x",
      "kappa_softmax", "kappa_lambda", "converged", "iterations_lanczos", "rows", "cols",
-     "tokens", "method", "include_output_proj", "reduction", "arm", "seed", "config"}
+     "tokens", "method", "include_output_proj", "reduction", "arm", "seed", "config", "structure",
+     "num_heads", "sigma_max_heads", "sigma_min_heads", "kappa_heads"}
+
+  (the ``*_heads`` lists hold one value per head for the exact method without W_O; the site's
+  sigma_max / sigma_min are their max / min, and its kappa their ratio).
 
 Measurement does not advance any global RNG and does not change parameters or their gradients.
 Only the main process measures.
@@ -52,7 +56,8 @@ def conditioning_records(measurements, *, iteration: int, arm=None, seed=None, c
         rec = {"kind": "conditioning", "iteration": int(iteration), "site": m.site}
         for key in ("kappa", "sigma_max", "sigma_min", "bound", "kappa_wq", "kappa_wk", "kappa_wv", "kappa_x",
                     "kappa_softmax", "kappa_lambda", "converged", "rank_deficient", "rows", "cols", "tokens",
-                    "method", "include_output_proj", "reduction"):
+                    "method", "include_output_proj", "reduction", "structure", "num_heads", "sigma_max_heads",
+                    "sigma_min_heads", "kappa_heads"):
             rec[key] = d[key]
         rec["site_kind"] = m.kind
         rec["iterations_lanczos"] = m.iterations

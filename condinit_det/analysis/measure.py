@@ -10,7 +10,7 @@ import csv
 import io
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from torch import nn
@@ -18,18 +18,23 @@ from torch import nn
 from ..fileio import atomic_write
 from .bound import theorem_terms
 from .capture import capture_site_inputs, token_matrix
-from .conditioning import DEFAULT_MAX_ENTRIES, estimate_conditioning, exact_conditioning
+from .conditioning import DEFAULT_MAX_ENTRIES, dense_conditioning, estimate_conditioning, exact_conditioning
 from .functional import AttentionFunction
+from .heads import factor_entries
 
 __all__ = ["SiteMeasurement", "measure_site", "measure_sites", "resolve_sites", "write_table",
            "TABLE_COLUMNS", "default_sites"]
 
-METHODS = ("matrix_free", "exact", "auto")
+METHODS = ("matrix_free", "exact", "dense", "auto")
 
 
 @dataclass
 class SiteMeasurement:
-    """kappa(J) of one site at a fixed input with the bound's terms (all floats; inf = singular)."""
+    """kappa(J) of one site at a fixed input with the bound's terms (all floats; inf = singular).
+
+    sigma_max_heads / sigma_min_heads / kappa_heads: per head (exact method without the output
+    projection; empty otherwise). structure: "closed_form", "autodiff", "dense" or "" (matrix-free).
+    """
 
     site: str
     kind: str
@@ -61,6 +66,10 @@ class SiteMeasurement:
     kappa_wk_heads: list
     kappa_wv_heads: list
     bound_heads: list
+    structure: str = ""
+    sigma_max_heads: list = field(default_factory=list)
+    sigma_min_heads: list = field(default_factory=list)
+    kappa_heads: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,17 +111,21 @@ def measure_site(site, inputs: Dict[str, object], *, method: str = "matrix_free"
                  reduction: str = "") -> SiteMeasurement:
     """Measure one site at the given (already reduced) inputs.
 
-    method: "matrix_free" (block Lanczos on jvp/vjp products), "exact" (dense Jacobian; refuses
-    above ``max_entries``) or "auto" (exact when it fits, else matrix-free).
+    method: "matrix_free" (block Lanczos on jvp/vjp products), "exact" (per-head factors, see
+    :mod:`condinit_det.analysis.heads`; refuses when one head's factor exceeds ``max_entries``),
+    "dense" (the dense Jacobian, the reference; refuses above ``max_entries``) or "auto" (exact
+    when it fits, else matrix-free).
     bound: also compute the Theorem 3.1 terms (NaN otherwise).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     fn = AttentionFunction(site, inputs, include_output_proj=include_output_proj)
     if method == "auto":
-        method = "exact" if fn.rows * fn.cols <= max_entries else "matrix_free"
+        method = "exact" if factor_entries(fn) <= max_entries else "matrix_free"
     if method == "exact":
-        spec = exact_conditioning(fn, max_entries=max_entries)
+        spec = exact_conditioning(fn, include_output_proj=include_output_proj, max_entries=max_entries)
+    elif method == "dense":
+        spec = dense_conditioning(fn, max_entries=max_entries)
     else:
         spec = estimate_conditioning(fn, tol=tol, max_iter=max_iter, block_size=block_size, rank_tol=rank_tol,
                                      seed=seed)
@@ -136,6 +149,8 @@ def measure_site(site, inputs: Dict[str, object], *, method: str = "matrix_free"
         reduction=reduction,
         kappa_wq_heads=terms.kappa_wq_heads if terms else [], kappa_wk_heads=terms.kappa_wk_heads if terms else [],
         kappa_wv_heads=terms.kappa_wv_heads if terms else [], bound_heads=terms.bound_heads if terms else [],
+        structure=spec.structure, sigma_max_heads=spec.sigma_max_heads, sigma_min_heads=spec.sigma_min_heads,
+        kappa_heads=spec.kappa_heads,
     )
 
 

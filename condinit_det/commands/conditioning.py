@@ -8,7 +8,13 @@ For every arm: build cfg.model with the arm (cfg.condinit with its arm replaced)
 load --weights, capture X for the chosen attention sites on one batch, and measure
 kappa(J) (J = d vec f(X) / d vec(W_Q, W_K, W_V), output projection replaced by the identity
 unless --include-output-proj) next to Theorem 3.1's bound and terms. Prints a Markdown table
-and writes <output>/attention_conditioning.{csv,md} and .json.
+and writes <output>/attention_conditioning.{csv,md} and .json (with each head's sigma_max,
+sigma_min and kappa for the exact method).
+
+--method: auto (default; exact when one head's factor fits, else matrix_free), exact (per-head,
+exact), dense (the dense Jacobian, small layers only), matrix_free (block Lanczos; labelled
+converged or not). When a method cannot run, the command ends with one error line naming the
+alternative.
 """
 import argparse
 import json
@@ -19,7 +25,7 @@ import sys
 
 import torch
 
-from condinit_det.analysis import measure_sites, resolve_sites, write_table
+from condinit_det.analysis import DEFAULT_MAX_ENTRIES, measure_sites, resolve_sites, write_table
 from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
 from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable
 from condinit_det.fileio import atomic_write
@@ -40,7 +46,8 @@ def get_parser():
                    help="let --weights be a .pkl or a .pth that needs full unpickling (can run code stored in it)")
     p.add_argument("--sites", nargs="*", default=None, help="fnmatch patterns on site names (default: all sites)")
     p.add_argument("--output", default=None, help="directory for the CSV / Markdown / JSON tables")
-    p.add_argument("--method", default="matrix_free", choices=("matrix_free", "exact", "auto"))
+    p.add_argument("--method", default="auto", choices=("auto", "exact", "dense", "matrix_free"),
+                   help="auto: exact when it fits, else matrix_free (default)")
     p.add_argument("--split", default="test", choices=("test", "train"), help="data loader giving the batch")
     p.add_argument("--num-images", type=int, default=1, help="images in the batch")
     p.add_argument("--max-batch", type=int, default=1, help="sequences (windows) kept per site")
@@ -48,6 +55,8 @@ def get_parser():
     p.add_argument("--max-iter", type=int, default=60, help="block-Lanczos steps")
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--max-entries", type=float, default=DEFAULT_MAX_ENTRIES,
+                   help="largest float64 matrix exact / dense may form (default %(default).3g)")
     p.add_argument("--include-output-proj", action="store_true", help="keep W_O in f (default: identity)")
     p.add_argument("--device", default="cpu")
     p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value")
@@ -133,7 +142,7 @@ def measure(argv=None):
         sites = resolve_sites(model, args.sites, default="all")
         for m in measure_sites(model, batch, sites, max_batch=args.max_batch, max_tokens=args.max_tokens,
                                method=args.method, max_iter=args.max_iter, block_size=args.block_size, tol=args.tol,
-                               include_output_proj=args.include_output_proj):
+                               include_output_proj=args.include_output_proj, max_entries=int(args.max_entries)):
             rows.append({"arm": arm, **m.to_dict()})
     print(format_markdown(rows, COLUMNS), end="")
     if args.output:
@@ -145,13 +154,21 @@ def measure(argv=None):
     return rows
 
 
+def error_line(err: BaseException, prog: str = "attention_conditioning.py") -> str:
+    """One line for a failure that ends the command; out-of-memory errors name the alternatives."""
+    message = err.args[0] if isinstance(err, KeyError) and err.args else err
+    text = " ".join(str(message).split()) or type(err).__name__
+    if isinstance(err, MemoryError) or "can't allocate memory" in text or "not enough memory" in text:
+        text = f"out of memory ({text}); use --method matrix_free, or fewer --max-tokens / --max-batch"
+    return f"{prog}: error: {text}"
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     try:
         measure(argv)
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"{get_parser().prog}: error: " + " ".join(str(message).split()), file=sys.stderr)
+    except (ValueError, RuntimeError, MemoryError, KeyError, FileNotFoundError, TypeError) as e:
+        print(error_line(e, get_parser().prog), file=sys.stderr)
         return 2
     return 0
 

@@ -10,7 +10,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Curve", "first_reach", "kappa_curve", "seed_mean", "speedup"]
+__all__ = ["Curve", "first_reach", "kappa_curve", "kappa_heads_curve", "seed_mean", "speedup"]
 
 
 class Curve(NamedTuple):
@@ -78,3 +78,22 @@ def kappa_curve(records_per_run: Sequence[List[dict]]):
     lo = np.asarray([np.min(by_it[i]) for i in its])
     hi = np.asarray([np.max(by_it[i]) for i in its])
     return its, med, lo, hi
+
+
+def kappa_heads_curve(records_per_run: Sequence[List[dict]]):
+    """Median of the per-head κ (``kappa_heads``) over every head of every site (and seed) per iteration.
+
+    Records without per-head values (matrix-free, or W_O kept) are skipped; a rank-deficient head
+    (κ stored as null) counts as infinite, so it can move the median. Returns (iterations, median).
+    """
+    by_it = {}
+    for records in records_per_run:
+        for r in records:
+            heads = r.get("kappa_heads") if r["kind"] == "conditioning" else None
+            if heads:
+                vals = [math.inf if k is None else float(k) for k in heads]
+                by_it.setdefault(r["iteration"], []).extend(vals)
+    its = np.asarray(sorted(by_it), dtype=np.int64)
+    med = np.asarray([np.median(by_it[i]) for i in its], dtype=float)
+    keep = np.isfinite(med)
+    return its[keep], med[keep]

@@ -110,6 +110,8 @@ def _kappa_plot(path: str, sr: StageReport) -> bool:
             color = arm_color(arm)
             ax.plot(its, med, marker="o", ms=3, color=color, label=f"{arm} (median over sites)")
             ax.fill_between(its, lo, hi, color=color, alpha=0.15, lw=0)
+        for arm, (its, med) in sr.kappa_heads.items():
+            ax.plot(its, med, ls="--", marker="x", ms=3, color=arm_color(arm), label=f"{arm} (median over heads)")
         ax.set_yscale("log")
 
     _save(path, draw, f"Attention conditioning vs iteration (lr scale {sr.scale:g}; band: min-max over sites)",

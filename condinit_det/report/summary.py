@@ -6,11 +6,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from condinit_det.runs import describe_failure
 from condinit_det.stats import mean_std
 
-from .curves import Curve, first_reach, kappa_curve, seed_mean, speedup
-from condinit_det.runs import describe_failure
-
+from .curves import Curve, first_reach, kappa_curve, kappa_heads_curve, seed_mean, speedup
 from .discovery import ExpectedRun, Missing, Run
 from .paired import PairedStat, paired_statistics
 from .stages import CLASSIFICATION, DETECTION, STAGES, Stage
@@ -63,6 +62,7 @@ class StageReport:
     target: Dict[str, Tuple[Optional[int], float]] = field(default_factory=dict)  # default's final (x, value)
     missing: List[Missing] = field(default_factory=list)
     kappa: Dict[str, tuple] = field(default_factory=dict)
+    kappa_heads: Dict[str, tuple] = field(default_factory=dict)  # arm -> (iterations, median over heads)
     stats: List[PairedStat] = field(default_factory=list)
     has_plan: bool = False
 
@@ -256,6 +256,8 @@ def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *,
         sr.target = _convergence(sr.arms, stage)
         kappa = {g.arm: kappa_curve([r.records for r in g.runs]) for g in sr.arms}
         sr.kappa = {a: k for a, k in kappa.items() if len(k[0])}
+        heads = {g.arm: kappa_heads_curve([r.records for r in g.runs]) for g in sr.arms}
+        sr.kappa_heads = {a: k for a, k in heads.items() if len(k[0])}
         sr.stats = paired_statistics(sr, bootstrap=bootstrap, seed=seed)
         stages.append(sr)
     if not any(s.groups or s.failed for s in stages):

@@ -19,7 +19,7 @@ from detectron2.solver import WarmupParamScheduler
 from condinit_det.modeling import armed
 
 from ..common.coco_loader_lsj import dataloader
-from ..common.condinit import condinit
+from ..common.condinit import condinit, condinit_analysis
 
 model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
 

@@ -1,0 +1,206 @@
+"""Exact per-head conditioning (condinit_det.analysis.heads) against the dense Jacobian, every layout."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from condinit_det.analysis import AttentionFunction, attention_jacobian, dense_conditioning, exact_conditioning
+from condinit_det.analysis.heads import head_factors
+from condinit_det.analysis.measure import measure_site
+from condinit_det.init import apply_init, find_attention
+
+vit = pytest.importorskip("detectron2.modeling.backbone.vit")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _layouts():
+    """(name, module, inputs, structure the exact method must use)."""
+    swin = pytest.importorskip("detectron2.modeling.backbone.swin")
+    timm_vit = pytest.importorskip("timm.models.vision_transformer")
+    timm_xcit = pytest.importorskip("timm.models.xcit")
+    torch.manual_seed(0)
+    mask = torch.zeros(2, 4, 4)
+    mask[1, 0, 1:] = -100.0
+    return {
+        # two sequences: the weights are shared across them, so J is not block diagonal by sequence
+        "d2_vit_rel_pos": (vit.Attention(8, num_heads=2, use_rel_pos=True, input_size=(2, 3), rel_pos_zero_init=False),
+                           {"x": torch.randn(2, 2, 3, 8, generator=_gen(1))}, "closed_form"),
+        "d2_swin_window": (swin.WindowAttention(8, window_size=(2, 2), num_heads=2),
+                           {"x": torch.randn(2, 4, 8, generator=_gen(2)), "mask": mask}, "closed_form"),
+        "timm_vit": (timm_vit.Attention(8, num_heads=2, qkv_bias=True), {"x": torch.randn(1, 5, 8, generator=_gen(3))},
+                     "closed_form"),
+        "timm_xcit_channel": (timm_xcit.XCA(8, num_heads=2), {"x": torch.randn(1, 6, 8, generator=_gen(4))},
+                              "autodiff"),
+        # cross-attention: other key / value widths and lengths, sequence-first
+        "mha_kdim_vdim": (nn.MultiheadAttention(8, 2, kdim=6, vdim=7),
+                          {"query": torch.randn(3, 1, 8, generator=_gen(5)),
+                           "key": torch.randn(6, 1, 6, generator=_gen(6)),
+                           "value": torch.randn(6, 1, 7, generator=_gen(7))}, "closed_form"),
+    }
+
+
+def _close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * abs(b)
+
+
+@pytest.mark.parametrize("include_output_proj", [False, True], ids=["no_wo", "with_wo"])
+@pytest.mark.parametrize("name", ["d2_vit_rel_pos", "d2_swin_window", "timm_vit", "timm_xcit_channel",
+                                  "mha_kdim_vdim"])
+def test_exact_matches_dense(name, include_output_proj):
+    module, inputs, structure = _layouts()[name]
+    # mimetic's V/O product is rank 7 at vdim 7 (and conditioned's W_V has an empty row): W_O or a head
+    # would be singular, so the cross-attention layer keeps its default init
+    apply_init(module, "default" if name == "mha_kdim_vdim" else "mimetic", seed=0)
+    site = find_attention(module)[0]
+    exact = exact_conditioning(site, inputs, include_output_proj=include_output_proj)
+    dense = dense_conditioning(site, inputs, include_output_proj=include_output_proj)
+    assert exact.shape == dense.shape and exact.structure == structure and dense.structure == "dense"
+    assert not dense.rank_deficient and not exact.rank_deficient
+    assert exact.numerical_rank == dense.numerical_rank == min(dense.shape)
+    assert _close(exact.kappa, dense.kappa) and _close(exact.sigma_max, dense.sigma_max)
+    assert _close(exact.sigma_min, dense.sigma_min)
+    if include_output_proj:
+        assert exact.kappa_heads == []  # W_O mixes the heads: no per-head blocks
+    else:
+        assert len(exact.kappa_heads) == site.num_heads
+        assert max(exact.sigma_max_heads) == exact.sigma_max and min(exact.sigma_min_heads) == exact.sigma_min
+        assert exact.kappa_heads == pytest.approx([a / b for a, b in zip(exact.sigma_max_heads,
+                                                                        exact.sigma_min_heads)], rel=1e-12)
+        assert max(exact.kappa_heads) <= exact.kappa
+
+
+def test_closed_form_gram_matches_dense_jacobian_blocks():
+    # F_h F_h^T is J_h J_h^T itself (not only its spectrum): J restricted to head h's output rows and
+    # head h's rows of W_Q, W_K, W_V, from the dense Jacobian. Off-diagonal head blocks of J are zero.
+    module, inputs, _ = _layouts()["d2_vit_rel_pos"]
+    apply_init(module, "default", seed=1)
+    site = find_attention(module)[0]
+    fn = AttentionFunction(site, inputs)
+    jac = attention_jacobian(fn)  # rows (token, channel); cols vec W_Q, vec W_K, vec W_V
+    factors, _ = head_factors(fn)
+    assert factors.structure == "closed_form"
+    heads, dh, d_in = 2, 4, 8
+    rows = jac.reshape(-1, heads, dh, jac.shape[1])
+    for h in range(heads):
+        j_h = rows[:, h].reshape(-1, jac.shape[1]).reshape(-1, 3, heads, dh * d_in)
+        own = j_h[:, :, h].reshape(j_h.shape[0], -1)
+        others = torch.cat([j_h[:, :, g] for g in range(heads) if g != h], dim=1)
+        assert others.abs().max() == 0
+        torch.testing.assert_close(factors.factors[h] @ factors.factors[h].T, own @ own.T, rtol=1e-10, atol=1e-12)
+
+
+def test_rank_deficient_flagged_like_dense():
+    # A repeated token duplicates rows of J in every head.
+    torch.manual_seed(0)
+    module = vit.Attention(8, num_heads=2, use_rel_pos=True, input_size=(2, 2), rel_pos_zero_init=False)
+    apply_init(module, "conditioned", seed=0)
+    site = find_attention(module)[0]
+    x = torch.randn(1, 2, 2, 8, generator=_gen(8))
+    x[0, 1, 1] = x[0, 0, 0]
+    exact, dense = exact_conditioning(site, {"x": x}), dense_conditioning(site, {"x": x})
+    assert exact.rank_deficient and dense.rank_deficient and math.isinf(exact.kappa) and math.isinf(dense.kappa)
+    assert exact.numerical_rank == dense.numerical_rank < min(dense.shape)
+    assert _close(exact.sigma_max, dense.sigma_max)
+    assert exact.sigma_min <= 1e-12 * exact.sigma_max and dense.sigma_min <= 1e-12 * dense.sigma_max
+    assert all(math.isinf(k) for k in exact.kappa_heads)
+    # Tall J without q/k biases: the W_Q / W_K gauge leaves a null space (numerical rank as dense).
+    module = vit.Attention(4, num_heads=1, qkv_bias=False)
+    site = find_attention(module)[0]
+    x = torch.randn(1, 4, 4, 4, generator=_gen(9))
+    exact, dense = exact_conditioning(site, {"x": x}), dense_conditioning(site, {"x": x})
+    assert exact.shape == (64, 48) and exact.rank_deficient and exact.numerical_rank == dense.numerical_rank
+
+
+def test_unrecognised_variant_falls_back_to_autodiff():
+    timm_vit = pytest.importorskip("timm.models.vision_transformer")
+    torch.manual_seed(0)
+    module = timm_vit.Attention(8, num_heads=2, qk_norm=True, norm_layer=nn.LayerNorm)
+    site = find_attention(module)[0]
+    x = {"x": torch.randn(1, 4, 8, generator=_gen(10))}
+    exact, dense = exact_conditioning(site, x), dense_conditioning(site, x)
+    assert exact.structure == "autodiff" and _close(exact.kappa, dense.kappa)
+    with pytest.raises(ValueError, match="no closed form"):
+        head_factors(site, x, structure="closed_form")
+
+
+def test_size_limit_names_the_alternative():
+    module = vit.Attention(8, num_heads=2)
+    site = find_attention(module)[0]
+    with pytest.raises(ValueError, match=r"above max_entries=100; use method='matrix_free'"):
+        exact_conditioning(site, {"x": torch.randn(1, 2, 2, 8)}, max_entries=100)
+
+
+def test_measure_site_methods_and_per_head_fields():
+    torch.manual_seed(0)
+    module = vit.Attention(16, num_heads=4, use_rel_pos=True, input_size=(2, 2), rel_pos_zero_init=False)
+    apply_init(module, "conditioned", seed=0)
+    site = find_attention(module)[0]
+    x = {"x": torch.randn(1, 2, 2, 16, generator=_gen(11))}
+    auto = measure_site(site, x, method="auto", bound=False)
+    dense = measure_site(site, x, method="dense", bound=False)
+    assert auto.method == "exact" and auto.structure == "closed_form" and auto.converged
+    assert dense.structure == "dense" and dense.kappa_heads == []
+    assert _close(auto.kappa, dense.kappa) and len(auto.kappa_heads) == 4
+    free = measure_site(site, x, method="auto", max_entries=10, bound=False)  # does not fit: matrix-free
+    assert free.method == "lanczos" and free.kappa_heads == []
+
+
+def test_kappa_heads_curve_median_over_heads():
+    from condinit_det.report.curves import kappa_heads_curve
+
+    recs = [{"kind": "conditioning", "iteration": 0, "site": "a", "kappa": 9.0, "kappa_heads": [1.0, 2.0]},
+            {"kind": "conditioning", "iteration": 0, "site": "b", "kappa": 9.0, "kappa_heads": [3.0, 9.0, None]},
+            {"kind": "conditioning", "iteration": 5, "site": "a", "kappa": 4.0},  # matrix-free: no heads
+            {"kind": "ap", "iteration": 5}]
+    its, med = kappa_heads_curve([recs])
+    assert its.tolist() == [0] and med.tolist() == [3.0]
+
+
+def test_coco_vitdet_b_hook_measures_exactly_at_its_token_budget():
+    # The hook of configs/COCO/mask_rcnn_vitdet_b_100ep.py at period > 0 keeps 16 tokens per site and
+    # method "auto"; at ViT-B width (768, 12 heads) one head's factor is 1024 x 3072, so auto is exact.
+    import os
+
+    from detectron2.config import LazyConfig
+
+    from condinit_det.analysis import DEFAULT_MAX_ENTRIES
+    from condinit_det.analysis.heads import factor_entries
+    from condinit_det.analysis.hooks import build_conditioning_hook
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "COCO", "mask_rcnn_vitdet_b_100ep.py")
+    cfg = LazyConfig.apply_overrides(LazyConfig.load(path), ["condinit_analysis.period=1000", "train.output_dir=''"])
+    hook = build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 32, 32)}])
+    assert hook.period == 1000 and hook.measure_kwargs["method"] == "auto"
+    assert hook.capture_kwargs == {"max_batch": 1, "max_tokens": 16} and hook.patterns is None
+    module = vit.Attention(768, num_heads=12, use_rel_pos=True, input_size=(14, 14))
+    site = find_attention(module)[0]
+    entries = factor_entries(site, {"x": torch.randn(1, 4, 4, 768)})
+    assert entries == 1024 * 3072 <= DEFAULT_MAX_ENTRIES
+
+
+def test_kappa_plot_draws_the_median_over_heads(tmp_path):
+    pytest.importorskip("matplotlib")
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from condinit_det.report.plots import _kappa_plot
+
+    its = np.array([0, 10])
+    sr = SimpleNamespace(scale=1.0, kappa={"conditioned": (its, np.array([5.0, 4.0]), np.array([3.0, 2.0]),
+                                                            np.array([9.0, 8.0]))},
+                         kappa_heads={"conditioned": (its, np.array([2.0, 1.5]))})
+    path = tmp_path / "kappa.png"
+    assert _kappa_plot(str(path), sr) and path.stat().st_size > 1000
