@@ -178,12 +178,12 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
     from condinit_det.pretrain import load_final
 
     spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
-    data = generate_classification_dataset(slurm_env / "shapes", num_train=48, num_val=8, spec=spec)
+    data = generate_classification_dataset(slurm_env / "shapes", num_train=96, num_val=8, spec=spec)
     tool = str(ROOT / "tools" / "pretrain_net.py")
 
     def argv(out):
         opts = {"data.root": data, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 2,
-                "train.output_dir": out, "train.epochs": 4, "train.batch_size": 8, "train.workers": 0,
+                "train.output_dir": out, "train.epochs": 8, "train.batch_size": 8, "train.workers": 0,
                 "train.log_period": 2, "train.eval_batch_size": 8, "scheduler.warmup_epochs": 1}
         return ["--config-file", str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"), "--arm", "mimetic",
                 *[f"{k}={v}" for k, v in opts.items()]]
@@ -192,8 +192,9 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
     job, _ = _ids(log)
     run_dir = Path(RunSpec("mimetic", 0).path(str(slurm_env / "slurm")))
     deadline = time.time() + 600
-    while not list(run_dir.glob("checkpoint_epoch0001.pth")) and time.time() < deadline:
-        time.sleep(0.2)
+    while not (run_dir / "results.json").is_file() and time.time() < deadline:  # after its first epoch
+        time.sleep(0.1)
+    assert not (run_dir / "model_final.pth").exists(), "the run finished before it could be requeued"
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
     _tool(tool, *argv(slurm_env / "local"), cwd=slurm_env)  # the uninterrupted run, meanwhile
     assert list(_wait(job, timeout=1200).values()) == ["COMPLETED"]
@@ -203,4 +204,4 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     epochs = [r["epoch"] for r in ResultsFile(str(run_dir)).records("cls")]
-    assert epochs == sorted(set(epochs)) and epochs[-1] == 4  # none lost, none repeated
+    assert epochs == sorted(set(epochs)) and epochs[-1] == 8  # none lost, none repeated
