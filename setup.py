@@ -83,8 +83,8 @@ setup(
             "condinit-pretrain=condinit_det.commands.pretrain:main",
             "condinit-compare=condinit_det.commands.compare:main",
             "condinit-conditioning=condinit_det.commands.conditioning:main",
-            "condinit-status=condinit_det.status:main",
-            "condinit-protocol=condinit_det.protocol:main",
+            "condinit-status=condinit_det.commands.status:main",
+            "condinit-protocol=condinit_det.commands.protocol:main",
         ],
     },
 )

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from typing import List, Optional
+from typing import List
 
 from .slurm import add_slurm_arguments
 
-__all__ = ["build_argument_parser", "main", "submit_protocol"]
+__all__ = ["build_argument_parser", "submit_protocol"]
 
 _EPILOG = """
 Example (XCiT-S12: ImageNet pretraining per arm, COCO Mask R-CNN per arm from it, three seeds):
@@ -115,16 +114,3 @@ def submit_protocol(args) -> int:
     submit_report(args, [pre_base, ft_base], os.path.join(args.output, "report"), jobs=jobs,
                   folder=slurm_folder(args, args.output), name="condinit-protocol-report", bootstrap=args.bootstrap)
     return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_argument_parser()
-    args = parser.parse_args(argv)
-    from .arm_node import ArmError
-    from .pretrain import UsageError
-
-    try:
-        return submit_protocol(args)
-    except (UsageError, ValueError, FileNotFoundError, ArmError, RuntimeError) as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2

@@ -1,6 +1,6 @@
 """Where an experiment stands, read from its directory alone (both training stages).
 
-    python tools/experiment_status.py DIR [--json] [--stale-after S]
+    python tools/experiment_status.py DIR [--json] [--stale-after S]     (condinit_det.commands.status)
 
 One entry per planned run (the plan ``experiment.json``, :mod:`condinit_det.runs`), then the run
 directories found under DIR that no plan lists (a single run directory works too). Like the report,
@@ -32,11 +32,9 @@ and the remaining steps times the step time for pretraining, both without evalua
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -45,7 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .results import ARM_REPORT_FILENAME, FAILED_KIND, RESULTS_FILENAME, ResultsFile
 from .runs import PLAN_FILENAME, describe_failure, is_set_aside, read_plan
 
-__all__ = ["STALE_AFTER", "STATES", "RunStatus", "experiment_status", "format_table", "main", "summary_line"]
+__all__ = ["STALE_AFTER", "STATES", "RunStatus", "experiment_status", "format_table", "summary_line"]
 
 STATES = ("not started", "queued", "running", "stopped", "cancelled", "finished", "failed", "diverged")
 STALE_AFTER = 600.0  # seconds without a log or metrics write after which a run counts as stopped
@@ -441,35 +439,3 @@ def summary_line(statuses: Sequence[RunStatus]) -> str:
     counts = Counter(s.state for s in statuses)
     parts = [f"{counts[state]} {state}" for state in STATES if counts[state]]
     return f"{len(statuses)} run{'s' if len(statuses) != 1 else ''}" + (": " + ", ".join(parts) if parts else "")
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="experiment_status.py",
-        description="One line per run of an experiment (both stages): state, progress, latest evaluation, time "
-                    "per iteration, ETA and log; then a count per state. Reads the run directories only.")
-    parser.add_argument("dir", metavar="DIR", help="an experiment directory (with experiment.json), a folder of "
-                                                   "experiments, or one run directory")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (runs and counts) instead")
-    parser.add_argument("--stale-after", type=float, default=STALE_AFTER, metavar="S",
-                        help="seconds without a log or metrics write after which a run counts as stopped rather "
-                             f"than running (default {STALE_AFTER:g})")
-    args = parser.parse_args(argv)
-    if not math.isfinite(args.stale_after) or args.stale_after <= 0:
-        print(f"experiment_status: error: --stale-after {args.stale_after:g}: expected a positive number of seconds",
-              file=sys.stderr)
-        return 2
-    try:
-        statuses = experiment_status(args.dir, stale_after=args.stale_after)
-    except (ValueError, OSError) as e:
-        print("experiment_status: error: " + " ".join(str(e).split()), file=sys.stderr)
-        return 2
-    if args.json:
-        counts = Counter(s.state for s in statuses)
-        print(json.dumps({"dir": os.path.abspath(args.dir), "time": time.time(), "stale_after": args.stale_after,
-                          "runs": [s.to_dict() for s in statuses],
-                          "counts": {state: counts[state] for state in STATES}}, indent=1))
-    else:
-        print(format_table(statuses, base=args.dir))
-        print(summary_line(statuses))
-    return 0

@@ -9,7 +9,8 @@ import pytest
 
 from condinit_det.results import ResultsFile
 from condinit_det.runs import RunSpec, plan_runs, write_plan
-from condinit_det.status import experiment_status, format_table, main, summary_line
+from condinit_det.commands.status import main
+from condinit_det.status import experiment_status, format_table, summary_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOW = time.time()
@@ -221,8 +222,8 @@ def test_runs_without_plan_and_set_aside_runs(tmp_path):
 def test_json_output(half_finished, capsys):
     assert main([half_finished, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["counts"] == {"not started": 3, "running": 1, "stopped": 1, "finished": 1, "failed": 0,
-                              "diverged": 0}
+    assert data["counts"] == {"not started": 3, "queued": 0, "running": 1, "stopped": 1, "cancelled": 0,
+                              "finished": 1, "failed": 0, "diverged": 0}
     runs = {(r["arm"], r["lr_scale"]): r for r in data["runs"]}
     m = runs[("mimetic", 1.0)]
     assert (m["state"], m["last"], m["total"], m["unit"], m["job"]) == ("running", 60, 100, "iteration", None)

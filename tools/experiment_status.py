@@ -9,7 +9,7 @@ directory. Reads the run directories only; see condinit_det/status.py for the st
 """
 import sys
 
-from condinit_det.status import main
+from condinit_det.commands.status import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,51 @@
+"""``condinit-status`` (``tools/experiment_status.py``): one line per run of an experiment (both stages).
+
+    condinit-status DIR [--json] [--stale-after S]
+
+The states and what is read are described in :mod:`condinit_det.status`.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+
+from condinit_det.status import STALE_AFTER, STATES, experiment_status, format_table, summary_line
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="experiment_status.py",
+        description="One line per run of an experiment (both stages): state, progress, latest evaluation, time "
+                    "per iteration, ETA and log; then a count per state. Reads the run directories only.")
+    parser.add_argument("dir", metavar="DIR", help="an experiment directory (with experiment.json), a folder of "
+                                                   "experiments, or one run directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (runs and counts) instead")
+    parser.add_argument("--stale-after", type=float, default=STALE_AFTER, metavar="S",
+                        help="seconds without a log or metrics write after which a run counts as stopped rather "
+                             f"than running (default {STALE_AFTER:g})")
+    args = parser.parse_args(argv)
+    if not math.isfinite(args.stale_after) or args.stale_after <= 0:
+        print(f"experiment_status: error: --stale-after {args.stale_after:g}: expected a positive number of seconds",
+              file=sys.stderr)
+        return 2
+    try:
+        statuses = experiment_status(args.dir, stale_after=args.stale_after)
+    except (ValueError, OSError) as e:
+        print("experiment_status: error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    if args.json:
+        counts = Counter(s.state for s in statuses)
+        print(json.dumps({"dir": os.path.abspath(args.dir), "time": time.time(), "stale_after": args.stale_after,
+                          "runs": [s.to_dict() for s in statuses],
+                          "counts": {state: counts[state] for state in STATES}}, indent=1))
+    else:
+        print(format_table(statuses, base=args.dir))
+        print(summary_line(statuses))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
