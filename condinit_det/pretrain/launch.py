@@ -273,9 +273,11 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
         from ..report import compare_arms
 
         report_dir = os.path.join(experiment.base, REPORT_DIRNAME)
-        _, text = compare_arms([experiment.base], output_dir=report_dir)
-        print(text, flush=True)
-        print(f"Report written to {report_dir}", flush=True)
+        try:
+            _, text = compare_arms([experiment.base], output_dir=report_dir)
+            print(text + f"\nReport written to {report_dir}", flush=True)
+        except ValueError as e:  # e.g. no run finished: the failures below say why
+            print(f"No report: {e}", file=sys.stderr, flush=True)
     lines = failure_summary(outcomes)
     for line in lines:
         print(line, file=sys.stderr, flush=True)
