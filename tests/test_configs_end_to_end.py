@@ -316,3 +316,34 @@ def test_coco_layout_reads_as_coco_2017(coco_layout_root):
             assert mask.sum() > 0 and a["bbox"][0] == xs.min() and a["bbox"][1] == ys.min()
         image = dicts[0]
         assert (image["height"], image["width"]) == (96, 128)
+
+
+def test_run_tools_runs_every_step_and_records_failures(tmp_path):
+    """The driver runs each command line as __main__ in its folder, goes on after a failure, deletes the
+    named checkpoints after recording them, and exits 1 when a step failed."""
+    tool = tmp_path / "tool.py"
+    tool.write_text(
+        "import os, sys\n"
+        "if __name__ == '__main__':\n"
+        "    what = sys.argv[1]\n"
+        "    os.makedirs('out/run', exist_ok=True)\n"
+        "    open('out/run/model_final.pth', 'w').write(what)\n"
+        "    if what == 'bad-input':\n"
+        "        sys.exit(2)\n"
+        "    if what == 'crash':\n"
+        "        raise RuntimeError('boom')\n"
+    )
+    plan = [{"name": n, "tool": str(tool), "argv": [n], "cwd": str(tmp_path / n), "drop_checkpoints": "out"}
+            for n in ("ok", "bad-input", "crash")]
+    for step in plan:
+        os.makedirs(step["cwd"])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    proc = subprocess.run([sys.executable, RUN_TOOLS, str(tmp_path / "plan.json"), str(tmp_path / "status.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["ok"]["ok"] and status["ok"]["checkpoints"] == ["out/run/model_final.pth"]
+    assert not status["bad-input"]["ok"] and status["bad-input"]["exit"] == 2
+    assert not status["crash"]["ok"] and "RuntimeError: boom" in status["crash"]["error"]
+    assert not any((tmp_path / n / "out" / "run" / "model_final.pth").exists() for n in status)
+    assert proc.stdout.count("=== step ") == 6  # a start and an end line per step
