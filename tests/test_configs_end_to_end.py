@@ -143,8 +143,15 @@ def imagenet_overrides(image_folder):
             "train.log_period=1"]
 
 
-def build_plan(work, image_folder):
-    """The steps of tests/run_tools.py, pretraining before the fine-tuning that reads it."""
+# What a config needs run before it.
+NEEDS = {**IN1K_SOURCE, "demo/mask_rcnn_vit_tiny_finetune.py": "demo/pretrain_vit_tiny.py"}
+
+
+def build_plan(work, image_folder, only=None):
+    """The steps of tests/run_tools.py, pretraining before the fine-tuning that reads it; ``only``: these
+    configs and what they need (default: every config)."""
+    if only is not None:
+        only = set(only) | {NEEDS[n] for n in only if n in NEEDS}
     steps = {}
     work = str(work)
 
@@ -153,6 +160,8 @@ def build_plan(work, image_folder):
                        "argv": ["--config-file", str(CONFIGS / name), "--arm", _arm(name), *argv]}
 
     for name in all_configs():
+        if only is not None and name not in only:
+            continue
         folder, stem = name.split("/")[0], Path(name).stem
         if folder == "ImageNet":
             keep = name in IN1K_SOURCE.values()
@@ -196,11 +205,14 @@ def _output_dir(name):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, coco_layout_root, image_folder_root):
-    """Run the whole plan once; returns (working folder, status per config, combined output)."""
+def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
+    """Run the plan of the selected configs once; returns (working folder, status per config, combined output)."""
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_config_trains_and_evaluates"}
     work = tmp_path_factory.mktemp("e2e")
-    write_mae_like_checkpoint(work / MAE_LIKE)
-    plan = build_plan(work, image_folder_root)
+    plan = build_plan(work, image_folder_root, only=selected)
+    if any(step["name"] == "COCO/mask_rcnn_vitdet_b_100ep_pretrained.py" for step in plan):
+        write_mae_like_checkpoint(work / MAE_LIKE)
     (work / "plan.json").write_text(json.dumps(plan, indent=1))
     env = dict(os.environ, DETECTRON2_DATASETS=str(coco_layout_root),
                CONDINIT_DATA=str(tmp_path_factory.mktemp("condinit_data")), PYTHONWARNINGS="ignore")
@@ -237,6 +249,9 @@ def test_every_config_is_in_the_plan(tmp_path):
         assert names.index(recipe) < names.index(fine_tune)
     assert names.index("demo/pretrain_vit_tiny.py") < names.index("demo/mask_rcnn_vit_tiny_finetune.py")
     assert set(IN1K_SOURCE) == {n for n in names if n.endswith("_in1k.py")}
+    # A selection runs what it needs first.
+    only = [s["name"] for s in build_plan(tmp_path, tmp_path, only=["COCO/mask_rcnn_swin_b_3x_in1k.py"])]
+    assert only == ["ImageNet/swin_b_300ep.py", "COCO/mask_rcnn_swin_b_3x_in1k.py"]
 
 
 def test_coco_sizes_are_divided(tmp_path):
