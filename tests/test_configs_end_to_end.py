@@ -119,7 +119,7 @@ def lazy_coco_overrides(name):
                 "model.roi_heads.batch_size_per_image=32", "model.roi_heads.box_predictor.test_score_thresh=0.0",
                 "model.roi_heads.box_predictor.test_topk_per_image=10"]
     if name == "COCO/mask_rcnn_vitdet_b_100ep_pretrained.py":
-        out.append(f"train.init_checkpoint={MAE_LIKE}?matching_heuristics=True")
+        out.append(f"train.init_checkpoint='{MAE_LIKE}?matching_heuristics=True'")
     return out
 
 
