@@ -12,7 +12,7 @@ What is changed, and why (sizes only; models, heads, optimizers, augmentation ki
 - schedule: 2 iterations with an evaluation at the end (ImageNet recipes: one epoch), batch 1 (2 for
   ImageNet: mixup pairs images), no data-loader workers;
 - COCO input sizes divided by 8 (LSJ 1024 -> 128 px, multi-scale 480-800 -> 60-100, test 800 -> 100, crops
-  and ViTDet's square canvas alike): full-size ViTDet-B takes about a minute per iteration on a CPU;
+  and ViTDet's square canvas alike): full-size inputs are far too slow on a CPU;
 - Mask R-CNN proposal and RoI counts (RPN top-k, RoIs per image, detections per image) cut, and the test
   score threshold set to 0 so that an untrained model still produces detections and masks to evaluate;
 - the ImageNet recipes keep their 224 px input (the fine-tuning configs expect that position grid) and
