@@ -362,3 +362,28 @@ def test_run_tools_runs_every_step_and_records_failures(tmp_path):
     assert not status["crash"]["ok"] and "RuntimeError: boom" in status["crash"]["error"]
     assert not any((tmp_path / n / "out" / "run" / "model_final.pth").exists() for n in status)
     assert proc.stdout.count("=== step ") == 6  # a start and an end line per step
+
+
+def test_padded_simple_pyramid_pads_multiscale_images_for_xcit():
+    """Images whose sides are not multiples of the patch size are padded to the pyramid's coarsest stride
+    (detectron2's own SimpleFeaturePyramid leaves them as they are without a square canvas)."""
+    from detectron2.modeling import SimpleFeaturePyramid
+    from detectron2.structures import ImageList
+
+    from condinit_det.modeling.backbones import PaddedSimpleFeaturePyramid
+    from condinit_det.modeling.xcit import XCiT
+
+    torch.manual_seed(0)
+    kwargs = dict(in_feature="last_feat", out_channels=8, scale_factors=(2.0, 1.0, 0.5), norm="LN", square_pad=0)
+    net = XCiT(patch_size=16, embed_dim=32, depth=1, num_heads=2, out_feature="last_feat")
+    padded = PaddedSimpleFeaturePyramid(net=net, **kwargs)
+    images = [torch.rand(3, 80, 107), torch.rand(3, 64, 90)]
+    batch = ImageList.from_tensors(images, padded.size_divisibility, padding_constraints=padded.padding_constraints)
+    assert padded.size_divisibility == 32 and tuple(batch.tensor.shape[-2:]) == (96, 128)
+    assert batch.image_sizes == [(80, 107), (64, 90)]
+    out = padded(batch.tensor)
+    assert tuple(out["p4"].shape[-2:]) == (96 // 16, 128 // 16) and tuple(out["p5"].shape[-2:]) == (3, 4)
+    plain = SimpleFeaturePyramid(net=net, **kwargs)
+    unpadded = ImageList.from_tensors(images, plain.size_divisibility, padding_constraints=plain.padding_constraints)
+    with pytest.raises(ValueError, match="multiples of patch_size"):
+        plain(unpadded.tensor)
