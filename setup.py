@@ -55,6 +55,7 @@ setup(
         "fvcore",
         "iopath",
         "pycocotools>=2.0.2",
+        "shapely",  # fvcore crops polygon masks with it (the COCO configs' crop augmentations)
         "faster-coco-eval>=1.6",
         "opencv-python-headless",
         "matplotlib",

@@ -6,6 +6,9 @@ Registered in detectron2's ``BACKBONE_REGISTRY`` (importing this module register
 - ``build_condinit_swin_fpn_backbone``: detectron2 ``SwinTransformer`` + ``FPN``.
 - ``build_condinit_xcit_backbone``: :class:`condinit_det.modeling.xcit.XCiT` + ``SimpleFeaturePyramid``.
 
+Both simple-pyramid builders use :class:`PaddedSimpleFeaturePyramid`, which tells detectron2 the padding
+the pyramid needs (lazy configs may use it as well).
+
 Each builds the backbone with its constructor's init and then applies ``MODEL.CONDINIT``'s arm
 with :func:`condinit_det.init.apply_init`, before detectron2 builds the heads and before any
 checkpoint is loaded. Site names are those of the full model (``backbone.net.blocks.0.attn``),
@@ -29,6 +32,7 @@ from ..init import apply_init
 from .xcit import XCiT
 
 __all__ = [
+    "PaddedSimpleFeaturePyramid",
     "apply_condinit_cfg",
     "build_condinit_vit_backbone",
     "build_condinit_swin_fpn_backbone",
@@ -68,6 +72,24 @@ def apply_condinit_cfg(cfg, backbone: Backbone) -> Backbone:
     return backbone
 
 
+class PaddedSimpleFeaturePyramid(SimpleFeaturePyramid):
+    """detectron2's ``SimpleFeaturePyramid`` that asks for its inputs to be padded to its coarsest stride.
+
+    detectron2's class reports ``size_divisibility`` 0 and misspells the key of its
+    ``padding_constraints``, so batches are padded only when ``square_pad`` gives a square canvas
+    (ViTDet's 1024). Without one (multi-scale inputs), an image whose sides are not multiples of the
+    patch size reached the trunk unpadded: XCiT refuses it, ViT silently drops the border.
+    """
+
+    @property
+    def size_divisibility(self) -> int:
+        return self._size_divisibility
+
+    @property
+    def padding_constraints(self):
+        return {"size_divisibility": self._size_divisibility, "square_size": self._square_pad}
+
+
 def _simple_feature_pyramid(cfg, net: Backbone) -> SimpleFeaturePyramid:
     sfp = cfg.MODEL.SIMPLE_FPN
     in_feature = net._out_features[0]
@@ -77,7 +99,7 @@ def _simple_feature_pyramid(cfg, net: Backbone) -> SimpleFeaturePyramid:
         # Pool the coarsest pyramid level, whatever the scale factors make it (p5 for ViTDet's).
         coarsest = net.output_shape()[in_feature].stride / min(sfp.SCALE_FACTORS)
         top_block.in_feature = f"p{int(math.log2(coarsest))}"
-    return SimpleFeaturePyramid(
+    return PaddedSimpleFeaturePyramid(
         net=net,
         in_feature=in_feature,
         out_channels=cfg.MODEL.FPN.OUT_CHANNELS,

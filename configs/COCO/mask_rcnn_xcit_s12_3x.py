@@ -23,10 +23,10 @@ import torch.nn as nn
 
 from detectron2 import model_zoo
 from detectron2.config import LazyCall as L
-from detectron2.modeling import SimpleFeaturePyramid
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
 from condinit_det.modeling import armed
+from condinit_det.modeling.backbones import PaddedSimpleFeaturePyramid
 from condinit_det.modeling.xcit import XCiT
 
 from ..common.coco_loader_multiscale_crop import dataloader
@@ -34,7 +34,9 @@ from ..common.condinit import condinit
 from .mask_rcnn_swin_t_3x import lr_multiplier, optimizer, train
 
 model = armed(model_zoo.get_config("common/models/mask_rcnn_fpn.py").model)
-model.backbone = L(SimpleFeaturePyramid)(
+# detectron2's SimpleFeaturePyramid, padding the inputs to its coarsest stride (multi-scale inputs of
+# any aspect ratio; detectron2's own class pads only to a square canvas, which this recipe does not use).
+model.backbone = L(PaddedSimpleFeaturePyramid)(
     net=L(XCiT)(
         patch_size=16,
         embed_dim=384,
