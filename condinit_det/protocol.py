@@ -30,7 +30,7 @@ Example (XCiT-S12: ImageNet pretraining per arm, COCO Mask R-CNN per arm from it
 
 def build_argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="submit_protocol.py", epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Submit pretraining -> fine-tuning -> report of every arm and seed to Slurm.")
     parser.add_argument("--pretrain-config", required=True, help="lazy config of tools/pretrain_net.py")
     parser.add_argument("--finetune-config", required=True, help="lazy config of tools/train_net.py")

@@ -375,10 +375,10 @@ def test_fine_tune_from_a_run_directory_with_only_safetensors(tmp_path):
     run = tmp_path / "pretrain" / "mimetic" / "seed0"
     save_final(_pretrain_payload(pretrained, "mimetic"), str(run))
     os.remove(run / "model_final.pth")
-    exp = tmp_path / "finetune"
+    exp = tmp_path / "finetune" / "mimetic" / "seed0"  # the run of arm mimetic, seed 0
     # lr 0: the weights after one step are the weights the run started from.
     proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic", f"train.output_dir={exp}",
+        [sys.executable, TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic", f"train.output_dir={tmp_path / 'finetune'}",
          f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'", "train.max_iter=1",
          "train.eval_period=1", "optimizer.lr=0.0", "optimizer.weight_decay=0.0"],
         cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)

@@ -82,8 +82,8 @@ def test_xcit_batchnorm_two_processes_and_eval_only(tmp_path):
     # ones model_final.pth holds. Score threshold 0: a 6-iteration model then keeps detections.
     detections = ["model.roi_heads.box_predictor.test_score_thresh=0.0",
                   "model.roi_heads.box_predictor.test_topk_per_image=10"]
-    train_dir = tmp_path / "train"
-    log = _run(tmp_path, "--num-gpus", "2", "--arm", "conditioned", f"train.output_dir={train_dir}",
+    train_dir = tmp_path / "train" / "conditioned" / "seed0"  # where a run of arm X, seed k goes
+    log = _run(tmp_path, "--num-gpus", "2", "--arm", "conditioned", f"train.output_dir={tmp_path / 'train'}",
                "train.max_iter=6", "train.eval_period=6", *detections)
     assert "Replica check after training: all 2 ranks hold identical weights" in log
     final = train_dir / "model_final.pth"
@@ -94,13 +94,13 @@ def test_xcit_batchnorm_two_processes_and_eval_only(tmp_path):
         out = tmp_path / f"eval{procs}"
         _run(tmp_path, "--num-gpus", str(procs), "--eval-only", f"train.init_checkpoint={final}",
              f"train.output_dir={out}", *detections)
-        (evals[procs],) = ResultsFile(out).records("eval")
+        (evals[procs],) = ResultsFile(out / "default" / "seed0").records("eval")  # the config's arm and seed
     (trained,) = ResultsFile(train_dir).records("ap")
     for task in ("bbox", "segm"):
         for metric in ("AP", "AP50", "AP75"):
             values = [trained[task][metric], evals[1][task][metric], evals[2][task][metric]]
             assert values[0] is not None and values == pytest.approx([values[1]] * 3, abs=1e-6), (task, metric)
-    predictions = [_predictions(d) for d in (train_dir, tmp_path / "eval1", tmp_path / "eval2")]
+    predictions = [_predictions(d) for d in (train_dir, *(tmp_path / f"eval{n}" / "default" / "seed0" for n in (1, 2)))]
     assert len(predictions[0]) > 0 and len({len(p) for p in predictions}) == 1
     for p, q, r in zip(*predictions):
         assert (p["image_id"], p["category_id"]) == (q["image_id"], q["category_id"]) == (r["image_id"],

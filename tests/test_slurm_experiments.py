@@ -104,18 +104,18 @@ def test_arm_all_two_seeds_as_an_array_then_cancel_and_resubmit(slurm_env):
 
 def test_a_run_requeued_in_the_middle_records_every_evaluation_once(slurm_env):
     exp = slurm_env / "exp"
-    log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "conditioned", *SLURM, "train.max_iter=8",
-                "train.eval_period=2", "train.checkpointer.period=2", f"train.output_dir={exp}", cwd=slurm_env)
+    log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "conditioned", *SLURM, "train.max_iter=200",
+                "train.eval_period=50", "train.checkpointer.period=50", f"train.output_dir={exp}", cwd=slurm_env)
     array, report = _ids(log)
     assert report is None  # one run: no comparison to write
     run_dir = RunSpec("conditioned", 0).path(str(exp))
     deadline = time.time() + 600
     while _iterations(run_dir) == [] and time.time() < deadline:
-        time.sleep(0.5)
-    assert _iterations(run_dir) == [2], "no evaluation before the deadline"
+        time.sleep(0.1)
+    assert _iterations(run_dir) == [50], "no evaluation before the deadline"
     subprocess.run(["scontrol", "requeue", array], check=True, timeout=60)  # one run: a plain job, not an array
     assert list(_wait(array, timeout=1200).values()) == ["COMPLETED"]
-    assert _iterations(run_dir) == [2, 4, 6, 8]  # none lost, none repeated
+    assert _iterations(run_dir) == [50, 100, 150, 200]  # none lost, none repeated
     text = Path(run_dir, "log.txt").read_text()
     assert re.search(r"\[Checkpointer\] Loading from .*model_00000\d\d\.pth", text), text[-3000:]  # resumed
     assert json.loads(Path(run_dir, "condinit_arm_report.json").read_text())["run"]["arm"] == "conditioned"

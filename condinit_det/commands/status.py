@@ -17,7 +17,6 @@ from condinit_det.status import STALE_AFTER, STATES, experiment_status, format_t
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="experiment_status.py",
         description="One line per run of an experiment (both stages): state, progress, latest evaluation, time "
                     "per iteration, ETA and log; then a count per state. Reads the run directories only.")
     parser.add_argument("dir", metavar="DIR", help="an experiment directory (with experiment.json), a folder of "
@@ -28,13 +27,13 @@ def main(argv=None) -> int:
                              f"than running (default {STALE_AFTER:g})")
     args = parser.parse_args(argv)
     if not math.isfinite(args.stale_after) or args.stale_after <= 0:
-        print(f"experiment_status: error: --stale-after {args.stale_after:g}: expected a positive number of seconds",
+        print(f"{parser.prog}: error: --stale-after {args.stale_after:g}: expected a positive number of seconds",
               file=sys.stderr)
         return 2
     try:
         statuses = experiment_status(args.dir, stale_after=args.stale_after)
     except (ValueError, OSError) as e:
-        print("experiment_status: error: " + " ".join(str(e).split()), file=sys.stderr)
+        print(f"{parser.prog}: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     if args.json:
         counts = Counter(s.state for s in statuses)

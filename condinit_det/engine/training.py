@@ -664,8 +664,9 @@ def _run_config(args, base: str, spec: RunSpec):
                           seed=spec.seed, lr_scale=spec.lr_scale)
 
 
-def plan_invocation(args):
-    """(base output dir, [(RunSpec, prepared cfg)]): one run (``--arm X`` or the config's arm) or an experiment."""
+def plan_invocation(args, only: Optional[RunSpec] = None):
+    """(base output dir, [(RunSpec, prepared cfg)]): one run (``--arm X`` or the config's arm) or an experiment;
+    ``only``: that planned run alone (the others' init checkpoints may not exist yet)."""
     base_cfg = prepare_config(load_config(args.config_file, args.opts),
                               arm=None if args.arm in (None, "all") else args.arm)
     base = get_output_dir(base_cfg)
@@ -674,7 +675,8 @@ def plan_invocation(args):
     arms = list(ARMS) if args.arm == "all" else [arm_spec(base_cfg).arm]
     seeds = parse_seeds(args.seeds) if args.seeds else [get_seed(base_cfg)]
     scales = parse_lr_scales(args.lr_scale) if args.lr_scale else [1.0]
-    return base, [(spec, _run_config(args, base, spec)) for spec in plan_runs(arms, seeds, scales)]
+    specs = [spec for spec in plan_runs(arms, seeds, scales) if only is None or spec == only]
+    return base, [(spec, _run_config(args, base, spec)) for spec in specs]
 
 
 def check_invocation(args) -> None:
@@ -736,9 +738,7 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
     from condinit_det.distributed import launch
 
     _console_logging()
-    base, runs = plan_invocation(args)
-    if only is not None:
-        runs = [(spec, cfg) for spec, cfg in runs if spec == only]
+    base, runs = plan_invocation(args, only)
     specs = [spec for spec, _ in runs]
     cfg_of = dict(runs)
     main_launcher = int(args.machine_rank) == 0
