@@ -48,14 +48,25 @@ def launch(main_func, num_processes: int, *, device: str, num_machines: int = 1,
 
     device: the run's device (``train.device`` / ``MODEL.DEVICE``). On the CPU with several processes
     the workers start with no CUDA device visible (``CUDA_VISIBLE_DEVICES=""``), so they join a gloo
-    process group even on a machine with GPUs.
+    process group even on a machine with GPUs. Each worker leaves its process group when ``main_func``
+    returns or raises.
     """
     from detectron2.engine import launch as d2_launch
 
     hide = int(num_processes) * int(num_machines) > 1 and str(device).startswith("cpu")
     with _cuda_hidden() if hide else contextlib.nullcontext():
-        d2_launch(main_func, num_processes, num_machines=num_machines, machine_rank=machine_rank,
-                  dist_url=dist_url, args=args)
+        d2_launch(_leaving_group, num_processes, num_machines=num_machines, machine_rank=machine_rank,
+                  dist_url=dist_url, args=(main_func, *args))
+
+
+def _leaving_group(main_func, *args):
+    # A worker that exits with its process group still open can abort in gloo's threads at exit
+    # ("terminate called without an active exception"), which would turn a finished run into a failed one.
+    try:
+        return main_func(*args)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _synchronized_norms() -> tuple:
