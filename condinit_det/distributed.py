@@ -60,13 +60,20 @@ def launch(main_func, num_processes: int, *, device: str, num_machines: int = 1,
 
 
 def _leaving_group(main_func, *args):
-    # A worker that exits with its process group still open can abort in gloo's threads at exit
-    # ("terminate called without an active exception"), which would turn a finished run into a failed one.
+    # A worker that exits while another still uses the process group can abort in gloo's threads
+    # ("terminate called without an active exception"), which would turn a finished run into a failed
+    # one: after a run, every worker waits for the others, then leaves the group, then exits.
+    grouped = dist.is_available() and dist.is_initialized()
     try:
-        return main_func(*args)
-    finally:
-        if dist.is_available() and dist.is_initialized():
+        result = main_func(*args)
+    except BaseException:
+        if grouped:
             dist.destroy_process_group()
+        raise
+    if grouped:
+        dist.barrier()
+        dist.destroy_process_group()
+    return result
 
 
 def _synchronized_norms() -> tuple:
