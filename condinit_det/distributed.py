@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import sys
 from typing import Set
 
 import torch
@@ -60,9 +62,10 @@ def launch(main_func, num_processes: int, *, device: str, num_machines: int = 1,
 
 
 def _leaving_group(main_func, *args):
-    # A worker that exits while another still uses the process group can abort in gloo's threads
-    # ("terminate called without an active exception"), which would turn a finished run into a failed
-    # one: after a run, every worker waits for the others, then leaves the group, then exits.
+    # A spawned worker can abort while the interpreter tears down ("terminate called without an active
+    # exception" from a C++ thread of the process group), which would turn a finished run into a failed
+    # one. So after a run every worker waits for the others, leaves the group, flushes its logs and exits
+    # at once; a failing worker leaves the group and raises, as spawn expects.
     grouped = dist.is_available() and dist.is_initialized()
     try:
         result = main_func(*args)
@@ -70,10 +73,14 @@ def _leaving_group(main_func, *args):
         if grouped:
             dist.destroy_process_group()
         raise
-    if grouped:
-        dist.barrier()
-        dist.destroy_process_group()
-    return result
+    if not grouped:
+        return result
+    dist.barrier()
+    dist.destroy_process_group()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _synchronized_norms() -> tuple:
