@@ -25,7 +25,6 @@ import gc
 import inspect
 import logging
 import os
-import sys
 import tempfile
 from typing import List, Optional
 
@@ -52,7 +51,6 @@ from condinit_det.runs import (
     RunSpec,
     check_resume_identity,
     execute_runs,
-    failure_summary,
     note_failure,
     parse_lr_scales,
     parse_seeds,
@@ -761,19 +759,10 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
     outcomes = execute_runs(specs, base, launch=launch_run, finished=lambda spec: _final_recorded(cfg_of[spec]),
                             resume=args.resume, retry_failed=getattr(args, "retry_failed", False),
                             config=args.config_file or None, main=main_launcher)
-    if len(specs) > 1 and main_launcher and only is None:
-        from condinit_det.report import compare_arms
+    from condinit_det.report.compare import finish_experiment
 
-        report_dir = os.path.join(base, REPORT_DIRNAME)
-        try:
-            _, text = compare_arms([base], output_dir=report_dir, bootstrap=args.bootstrap)
-            print(text + f"\nReport written to {report_dir}", flush=True)
-        except ValueError as e:  # e.g. no run finished: the failures below say why
-            print(f"No report: {e}", file=sys.stderr, flush=True)
-    lines = failure_summary(outcomes)
-    for line in lines:
-        print(line, file=sys.stderr, flush=True)
-    return 1 if lines else 0
+    return finish_experiment(base, outcomes, report=len(specs) > 1 and main_launcher and only is None,
+                             bootstrap=args.bootstrap)
 
 
 def _write_plan(args, base: str, runs) -> None:

@@ -14,7 +14,6 @@ import dataclasses
 import gc
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -23,7 +22,7 @@ import torch
 from ..checkpoint_io import TRUST_FLAG, check_loadable, final_weights_file
 from ..init import ARMS
 from ..slurm import add_slurm_arguments
-from ..runs import (ARM_CHOICES, Preempted, RunSpec, check_resume_identity, execute_runs, failure_summary,
+from ..runs import (ARM_CHOICES, Preempted, RunSpec, check_resume_identity, execute_runs,
                     note_failure, parse_lr_scales, parse_seeds, plan_runs, write_plan)
 from .checkpoint import FINAL_FILENAME, last_checkpoint
 from .config import DEFAULTS, UsageError, arm_spec, load_config, node, run_identity
@@ -269,19 +268,10 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
                             finished=lambda run: run_finished(run.path(experiment.base), experiment.epochs),
                             resume=args.resume, retry_failed=getattr(args, "retry_failed", False),
                             config=experiment.config_file, main=main_launcher, log=logger)
-    if len(experiment.runs) > 1 and main_launcher and only is None:
-        from ..report import compare_arms
+    from ..report.compare import finish_experiment
 
-        report_dir = os.path.join(experiment.base, REPORT_DIRNAME)
-        try:
-            _, text = compare_arms([experiment.base], output_dir=report_dir)
-            print(text + f"\nReport written to {report_dir}", flush=True)
-        except ValueError as e:  # e.g. no run finished: the failures below say why
-            print(f"No report: {e}", file=sys.stderr, flush=True)
-    lines = failure_summary(outcomes)
-    for line in lines:
-        print(line, file=sys.stderr, flush=True)
-    return 1 if lines else 0
+    return finish_experiment(experiment.base, outcomes,
+                             report=len(experiment.runs) > 1 and main_launcher and only is None)
 
 
 def submit_to_slurm(args) -> int:
