@@ -73,7 +73,7 @@ setup(
         "packaging",
         "psutil",
         "safetensors",  # the shareable model_final.safetensors
-        "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.slurm)
+        "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.launch.slurm)
     ],
     extras_require={"test": ["pytest>=7"]},
     cmdclass={"build_py": build_py_with_configs},

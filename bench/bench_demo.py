@@ -173,7 +173,7 @@ def summarize(output_dir, max_iter):
     """Table rows per arm and the names of arms whose final evaluation is missing."""
     from condinit_det.report import compare_arms
 
-    # One seed per arm: <output>/<arm>/seed<k>/ (condinit_det.runs).
+    # One seed per arm: <output>/<arm>/seed<k>/ (condinit_det.records.layout).
     arm_dirs = [next(iter(sorted(glob.glob(os.path.join(output_dir, arm, "seed*")))), os.path.join(output_dir, arm))
                 for arm in ARMS]
     present = [d for d in arm_dirs if os.path.isfile(os.path.join(d, "results.json"))]

@@ -358,12 +358,12 @@ def test_hook_writes_storage_and_records(tmp_path):
 
 
 def test_hook_results_file_and_builder(tmp_path):
-    pytest.importorskip("condinit_det.results")
+    pytest.importorskip("condinit_det.records.results")
     from detectron2.config import LazyConfig  # noqa: F401
     from omegaconf import OmegaConf
 
     from condinit_det.analysis.hooks import build_conditioning_hook
-    from condinit_det.results import ResultsFile
+    from condinit_det.records.results import ResultsFile
 
     cfg = OmegaConf.create({"condinit": {"arm": "mimetic", "seed": 1}, "train": {"output_dir": str(tmp_path)},
                             "condinit_analysis": {"period": 0}})

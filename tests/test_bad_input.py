@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from condinit_det.engine.training import build_argument_parser, check_invocation
-from condinit_det.results import ResultsFile
-from condinit_det.runs import write_arm_report
+from condinit_det.records.results import ResultsFile
+from condinit_det.records.identity import write_arm_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")

@@ -9,7 +9,7 @@ from pycocotools import mask as mask_utils
 from condinit_det.evaluation import bootstrap
 from condinit_det.evaluation.bootstrap import (AP_METRICS, classification_correctness, coco_ap, match_images,
                                                paired_accuracy_bootstrap, paired_coco_bootstrap, resampled_ap)
-from condinit_det.stats import percentile_interval
+from condinit_det.report.statistics import percentile_interval
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from coco_reevaluation import reevaluated_ap, resample_coco  # noqa: E402  (the re-evaluation reference)

@@ -15,7 +15,7 @@ import pytest
 import timm
 import torch
 
-from condinit_det.checkpoint_io import (
+from condinit_det.utils.checkpoint_io import (
     UnsafeCheckpointError,
     check_loadable,
     final_weights_file,
@@ -29,8 +29,8 @@ from condinit_det.engine.checkpoint import RunCheckpointer, pretrain_checkpoint_
 from condinit_det.init import apply_init
 from condinit_det.modeling.convert import convert_timm_checkpoint, convert_timm_vit
 from condinit_det.pretrain.checkpoint import FINAL_FORMAT, load_final, save_final
-from condinit_det.results import ResultsFile
-from condinit_det.runs import RunSpec
+from condinit_det.records.results import ResultsFile
+from condinit_det.records.layout import RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")

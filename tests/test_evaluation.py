@@ -294,7 +294,7 @@ def _distributed_worker(json_file, dets, out_dir):
 
 @pytest.mark.slow
 def test_distributed_gathers_to_rank0(dataset, reference, tmp_path):
-    from condinit_det.distributed import launch
+    from condinit_det.utils.distributed import launch
 
     launch(  # CPU processes (gloo), also where CUDA is available
         _distributed_worker,

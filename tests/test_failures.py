@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from condinit_det.init import ARMS
-from condinit_det.results import ResultsFile
-from condinit_det.runs import RunSpec, execute_runs, failure_of, failure_summary, is_set_aside, note_failure
+from condinit_det.records.results import ResultsFile
+from condinit_det.records.layout import RunSpec, is_set_aside
+from condinit_det.launch.experiment import execute_runs, failure_summary
+from condinit_det.records.failures import failure_of, note_failure
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_NET = str(ROOT / "tools" / "train_net.py")

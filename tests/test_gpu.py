@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from condinit_det.init import apply_init, find_attention
-from condinit_det.results import ResultsFile
+from condinit_det.records.results import ResultsFile
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)")]

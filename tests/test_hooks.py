@@ -18,7 +18,7 @@ from detectron2.evaluation import inference_on_dataset
 from detectron2.structures import Boxes, Instances
 
 from condinit_det.engine.hooks import AP_METRICS, APHook, ap_record, build_best_checkpointer
-from condinit_det.results import ResultsFile
+from condinit_det.records.results import ResultsFile
 
 CONFIG = os.path.join(os.path.dirname(__file__), "tiny_train_config.py")
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from condinit_det.report import compare_arms, read_training_loss, smooth
-from condinit_det.results import ResultsFile
+from condinit_det.records.results import ResultsFile
 
 
 def _line(it, loss=None, **extra):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from condinit_det.results import RESULTS_FILENAME, ResultsFile
+from condinit_det.records.results import RESULTS_FILENAME, ResultsFile
 
 
 def _ap(iteration, ap, kind="ap", **extra):

@@ -12,7 +12,7 @@ import torch
 
 from condinit_det.engine.checkpoint import check_checkpoint_file
 from condinit_det.init import ARMS
-from condinit_det.results import ResultsFile
+from condinit_det.records.results import ResultsFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
@@ -110,7 +110,7 @@ def test_kill_during_evaluation_then_resume(tmp_path):
 _WRITER = r"""
 import sys, torch
 from condinit_det.engine.checkpoint import RunCheckpointer
-from condinit_det.results import ResultsFile
+from condinit_det.records.results import ResultsFile
 out, what = sys.argv[1], sys.argv[2]
 if what == "results":
     rf = ResultsFile(out)

@@ -1,4 +1,4 @@
-"""condinit_det.slurm: flags, rendezvous, dependencies; and, on a real cluster (marker ``slurm``), job
+"""condinit_det.launch.slurm: flags, rendezvous, dependencies; and, on a real cluster (marker ``slurm``), job
 arrays, per-element dependencies, requeue on USR2 and on ``scontrol requeue``, ``--max-parallel``."""
 import argparse
 import functools
@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 import submitit
 
-from condinit_det import slurm
+from condinit_det.launch import slurm
 
 # Toy callables run in the jobs' own Python processes: ship them by value (tests/ is not importable there).
 # They use nothing from condinit_det, whose import (torch, detectron2) would add seconds to every job.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from condinit_det.init import ARMS
-from condinit_det.results import ResultsFile
-from condinit_det.runs import RunSpec
+from condinit_det.records.results import ResultsFile
+from condinit_det.records.layout import RunSpec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from condinit_det.stats import (BETTER, NOT_DISTINGUISHABLE, WORSE, Interval, mean_std, percentile_interval,
+from condinit_det.report.statistics import (BETTER, NOT_DISTINGUISHABLE, WORSE, Interval, mean_std, percentile_interval,
                                 t_interval, verdict)
 
 T_975_2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables: 4.303)

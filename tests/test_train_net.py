@@ -10,7 +10,7 @@ import torch
 from detectron2.config import instantiate
 from detectron2.utils.env import seed_all_rng
 
-from condinit_det.results import ResultsFile
+from condinit_det.records.results import ResultsFile
 from condinit_det.engine.training import build_argument_parser, build_model, check_invocation, load_config, prepare_config
 from condinit_det.init import ARMS, find_attention
 
@@ -185,7 +185,7 @@ def test_yacs_config_path(tmp_path):
     assert len([m for m in _metrics(out) if "bbox/AP" in m]) == 2
     assert (out / "last_checkpoint").read_text().strip() == "model_final.pth"
     assert (out / "model_best.pth").is_file()
-    from condinit_det.checkpoint_io import load_safetensors
+    from condinit_det.utils.checkpoint_io import load_safetensors
 
     _, meta = load_safetensors(str(out / "model_final.safetensors"))  # the shareable copy, with the run's metadata
     assert (meta["format"], meta["arm"], meta["seed"], meta["iteration"]) == ("condinit_det.detection/v1", "mimetic", 0, 1)

@@ -9,7 +9,7 @@ from detectron2.data import build_detection_train_loader
 from detectron2.modeling import BACKBONE_REGISTRY, build_model
 from detectron2.utils.events import EventStorage
 
-from condinit_det.config import add_condinit_config, build_optimizer, condinit_options
+from condinit_det.modeling.yacs_config import add_condinit_config, build_optimizer, condinit_options
 from condinit_det.data import register_embedded_datasets
 from condinit_det.init import find_attention
 from condinit_det.modeling import backbones  # noqa: F401  (registers the builders)

@@ -8,7 +8,7 @@ weights. ``method="auto"`` (default) takes the exact per-head method when one he
 matrix-free estimate (block Lanczos on jvp/vjp products) otherwise. It writes
 
 - event storage scalars ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}``, and
-- one results record per site (``condinit_det.results.ResultsFile(output_dir).add``)::
+- one results record per site (``condinit_det.records.results.ResultsFile(output_dir).add``)::
 
     {"kind": "conditioning", "iteration": <completed iterations>, "site": <name>, "kappa",
      "sigma_max", "sigma_min", "bound", "kappa_wq", "kappa_wk", "kappa_wv", "kappa_x",
@@ -100,7 +100,7 @@ class ConditioningHook(HookBase):
     @property
     def results(self):
         if self._results is None and self.output_dir:
-            from condinit_det.results import ResultsFile
+            from condinit_det.records.results import ResultsFile
 
             self._results = ResultsFile(self.output_dir)
         return self._results

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence
 
 from torch import nn
 
-from ..fileio import atomic_write
+from ..utils.fileio import atomic_write
 from .bound import theorem_terms
 from .capture import capture_site_inputs, token_matrix
 from .conditioning import DEFAULT_MAX_ENTRIES, dense_conditioning, estimate_conditioning, exact_conditioning

@@ -1,15 +1,15 @@
 """``condinit-protocol`` (``tools/submit_protocol.py``): the paper's protocol in one Slurm submission
 (pretraining array -> fine-tuning array, element by element -> report of both stages); the logic is in
-:mod:`condinit_det.protocol`.
+:mod:`condinit_det.launch.protocol`.
 """
 import sys
 from typing import List, Optional
 
-from condinit_det.protocol import build_argument_parser, submit_protocol
+from condinit_det.launch.protocol import build_argument_parser, submit_protocol
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from condinit_det.arm_node import ArmError
+    from condinit_det.init.spec import ArmError
     from condinit_det.pretrain import UsageError
 
     parser = build_argument_parser()

@@ -2,7 +2,7 @@
 
     condinit-status DIR [--json] [--stale-after S]
 
-The states and what is read are described in :mod:`condinit_det.status`.
+The states and what is read are described in :mod:`condinit_det.launch.status`.
 """
 import argparse
 import json
@@ -12,7 +12,7 @@ import sys
 import time
 from collections import Counter
 
-from condinit_det.status import STALE_AFTER, STATES, experiment_status, format_table, summary_line
+from condinit_det.launch.status import STALE_AFTER, STATES, experiment_status, format_table, summary_line
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ The logic lives in :mod:`condinit_det.engine.training`.
 import sys
 from typing import List, Optional
 
-from condinit_det.arm_node import ArmError
+from condinit_det.init.spec import ArmError
 from condinit_det.engine import training
 
 

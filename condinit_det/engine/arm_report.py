@@ -1,7 +1,7 @@
 """The arm report of a run: which arm each attention site got, and where its weights finally came from.
 
 Written by the main process as ``<output_dir>/condinit_arm_report.json`` (see
-:func:`condinit_det.runs.write_arm_report`): the :class:`~condinit_det.init.InitReport` of the
+:func:`condinit_det.records.layout.write_arm_report`): the :class:`~condinit_det.init.InitReport` of the
 build, the run identity checked by ``--resume``, and per site ``weights_from`` -- ``"arm"`` when
 the site kept the arm's init, or the checkpoint that overwrote it (with that checkpoint's own
 arm when it is a pretraining checkpoint).
@@ -13,8 +13,8 @@ from typing import Dict, List, Mapping, Optional
 import torch
 
 from ..init import InitReport, find_attention
-from ..results import ARM_REPORT_FILENAME
-from ..runs import write_arm_report
+from ..records.identity import ARM_REPORT_FILENAME
+from ..records.identity import write_arm_report
 
 __all__ = ["AttentionSnapshot", "log_arm_report", "save_arm_report"]
 

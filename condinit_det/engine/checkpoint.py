@@ -6,7 +6,7 @@
   same folder and ``os.replace``, so a run killed while saving leaves the previous checkpoint and
   tag intact (no half-written file is ever read by ``--resume``); ``model_final`` is also written
   as ``model_final.safetensors`` (the weights to share; arm, seed, iteration as metadata);
-- files are read without running code from them (:mod:`condinit_det.checkpoint_io`): ``.pth``
+- files are read without running code from them (:mod:`condinit_det.utils.checkpoint_io`): ``.pth``
   with ``weights_only=True``, ``.safetensors`` natively, ``.pkl`` only with ``trust_pickle``; a
   truncated, corrupt or unsafe checkpoint is reported as one ``ValueError`` naming the file;
 - a checkpoint written by ``tools/pretrain_net.py`` (``{"format": "condinit_det.pretrain/v1",
@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from detectron2.checkpoint import DetectionCheckpointer
 
-from ..checkpoint_io import (
+from ..utils.checkpoint_io import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIX,
     check_loadable,
@@ -35,7 +35,7 @@ from ..checkpoint_io import (
     save_safetensors,
     torch_load,
 )
-from ..fileio import atomic_torch_save, atomic_write
+from ..utils.fileio import atomic_torch_save, atomic_write
 
 __all__ = ["DETECTION_FORMAT", "PRETRAIN_FORMAT", "RunCheckpointer", "check_checkpoint_file",
            "pretrain_checkpoint_file", "read_pretrain_meta"]
@@ -79,7 +79,7 @@ def check_checkpoint_file(path: str) -> None:
 def read_pretrain_meta(path: str, *, trust_pickle: bool = False) -> Optional[dict]:
     """Metadata (everything but the weights) of a pretraining checkpoint, or None for other files.
 
-    Raises :class:`~condinit_det.checkpoint_io.UnsafeCheckpointError` for a ``.pth`` that needs full
+    Raises :class:`~condinit_det.utils.checkpoint_io.UnsafeCheckpointError` for a ``.pth`` that needs full
     unpickling unless ``trust_pickle``."""
     if not os.path.isfile(path) or path.endswith(PICKLE_SUFFIXES + (".pyth",)):
         return None

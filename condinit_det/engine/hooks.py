@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 from detectron2.engine import hooks
 from detectron2.utils import comm
 
-from condinit_det.results import ResultsFile
+from condinit_det.records.results import ResultsFile
 
 __all__ = ["AP_METRICS", "ap_record", "APHook", "build_best_checkpointer"]
 
@@ -219,14 +219,14 @@ def build_best_checkpointer(
 class PreemptionHook(hooks.HookBase):
     """Inside a Slurm element: on the time-limit signal, every process agrees at the next step boundary,
     rank 0 writes a checkpoint of that iteration, and the run stops for its requeue
-    (:class:`condinit_det.cluster.PreemptionWatch`). Does nothing elsewhere."""
+    (:class:`condinit_det.launch.cluster.PreemptionWatch`). Does nothing elsewhere."""
 
     def __init__(self, checkpointer, run_dir: str):
         self._checkpointer, self._run_dir = checkpointer, run_dir
         self._watch = None
 
     def before_train(self):
-        from condinit_det.cluster import PreemptionWatch
+        from condinit_det.launch.cluster import PreemptionWatch
 
         self._watch = PreemptionWatch()
 

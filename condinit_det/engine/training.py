@@ -7,13 +7,13 @@ read: ``model`` (armed: :func:`condinit_det.modeling.armed`), ``optimizer``, ``l
 eval_period, log_period, checkpointer, ddp, amp.enabled, device, seed}``, ``condinit`` (the arm,
 ``configs/common/condinit.py``) and the optional ``condinit_analysis`` (conditioning analysis
 hook; ``period=0`` or absent: off). yacs (``.yaml``) configs take the ``DefaultTrainer`` path
-with the project's keys added by ``condinit_det.config.add_condinit_config``.
+with the project's keys added by ``condinit_det.modeling.yacs_config.add_condinit_config``.
 
 Seeds: a negative ``train.seed`` (detectron2's "random") is replaced by 0, so that separate
 runs of different arms share data order and every non-attention weight; ``--seeds`` or
 ``train.seed=N`` choose others, and the arm's seed follows the training seed.
 
-Every run trains into ``<output_dir>/<arm>/seed<k>[-lr<s>]/`` (:mod:`condinit_det.runs`), the
+Every run trains into ``<output_dir>/<arm>/seed<k>[-lr<s>]/`` (:mod:`condinit_det.records.layout`), the
 same place in both stages, whether it is one run or an *experiment* (``--arm all``, ``--seeds``,
 ``--lr-scale``: one run per arm, seed and learning-rate scale, then the comparison in
 ``<output_dir>/report/``). Each run has a launch of its own (:func:`execute`): a run that
@@ -37,27 +37,19 @@ from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
-from condinit_det.arm_node import ArmSpec, plain, resolve_arm_node
-from condinit_det.checkpoint_io import TRUST_FLAG, check_loadable, refuse_pickle
-from condinit_det.distributed import replica_fingerprint, sync_buffers
+from condinit_det.init.spec import ArmSpec, plain, resolve_arm_node
+from condinit_det.utils.checkpoint_io import TRUST_FLAG, check_loadable, refuse_pickle
+from condinit_det.utils.distributed import replica_fingerprint, sync_buffers
 from condinit_det.init import ARMS
 from condinit_det.model_zoo import is_yacs_file, resolve_config_file
 from condinit_det.modeling.arm import armed, armed_nodes, check_arm_agrees, rank0_computes_arm, sites_only
-from condinit_det.results import ResultsFile
-from condinit_det.slurm import add_slurm_arguments
-from condinit_det.runs import (
-    ARM_CHOICES,
-    Preempted,
-    RunSpec,
-    check_resume_identity,
-    execute_runs,
-    note_failure,
-    parse_lr_scales,
-    parse_seeds,
-    plan_runs,
-    read_arm_report,
-    write_plan,
-)
+from condinit_det.records.results import ResultsFile
+from condinit_det.launch.slurm import add_slurm_arguments
+from condinit_det.records.layout import ARM_CHOICES, RunSpec, parse_lr_scales, parse_seeds, plan_runs, write_plan
+from condinit_det.utils.preemption import Preempted
+from condinit_det.records.identity import check_resume_identity, read_arm_report
+from condinit_det.launch.experiment import execute_runs
+from condinit_det.records.failures import note_failure
 
 from .arm_report import AttentionSnapshot, log_arm_report, save_arm_report, weights_from
 from .checkpoint import RunCheckpointer, check_checkpoint_file, pretrain_checkpoint_file, read_pretrain_meta
@@ -166,7 +158,7 @@ def load_config(config_file: str, opts: Optional[List[str]] = None):
     if is_yacs_file(path):
         from detectron2.config import get_cfg
 
-        from condinit_det.config import add_condinit_config
+        from condinit_det.modeling.yacs_config import add_condinit_config
 
         cfg = get_cfg()
         add_condinit_config(cfg)
@@ -210,7 +202,7 @@ def get_init_checkpoint(cfg) -> str:
 def arm_spec(cfg) -> ArmSpec:
     """The validated arm of a prepared config."""
     if _is_yacs(cfg):
-        from condinit_det.config import condinit_options
+        from condinit_det.modeling.yacs_config import condinit_options
 
         node = cfg.MODEL.CONDINIT
         return resolve_arm_node({"arm": node.ARM, "seed": node.SEED, "include": list(node.INCLUDE) or None,
@@ -220,7 +212,7 @@ def arm_spec(cfg) -> ArmSpec:
 
 
 def run_identity(cfg) -> dict:
-    """What a resumed run must share with the run it continues (:data:`condinit_det.runs.IDENTITY_KEYS`)."""
+    """What a resumed run must share with the run it continues (:data:`condinit_det.records.layout.IDENTITY_KEYS`)."""
     return {**arm_spec(cfg).identity(), "seed": get_seed(cfg), "lr_scale": get_lr_scale(cfg)}
 
 
@@ -733,7 +725,7 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
     there are several runs. Returns the exit status: 1 when a run failed or diverged (named on the last
     lines), else 0. Call :func:`check_invocation` first. ``only``: train that planned run alone (a Slurm
     array element: no plan written, no report)."""
-    from condinit_det.distributed import launch
+    from condinit_det.utils.distributed import launch
 
     _console_logging()
     base, runs = plan_invocation(args, only)
@@ -772,8 +764,8 @@ def _write_plan(args, base: str, runs) -> None:
 
 def submit_to_slurm(args) -> int:
     """``--slurm``: submit every unfinished planned run as an element of one job array and a report job after
-    them (:mod:`condinit_det.cluster`); returns 0 once submitted. Call :func:`check_invocation` first."""
-    from condinit_det.cluster import submit_experiment
+    them (:mod:`condinit_det.launch.cluster`); returns 0 once submitted. Call :func:`check_invocation` first."""
+    from condinit_det.launch.cluster import submit_experiment
 
     base, runs = plan_invocation(args)
     cfg_of = dict(runs)

@@ -6,10 +6,10 @@ import os
 from detectron2.engine import DefaultTrainer, hooks
 from detectron2.utils import comm
 
-from condinit_det.distributed import sync_buffers
+from condinit_det.utils.distributed import sync_buffers
 from condinit_det.evaluation import FastCOCOEvaluator
-from condinit_det.results import ResultsFile
-from condinit_det.runs import check_resume_identity
+from condinit_det.records.results import ResultsFile
+from condinit_det.records.identity import check_resume_identity
 
 from .arm_report import log_arm_report, save_arm_report
 from .checkpoint import RunCheckpointer
@@ -23,7 +23,7 @@ logger = logging.getLogger("detectron2")
 class CondinitTrainer(DefaultTrainer):
     """
     DefaultTrainer whose model is built by the project's backbone builders (which apply
-    ``MODEL.CONDINIT``'s arm), optimizer by :func:`condinit_det.config.build_optimizer`,
+    ``MODEL.CONDINIT``'s arm), optimizer by :func:`condinit_det.modeling.yacs_config.build_optimizer`,
     evaluator is COCO box (+ mask) AP, and whose evaluation hook records into ``results.json``.
     """
 
@@ -58,7 +58,7 @@ class CondinitTrainer(DefaultTrainer):
 
     @classmethod
     def build_optimizer(cls, cfg, model):
-        from condinit_det.config import build_optimizer
+        from condinit_det.modeling.yacs_config import build_optimizer
 
         return build_optimizer(cfg, model)
 

@@ -23,7 +23,7 @@ from detectron2.evaluation.coco_evaluation import _evaluate_predictions_on_coco
 from detectron2.utils.file_io import PathManager
 from pycocotools.cocoeval import COCOeval
 
-from ..fileio import atomic_write
+from ..utils.fileio import atomic_write
 
 __all__ = ["FastCOCOEvaluator", "fast_coco_eval_available", "to_fast_evaluator"]
 

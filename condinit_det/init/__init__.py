@@ -3,7 +3,7 @@
     from condinit_det.init import apply_init, find_attention
     report = apply_init(model, "conditioned", seed=0, include=["backbone.*"])
 """
-from .apply import ARM_OPTIONS, ARMS, InitReport, SiteReport, apply_init, resolve_options, site_generator
+from .apply import ARM_OPTIONS, ARMS, PAPER_ARMS, InitReport, SiteReport, apply_init, resolve_options, site_generator
 from .arms import (
     SOLVERS,
     TopSingular,
@@ -35,6 +35,7 @@ from .sites import (
 __all__ = [
     "ARMS",
     "ARM_OPTIONS",
+    "PAPER_ARMS",
     "ROLES",
     "SOLVERS",
     "AttentionLayout",

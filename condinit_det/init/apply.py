@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from ..fileio import atomic_write
+from ..utils.fileio import atomic_write
 from .arms import (
     SOLVERS,
     haar_semi_orthogonal,
@@ -39,9 +39,11 @@ from .arms import (
 from ._threads import single_threaded
 from .sites import AttentionSite, find_attention, select_sites, supported_layouts
 
-__all__ = ["ARMS", "ARM_OPTIONS", "InitReport", "SiteReport", "apply_init", "site_generator"]
+__all__ = ["ARMS", "ARM_OPTIONS", "PAPER_ARMS", "InitReport", "SiteReport", "apply_init", "site_generator"]
 
-ARMS = ("default", "mimetic", "conditioned")
+# The arms of the paper's tables: what ``--arm all`` trains.
+PAPER_ARMS = ("default", "mimetic", "conditioned")
+ARMS = PAPER_ARMS
 
 ARM_OPTIONS: Dict[str, Dict[str, object]] = {
     "default": {},

@@ -32,7 +32,7 @@ from typing import List, Mapping, Tuple
 
 from torch import nn
 
-from ..arm_node import ArmSpec, apply_arm_spec, plain, resolve_arm_node
+from ..init.spec import ArmSpec, apply_arm_spec, plain, resolve_arm_node
 from ..init import InitReport
 
 __all__ = ["ARM_NODE_REF", "arm_spec_of", "armed", "armed_nodes", "build_armed", "check_arm_agrees", "is_armed",

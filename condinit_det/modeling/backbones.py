@@ -15,7 +15,7 @@ checkpoint is loaded. Site names are those of the full model (``backbone.net.blo
 so ``MODEL.CONDINIT.INCLUDE`` patterns read the same as the lazy configs' ``condinit.include``.
 The arm draws from its own generator, so the rest of the model is initialized exactly as
 without it. The report is kept on ``backbone.condinit_report``. Requires
-:func:`condinit_det.config.add_condinit_config`.
+:func:`condinit_det.modeling.yacs_config.add_condinit_config`.
 """
 import logging
 import math
@@ -27,7 +27,7 @@ from detectron2.layers import ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, FPN, Backbone, SimpleFeaturePyramid, SwinTransformer, ViT
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
-from ..config import condinit_options
+from .yacs_config import condinit_options
 from ..init import apply_init
 from .xcit import XCiT
 
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 def _check_cfg(cfg) -> None:
     if "CONDINIT" not in cfg.MODEL:
         raise KeyError(
-            "cfg.MODEL.CONDINIT is missing: call condinit_det.config.add_condinit_config(cfg) "
+            "cfg.MODEL.CONDINIT is missing: call condinit_det.modeling.yacs_config.add_condinit_config(cfg) "
             "before merging the yaml and building the model"
         )
 

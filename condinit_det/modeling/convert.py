@@ -16,7 +16,7 @@ This module maps one onto the other:
 
 What each converter drops, maps, interpolates and leaves at its init is listed in its docstring.
 Every converter takes a state dict or the path of a checkpoint file: ``.safetensors``, ``.pth`` read
-with ``weights_only=True`` (:mod:`condinit_det.checkpoint_io`); a ``.pkl`` or a ``.pth`` that needs
+with ``weights_only=True`` (:mod:`condinit_det.utils.checkpoint_io`); a ``.pkl`` or a ``.pth`` that needs
 full unpickling only with ``trust_pickle=True`` (loading it can run code stored in it).
 The result loads with ``model.load_state_dict(converted, strict=False)``; the target keys it does
 not provide are ``converted.missing``. Save it with ``torch.save({"model": dict(converted)}, path)``
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint_io import load_checkpoint
+from ..utils.checkpoint_io import load_checkpoint
 
 __all__ = [
     "ConvertedCheckpoint",
@@ -711,7 +711,7 @@ def convert_timm_checkpoint(
         timm_model_kwargs: the keyword arguments it was created with (``timm.create_model(name,
             **kwargs)``), when they change its architecture (e.g. a tiny ViT from a ViT name).
         trust_pickle: load a ``.pkl`` file, or a ``.pth`` that needs full unpickling (either can
-            run code stored in it); refused with :class:`~condinit_det.checkpoint_io.UnsafeCheckpointError`
+            run code stored in it); refused with :class:`~condinit_det.utils.checkpoint_io.UnsafeCheckpointError`
             otherwise.
 
     Returns:

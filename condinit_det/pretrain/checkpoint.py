@@ -6,10 +6,10 @@ Files in a run directory::
     model_final.safetensors    the final weights, to share; the rest of model_final.pth as metadata
     model_final.pth            the weights detection fine-tunes from (:data:`FINAL_FORMAT`)
 
-Files are written atomically (:mod:`condinit_det.fileio`: a temporary name in the same folder,
+Files are written atomically (:mod:`condinit_det.utils.fileio`: a temporary name in the same folder,
 flushed to disk, renamed), so a crash (even SIGKILL) leaves either the previous checkpoint or the
 new one, never a torn file. Every file holds tensors, plain containers, numbers and strings only,
-so it loads with ``torch.load(weights_only=True)`` (:mod:`condinit_det.checkpoint_io`).
+so it loads with ``torch.load(weights_only=True)`` (:mod:`condinit_det.utils.checkpoint_io`).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import os
 import re
 from typing import Any, Dict, Optional
 
-from ..checkpoint_io import load_checkpoint, save_safetensors
-from ..fileio import atomic_torch_save
+from ..utils.checkpoint_io import load_checkpoint, save_safetensors
+from ..utils.fileio import atomic_torch_save
 
 __all__ = [
     "CHECKPOINT_PATTERN",

@@ -19,7 +19,7 @@ import copy
 import math
 from typing import Any, Dict, List, Optional
 
-from ..arm_node import ArmSpec, plain, resolve_arm_node
+from ..init.spec import ArmSpec, plain, resolve_arm_node
 from ..model_zoo import resolve_config_file
 
 __all__ = ["DEFAULTS", "UsageError", "arm_spec", "load_config", "node", "resolve_lr", "run_identity"]
@@ -172,5 +172,5 @@ def arm_spec(cfg, train_seed: int) -> ArmSpec:
 
 
 def run_identity(spec: ArmSpec, *, seed: int, lr_scale: float) -> dict:
-    """What a resumed run must share with the run it continues (:func:`condinit_det.runs.check_resume_identity`)."""
+    """What a resumed run must share with the run it continues (:func:`condinit_det.records.layout.check_resume_identity`)."""
     return {**spec.identity(), "seed": int(seed), "lr_scale": float(lr_scale)}

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed import sync_buffers
+from ..utils.distributed import sync_buffers
 from .data import build_eval_loader, eval_indices
 
 __all__ = ["EvalResult", "evaluate", "sync_buffers"]

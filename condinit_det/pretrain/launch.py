@@ -5,7 +5,7 @@ config, checks everything a run needs (arm options, model name and kwargs, datas
 class count, batch split, resume identity) and raises :class:`UsageError` -- one line, exit status 2,
 nothing written -- on bad input; then it writes ``<output_dir>/experiment.json``. ``execute`` runs
 each planned run in a launch of its own (``run_worker`` is what ``detectron2.engine.launch`` calls in
-every process): a run that diverges or raises is recorded as failed (:func:`condinit_det.runs.execute_runs`),
+every process): a run that diverges or raises is recorded as failed (:func:`condinit_det.records.layout.execute_runs`),
 every process of it stops, and the next run starts; with several runs it prints the comparison.
 """
 from __future__ import annotations
@@ -19,11 +19,14 @@ from typing import List, Optional
 
 import torch
 
-from ..checkpoint_io import TRUST_FLAG, check_loadable, final_weights_file
+from ..utils.checkpoint_io import TRUST_FLAG, check_loadable, final_weights_file
 from ..init import ARMS
-from ..slurm import add_slurm_arguments
-from ..runs import (ARM_CHOICES, Preempted, RunSpec, check_resume_identity, execute_runs,
-                    note_failure, parse_lr_scales, parse_seeds, plan_runs, write_plan)
+from ..launch.slurm import add_slurm_arguments
+from ..records.layout import ARM_CHOICES, RunSpec, parse_lr_scales, parse_seeds, plan_runs, write_plan
+from ..utils.preemption import Preempted
+from ..records.identity import check_resume_identity
+from ..launch.experiment import execute_runs
+from ..records.failures import note_failure
 from .checkpoint import FINAL_FILENAME, last_checkpoint
 from .config import DEFAULTS, UsageError, arm_spec, load_config, node, run_identity
 from .data import build_mixup, check_dataset_folders
@@ -103,7 +106,7 @@ class Experiment:
     config_file: str
     opts: List[str]
     epochs: int
-    device: str = "cpu"  # train.device: a CPU run's workers see no CUDA device (condinit_det.distributed.launch)
+    device: str = "cpu"  # train.device: a CPU run's workers see no CUDA device (condinit_det.utils.distributed.launch)
 
 
 def configure_run(cfg, run: RunSpec):
@@ -119,7 +122,7 @@ def configure_run(cfg, run: RunSpec):
 
 
 def _config_arm(cfg) -> str:
-    from ..arm_node import plain
+    from ..init.spec import plain
 
     return str((plain(cfg.get("condinit")) or {}).get("arm", "default"))
 
@@ -150,7 +153,7 @@ def prepare_experiment(args, *, write: bool = True) -> Experiment:
     if not base:
         raise UsageError("train.output_dir is empty; runs go to <train.output_dir>/<arm>/seed<k>/")
     slurm = getattr(args, "slurm", False)
-    if slurm:  # each array element runs with its allocation's processes (condinit_det.cluster)
+    if slurm:  # each array element runs with its allocation's processes (condinit_det.launch.cluster)
         args.num_machines = args.nodes
         args.num_gpus = args.gpus_per_node or args.num_gpus
     world = int(args.num_gpus) * int(args.num_machines)
@@ -240,7 +243,7 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
     """Train (or evaluate) every planned run, each in a launch of its own; print the comparison when there are
     several. Returns the exit status: 1 when a run failed or diverged (named on the last lines), else 0.
     Call :func:`prepare_experiment` first. ``only``: that planned run alone (a Slurm array element)."""
-    from ..distributed import launch
+    from ..utils.distributed import launch
 
     setup_logging(None, rank=0)  # console only, until each run logs into its own folder
     if getattr(args, "experiment", None) is None:
@@ -276,8 +279,8 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
 
 def submit_to_slurm(args) -> int:
     """``--slurm``: submit every unfinished planned run as an element of one job array and a report job after
-    them (:mod:`condinit_det.cluster`); returns 0 once submitted. Call :func:`prepare_experiment` first."""
-    from ..cluster import submit_experiment
+    them (:mod:`condinit_det.launch.cluster`); returns 0 once submitted. Call :func:`prepare_experiment` first."""
+    from ..launch.cluster import submit_experiment
 
     experiment: Experiment = args.experiment
     submit_experiment(args, stage="pretrain", base=experiment.base, specs=experiment.runs,

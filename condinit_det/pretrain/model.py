@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch import nn
 
-from ..arm_node import ArmSpec, apply_arm_spec
+from ..init.spec import ArmSpec, apply_arm_spec
 from ..init import InitReport, find_attention, select_sites
 from .config import UsageError
 

@@ -28,12 +28,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..checkpoint_io import load_checkpoint
-from ..distributed import replica_fingerprint
-from ..fileio import atomic_torch_save, atomic_write, remove_stale_temp_files
-from ..results import ResultsFile
-from ..cluster import PreemptionWatch
-from ..runs import PREEMPTED_FILENAME, Preempted, RunSpec, check_resume_identity, note_failure, write_arm_report
+from ..utils.checkpoint_io import load_checkpoint
+from ..utils.distributed import replica_fingerprint
+from ..utils.fileio import atomic_torch_save, atomic_write, remove_stale_temp_files
+from ..records.results import ResultsFile
+from ..utils.preemption import PreemptionWatch
+from ..utils.preemption import PREEMPTED_FILENAME, Preempted
+from ..records.layout import RunSpec
+from ..records.identity import check_resume_identity, write_arm_report
+from ..records.failures import note_failure
 from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, FINAL_SAFETENSORS, checkpoint_path, find_checkpoints
 from .checkpoint import last_checkpoint, prune_checkpoints, save_final
 from .config import DEFAULTS, UsageError, arm_spec, node, resolve_lr, run_identity

@@ -60,7 +60,7 @@ def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
                     kept.append(line if line.endswith("\n") else line + "\n")
             except json.JSONDecodeError:
                 continue  # a line torn by a kill
-    from ..fileio import atomic_write
+    from ..utils.fileio import atomic_write
 
     atomic_write(path, "".join(kept))
 

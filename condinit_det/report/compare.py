@@ -5,8 +5,8 @@ import os
 import sys
 from typing import Dict, Optional, Sequence, Tuple
 
-from condinit_det.fileio import atomic_write
-from condinit_det.runs import Outcome, failure_summary
+from condinit_det.utils.fileio import atomic_write
+from condinit_det.launch.experiment import Outcome, failure_summary
 
 from .discovery import find_expected, find_runs
 from .markdown import format_markdown

@@ -3,7 +3,7 @@
 A *run directory* holds ``results.json``; its arm, training seed and learning-rate scale come
 from the records (``"arm"``, ``"seed"``, ``"lr_scale"``; absent scale = 1) and otherwise from
 ``condinit_arm_report.json``. An *experiment directory* holds run directories at any depth and
-may hold the plan ``experiment.json`` (:mod:`condinit_det.runs`): a planned run without results
+may hold the plan ``experiment.json`` (:mod:`condinit_det.records.layout`): a planned run without results
 is reported as missing, never averaged away.
 """
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from condinit_det.results import ARM_REPORT_FILENAME, FAILED_KIND, RESULTS_FILENAME, ResultsFile
-from condinit_det.runs import PLAN_FILENAME, RunSpec, is_set_aside, read_plan
+from condinit_det.records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
+from condinit_det.records.identity import ARM_REPORT_FILENAME
+from condinit_det.records.layout import PLAN_FILENAME, RunSpec, is_set_aside, read_plan
 
 from .loss import METRICS_FILENAME, read_training_loss, smooth
 from .stages import CLASSIFICATION, DETECTION, Metric, Stage

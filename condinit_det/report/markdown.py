@@ -6,7 +6,7 @@ import io
 import math
 from typing import List, Optional
 
-from condinit_det.stats import NOT_DISTINGUISHABLE
+from condinit_det.report.statistics import NOT_DISTINGUISHABLE
 
 from .loss import SMOOTHING_WINDOW
 from .summary import LOSS, ArmsReport, StageReport, arm_sort_key

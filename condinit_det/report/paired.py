@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from condinit_det.stats import Interval, mean_std, percentile_interval, t_interval, verdict
+from condinit_det.report.statistics import Interval, mean_std, percentile_interval, t_interval, verdict
 
 from .curves import first_reach, speedup
 from .discovery import Run

@@ -6,7 +6,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from condinit_det.fileio import atomic_write
+from condinit_det.utils.fileio import atomic_write
 
 from .stages import Metric
 from .summary import StageReport

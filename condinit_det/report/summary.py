@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from condinit_det.runs import describe_failure
-from condinit_det.stats import mean_std
+from condinit_det.records.failures import describe_failure
+from condinit_det.report.statistics import mean_std
 
 from .curves import Curve, first_reach, kappa_curve, kappa_heads_curve, seed_mean, speedup
 from .discovery import ExpectedRun, Missing, Run

@@ -2,7 +2,7 @@
 
     python tools/experiment_status.py DIR [--json] [--stale-after S]     (condinit_det.commands.status)
 
-One entry per planned run (the plan ``experiment.json``, :mod:`condinit_det.runs`), then the run
+One entry per planned run (the plan ``experiment.json``, :mod:`condinit_det.records.layout`), then the run
 directories found under DIR that no plan lists (a single run directory works too). Like the report,
 this reads files only: ``results.json``, ``metrics.json``, ``log.txt`` and the plan; it imports no
 training code and can watch an experiment another machine is writing.
@@ -40,8 +40,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .results import ARM_REPORT_FILENAME, FAILED_KIND, RESULTS_FILENAME, ResultsFile
-from .runs import PLAN_FILENAME, describe_failure, is_set_aside, read_plan
+from ..records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
+from ..records.identity import ARM_REPORT_FILENAME
+from ..records.layout import PLAN_FILENAME, is_set_aside, read_plan
+from ..records.failures import describe_failure
 
 __all__ = ["STALE_AFTER", "STATES", "RunStatus", "experiment_status", "format_table", "summary_line"]
 

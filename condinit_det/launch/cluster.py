@@ -3,10 +3,10 @@
 Both training stages submit the same way (``--slurm`` on ``tools/train_net.py`` and
 ``tools/pretrain_net.py``; :func:`submit_experiment`). An element (:class:`RunElement`) trains one
 run with every GPU and node of its allocation: one Slurm task per node starts a supervising process,
-which takes the rendezvous from Slurm's environment (:func:`condinit_det.slurm.slurm_rendezvous`) and
+which takes the rendezvous from Slurm's environment (:func:`condinit_det.launch.slurm.slurm_rendezvous`) and
 runs the stage's own launcher for that run, with ``--resume`` semantics (a run that was requeued,
 killed or submitted again continues from its last checkpoint; a finished run is skipped; failures are
-recorded as in :func:`condinit_det.runs.execute_runs`).
+recorded as in :func:`condinit_det.records.layout.execute_runs`).
 
 Time limit and preemption: Slurm sends USR2 ``--signal-delay`` seconds before the limit to every
 process of the element. The training processes (:class:`PreemptionWatch`) agree at the next step
@@ -34,8 +34,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from .fileio import atomic_write
-from .runs import PREEMPTED_FILENAME, Preempted, RunSpec, failure_of
+from ..utils.fileio import atomic_write
+from ..utils.preemption import PREEMPTED_FILENAME, Preempted
+from ..records.layout import RunSpec
+from ..records.failures import failure_of
 
 __all__ = ["JOBS_FILENAME", "PREEMPTIBLE_ENV", "PreemptionWatch", "ReportJob", "RunElement", "read_jobs",
            "submit_experiment"]
@@ -156,7 +158,7 @@ class ReportJob:
         self.paths, self.output_dir, self.bootstrap = list(paths), output_dir, int(bootstrap)
 
     def __call__(self) -> str:
-        from .report import compare_arms
+        from ..report import compare_arms
 
         _, text = compare_arms(self.paths, output_dir=self.output_dir, bootstrap=self.bootstrap)
         print(text, flush=True)

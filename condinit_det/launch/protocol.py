@@ -71,8 +71,8 @@ def _stage_argv(args, config: str, opts: List[str], output: str) -> List[str]:
 def submit_protocol(args) -> int:
     """Validate both stages (one error line on bad input, nothing submitted), then submit; returns 0."""
     from .cluster import submit_experiment, submit_report
-    from .engine import training
-    from .pretrain import launch as pretraining
+    from ..engine import training
+    from ..pretrain import launch as pretraining
     from .slurm import after, after_each, slurm_folder
 
     pre_base, ft_base = os.path.join(args.output, "pretrain"), os.path.join(args.output, "finetune")

@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping, Optional
 
 from torch import nn
 
-from .init import ARM_OPTIONS, ARMS, InitReport, apply_init, resolve_options
+from .apply import ARM_OPTIONS, ARMS, InitReport, apply_init, resolve_options
 
 __all__ = ["ARM_NODE_KEYS", "ArmError", "ArmSpec", "apply_arm_spec", "plain", "prefixed", "resolve_arm_node"]
 
@@ -58,7 +58,7 @@ class ArmSpec:
         return dict(self.options.get(self.arm, {}))
 
     def identity(self) -> dict:
-        """The fields a resumed run must share (see :mod:`condinit_det.runs`)."""
+        """The fields a resumed run must share (see :mod:`condinit_det.records.layout`)."""
         return {"arm": self.arm, "arm_seed": self.seed, "include": self.include, "exclude": self.exclude,
                 "options": resolve_options(self.arm, self.arm_options)}
 

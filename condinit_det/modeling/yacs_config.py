@@ -1,7 +1,7 @@
 """yacs config keys of condinit-det (for detectron2's ``get_cfg()`` / yaml workflow).
 
     from detectron2.config import get_cfg
-    from condinit_det.config import add_condinit_config
+    from condinit_det.modeling.yacs_config import add_condinit_config
     cfg = get_cfg()
     add_condinit_config(cfg)
     cfg.merge_from_file("configs/yacs/mask_rcnn_vit_tiny_embedded.yaml")
@@ -161,7 +161,7 @@ def condinit_options(node: CN) -> dict:
     Every option key belongs to one arm, so the options set for one arm leave the others alone
     (``--arm all`` runs with custom mimetic or conditioned options).
     """
-    from .init import ARM_OPTIONS
+    from ..init import ARM_OPTIONS
 
     accepted = ARM_OPTIONS.get(node.ARM, {})
     return {kw: node[key] for key, kw in _OPTION_KEYS.items() if node.get(key) is not None and kw in accepted}

@@ -21,7 +21,7 @@ scanned) and ``"config"``. Kinds:
   for recipes with an EMA.
 - ``"cls_eval"``: a ``"cls"``-shaped record of ``tools/pretrain_net.py --eval-only``, with ``"checkpoint"``.
 - ``"conditioning"`` (:mod:`condinit_det.analysis.hooks`): one attention site's kappa(J), with ``"site"``.
-- ``"failed"`` (:mod:`condinit_det.runs`): the run stopped on an exception. ``"reason"`` is
+- ``"failed"`` (:mod:`condinit_det.records.failures`): the run stopped on an exception. ``"reason"`` is
   ``"diverged"`` (a non-finite loss or prediction: a result about the arm at that learning rate) or
   ``"error"`` (anything else: out of memory, a crashed data worker, a full disk); ``"iteration"`` is
   the number of optimizer steps completed when it stopped (pretraining also gives ``"epoch"``, the
@@ -42,13 +42,11 @@ import os
 import threading
 from typing import Any, Dict, Iterable, List, Optional
 
-from .fileio import atomic_write
+from ..utils.fileio import atomic_write
 
-__all__ = ["ARM_REPORT_FILENAME", "FAILED_KIND", "ResultsFile", "RESULTS_FILENAME"]
+__all__ = ["FAILED_KIND", "ResultsFile", "RESULTS_FILENAME"]
 
 RESULTS_FILENAME = "results.json"
-# What the arm did to each attention site, and the run's identity (arm, seeds, patterns), beside results.json.
-ARM_REPORT_FILENAME = "condinit_arm_report.json"
 FAILED_KIND = "failed"
 _FORMAT_VERSION = 1
 

@@ -1,0 +1,105 @@
+"""Failure records: a run that raises is a result, recorded in its ``results.json``.
+
+A training process whose run raises leaves a note (:func:`note_failure`); the launching process
+turns the notes into one ``"failed"`` record (:func:`record_failure`: ``"diverged"`` or
+``"error"``, the iteration, the exception in one line). :func:`failure_of` reads it back.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from typing import List, Mapping, Optional
+
+from ..utils.fileio import atomic_write
+from .results import FAILED_KIND, ResultsFile
+
+__all__ = [
+    "describe_failure",
+    "discard_notes",
+    "failure_of",
+    "failure_reason",
+    "note_failure",
+    "one_line",
+    "record_failure",
+]
+
+_NOTE_PREFIX = "failure.rank"
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``"diverged"`` for a non-finite loss or prediction (``FloatingPointError``, as detectron2 and the
+    pretraining loop raise it), ``"error"`` for anything else."""
+    return "diverged" if isinstance(exc, FloatingPointError) else "error"
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """The exception as ``Type: message`` on one line, at most ``limit`` characters."""
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def note_failure(run_dir: str, exc: BaseException, *, rank: int, iteration: Optional[int] = None,
+                 epoch: Optional[int] = None) -> bool:
+    """In a training process whose run raised: leave ``<run_dir>/failure.rank<k>.json`` for the launching
+    process, which turns the notes into one ``"failed"`` record. The first note of a process wins (the
+    innermost handler knows the iteration); returns whether this call wrote it."""
+    path = os.path.join(run_dir, f"{_NOTE_PREFIX}{rank}.json")
+    if os.path.exists(path):
+        return False
+    note = {"reason": failure_reason(exc), "message": one_line(exc), "iteration": iteration, "epoch": epoch,
+            "rank": int(rank), "time": time.time()}
+    atomic_write(path, json.dumps(note))
+    return True
+
+
+def discard_notes(run_dir: str) -> List[dict]:
+    """Read and delete every process's failure note in ``run_dir``; returns the notes."""
+    notes = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), f"{_NOTE_PREFIX}*.json"))):
+        try:
+            with open(path) as f:
+                notes.append(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            pass
+        os.remove(path)
+    return notes
+
+
+def _last_iteration(run_dir: str) -> int:
+    rf = ResultsFile(run_dir)
+    return max((r["iteration"] for r in rf.records()), default=0) if rf.exists() else 0
+
+
+def record_failure(run_dir: str, exc: BaseException, metadata: Mapping) -> dict:
+    """In the launching process, after a run raised: add one ``"failed"`` record built from the processes'
+    notes (a divergence first, else the earliest note: the other processes usually fail because that one
+    stopped), or from ``exc`` when no process left a note (it was killed). Returns the record."""
+    notes = discard_notes(run_dir) if os.path.isdir(run_dir) else []
+    diverged = [n for n in notes if n.get("reason") == "diverged"]
+    note = min(diverged or notes, key=lambda n: n.get("time", 0.0)) if notes else \
+        {"reason": failure_reason(exc), "message": one_line(exc)}
+    iteration = note.get("iteration")
+    record = {"kind": FAILED_KIND, "reason": note["reason"],
+              "iteration": int(iteration) if iteration is not None else _last_iteration(run_dir),
+              "message": note["message"], **dict(metadata)}
+    if note.get("epoch") is not None:
+        record["epoch"] = int(note["epoch"])
+    ResultsFile(run_dir).add(record)
+    return record
+
+
+def failure_of(run_dir: str) -> Optional[dict]:
+    """The run's ``"failed"`` record, or None (no results, or the run did not fail)."""
+    rf = ResultsFile(run_dir)
+    failed = rf.records(FAILED_KIND) if rf.exists() else []
+    return failed[-1] if failed else None
+
+
+def describe_failure(record: Mapping) -> str:
+    """``"diverged at iteration 4"`` / ``"failed: RuntimeError: ..."``."""
+    if record.get("reason") == "diverged":
+        return f"diverged at iteration {record.get('iteration')}"
+    return f"failed: {record.get('message')}"

@@ -1,0 +1,65 @@
+"""A run's identity: what its arm report records and what a resumed run must share with it.
+
+A run directory holds ``condinit_arm_report.json``: the arm's report of the build (which sites,
+what changed) and a ``run`` section with the run's *identity* (arm, seeds, include/exclude
+patterns, arm options, lr scale), against which a ``--resume`` is checked: a run directory never
+changes arm, seed or patterns silently.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Mapping, Optional
+
+from ..utils.fileio import atomic_write
+
+__all__ = ["ARM_REPORT_FILENAME", "IDENTITY_KEYS", "check_resume_identity", "read_arm_report", "write_arm_report"]
+
+# What the arm did to each attention site, and the run's identity (arm, seeds, patterns), beside results.json.
+ARM_REPORT_FILENAME = "condinit_arm_report.json"
+# What a resumed run must share with the run it continues.
+IDENTITY_KEYS = ("arm", "seed", "arm_seed", "include", "exclude", "options", "lr_scale")
+
+
+def read_arm_report(run_dir: str) -> Optional[dict]:
+    """The run's ``condinit_arm_report.json`` as a dict, or None when absent."""
+    path = os.path.join(run_dir, ARM_REPORT_FILENAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); move it aside to start the run afresh") from None
+
+
+def write_arm_report(run_dir: str, report: Mapping, identity: Mapping) -> str:
+    """Write the arm report (``InitReport.to_dict()`` plus per-site extras) with the run identity."""
+    path = os.path.join(run_dir, ARM_REPORT_FILENAME)
+    atomic_write(path, json.dumps({"run": dict(identity), **dict(report)}, indent=2))
+    return path
+
+
+def _describe(identity: Mapping) -> str:
+    return ", ".join(f"{k}={identity.get(k)!r}" for k in IDENTITY_KEYS if k in identity)
+
+
+def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool = False) -> Optional[Dict]:
+    """Refuse to resume ``run_dir`` with another arm, seed, patterns, options or lr scale.
+
+    Compares ``identity`` with the ``run`` section of the run's arm report (when there is one).
+    Returns the previous identity (or None). Raises ValueError naming both unless ``allow_change``.
+    """
+    previous = (read_arm_report(run_dir) or {}).get("run")
+    if not previous:
+        return None
+    differing = [k for k in IDENTITY_KEYS if k in previous and previous.get(k) != identity.get(k)]
+    if differing and not allow_change:
+        raise ValueError(
+            f"{run_dir} was started with {_describe({k: previous.get(k) for k in differing})} but this run asks "
+            f"for {_describe({k: identity.get(k) for k in differing})}; resume with the same settings, use "
+            "another output directory, or pass --allow-changed-run to continue anyway"
+        )
+    return previous
+
+

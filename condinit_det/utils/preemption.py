@@ -1,0 +1,79 @@
+"""Stopping a run for a requeue: the time-limit signal, the agreement of every process, the marker file.
+
+Inside a Slurm array element (``CONDINIT_PREEMPTIBLE`` set by the launcher) the scheduler sends
+USR2 ``--signal-delay`` seconds before the time limit to every process. Each training process
+notes it (:func:`requeue_flag`), the processes agree at the next step boundary
+(:meth:`PreemptionWatch.requested`, collective under torch.distributed), the run saves what it
+resumes from and :meth:`PreemptionWatch.stop` leaves ``<run_dir>/preempted`` and raises
+:class:`Preempted`. A preemption is neither a failure nor a finish.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Optional, Sequence
+
+from .fileio import atomic_write
+
+__all__ = ["PREEMPTED_FILENAME", "PREEMPTIBLE_ENV", "Preempted", "PreemptionWatch", "requeue_flag"]
+
+PREEMPTED_FILENAME = "preempted"
+PREEMPTIBLE_ENV = "CONDINIT_PREEMPTIBLE"
+
+
+class Preempted(Exception):
+    """A run stopped at a step boundary to be requeued (the scheduler's time-limit signal); it resumes from
+    its last checkpoint. Its processes leave ``<run_dir>/preempted``."""
+
+
+def requeue_flag(signums: Sequence[int] = (signal.SIGUSR2,)) -> threading.Event:
+    """An event set when this process receives one of ``signums`` (default USR2, the time-limit signal).
+
+    Call it once in each worker's main thread (signal handlers can only be installed there); the
+    training loop checks ``is_set()`` at step boundaries to write a checkpoint and stop. It replaces
+    the default action of these signals, which is to terminate the process.
+    """
+    event = threading.Event()
+    for signum in signums:
+        signal.signal(signum, lambda *_: event.set())
+    return event
+
+
+class PreemptionWatch:
+    """In a training process: whether to stop for a requeue, agreed by every process of the run.
+
+    Active only inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set); create it in the process's main
+    thread (it installs the USR2 handler). :meth:`requested` is collective under torch.distributed: every
+    process calls it at the same step boundary.
+    """
+
+    def __init__(self):
+        self._flag: Optional[threading.Event] = requeue_flag() if os.environ.get(PREEMPTIBLE_ENV) else None
+
+    @property
+    def active(self) -> bool:
+        return self._flag is not None
+
+    def requested(self) -> bool:
+        if self._flag is None:
+            return False
+        import torch
+        import torch.distributed as dist
+
+        local = self._flag.is_set()
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return local
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([int(local)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    @staticmethod
+    def stop(run_dir: str, where: str) -> None:
+        """Leave ``<run_dir>/preempted`` (main process) and raise :class:`Preempted`."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            atomic_write(os.path.join(run_dir, PREEMPTED_FILENAME), where)
+        raise Preempted(f"stopped for a requeue: {where}")
