@@ -751,7 +751,7 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
     outcomes = execute_runs(specs, base, launch=launch_run, finished=lambda spec: _final_recorded(cfg_of[spec]),
                             resume=args.resume, retry_failed=getattr(args, "retry_failed", False),
                             config=args.config_file or None, main=main_launcher)
-    from condinit_det.report.compare import finish_experiment
+    from condinit_det.launch.experiment import finish_experiment
 
     return finish_experiment(base, outcomes, report=len(specs) > 1 and main_launcher and only is None,
                              bootstrap=args.bootstrap)

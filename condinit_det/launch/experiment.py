@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 from ..records.failures import describe_failure, discard_notes, failure_of, failure_reason, one_line, record_failure
-from ..records.layout import RunSpec, set_aside
+from ..records.layout import REPORT_DIRNAME, RunSpec, set_aside
 from ..records.results import FAILED_KIND, ResultsFile
 from ..utils.preemption import PREEMPTED_FILENAME, Preempted
 
-__all__ = ["Outcome", "execute_runs", "failure_summary"]
+__all__ = ["Outcome", "execute_runs", "failure_summary", "finish_experiment"]
 
 
 @dataclass
@@ -84,3 +85,21 @@ def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
     lines += [f"  {o.spec.arm} seed {o.spec.seed}" + ("" if o.spec.lr_scale == 1.0 else f" lr scale {o.spec.lr_scale:g}")
               + f": {describe_failure(o.failure)} ({o.path})" for o in failed]
     return lines
+
+
+def finish_experiment(base: str, outcomes: Sequence[Outcome], *, report: bool, bootstrap: int = 1000) -> int:
+    """The end of an experiment: with ``report``, write and print the comparison into ``<base>/report/``; then
+    name the runs that failed or diverged. Returns the exit status (1 when one did)."""
+    if report:
+        from ..report import compare_arms
+
+        report_dir = os.path.join(base, REPORT_DIRNAME)
+        try:
+            _, text = compare_arms([base], output_dir=report_dir, bootstrap=bootstrap)
+            print(text + f"\nReport written to {report_dir}", flush=True)
+        except ValueError as e:  # e.g. no run finished: the failures below say why
+            print(f"No report: {e}", file=sys.stderr, flush=True)
+    lines = failure_summary(outcomes)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return 1 if lines else 0

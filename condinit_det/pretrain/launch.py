@@ -271,7 +271,7 @@ def execute(args, only: Optional[RunSpec] = None) -> int:
                             finished=lambda run: run_finished(run.path(experiment.base), experiment.epochs),
                             resume=args.resume, retry_failed=getattr(args, "retry_failed", False),
                             config=experiment.config_file, main=main_launcher, log=logger)
-    from ..report.compare import finish_experiment
+    from ..launch.experiment import finish_experiment
 
     return finish_experiment(experiment.base, outcomes,
                              report=len(experiment.runs) > 1 and main_launcher and only is None)

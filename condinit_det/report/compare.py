@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Dict, Optional, Sequence, Tuple
 
 from condinit_det.utils.fileio import atomic_write
-from condinit_det.launch.experiment import Outcome, failure_summary
 
 from .discovery import find_expected, find_runs
 from .markdown import format_markdown
@@ -14,7 +12,7 @@ from .plots import plot_stage
 from .summary import ArmsReport, summarize_runs
 from .tables import format_curves_csv, format_stats_csv, format_summary_csv
 
-__all__ = ["compare_arms", "finish_experiment", "write_report"]
+__all__ = ["compare_arms", "write_report"]
 
 
 def write_report(report: ArmsReport, output_dir: str) -> Dict[str, str]:
@@ -53,19 +51,3 @@ def compare_arms(paths: Sequence[str], output_dir: Optional[str] = None, *, boot
     if output_dir is not None:
         write_report(report, output_dir)
     return report, format_markdown(report)
-
-
-def finish_experiment(base: str, outcomes: Sequence[Outcome], *, report: bool, bootstrap: int = 1000) -> int:
-    """The end of an experiment in either stage: with ``report``, write and print the comparison into
-    ``<base>/report/``; then name the runs that failed or diverged. Returns the exit status (1 when one did)."""
-    if report:
-        report_dir = os.path.join(base, "report")
-        try:
-            _, text = compare_arms([base], output_dir=report_dir, bootstrap=bootstrap)
-            print(text + f"\nReport written to {report_dir}", flush=True)
-        except ValueError as e:  # e.g. no run finished: the failures below say why
-            print(f"No report: {e}", file=sys.stderr, flush=True)
-    lines = failure_summary(outcomes)
-    for line in lines:
-        print(line, file=sys.stderr, flush=True)
-    return 1 if lines else 0
