@@ -72,6 +72,7 @@ setup(
         "black",  # detectron2's LazyConfig.save formats the dumped config with it
         "packaging",
         "psutil",
+        "threadpoolctl",  # thread counts of the BLAS libraries (the arms compute on one thread per site)
         "safetensors",  # the shareable model_final.safetensors
         "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.launch.slurm)
     ],
