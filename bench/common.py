@@ -7,6 +7,10 @@ Small helpers shared by the bench/ scripts.
 - ``speedup(baseline_s, candidate_s)``: baseline / candidate (> 1 means the candidate is faster).
 - ``machine_info()`` / ``format_machine_info()``: CPU model, core count, load average and library
   versions, printed at the top of every benchmark so numbers carry their context.
+- ``device_info(device)`` / ``format_device_info()``: the accelerator a benchmark ran on (name, memory,
+  driver, CUDA runtime), or the CPU.
+- ``rotated(items, shift)`` / ``paired_ratio(candidate, baseline)``: interleaved rounds, each starting
+  one variant later, and the median over rounds of the per-round time ratio.
 
 Speed numbers are only meaningful as ratios against a baseline measured in the same run on the
 same machine; the scripts print both.
@@ -17,7 +21,9 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable, List, Optional, Sequence
@@ -29,6 +35,10 @@ __all__ = [
     "format_table",
     "machine_info",
     "format_machine_info",
+    "device_info",
+    "format_device_info",
+    "rotated",
+    "paired_ratio",
 ]
 
 
@@ -126,3 +136,77 @@ def format_machine_info(info: dict) -> str:
         f"{k} {v}" for k, v in info.items() if k not in ("cpu", "cores", "load_avg")
     )
     return f"CPU: {info['cpu']} ({info['cores']} cores), load avg 1/5/15 min: {load_s}; {versions}"
+
+
+def rotated(items: Sequence[object], shift: int) -> list:
+    """``items`` rotated left by ``shift`` (modulo its length): round ``r`` of an interleaved benchmark
+    starts with variant ``r``, so that no variant always runs right after the same neighbour."""
+    items = list(items)
+    if not items:
+        return items
+    k = shift % len(items)
+    return items[k:] + items[:k]
+
+
+def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float:
+    """Median over rounds of ``candidate[r] / baseline[r]`` (times of the same round): the ratio least
+    affected by slow drifts of the machine's speed."""
+    if len(candidate) != len(baseline) or not candidate:
+        raise ValueError(
+            f"need equally many (>= 1) rounds, got {len(candidate)} and {len(baseline)}"
+        )
+    if any(b <= 0 for b in baseline):
+        raise ValueError(f"baseline round times must be positive, got {list(baseline)}")
+    return median([c / b for c, b in zip(candidate, baseline)])
+
+
+def _nvidia_driver() -> Optional[str]:
+    """The NVIDIA driver version from ``nvidia-smi`` (first GPU), or None where it cannot be asked."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def device_info(device: str = "cuda") -> dict:
+    """
+    What a benchmark ran on. For ``"cuda"`` / ``"cuda:N"``: GPU name, compute capability, total memory
+    (bytes), driver (``nvidia-smi``; None without it), CUDA runtime of the torch build, device count.
+    For ``"cpu"``: the CPU model and usable cores. Always ``type``, ``name`` and ``torch``.
+    """
+    import torch
+
+    kind = torch.device(device)
+    info = {"type": kind.type, "torch": torch.__version__}
+    if kind.type == "cuda":
+        index = kind.index if kind.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        info.update(
+            name=props.name,
+            index=index,
+            capability=f"{props.major}.{props.minor}",
+            total_memory_bytes=int(props.total_memory),
+            driver=_nvidia_driver(),
+            cuda_runtime=torch.version.cuda,
+            device_count=torch.cuda.device_count(),
+        )
+    else:
+        info.update(name=_cpu_model(), cores=machine_info(packages=())["cores"])
+    return info
+
+
+def format_device_info(info: dict) -> str:
+    if info["type"] == "cuda":
+        gib = info["total_memory_bytes"] / 2**30
+        return (
+            f"device: {info['name']} (cuda:{info['index']}, capability {info['capability']}, {gib:.1f} GiB), "
+            f"driver {info['driver'] or 'unknown'}, CUDA runtime {info['cuda_runtime']}, torch {info['torch']}"
+        )
+    return f"device: CPU {info['name']} ({info['cores']} cores), torch {info['torch']}"

@@ -1,6 +1,6 @@
 """Bad input to tools/train_net.py: one clear error that says what was wrong and what is accepted, no data lost.
 
-Each row of the README's bad-input table is pinned here: most through ``check_invocation`` (what the
+Each row of the bad-input table in the docs is pinned here: most through ``plan_experiment`` (what the
 tool runs before any worker starts), the rest, and the one-line CLI form, through the tool itself.
 """
 import json
@@ -11,7 +11,9 @@ import sys
 import pytest
 import torch
 
-from condinit_det.engine.training import build_argument_parser, check_invocation
+from condinit_det.engine import DetectionStage
+from condinit_det.launch.arguments import build_parser
+from condinit_det.launch.experiment import plan_experiment
 from condinit_det.records.results import ResultsFile
 from condinit_det.records.identity import write_arm_report
 
@@ -21,7 +23,7 @@ TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")
 
 
 def _check(*argv):
-    check_invocation(build_argument_parser().parse_args(["--config-file", CONFIG, *argv]))
+    plan_experiment(DetectionStage(), build_parser().parse_args(["--config-file", CONFIG, *argv]))
 
 
 def _cli(tmp_path, *argv):
@@ -127,14 +129,14 @@ def test_another_arms_pretraining_checkpoint_is_refused(tmp_path):
     template = f"train.init_checkpoint='{tmp_path / '{arm}'}'"
     _check("--arm", "mimetic", template, f"train.output_dir={tmp_path}")
     (tmp_path / "conditioned").mkdir()
-    with pytest.raises(FileNotFoundError, match="is a directory without model_final.pth"):
+    with pytest.raises(ValueError, match="is a directory without model_final.pth"):
         _check("--arm", "conditioned", template, f"train.output_dir={tmp_path}")
 
 
 def test_eval_only_needs_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="--eval-only needs train.init_checkpoint=PATH"):
         _check("--eval-only", f"train.output_dir={tmp_path}")
-    with pytest.raises(ValueError, match="cannot be combined with --arm all"):
+    with pytest.raises(ValueError, match="cannot be combined with several arms"):
         _check("--eval-only", "--arm", "all", f"train.output_dir={tmp_path}")
 
 
@@ -183,12 +185,12 @@ def test_arm_site_errors_come_before_the_launch(tmp_path, override, message):
 def test_the_site_check_changes_no_weight_and_leaves_the_rng(tmp_path):
     from detectron2.config import instantiate
 
-    from condinit_det.engine.training import _check_arm_sites, load_config, prepare_config
+    from condinit_det.engine.config import check_arm_sites, load_config, prepare_config
 
     cfg = prepare_config(load_config(CONFIG, [f"train.output_dir={tmp_path}"]), arm="conditioned")
     torch.manual_seed(3)
     state = torch.get_rng_state()
-    _check_arm_sites(cfg)
+    check_arm_sites(cfg)
     assert torch.equal(state, torch.get_rng_state())
     model = instantiate(cfg.model)
     assert model.condinit_report.arm == "conditioned" and model.condinit_report.changed_parameters()

@@ -204,17 +204,22 @@ def test_detection_checkpointer_refuses_in_the_worker_too(tmp_path, marker):
 
 
 def test_trust_pickle_lets_a_pkl_through_the_pre_launch_check(tmp_path):
-    from condinit_det.engine.training import build_argument_parser, check_invocation
+    from condinit_det.engine import DetectionStage
+    from condinit_det.launch.arguments import build_parser
+    from condinit_det.launch.experiment import plan_experiment
+
+    def check_invocation(args):
+        plan_experiment(DetectionStage(), args)
 
     benign = tmp_path / "zoo.pkl"
     with open(benign, "wb") as f:
         pickle.dump({"model": {"w": [0.0]}, "__author__": "d2"}, f)
     argv = ["--config-file", CONFIG, f"train.init_checkpoint={benign}", f"train.output_dir={tmp_path / 'out'}"]
-    with pytest.raises(UnsafeCheckpointError, match="zoo.pkl is a pickle file"):
-        check_invocation(build_argument_parser().parse_args(argv))
-    check_invocation(build_argument_parser().parse_args(["--trust-pickle", *argv]))
-    with pytest.raises(UnsafeCheckpointError, match="R-50.pkl is a pickle file"):  # model-zoo URLs too
-        check_invocation(build_argument_parser().parse_args(
+    with pytest.raises(ValueError, match="zoo.pkl is a pickle file"):
+        check_invocation(build_parser().parse_args(argv))
+    check_invocation(build_parser().parse_args(["--trust-pickle", *argv]))
+    with pytest.raises(ValueError, match="R-50.pkl is a pickle file"):  # model-zoo URLs too
+        check_invocation(build_parser().parse_args(
             [*argv, "train.init_checkpoint=detectron2://ImageNetPretrained/MSRA/R-50.pkl"]))
 
 
@@ -287,20 +292,23 @@ def test_pretrain_eval_only_reads_model_final_safetensors(tmp_path, capsys, cls_
 
 def test_pretrain_resume_with_ema_from_weights_only_checkpoints(tmp_path, cls_data, monkeypatch):
     """Epoch checkpoints hold the EMA and RNG states as tensors; resuming from one is still bitwise exact."""
-    from condinit_det.pretrain import configure_run, load_config, train_run
+    from condinit_det.pretrain import PretrainStage, load_config, train_run
     from condinit_det.pretrain import trainer
+    from condinit_det.pretrain.checkpoint import periodic_checkpointer
 
     spec = RunSpec("conditioned", 0)
     opts = {"train.epochs": 2, "scheduler.warmup_epochs": 1, "train.ema.enabled": True, "train.ema.decay": 0.5}
 
     def train(out, resume=False):
-        cfg = configure_run(load_config(DEMO, _pretrain_opts(cls_data, out, **opts)), spec)
-        train_run(cfg, run=spec, run_dir=spec.path(out), config_file=DEMO, resume=resume)
+        cfg = PretrainStage().configure_run(load_config(DEMO, _pretrain_opts(cls_data, out, **opts)), spec,
+                                            spec.path(out))
+        train_run(cfg, run_dir=spec.path(out), config_file=DEMO, resume=resume)
         return spec.path(out)
 
     a = train(str(tmp_path / "a"))
     with monkeypatch.context() as m:  # keep the first epoch's checkpoint, then forget the second epoch
-        m.setattr(trainer, "prune_checkpoints", lambda run_dir, keep: None)
+        m.setattr(trainer, "periodic_checkpointer", lambda checkpointer, keep: periodic_checkpointer(checkpointer,
+                                                                                                     keep=10))
         b = train(str(tmp_path / "b"))
     for name in ("checkpoint_epoch0002.pth", "model_final.pth", "model_final.safetensors"):
         os.remove(os.path.join(b, name))

@@ -10,8 +10,8 @@ from omegaconf import DictConfig  # noqa: E402
 from detectron2.config import CfgNode, LazyConfig  # noqa: E402
 
 from condinit_det import model_zoo  # noqa: E402
-from condinit_det.engine.training import load_config as load_detection_config  # noqa: E402
-from condinit_det.pretrain import UsageError  # noqa: E402
+from condinit_det.engine.config import load_config as load_detection_config  # noqa: E402
+from condinit_det.utils.errors import UsageError  # noqa: E402
 from condinit_det.pretrain import load_config as load_pretrain_config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +72,7 @@ def test_tools_take_zoo_names(tmp_path):
     wrong = r"^--config-file: .demo/pretrain_vit_tiy.py. is not a model-zoo config .*did you mean demo/pretrain_vit_tiny"
     with pytest.raises(UsageError, match=wrong):
         load_pretrain_config("zoo:demo/pretrain_vit_tiy.py")
-    with pytest.raises(FileNotFoundError, match="does not exist; give a config file or a model-zoo name"):
+    with pytest.raises(UsageError, match="does not exist; give a config file or a model-zoo name"):
         load_detection_config(str(tmp_path / "missing.py"))
 
 

@@ -18,8 +18,7 @@ from condinit_det.data.classification import ShapesClsSpec, generate_classificat
 from condinit_det.init import find_attention
 from condinit_det.pretrain import (
     FINAL_FORMAT,
-    UsageError,
-    configure_run,
+    PretrainStage,
     create_classifier,
     load_config,
     load_final,
@@ -33,6 +32,7 @@ from condinit_det.pretrain.trainer import seed_all
 from condinit_det.records.results import ResultsFile
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.identity import write_arm_report
+from condinit_det.utils.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = str(REPO / "tools" / "pretrain_net.py")
@@ -66,22 +66,28 @@ class _Stop(Exception):
     pass
 
 
+def configure_run(cfg, spec, out="."):
+    """``cfg`` set up as the launcher sets up the run ``spec`` of an experiment in ``out``."""
+    return PretrainStage().configure_run(cfg, spec, spec.path(out))
+
+
 def _state_at_first_step(root, out, arm, monkeypatch, seed=0):
     """Run train_run up to its first step; return (model state, first two batches, arm report)."""
     seen = {}
 
-    def spy(**kw):
-        seen["state"] = {k: v.detach().clone() for k, v in kw["model"].state_dict().items()}
-        seen["batches"] = [b for _, b in zip(range(2), kw["loader"])]
-        seen["step"] = kw["step"]
+    def spy(self, epoch):
+        self.start_epoch(epoch)
+        seen["state"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        seen["batches"] = [b for _, b in zip(range(2), self.loader)]
+        seen["step"] = self.step
         raise _Stop
 
-    monkeypatch.setattr(trainer, "train_one_epoch", spy)
+    monkeypatch.setattr(trainer.PretrainRun, "train_epoch", spy)
     run = RunSpec(arm, seed)
-    cfg = configure_run(load_config(DEMO, tiny(root, out)), run)
+    cfg = configure_run(load_config(DEMO, tiny(root, out)), run, out)
     run_dir = run.path(out)
     with pytest.raises(_Stop):
-        train_run(cfg, run=run, run_dir=run_dir, config_file=DEMO, resume=False)
+        train_run(cfg, run_dir=run_dir, config_file=DEMO, resume=False)
     with open(os.path.join(run_dir, "condinit_arm_report.json")) as f:
         report = json.load(f)
     return seen, report
@@ -309,7 +315,8 @@ def test_two_process_cpu_run_matches_single_process_evaluation(tiny_data, tmp_pa
     run_dir = RunSpec("conditioned", 0).path(out)
     with open(os.path.join(run_dir, "log.txt")) as f:
         log = f.read()
-    assert "2 processes start from identical weights" in log and "2 processes hold identical final weights" in log
+    assert "Replica check at initialization: all 2 processes hold identical weights" in log
+    assert "Replica check at the end: all 2 processes hold identical weights" in log
     single = _run(["--eval-only", *argv])
     assert single.returncode == 0, single.stderr[-3000:]
     (train_rec,) = ResultsFile(run_dir).records("cls")

@@ -13,6 +13,7 @@ import pytest
 import submitit
 
 from condinit_det.launch import slurm
+from condinit_det.utils import preemption
 
 # Toy callables run in the jobs' own Python processes: ship them by value (tests/ is not importable there).
 # They use nothing from condinit_det, whose import (torch, detectron2) would add seconds to every job.
@@ -106,7 +107,7 @@ def test_rendezvous_from_environment(monkeypatch):
 def test_requeue_flag():
     previous = signal.getsignal(signal.SIGUSR2)
     try:
-        flag = slurm.requeue_flag()
+        flag = preemption.requeue_flag()
         assert not flag.is_set()
         os.kill(os.getpid(), signal.SIGUSR2)  # the process survives: the flag replaces the default action
         deadline = time.time() + 5
@@ -321,7 +322,7 @@ def test_cancelled_job_is_done_without_sacct(slurm_env):
     assert job.state == "CANCELLED" and not job.paths.result_pickle.exists()
 
 
-# A worker of the run: loads condinit_det/slurm.py by path (the package would import torch), counts
+# A worker of the run: loads condinit_det/utils/preemption.py by path (the package would import torch), counts
 # from the last saved step, and on USR2 saves its step at the next step boundary and stops.
 _WORKER = r"""
 import importlib.util, os, sys, time
@@ -356,7 +357,7 @@ class _Trainer(submitit.helpers.Checkpointable):
     def __call__(self):
         run = int(os.environ.get("SLURM_RESTART_COUNT", 0))
         worker = subprocess.Popen(
-            [sys.executable, "-c", _WORKER, _SLURM_PY, self.folder, str(run), str(self.total)]
+            [sys.executable, "-c", _WORKER, _PREEMPTION_PY, self.folder, str(run), str(self.total)]
         )
         worker.wait()
         return run, int(_lines(self.folder, f"resumed{run}")[0])
@@ -372,6 +373,7 @@ class _Trainer(submitit.helpers.Checkpointable):
 
 
 _SLURM_PY = slurm.__file__
+_PREEMPTION_PY = preemption.__file__
 
 
 @pytest.mark.slurm

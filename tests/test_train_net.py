@@ -11,7 +11,11 @@ from detectron2.config import instantiate
 from detectron2.utils.env import seed_all_rng
 
 from condinit_det.records.results import ResultsFile
-from condinit_det.engine.training import build_argument_parser, build_model, check_invocation, load_config, prepare_config
+from condinit_det.engine import DetectionStage
+from condinit_det.engine.config import load_config, prepare_config
+from condinit_det.engine.train import build_model
+from condinit_det.launch.arguments import build_parser
+from condinit_det.launch.experiment import execute, plan_experiment
 from condinit_det.init import ARMS, find_attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,13 +72,13 @@ def test_arms_differ_only_in_attention_weights(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-    parser = build_argument_parser()
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--config-file", CONFIG, "--arm", "bogus"])
+    parser = build_parser()
+    with pytest.raises(ValueError, match="'bogus' is not an arm; accepted: default, mimetic, conditioned"):
+        plan_experiment(DetectionStage(), parser.parse_args(["--config-file", CONFIG, "--arm", "bogus"]))
     args = parser.parse_args(["--config-file", CONFIG, "--arm", "all", "--eval-only"])
     with pytest.raises(ValueError, match="eval-only"):
-        check_invocation(args)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+        plan_experiment(DetectionStage(), args)
+    with pytest.raises(ValueError, match="does not exist"):
         load_config(str(tmp_path / "missing.py"))
     with pytest.raises(ValueError, match="Unknown arm"):
         prepare_config(load_config(CONFIG, []), arm="orthogonal")
@@ -166,15 +170,13 @@ SEED: -1
 
 
 def test_yacs_config_path(tmp_path):
-    from condinit_det.engine.training import execute
-
     torch.set_num_threads(1)
     load_config(CONFIG, [])  # registers the tiny datasets in this process
     yaml_file = tmp_path / "tiny.yaml"
     yaml_file.write_text(_TINY_YACS)
-    args = build_argument_parser().parse_args(
+    args = build_parser().parse_args(
         ["--config-file", str(yaml_file), "--arm", "mimetic", "OUTPUT_DIR", str(tmp_path / "yacs_run")])
-    assert execute(args) == 0
+    assert execute(plan_experiment(DetectionStage(), args)) == 0
     out = tmp_path / "yacs_run" / "mimetic" / "seed0"
     recs = ResultsFile(out).records("ap")
     assert [(r["iteration"], r["arm"], r["seed"]) for r in recs] == [(1, "mimetic", 0), (2, "mimetic", 0)]

@@ -5,7 +5,7 @@ Where an experiment stands (both stages): one line per planned run, then a count
     python tools/experiment_status.py DIR [--json] [--stale-after S]
 
 DIR is an experiment directory (with experiment.json), a folder of experiments, or one run
-directory. Reads the run directories only; see condinit_det/status.py for the states.
+directory. Reads the run directories only; see condinit_det/launch/status.py for the states.
 """
 import sys
 

@@ -1,12 +1,11 @@
 #!/usr/bin/env python
 """
-Train / evaluate a detector with an attention-initialization arm (the installed command is
-``condinit-train``).
+Train / evaluate a detector with an attention-initialization arm (the installed command is ``condinit-train``).
 
-Lazy (.py) and yacs (.yaml) configs; detectron2's command line (--num-gpus, --num-machines,
---machine-rank, --dist-url, --resume, --eval-only, trailing key=value overrides) plus
---arm {default,mimetic,conditioned,all}, --seeds, --lr-scale. The command lives in
-condinit_det.commands.train, the logic in condinit_det.engine.training.
+Lazy (.py) and yacs (.yaml) configs; detectron2's command line (--num-gpus, --num-machines, --machine-rank,
+--dist-url, --resume, --eval-only, trailing key=value overrides) plus the experiment and Slurm flags (--help lists
+them). The command lives in condinit_det.commands.train, the stage in condinit_det.engine, the launcher in
+condinit_det.launch.
 """
 import sys
 

@@ -5,18 +5,18 @@
 import sys
 from typing import List, Optional
 
-from condinit_det.launch.protocol import build_argument_parser, submit_protocol
+from condinit_det.engine import DetectionStage
+from condinit_det.launch.protocol import build_protocol_parser, submit_protocol
+from condinit_det.pretrain import PretrainStage
+from condinit_det.utils.errors import UsageError
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from condinit_det.init.spec import ArmError
-    from condinit_det.pretrain import UsageError
-
-    parser = build_argument_parser()
+    parser = build_protocol_parser()
     args = parser.parse_args(argv)
     try:
-        return submit_protocol(args)
-    except (UsageError, ValueError, FileNotFoundError, ArmError, RuntimeError) as e:
+        return submit_protocol(args, upstream=PretrainStage(), downstream=DetectionStage())
+    except (UsageError, RuntimeError) as e:  # RuntimeError: no sbatch / srun on this machine
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
 

@@ -9,7 +9,6 @@ from detectron2.utils import comm
 from condinit_det.utils.distributed import sync_buffers
 from condinit_det.evaluation import FastCOCOEvaluator
 from condinit_det.records.results import ResultsFile
-from condinit_det.records.identity import check_resume_identity
 
 from .arm_report import log_arm_report, save_arm_report
 from .checkpoint import RunCheckpointer
@@ -104,12 +103,6 @@ def run_yacs(args, cfg, identity):
         RunCheckpointer(model, save_dir=cfg.OUTPUT_DIR, trust_pickle=getattr(args, "trust_pickle", False)
                         ).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
         return CondinitTrainer.test(cfg, model)
-    if args.resume:
-        check_resume_identity(cfg.OUTPUT_DIR, identity, allow_change=getattr(args, "allow_changed_run", False))
-    elif comm.is_main_process():
-        old = ResultsFile(cfg.OUTPUT_DIR).archive()
-        if old:
-            logger.warning(f"Fresh (non --resume) run: previous results moved to {old}")
     trainer = CondinitTrainer(cfg, config_file=args.config_file or None,
                               trust_pickle=getattr(args, "trust_pickle", False))
     will_resume = args.resume and trainer.checkpointer.has_checkpoint()

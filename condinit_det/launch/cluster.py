@@ -1,109 +1,70 @@
 """Experiments on a Slurm cluster: each planned run is one element of a job array, a report job follows.
 
-Both training stages submit the same way (``--slurm`` on ``tools/train_net.py`` and
-``tools/pretrain_net.py``; :func:`submit_experiment`). An element (:class:`RunElement`) trains one
-run with every GPU and node of its allocation: one Slurm task per node starts a supervising process,
-which takes the rendezvous from Slurm's environment (:func:`condinit_det.launch.slurm.slurm_rendezvous`) and
-runs the stage's own launcher for that run, with ``--resume`` semantics (a run that was requeued,
-killed or submitted again continues from its last checkpoint; a finished run is skipped; failures are
-recorded as in :func:`condinit_det.records.layout.execute_runs`).
+Every stage submits the same way (``--slurm`` on ``condinit-train`` and ``condinit-pretrain``;
+:func:`submit_experiment`). An element (:class:`RunElement`) trains one run with every GPU and node of its
+allocation: one Slurm task per node starts a supervising process, which takes the rendezvous from Slurm's
+environment (:func:`condinit_det.launch.slurm.slurm_rendezvous`) and runs the experiment reduced to that run
+(:meth:`condinit_det.launch.experiment.Experiment.only`), with ``--resume`` semantics (a run that was requeued,
+killed or submitted again continues from its last checkpoint; a finished run is skipped; failures are recorded as
+in :func:`condinit_det.launch.experiment.execute`).
 
 Time limit and preemption: Slurm sends USR2 ``--signal-delay`` seconds before the limit to every
-process of the element. The training processes (:class:`PreemptionWatch`) agree at the next step
+process of the element. The training processes (:class:`condinit_det.utils.preemption.PreemptionWatch`) agree at the next step
 boundary to stop: detection writes a checkpoint of that iteration, pretraining stops at its last
 epoch checkpoint (epochs are its unit of exact resume); both leave ``<run>/preempted``. The element's
 ``checkpoint()`` (submitit's handler) waits for that file, then submitit requeues the element. A job
 killed without warning (node failure, ``scontrol requeue``, ``scancel``) resumes from its last
 checkpoint when it is requeued or the same command is submitted again.
 
-``<base>/slurm.json`` maps each run directory to its job id (read by ``tools/experiment_status.py``).
-This module imports no training stage: elements import theirs when they run.
+Submitting again knows what is in flight: ``<base>/slurm.json`` keeps every job each run directory ever had (its
+history; the last one is the current one, shown by ``condinit-status``). A run whose current job is still pending
+or running (``squeue``) is in flight: it is not submitted again, and the new report job waits for it too
+(``afterany``), so that extending a running experiment (more seeds, arms or lr scales) submits only the new runs and
+one final report covers them all. This module imports no training stage: an experiment carries its own.
 """
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import multiprocessing
 import os
 import signal
 import sys
-import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from ..utils.fileio import atomic_write
-from ..utils.preemption import PREEMPTED_FILENAME, Preempted
-from ..records.layout import RunSpec
 from ..records.failures import failure_of
+from ..records.layout import REPORT_DIRNAME, RunSpec
+from ..utils.fileio import atomic_write
+from ..utils.preemption import PREEMPTED_FILENAME, PREEMPTIBLE_ENV, Preempted
+from .experiment import Experiment, execute
 
-__all__ = ["JOBS_FILENAME", "PREEMPTIBLE_ENV", "PreemptionWatch", "ReportJob", "RunElement", "read_jobs",
-           "submit_experiment"]
+__all__ = ["IN_FLIGHT_STATES", "JOBS_FILENAME", "ReportJob", "RunElement", "Submission", "describe_submission",
+           "read_job_history", "read_jobs", "submission_plan", "submit_experiment", "submit_report", "submit_runs"]
 
 JOBS_FILENAME = "slurm.json"
-PREEMPTIBLE_ENV = "CONDINIT_PREEMPTIBLE"
+# squeue states of a job that will still run or is running: its run is in flight.
+IN_FLIGHT_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
+                              "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"})
 _PREEMPTED_EXIT = 75
-# Each stage's launcher for one planned run: execute(args, only=spec) -> exit status.
-_STAGES = {"detection": "condinit_det.engine.training", "pretrain": "condinit_det.pretrain.launch"}
 
 
-class PreemptionWatch:
-    """In a training process: whether to stop for a requeue, agreed by every process of the run.
-
-    Active only inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set); create it in the process's main
-    thread (it installs the USR2 handler). :meth:`requested` is collective under torch.distributed: every
-    process calls it at the same step boundary.
-    """
-
-    def __init__(self):
-        self._flag: Optional[threading.Event] = None
-        if os.environ.get(PREEMPTIBLE_ENV):
-            from .slurm import requeue_flag
-
-            self._flag = requeue_flag()
-
-    @property
-    def active(self) -> bool:
-        return self._flag is not None
-
-    def requested(self) -> bool:
-        if self._flag is None:
-            return False
-        import torch
-        import torch.distributed as dist
-
-        local = self._flag.is_set()
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return local
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([int(local)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
-    @staticmethod
-    def stop(run_dir: str, where: str) -> None:
-        """Leave ``<run_dir>/preempted`` (main process) and raise :class:`Preempted`."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
-            atomic_write(os.path.join(run_dir, PREEMPTED_FILENAME), where)
-        raise Preempted(f"stopped for a requeue: {where}")
-
-
-def _element_main(stage: str, args, base: str, spec: RunSpec) -> None:
-    """The supervising process of an element on one node: the stage's launcher for ``spec``."""
+def _element_main(experiment: Experiment, spec: RunSpec) -> None:
+    """The supervising process of an element on one node: the experiment reduced to ``spec``."""
     from .slurm import slurm_rendezvous
 
     os.environ[PREEMPTIBLE_ENV] = "1"
     signal.signal(signal.SIGUSR2, lambda *_: None)  # the training processes act on it, this one must not die
-    args = copy.copy(args)
+    experiment = experiment.only(spec)
+    args = experiment.args = copy.copy(experiment.args)
     args.num_machines, args.machine_rank, args.num_gpus, args.dist_url = slurm_rendezvous(
         cpu_processes_per_machine=max(int(args.num_gpus), 1))
     args.resume = True
     try:
-        code = importlib.import_module(_STAGES[stage]).execute(args, only=spec)
+        code = execute(experiment)
     except Preempted:
         code = _PREEMPTED_EXIT
     sys.exit(code)
@@ -121,24 +82,24 @@ def _wait_for(path: str, timeout: float) -> bool:
 class RunElement(Checkpointable):
     """One planned run as a submitit callable (a job-array element); requeues itself on the time-limit signal."""
 
-    def __init__(self, stage: str, args, base: str, spec: RunSpec):
-        if stage not in _STAGES:
-            raise ValueError(f"unknown stage {stage!r}; accepted: {', '.join(_STAGES)}")
-        self.stage, self.args, self.base, self.spec = stage, args, base, spec
+    def __init__(self, experiment: Experiment, spec: RunSpec):
+        if spec not in experiment.runs:
+            raise ValueError(f"{spec} is not a planned run of {experiment.base}")
+        self.experiment, self.spec = experiment, spec
 
     @property
     def run_dir(self) -> str:
-        return self.spec.path(self.base)
+        return self.experiment.run_dir(self.spec)
 
     def __call__(self) -> str:
-        process = multiprocessing.get_context("spawn").Process(
-            target=_element_main, args=(self.stage, self.args, self.base, self.spec))
+        process = multiprocessing.get_context("spawn").Process(target=_element_main,
+                                                               args=(self.experiment, self.spec))
         process.start()
         process.join()
         if process.exitcode == 0:
             return f"{self.run_dir}: finished"
         if process.exitcode == _PREEMPTED_EXIT:  # checkpoint() is requeueing this job
-            time.sleep(max(int(getattr(self.args, "signal_delay", 120)), 1))
+            time.sleep(max(int(self.experiment.args.signal_delay), 1))
         failure = failure_of(self.run_dir)
         why = failure.get("message") if failure else f"exit status {process.exitcode}"
         raise RuntimeError(f"{self.run_dir} did not finish: {why}")
@@ -146,9 +107,9 @@ class RunElement(Checkpointable):
     def checkpoint(self, *args, **kwargs):
         """USR2 (time limit): the training processes stop at their next step boundary and leave
         ``<run>/preempted``; wait for it (within the signal delay), then requeue this element."""
-        delay = max(int(getattr(self.args, "signal_delay", 120)), 10)
+        delay = max(int(self.experiment.args.signal_delay), 10)
         _wait_for(os.path.join(self.run_dir, PREEMPTED_FILENAME), timeout=0.75 * delay)
-        return DelayedSubmission(RunElement(self.stage, self.args, self.base, self.spec))
+        return DelayedSubmission(RunElement(self.experiment, self.spec))
 
 
 class ReportJob:
@@ -165,75 +126,153 @@ class ReportJob:
         return text
 
 
-def read_jobs(base: str) -> Dict[str, str]:
-    """``<base>/slurm.json``: run directory (relative to ``base``) -> Slurm job id; {} without one."""
+# ---------------------------------------------------------------------------------------------
+# slurm.json: every job each run ever had
+# ---------------------------------------------------------------------------------------------
+def _read_jobs_file(base: str) -> dict:
     path = os.path.join(base, JOBS_FILENAME)
     if not os.path.isfile(path):
         return {}
     with open(path) as f:
-        return dict(json.load(f).get("runs", {}))
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); move it aside to submit afresh") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _history(value) -> List[str]:
+    # Older files held one job id per run (a string).
+    return [str(v) for v in value] if isinstance(value, list) else ([str(value)] if value else [])
+
+
+def read_job_history(base: str) -> Dict[str, List[str]]:
+    """``<base>/slurm.json``: run directory (relative to ``base``) -> every job id it had, oldest first."""
+    return {run: _history(jobs) for run, jobs in _read_jobs_file(base).get("runs", {}).items()}
+
+
+def read_jobs(base: str) -> Dict[str, str]:
+    """Run directory (relative to ``base``) -> its current (latest) Slurm job id; {} without ``slurm.json``."""
+    return {run: jobs[-1] for run, jobs in read_job_history(base).items() if jobs}
 
 
 def _record_jobs(base: str, jobs: Dict[str, str], report: Optional[str]) -> None:
-    runs = {**read_jobs(base), **jobs}
-    payload = {"runs": runs}
+    data = _read_jobs_file(base)
+    runs = {run: _history(v) for run, v in data.get("runs", {}).items()}
+    for run, job in jobs.items():
+        runs.setdefault(run, []).append(str(job))
+    reports = _history(data.get("report"))
     if report:
-        payload["report"] = report
-    atomic_write(os.path.join(base, JOBS_FILENAME), json.dumps(payload, indent=1))
+        reports.append(str(report))
+    atomic_write(os.path.join(base, JOBS_FILENAME), json.dumps({"runs": runs, "report": reports}, indent=1))
 
 
-def runs_to_submit(base: str, specs: Sequence[RunSpec], finished: Callable[[RunSpec], bool], *,
-                   retry_failed: bool) -> List[RunSpec]:
-    """The planned runs an element is needed for: not finished, and not diverged (unless retried)."""
-    todo = []
-    for spec in specs:
-        failure = failure_of(spec.path(base))
-        if failure is not None and failure.get("reason") == "diverged" and not retry_failed:
+def _relative(spec: RunSpec) -> str:
+    return os.path.join(spec.arm, spec.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Submitting
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Submission:
+    """What submitting an experiment does with each planned run."""
+
+    todo: List[RunSpec] = field(default_factory=list)  # submitted now
+    in_flight: Dict[RunSpec, str] = field(default_factory=dict)  # run -> its pending or running job
+    done: List[RunSpec] = field(default_factory=list)  # finished, or diverged (not retried)
+
+
+def submission_plan(experiment: Experiment, *, states: Optional[Dict[str, str]] = None) -> Submission:
+    """Sort the planned runs into the ones to submit, the ones in flight (their current job is pending or
+    running) and the ones that need nothing (finished, or diverged and not ``--retry-failed``). ``states``: job id
+    -> squeue state (default: asked from ``squeue``)."""
+    from .slurm import job_states
+
+    current = read_jobs(experiment.base)
+    if states is None:
+        states = job_states([current[_relative(s)] for s in experiment.runs if _relative(s) in current])
+    plan = Submission()
+    for spec in experiment.runs:
+        job = current.get(_relative(spec))
+        if job is not None and states.get(job) in IN_FLIGHT_STATES:
+            plan.in_flight[spec] = job
             continue
-        if failure is None and finished(spec):
-            continue
-        todo.append(spec)
-    return todo
+        failure = failure_of(experiment.run_dir(spec))
+        if failure is not None and failure.get("reason") == "diverged" and not experiment.args.retry_failed:
+            plan.done.append(spec)
+        elif failure is None and experiment.finished(spec):
+            plan.done.append(spec)
+        else:
+            plan.todo.append(spec)
+    return plan
 
 
-def submit_experiment(args, *, stage: str, base: str, specs: Sequence[RunSpec], finished: Callable[[RunSpec], bool],
-                      name: str, dependency: Optional[str] = None, report: bool = True, bootstrap: int = 1000,
-                      log=print):
-    """Submit the unfinished runs of ``specs`` as one job array (``dependency``: sbatch's, for every element)
-    and, with ``report``, a report job after them (``afterany``). Returns (element jobs, their specs, report job)."""
+def submit_runs(experiment: Experiment, specs: Sequence[RunSpec], *, name: str, dependency: Optional[str] = None,
+                log=print) -> list:
+    """Submit ``specs`` (planned runs of ``experiment``) as one job array, each element after ``dependency``
+    (sbatch's), and record their jobs in ``<base>/slurm.json``. Returns the submitit jobs, in the order of
+    ``specs``."""
     from .slurm import make_executor, slurm_folder, submit
 
-    folder = slurm_folder(args, base)
-    todo = runs_to_submit(base, specs, finished, retry_failed=getattr(args, "retry_failed", False))
-    skipped = len(specs) - len(todo)
-    jobs = []
-    if todo:
-        executor = make_executor(args, folder, name)
-        jobs = submit(executor, [RunElement(stage, args, base, spec) for spec in todo], dependency=dependency)
-        log(f"Submitted {len(jobs)} run(s) of {len(specs)} as job array {str(jobs[0].job_id).split('_')[0]}"
-            + (f" ({skipped} finished or diverged earlier: not resubmitted)" if skipped else ""))
-        for spec, job in zip(todo, jobs):
-            log(f"  {job.job_id}: {spec.arm}/{spec.name}")
-    else:
-        log(f"Every run of {base} finished or diverged earlier: nothing to submit")
+    if not specs:
+        return []
+    executor = make_executor(experiment.args, slurm_folder(experiment.args, experiment.base), name)
+    jobs = submit(executor, [RunElement(experiment, spec) for spec in specs], dependency=dependency)
+    _record_jobs(experiment.base, {_relative(s): str(j.job_id) for s, j in zip(specs, jobs)}, None)
+    log(f"Submitted {len(jobs)} run(s) of {experiment.base} as job array {str(jobs[0].job_id).split('_')[0]}"
+        + (f" after {dependency}" if dependency else ""))
+    for spec, job in zip(specs, jobs):
+        log(f"  {job.job_id}: {_name(spec)}")
+    return jobs
+
+
+def describe_submission(experiment: Experiment, plan: Submission, log=print) -> None:
+    """Say what a submission leaves out: the runs in flight (with their job) and those that need nothing."""
+    for spec, job in plan.in_flight.items():
+        log(f"  {_name(spec)}: in flight as job {job}: not resubmitted")
+    if plan.done:
+        log(f"  {len(plan.done)} run(s) of {experiment.base} finished or diverged earlier: not resubmitted")
+    if not plan.todo:
+        log(f"Nothing new to submit for {experiment.base}"
+            + (f": {len(plan.in_flight)} run(s) in flight" if plan.in_flight else ""))
+
+
+def submit_experiment(experiment: Experiment, *, name: str, report: bool = True, log=print):
+    """Submit the runs of ``experiment`` that need a job (:func:`submission_plan`) as one job array and, with
+    ``report``, a report job after them and after the runs still in flight (``afterany``). Returns (the submitted
+    jobs, their specs, the in-flight runs' job ids, the report job or None)."""
+    from .slurm import slurm_folder
+
+    plan = submission_plan(experiment)
+    describe_submission(experiment, plan, log)
+    jobs = submit_runs(experiment, plan.todo, name=name, log=log)
     report_job = None
-    if report:
-        report_job = submit_report(args, [base], os.path.join(base, "report"), jobs=jobs, folder=folder,
-                                   name=f"{name}-report", bootstrap=bootstrap, log=log)
-    _record_jobs(base, {os.path.join(s.arm, s.name): str(j.job_id) for s, j in zip(todo, jobs)},
-                 str(report_job.job_id) if report_job is not None else None)
-    log(f"Watch it with: tools/experiment_status.py {base}   (submitit logs: {folder})")
-    return jobs, todo, report_job
+    waits = [str(j.job_id) for j in jobs] + list(plan.in_flight.values())
+    if report and waits:
+        report_job = submit_report(experiment.args, [experiment.base],
+                                   os.path.join(experiment.base, REPORT_DIRNAME), jobs=waits,
+                                   folder=slurm_folder(experiment.args, experiment.base), name=f"{name}-report",
+                                   log=log)
+        _record_jobs(experiment.base, {}, str(report_job.job_id))
+    log(f"Watch it with: condinit-status {experiment.base}   (submitit logs: "
+        f"{slurm_folder(experiment.args, experiment.base)})")
+    return jobs, plan.todo, dict(plan.in_flight), report_job
 
 
-def submit_report(args, paths: Sequence[str], output_dir: str, *, jobs, folder: str, name: str, bootstrap: int,
+def _name(spec: RunSpec) -> str:
+    return f"{spec.arm}/{spec.name}"
+
+
+def submit_report(args, paths: Sequence[str], output_dir: str, *, jobs: Sequence[str], folder: str, name: str,
                   log=print):
-    """A one-node, CPU-only job writing the comparison of ``paths`` once ``jobs`` ended (in any way)."""
+    """A one-node, CPU-only job writing the comparison of ``paths`` once every job in ``jobs`` (ids) ended in any
+    way (none: at once)."""
     from .slurm import after, make_executor, submit
 
     report_args = copy.copy(args)
     report_args.nodes, report_args.gpus_per_node, report_args.max_parallel = 1, 0, None
-    (job,) = submit(make_executor(report_args, folder, name), [ReportJob(paths, output_dir, bootstrap)],
+    (job,) = submit(make_executor(report_args, folder, name), [ReportJob(paths, output_dir, args.bootstrap)],
                     dependency=after("afterany", jobs) if jobs else None)
     log(f"Report job {job.job_id} writes {output_dir} after them")
     return job

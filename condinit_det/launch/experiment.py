@@ -1,89 +1,363 @@
-"""Executing the planned runs of an experiment locally, one launch per run, failures recorded."""
+"""Experiments of any stage: plan the runs, check them, run each in a launch of its own, end with the report.
+
+An experiment is the arm x seed x lr-scale runs of one config (:func:`plan_experiment`), laid out as
+:mod:`condinit_det.records.layout` says. :func:`execute` trains them one after another on this machine (or on the
+processes of one Slurm element, :mod:`.cluster`):
+
+- each run has a launch of its own (detectron2's ``launch``: one process per GPU, or CPU processes with gloo),
+  owned by this process for its whole duration (:mod:`condinit_det.records.lock`): a run another process owns is
+  not touched ("in use by ..."; a single run then ends with exit status 2, an experiment goes on);
+- inside a Slurm job (or with ``--cpus-per-task``) every training process sizes its threads and data-loader
+  workers from the CPUs the job was given (:mod:`condinit_det.utils.threads`);
+- a run that raises is a result: it gets a ``"failed"`` record (``"diverged"`` for a non-finite loss, else
+  ``"error"``), every process of it stops, and the next run starts; the command ends with exit status 1 and names
+  the failed runs on its last lines;
+- ``--resume`` skips finished runs, continues one that failed with an error from its last checkpoint and skips a
+  diverged one (the same seed and settings diverge again); ``--retry-failed`` moves a failed or diverged run aside
+  to ``<run>.failed<n>/`` and trains it afresh; a run started without ``--resume`` sets the previous run's
+  ``results.json`` and ``metrics.json`` aside (``*.<n>.json.bak``) and deletes its checkpoints;
+- with several runs, the comparison is written into ``<base>/report/`` at the end.
+"""
 from __future__ import annotations
 
+import argparse
+import contextlib
+import dataclasses
+import gc
 import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-from ..records.failures import describe_failure, discard_notes, failure_of, failure_reason, one_line, record_failure
-from ..records.layout import REPORT_DIRNAME, RunSpec, set_aside
+from ..records.failures import describe_failure, discard_notes, failure_of, failure_reason, note_failure, one_line
+from ..records.failures import record_failure
+from ..records.identity import check_resume_identity
+from ..records.layout import (REPORT_DIRNAME, RunSpec, parse_arms, parse_lr_scales, parse_seeds, plan_runs,
+                              set_aside, write_plan)
+from ..records.lock import RunInUse, RunLock
 from ..records.results import FAILED_KIND, ResultsFile
+from ..utils.distributed import launch, rank
+from ..utils.errors import UsageError
+from ..utils.logs import console_logging
 from ..utils.preemption import PREEMPTED_FILENAME, Preempted
+from ..utils.threads import apply_thread_settings
+from .stage import Stage
 
-__all__ = ["Outcome", "execute_runs", "failure_summary", "finish_experiment"]
+__all__ = [
+    "Experiment",
+    "Outcome",
+    "execute",
+    "failure_summary",
+    "finish_experiment",
+    "plan_experiment",
+    "run_worker",
+    "start_fresh",
+]
+
+logger = logging.getLogger("condinit_det.launch")
 
 
 @dataclass
+class Experiment:
+    """The planned runs of one config in one stage.
+
+    Attributes:
+        stage: the training stage.
+        args: the command's flags (:func:`condinit_det.launch.arguments.build_parser`).
+        base: the experiment directory; run ``spec`` lives in ``spec.path(base)``.
+        runs: the planned runs, in training order.
+        length: how long each run trains, in ``stage.unit``.
+        device: ``"cpu"`` or ``"cuda"``.
+        upstream: an earlier stage's experiment directory: each run starts from the final weights of the run with
+            the same arm and seed there (the paper's protocol: detection fine-tuned from each arm's pretraining).
+        element: one run of a Slurm array (no plan written, no report at its end).
+    """
+
+    stage: Stage
+    args: argparse.Namespace
+    base: str
+    runs: List[RunSpec]
+    length: int
+    device: str
+    upstream: Optional[str] = None
+    element: bool = False
+
+    def run_dir(self, spec: RunSpec) -> str:
+        return spec.path(self.base)
+
+    def init_from(self, spec: RunSpec) -> Optional[str]:
+        """The upstream run this run starts from (same arm and seed, the upstream's own learning rate)."""
+        return RunSpec(spec.arm, spec.seed).path(self.upstream) if self.upstream else None
+
+    def config(self, spec: RunSpec):
+        """The run's config, loaded and set up afresh (every process calls this)."""
+        cfg = self.stage.load_config(self.args.config_file, self.args.opts)
+        return self.stage.configure_run(cfg, spec, self.run_dir(spec), init_from=self.init_from(spec))
+
+    def finished(self, spec: RunSpec) -> bool:
+        return self.stage.finished(self.run_dir(spec), self.length)
+
+    def only(self, spec: RunSpec) -> "Experiment":
+        """This experiment reduced to one of its runs, as a Slurm element runs it."""
+        if spec not in self.runs:
+            raise ValueError(f"{spec} is not a planned run of {self.base}")
+        return dataclasses.replace(self, runs=[spec], element=True)
+
+    def write_plan(self) -> str:
+        """``<base>/experiment.json``: the runs the report and the status command expect."""
+        return write_plan(self.base, self.runs, stage=self.stage.name, config=self.args.config_file or None,
+                          length={"unit": self.stage.unit, "total": self.length})
+
+
+def plan_experiment(stage: Stage, args: argparse.Namespace, *, output_dir: Optional[str] = None,
+                    upstream: Optional[str] = None, check: bool = True) -> Experiment:
+    """Plan the runs ``args`` asks for and, with ``check``, check everything that can be checked before a process
+    starts; nothing is written. Raises :class:`UsageError` (one line) on bad input.
+
+    Args:
+        stage: the training stage.
+        args: the parsed flags (``--retry-failed`` and ``--slurm`` set ``args.resume``).
+        output_dir: the experiment directory instead of the config's output directory.
+        upstream: see :attr:`Experiment.upstream`.
+        check: run the stage's checks and the resume-identity check of every run.
+    """
+    try:
+        return _plan(stage, args, output_dir=output_dir, upstream=upstream, check=check)
+    except UsageError:
+        raise
+    except (ValueError, FileNotFoundError) as e:  # the stages' checks: bad input, said in one line
+        raise UsageError(" ".join(str(e).split())) from None
+
+
+def _plan(stage: Stage, args, *, output_dir, upstream, check) -> Experiment:
+    if args.retry_failed or args.slurm:
+        args.resume = True  # a submission continues what exists: resubmitting is always safe
+    if args.slurm and args.eval_only:
+        raise UsageError("--slurm submits training runs; run --eval-only directly")
+    if args.bootstrap < 0:
+        raise UsageError(f"--bootstrap {args.bootstrap}: expected a number of resamples >= 0 (0: no intervals)")
+    cfg = stage.load_config(args.config_file, args.opts)
+    defaults = stage.defaults(cfg)
+    base = output_dir or defaults.output_dir
+    if not base:
+        raise UsageError("the config has no output directory (train.output_dir); runs go to "
+                         "<output_dir>/<arm>/seed<k>/")
+    arms = parse_arms(args.arm) if args.arm else [defaults.arm]
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else [defaults.seed]
+    scales = parse_lr_scales(args.lr_scale) if args.lr_scale is not None else [1.0]
+    if args.slurm:  # each array element runs with its allocation's processes (.cluster)
+        args.num_machines = args.nodes
+        args.num_gpus = args.gpus_per_node or args.num_gpus
+    experiment = Experiment(stage=stage, args=args, base=base, runs=plan_runs(arms, seeds, scales),
+                            length=stage.length(cfg), device=stage.device(cfg),
+                            upstream=upstream)
+    if check:
+        configured = [(spec, experiment.config(spec)) for spec in experiment.runs]
+        stage.check(args, configured, upstream=upstream)
+        if args.resume and not args.eval_only:
+            for spec, run_cfg in configured:
+                run_dir = experiment.run_dir(spec)
+                ResultsFile(run_dir).records()  # a corrupt results.json raises here, and stays as it is
+                check_resume_identity(run_dir, stage.identity(run_cfg), allow_change=args.allow_changed_run)
+    return experiment
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------
+def run_worker(experiment: Experiment, spec: RunSpec) -> None:
+    """Per-process entry point of one planned run (what ``detectron2.engine.launch`` calls in every process):
+    train it, or with ``--eval-only`` evaluate it. A failure leaves a note in the run directory for the launching
+    process and is re-raised."""
+    args, stage = experiment.args, experiment.stage
+    cfg = experiment.config(spec)
+    run_dir = experiment.run_dir(spec)
+    _size_threads(experiment, cfg)
+    try:
+        if args.eval_only:
+            stage.evaluate(args, cfg, run_dir)
+        else:
+            stage.train(args, cfg, run_dir)
+    except Preempted:
+        raise
+    except Exception as e:
+        if not args.eval_only and os.path.isdir(run_dir) and note_failure(run_dir, e, rank=rank()):
+            logger.exception(f"Run {run_dir} failed:")
+        raise
+
+
+def _size_threads(experiment: Experiment, cfg) -> None:
+    """Inside a Slurm job (or a CPU affinity smaller than the machine, or with ``--cpus-per-task``): intra-op
+    threads and data-loader workers of this process from its share of the CPUs; the config's worker count is the
+    most it gets. Elsewhere nothing changes."""
+    from ..utils.threads import allocated_cpus
+
+    args = experiment.args
+    allocated = allocated_cpus() or args.cpus_per_task
+    if allocated is None:
+        return
+    stage = experiment.stage
+    plan = apply_thread_settings(max(int(args.num_gpus), 1), allocated=allocated,
+                                 max_workers=stage.loader_workers(cfg), log=logger)
+    stage.set_loader_workers(cfg, plan.loader_workers)
+
+
+def start_fresh(stage: Stage, run_dir: str) -> None:
+    """Before a run that is not resumed: set the previous run's ``results.json`` and ``metrics.json`` aside
+    (``results.<n>.json.bak``, ``metrics.<n>.json.bak``) and delete the stage's stale files (its checkpoints)."""
+    old = ResultsFile(run_dir).archive()
+    if old:
+        logger.warning(f"Fresh (non --resume) run: previous results moved to {old}")
+    metrics = os.path.join(run_dir, "metrics.json")
+    if os.path.isfile(metrics):
+        n = 0
+        while os.path.exists(os.path.join(run_dir, f"metrics.{n}.json.bak")):
+            n += 1
+        os.replace(metrics, os.path.join(run_dir, f"metrics.{n}.json.bak"))
+    stale = [p for p in stage.stale_files(run_dir) if os.path.isfile(p)]
+    for path in stale:
+        os.remove(path)
+    if stale:
+        logger.warning(f"Fresh (non --resume) run: removed the previous run's "
+                       f"{', '.join(sorted(map(os.path.basename, stale)))}")
+
+
+def _launch(experiment: Experiment, spec: RunSpec) -> None:
+    """All processes of one run (this machine's share of them), then the launcher's console logging again."""
+    import torch
+
+    args = experiment.args
+    try:
+        launch(run_worker, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+               dist_url=args.dist_url, args=(experiment, spec), device=experiment.device)
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        console_logging()
+
+
+def _prepare(experiment: Experiment, spec: RunSpec) -> None:
+    """In the main launcher, before a training run starts: its identity when resumed, a fresh start otherwise."""
+    args, run_dir = experiment.args, experiment.run_dir(spec)
+    if args.resume:
+        identity = experiment.stage.identity(experiment.config(spec))
+        check_resume_identity(run_dir, identity, allow_change=args.allow_changed_run)
+    else:
+        start_fresh(experiment.stage, run_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Several runs
+# ---------------------------------------------------------------------------------------------
+@dataclass
 class Outcome:
-    """What became of one planned run in :func:`execute_runs`."""
+    """What became of one planned run in :func:`execute`."""
 
     spec: RunSpec
     path: str
     failure: Optional[dict] = None  # the "failed" record; None when the run finished (now or earlier)
+    in_use: Optional[str] = None  # "in use by ...": another process owns the run; it was not touched
 
 
-def execute_runs(runs: Sequence[RunSpec], base: str, *, launch: Callable[[RunSpec], object],
-                 finished: Callable[[RunSpec], bool], resume: bool, retry_failed: bool = False,
-                 config: Optional[str] = None, main: bool = True,
-                 log: Optional[logging.Logger] = None) -> List[Outcome]:
-    """Train every planned run through ``launch(spec)`` (all processes of one run); a run that raises is
-    recorded as failed and the next one starts. Resume rules: see the module docstring. ``main``: whether
-    this is the launcher that writes (the first machine's); the others only launch. ``log``: the stage's
-    console logger."""
-    logger = log or logging.getLogger("condinit_det")
-    outcomes = []
-    for spec in runs:
-        run_dir = spec.path(base)
-        name = f"{spec.arm}/{spec.name}"
-        failure = failure_of(run_dir) if resume else None
-        if failure is not None and retry_failed:
-            aside = set_aside(run_dir) if main else "<run>.failed<n>"
-            logger.warning(f"Run {name} {describe_failure(failure)} earlier; moved aside to {aside}, training it "
-                           "afresh (--retry-failed)")
-        elif failure is not None and failure.get("reason") == "diverged":
-            logger.warning(f"Run {name} {describe_failure(failure)} earlier: not retried, the same seed and settings "
-                           "diverge again (--retry-failed trains it afresh)")
-            outcomes.append(Outcome(spec, run_dir, failure))
-            continue
-        elif failure is not None:
-            if main:
-                ResultsFile(run_dir).remove(FAILED_KIND)
-            logger.warning(f"Run {name} {describe_failure(failure)} earlier: resuming it from its last checkpoint")
-        elif resume and finished(spec):
-            logger.info(f"Run {name} already finished in {run_dir}: skipped, results kept")
-            outcomes.append(Outcome(spec, run_dir))
-            continue
-        preempted = os.path.join(run_dir, PREEMPTED_FILENAME)
-        if main and os.path.exists(preempted):
-            os.remove(preempted)
+def _name(spec: RunSpec) -> str:
+    return f"{spec.arm}/{spec.name}"
+
+
+def _run_one(experiment: Experiment, spec: RunSpec, *, main: bool) -> Outcome:
+    """Own one planned run (the main launcher; the others follow it) and train it under the resume rules (module
+    docstring)."""
+    run_dir = experiment.run_dir(spec)
+    if not main:
+        return _train_one(experiment, spec, main=False, owned=contextlib.ExitStack())
+    with contextlib.ExitStack() as owned:
         try:
-            launch(spec)
-        except Exception as e:  # noqa: BLE001 -- any failure of one run is a result; the experiment goes on
-            if isinstance(e, Preempted) or os.path.exists(preempted):
-                if main:
-                    discard_notes(run_dir)  # the processes stopped by the requeue signal are not failures
-                raise Preempted(f"run {name} stopped for a requeue; it resumes from its last checkpoint") from e
-            metadata = {"arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale, "config": config}
-            record = record_failure(run_dir, e, metadata) if main else {
-                "kind": FAILED_KIND, "reason": failure_reason(e), "iteration": 0, "message": one_line(e), **metadata}
-            logger.error(f"Run {name} {describe_failure(record)} (traceback in {run_dir}/log*); going on with "
-                         "the next run")
-            outcomes.append(Outcome(spec, run_dir, record))
-        else:
-            outcomes.append(Outcome(spec, run_dir))
-    return outcomes
+            owned.enter_context(RunLock(run_dir, log=logger))
+        except RunInUse as e:
+            if len(experiment.runs) == 1:
+                raise
+            logger.error(f"Run {_name(spec)}: {e}; going on with the next run")
+            return Outcome(spec, run_dir, in_use=str(e))
+        return _train_one(experiment, spec, main=True, owned=owned)
+
+
+def _train_one(experiment: Experiment, spec: RunSpec, *, main: bool, owned: contextlib.ExitStack) -> Outcome:
+    args, run_dir, name = experiment.args, experiment.run_dir(spec), _name(spec)
+    failure = failure_of(run_dir) if args.resume else None
+    if failure is not None and args.retry_failed:
+        aside = "<run>.failed<n>"
+        if main:
+            aside = set_aside(run_dir)  # the lock file goes with it: own the fresh directory before it is let go
+            owned.enter_context(RunLock(run_dir, log=logger))
+        logger.warning(f"Run {name} {describe_failure(failure)} earlier; moved aside to {aside}, training it "
+                       "afresh (--retry-failed)")
+    elif failure is not None and failure.get("reason") == "diverged":
+        logger.warning(f"Run {name} {describe_failure(failure)} earlier: not retried, the same seed and settings "
+                       "diverge again (--retry-failed trains it afresh)")
+        return Outcome(spec, run_dir, failure)
+    elif failure is not None:
+        if main:
+            ResultsFile(run_dir).remove(FAILED_KIND)
+        logger.warning(f"Run {name} {describe_failure(failure)} earlier: resuming it from its last checkpoint")
+    elif args.resume and experiment.finished(spec):
+        logger.info(f"Run {name} already finished in {run_dir}: skipped, results kept")
+        return Outcome(spec, run_dir)
+    preempted = os.path.join(run_dir, PREEMPTED_FILENAME)
+    try:
+        if main:
+            if os.path.exists(preempted):
+                os.remove(preempted)
+            _prepare(experiment, spec)
+        _launch(experiment, spec)
+    except Exception as e:  # noqa: BLE001 -- any failure of one run is a result; the experiment goes on
+        if isinstance(e, Preempted) or os.path.exists(preempted):
+            if main:
+                discard_notes(run_dir)  # the processes stopped by the requeue signal are not failures
+            raise Preempted(f"run {name} stopped for a requeue; it resumes from its last checkpoint") from e
+        metadata = {"arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale,
+                    "config": experiment.args.config_file or None}
+        record = record_failure(run_dir, e, metadata) if main else {
+            "kind": FAILED_KIND, "reason": failure_reason(e), "iteration": 0, "message": one_line(e), **metadata}
+        logger.error(f"Run {name} {describe_failure(record)} (traceback in {run_dir}/log*); going on with the "
+                     "next run")
+        return Outcome(spec, run_dir, record)
+    return Outcome(spec, run_dir)
+
+
+def _evaluate_one(experiment: Experiment, spec: RunSpec, *, main: bool) -> None:
+    with RunLock(experiment.run_dir(spec), log=logger) if main else contextlib.nullcontext():
+        _launch(experiment, spec)
+
+
+def execute(experiment: Experiment) -> int:
+    """Train (or with ``--eval-only`` evaluate) every planned run, each in a launch of its own; with several runs
+    write the comparison at the end. Returns the exit status: 1 when a run failed or diverged (named on the last
+    lines), else 0. Call :func:`plan_experiment` first."""
+    args = experiment.args
+    console_logging()
+    main = int(args.machine_rank) == 0
+    if args.eval_only:
+        for spec in experiment.runs:
+            _evaluate_one(experiment, spec, main=main)
+        return 0
+    if main and not experiment.element:
+        experiment.write_plan()
+    outcomes = [_run_one(experiment, spec, main=main) for spec in experiment.runs]
+    report = len(experiment.runs) > 1 and main and not experiment.element
+    return finish_experiment(experiment.base, outcomes, report=report, bootstrap=args.bootstrap)
 
 
 def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
-    """Lines naming the failed runs (empty when none failed)."""
-    failed = [o for o in outcomes if o.failure is not None]
+    """Lines naming the runs that failed, diverged or were in use by another process (empty when none)."""
+    failed = [o for o in outcomes if o.failure is not None or o.in_use is not None]
     if not failed:
         return []
     lines = [f"{len(failed)} of {len(outcomes)} run(s) did not finish:"]
-    lines += [f"  {o.spec.arm} seed {o.spec.seed}" + ("" if o.spec.lr_scale == 1.0 else f" lr scale {o.spec.lr_scale:g}")
-              + f": {describe_failure(o.failure)} ({o.path})" for o in failed]
+    for o in failed:
+        what = describe_failure(o.failure) if o.failure is not None else f"not trained here: {o.in_use}"
+        lines.append(f"  {o.spec.arm} seed {o.spec.seed}" + ("" if o.spec.lr_scale == 1.0 else
+                                                              f" lr scale {o.spec.lr_scale:g}") + f": {what} ({o.path})")
     return lines
 
 

@@ -9,7 +9,7 @@
   earlier array to succeed: Slurm's ``aftercorr:``).
 - :func:`slurm_rendezvous`: ``(num_machines, machine_rank, num_gpus_per_machine, dist_url)`` for
   detectron2's ``launch`` inside an allocation; :func:`restart_count`: how often this job was requeued;
-  :func:`requeue_flag`: an event a worker process checks to save and stop before a requeue.
+  :func:`job_states`: what ``squeue`` says of some jobs (in flight or not).
 
 Job states come from ``squeue --states=all`` (:class:`SqueueWatcher`), not ``sacct``: clusters
 without accounting (the one-node cluster of ``tools/slurm_local.sh``) have no ``sacct``. A finished
@@ -54,7 +54,7 @@ step signals to *every* process of the step, so processes the callable starts (d
   (which cannot ask them for anything first), and the requeue tears the step down right after
   ``checkpoint()`` returns. So a run whose state
   lives in its workers checkpoints like this (tested): each worker sets a flag on USR2
-  (:func:`requeue_flag`), and at its next step boundary writes its checkpoint and exits; the main
+  (:func:`condinit_det.utils.preemption.requeue_flag`), and at its next step boundary writes its checkpoint and exits; the main
   process's ``checkpoint()`` waits for that checkpoint file (bounded well below the signal delay)
   before returning, and the rerun resumes from the file.
 - **The rerun**: same job id (``<array id>_<index>`` for an element), same submitit folder and log
@@ -66,10 +66,8 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import subprocess
-import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
@@ -85,7 +83,7 @@ __all__ = [
     "slurm_rendezvous",
     "first_hostname",
     "restart_count",
-    "requeue_flag",
+    "job_states",
     "parse_time_minutes",
 ]
 
@@ -158,22 +156,25 @@ def _name(kind: str) -> Callable[[str], str]:
     return parse
 
 
-def add_slurm_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the submission flags to ``parser`` (one argument group); returns the parser.
+def add_slurm_arguments(parser: argparse.ArgumentParser, *, switch: bool = True) -> argparse.ArgumentParser:
+    """Add the submission flags to ``parser`` (one argument group); returns the parser. ``switch``: with the
+    ``--slurm`` flag itself (a command that always submits has only the resource flags).
 
     Each array element is one run with ``--nodes`` nodes, one Slurm task per node holding
     ``--gpus-per-node`` GPUs and ``--cpus-per-task`` CPUs. ``--slurm-folder`` defaults to ``None``:
     :func:`slurm_folder` puts it at ``<output_dir>/slurm``.
     """
     g = parser.add_argument_group("Slurm (submit the runs as a job array instead of running them here)")
-    g.add_argument("--slurm", action="store_true", help="submit to Slurm with submitit and return")
+    if switch:
+        g.add_argument("--slurm", action="store_true", help="submit to Slurm with submitit and return")
     g.add_argument("--nodes", type=_positive_int("node count"), default=1, help="nodes per run (default 1)")
     g.add_argument(
         "--gpus-per-node", type=_positive_int("GPU count", 0), default=0, help="GPUs per node (default 0: CPU, gloo)"
     )
     g.add_argument(
-        "--cpus-per-task", type=_positive_int("CPU count"), default=None, help="CPUs per node (one task per node)"
-    )
+        "--cpus-per-task", type=_positive_int("CPU count"), default=None,
+        help="CPUs per node (one task per node); the run's processes on a node divide them into threads and data-loader "
+        "workers (also for a run on this machine when given)")
     g.add_argument("--mem", type=_mem, default=None, help="memory per node, e.g. 64G (0: all of it)")
     g.add_argument(
         "--time", type=parse_time_minutes, default=60, help="time limit per job: minutes or HH:MM:SS (default 60)"
@@ -244,13 +245,34 @@ def make_executor(args: argparse.Namespace, folder: str, name: str) -> submitit.
     return executor
 
 
-def after(kind: str, jobs: Sequence[submitit.Job]) -> str:
-    """Dependency on every job in ``jobs``: ``kind`` is ``"afterany"`` (ended in any way) or ``"afterok"`` (succeeded)."""
+def after(kind: str, jobs: Sequence[Union[submitit.Job, str]]) -> str:
+    """Dependency on every job in ``jobs`` (submitit jobs or job ids): ``kind`` is ``"afterany"`` (ended in any
+    way), ``"afterok"`` (succeeded) or ``"afternotok"``."""
     if kind not in ("afterany", "afterok", "afternotok"):
         raise ValueError(f"dependency kind {kind!r}: expected afterany, afterok or afternotok")
     if not jobs:
         raise ValueError("a dependency needs at least one job")
-    return kind + ":" + ":".join(str(j.job_id) for j in jobs)
+    return kind + ":" + ":".join(str(getattr(j, "job_id", j)) for j in jobs)
+
+
+def job_states(job_ids: Sequence[str]) -> Dict[str, str]:
+    """Job id -> squeue state (``PENDING``, ``RUNNING``, ``COMPLETED``, ...) of the jobs Slurm still remembers;
+    array elements one by one (a pending range ``12_[3-5]`` is expanded). Jobs squeue does not list (ended more
+    than ``MinJobAge`` ago, or unknown) are absent. {} without squeue or ids."""
+    ids = sorted({str(j) for j in job_ids if j})
+    if not ids or shutil.which("squeue") is None:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T",
+                              "--jobs=" + ",".join(ids)], capture_output=True, text=True, timeout=60).stdout
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    states = {}
+    for line in out.splitlines():
+        job, _, state = line.strip().partition("|")
+        if job and state:
+            states[job] = state.strip()
+    return states
 
 
 def after_each(jobs: Sequence[submitit.Job]) -> str:
@@ -364,16 +386,3 @@ def restart_count(environ=None) -> int:
     """How many times this Slurm job was requeued (0 on its first run or outside Slurm)."""
     env = os.environ if environ is None else environ
     return int(env.get("SLURM_RESTART_COUNT") or 0)
-
-
-def requeue_flag(signums: Sequence[int] = (signal.SIGUSR2,)) -> threading.Event:
-    """An event set when this process receives one of ``signums`` (default USR2, the time-limit signal).
-
-    Call it once in each worker's main thread (signal handlers can only be installed there); the
-    training loop checks ``is_set()`` at step boundaries to write a checkpoint and stop. It replaces
-    the default action of these signals, which is to terminate the process.
-    """
-    event = threading.Event()
-    for signum in signums:
-        signal.signal(signum, lambda *_: event.set())
-    return event

@@ -17,11 +17,14 @@ import os
 import re
 from typing import Any, Dict, Optional
 
+from fvcore.common.checkpoint import Checkpointer, PeriodicCheckpointer
+
 from ..utils.checkpoint_io import load_checkpoint, save_safetensors
 from ..utils.fileio import atomic_torch_save
 
 __all__ = [
     "CHECKPOINT_PATTERN",
+    "EpochCheckpointer",
     "FINAL_FILENAME",
     "FINAL_FORMAT",
     "FINAL_SAFETENSORS",
@@ -29,7 +32,7 @@ __all__ = [
     "find_checkpoints",
     "last_checkpoint",
     "load_final",
-    "prune_checkpoints",
+    "periodic_checkpointer",
     "save_final",
 ]
 
@@ -61,14 +64,52 @@ def last_checkpoint(run_dir: str) -> Optional[str]:
     return found[max(found)] if found else None
 
 
-def prune_checkpoints(run_dir: str, keep: int) -> None:
-    """Keep the ``keep`` newest epoch checkpoints (at least one)."""
-    found = find_checkpoints(run_dir)
-    for epoch in sorted(found)[: max(len(found) - max(int(keep), 1), 0)]:
-        try:
-            os.remove(found[epoch])
-        except FileNotFoundError:
-            pass
+class EpochCheckpointer(Checkpointer):
+    """fvcore's ``Checkpointer`` for epoch checkpoints: ``save("checkpoint_epoch_<index>")`` (the name fvcore's
+    ``PeriodicCheckpointer`` gives epoch ``index``, 0-based) writes ``checkpoint_epoch<index + 1:04d>.pth``
+    atomically; the newest such file is the last checkpoint (no tag file); files load weights-only unless
+    ``trust_pickle``."""
+
+    def __init__(self, model, run_dir: str, *, trust_pickle: bool = False, save_to_disk: bool = True,
+                 **checkpointables):
+        super().__init__(model, run_dir, save_to_disk=save_to_disk, **checkpointables)
+        self.trust_pickle = bool(trust_pickle)
+
+    def save(self, name: str, **kwargs) -> None:
+        if not self.save_dir or not self.save_to_disk:
+            return
+        match = re.match(r"^checkpoint_epoch_(\d+)$", name)
+        if match is None:
+            raise ValueError(f"epoch checkpoints are named checkpoint_epoch_<epoch index>; got {name!r}")
+        data = {"model": self.model.state_dict()}
+        data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
+        data.update(kwargs)
+        path = checkpoint_path(self.save_dir, int(match.group(1)) + 1)
+        self.logger.info(f"Saving checkpoint to {path}")
+        atomic_torch_save(data, path)
+
+    def has_checkpoint(self) -> bool:
+        return last_checkpoint(self.save_dir) is not None
+
+    def get_checkpoint_file(self) -> str:
+        return last_checkpoint(self.save_dir) or ""
+
+    def get_all_checkpoint_files(self):
+        return [path for _, path in sorted(find_checkpoints(self.save_dir).items())]
+
+    def tag_last_checkpoint(self, last_filename_basename: str) -> None:
+        pass  # the newest epoch file is the last checkpoint
+
+    def _load_file(self, f: str):
+        return load_checkpoint(f, trust_pickle=self.trust_pickle)
+
+
+def periodic_checkpointer(checkpointer: EpochCheckpointer, *, keep: int) -> PeriodicCheckpointer:
+    """fvcore's ``PeriodicCheckpointer`` saving after every epoch (``step(epoch index)``) and keeping the ``keep``
+    newest epoch checkpoints, the ones an earlier (resumed) run left included."""
+    periodic = PeriodicCheckpointer(checkpointer, period=1, max_to_keep=keep, file_prefix="checkpoint_epoch")
+    periodic.recent_checkpoints = checkpointer.get_all_checkpoint_files()
+    return periodic
 
 
 def save_final(payload: Dict[str, Any], run_dir: str) -> None:

@@ -21,12 +21,9 @@ from typing import Any, Dict, List, Optional
 
 from ..init.spec import ArmSpec, plain, resolve_arm_node
 from ..model_zoo import resolve_config_file
+from ..utils.errors import UsageError
 
-__all__ = ["DEFAULTS", "UsageError", "arm_spec", "load_config", "node", "resolve_lr", "run_identity"]
-
-
-class UsageError(ValueError):
-    """Bad input from the command line or the config: reported as one line, exit status 2."""
+__all__ = ["DEFAULTS", "arm_spec", "load_config", "node", "resolve_lr", "run_identity"]
 
 
 # Defaults follow timm's train.py and the DeiT recipe; each recipe states its own values.
@@ -40,6 +37,7 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "train_split": "train",
         "val_split": "val",
         "num_classes": None,  # must equal the number of class folders
+        "num_train_images": None,  # the training split's size, for cost estimates (None: counted on disk)
         "img_size": 224,
         "crop_pct": None,  # evaluation resize/crop ratio (None: the model's default)
         "interpolation": "bicubic",  # evaluation resize
@@ -93,6 +91,7 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "epochs": 300,
         "batch_size": 1024,  # total over all processes
         "seed": 0,
+        "lr_scale": 1.0,  # multiplier of the learning rate (set per run by --lr-scale)
         "device": "cuda",
         "amp": True,  # torch.autocast + GradScaler; CUDA only
         "amp_dtype": "float16",  # or "bfloat16"

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..init.spec import ArmSpec, apply_arm_spec
 from ..init import InitReport, find_attention, select_sites
-from .config import UsageError
+from ..utils.errors import UsageError
 
 __all__ = ["build_armed_model", "check_arm_sites", "check_model_name", "create_classifier", "state_digest"]
 

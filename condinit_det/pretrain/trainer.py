@@ -1,17 +1,32 @@
 """One pretraining run: build the armed classifier, train epoch by epoch, evaluate, checkpoint, export.
 
-Reproducibility contract (same seed => same run, whatever the arm):
-- the global RNGs (python, numpy, torch) are seeded with the training seed on every process before
-  the model is built, so every weight outside the arm's projections is identical across arms and
-  across processes; the arm draws from its own generators and never moves the global RNG;
-- every epoch starts by re-seeding all RNGs from ``(seed, epoch, rank)`` and the sampler from
-  ``(seed, epoch)``: data order, augmentation, mixup and drop-path draws of an epoch do not depend
-  on what ran before it, so a run resumed at an epoch boundary continues exactly as an
-  uninterrupted one (bitwise on the same hardware and thread count).
+:class:`PretrainRun` reads in steps: :meth:`~PretrainRun.setup` (model + arm, data, optimizer, scheduler),
+:meth:`~PretrainRun.resume` (the last epoch checkpoint), :meth:`~PretrainRun.train` (the epochs; each one
+:meth:`~PretrainRun.train_epoch`, then :meth:`~PretrainRun.evaluate` and a checkpoint), :meth:`~PretrainRun.export`
+(the final weights). It writes with detectron2's event storage and writers (``metrics.json`` lines, TensorBoard,
+the console), scales fp16 losses with timm's ``NativeScaler`` and keeps epoch checkpoints with fvcore's
+``PeriodicCheckpointer``.
 
-Per epoch the main process adds a ``"cls"`` record to ``results.json`` (when evaluated) and then
-writes the checkpoint: the checkpoint is the commit point, so a killed run repeats at most the
-epoch that had not been checkpointed and its record is replaced, never duplicated.
+Reproducibility contract (same seed => same run, whatever the arm):
+- the global RNGs (python, numpy, torch) are seeded with the training seed on every process before the model is
+  built, so every weight outside the arm's projections is identical across arms and across processes; the arm
+  draws from its own generators and never moves the global RNG;
+- every epoch starts by re-seeding all RNGs from ``(seed, epoch, rank)`` and the sampler from ``(seed, epoch)``:
+  data order, augmentation, mixup and drop-path draws of an epoch do not depend on what ran before it, so a run
+  resumed at an epoch boundary continues exactly as an uninterrupted one (bitwise on the same hardware and thread
+  count).
+
+Per epoch the main process adds a ``"cls"`` record to ``results.json`` (when evaluated) and then writes the
+checkpoint: the checkpoint is the commit point, so a killed run repeats at most the epoch that had not been
+checkpointed and its record is replaced, never duplicated.
+
+``metrics.json`` holds one line every ``train.log_period`` optimizer steps (``iteration`` counts completed steps,
+from 1)::
+
+    {"iteration": 120, "epoch": 1.5, "total_loss": 1.93, "lr": 0.0004, "time": 0.21, "data_time": 0.01, ...}
+
+``total_loss``, ``time`` and ``data_time`` are medians of the last 20 steps, as detectron2 logs them; evaluation
+scalars (``eval/top1``, ...) come on lines of their own. On resume, lines past the checkpoint's step are dropped.
 """
 from __future__ import annotations
 
@@ -28,37 +43,43 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..utils.checkpoint_io import load_checkpoint
-from ..utils.distributed import replica_fingerprint
-from ..utils.fileio import atomic_torch_save, atomic_write, remove_stale_temp_files
+from ..records.identity import write_arm_report
 from ..records.results import ResultsFile
+from ..utils.checkpoint_io import load_checkpoint
+from ..utils.distributed import check_replicas, rank
+from ..utils.errors import UsageError
+from ..utils.fileio import atomic_write, remove_stale_temp_files
+from ..utils.logs import run_logging
 from ..utils.preemption import PreemptionWatch
-from ..utils.preemption import PREEMPTED_FILENAME, Preempted
-from ..records.layout import RunSpec
-from ..records.identity import check_resume_identity, write_arm_report
-from ..records.failures import note_failure
-from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, FINAL_SAFETENSORS, checkpoint_path, find_checkpoints
-from .checkpoint import last_checkpoint, prune_checkpoints, save_final
-from .config import DEFAULTS, UsageError, arm_spec, node, resolve_lr, run_identity
-from .data import build_datasets, build_mixup, build_train_loader, build_train_sampler, epoch_seed, set_sampler_epoch
-from .data import data_config, set_transforms
+from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, FINAL_SAFETENSORS, EpochCheckpointer, last_checkpoint
+from .checkpoint import periodic_checkpointer, save_final
+from .config import DEFAULTS, arm_spec, node, resolve_lr, run_identity
+from .data import build_datasets, build_mixup, build_train_loader, build_train_sampler, data_config, epoch_seed
+from .data import set_sampler_epoch, set_transforms
 from .evaluate import evaluate
-from .model import build_armed_model, create_classifier, state_digest
-from .writers import MetricsWriter, StepTimer, setup_logging, truncate_metrics
+from .model import build_armed_model, create_classifier
 
-__all__ = ["PREDICTIONS_FILENAME", "evaluate_checkpoint", "run_finished", "total_epochs", "train_run"]
+__all__ = ["METRICS_FILENAME", "PREDICTIONS_FILENAME", "PretrainRun", "evaluate_checkpoint", "run_finished",
+           "total_epochs", "truncate_metrics"]
 
 PREDICTIONS_FILENAME = "eval_predictions.json"
+METRICS_FILENAME = "metrics.json"
 logger = logging.getLogger("condinit_det.pretrain")
 
 
 # ---------------------------------------------------------------------------------------------
 # Small helpers
 # ---------------------------------------------------------------------------------------------
-def _comm():
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _synchronize() -> None:
     from detectron2.utils import comm
 
-    return comm
+    comm.synchronize()
 
 
 def seed_all(seed: int) -> None:
@@ -73,7 +94,9 @@ def _device(train: Dict) -> torch.device:
     if kind.startswith("cuda"):
         if not torch.cuda.is_available():
             raise UsageError("train.device='cuda' but no CUDA device is available; pass train.device=cpu")
-        return torch.device("cuda", _comm().get_local_rank())
+        from detectron2.utils import comm
+
+        return torch.device("cuda", comm.get_local_rank())
     if kind != "cpu":
         raise UsageError(f"train.device={kind!r}; accepted: cuda, cpu")
     return torch.device("cpu")
@@ -102,6 +125,22 @@ def run_finished(run_dir: str, epochs: int) -> bool:
     return done and os.path.isfile(os.path.join(run_dir, FINAL_FILENAME))
 
 
+def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
+    """Drop ``metrics.json`` lines past ``max_iteration`` (what a killed run wrote after its last checkpoint)."""
+    path = os.path.join(run_dir, METRICS_FILENAME)
+    if not os.path.isfile(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line).get("iteration", 0) <= max_iteration:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill
+    atomic_write(path, "".join(kept))
+
+
 def rng_state() -> Dict[str, torch.Tensor]:
     """The global RNG states as tensors (so checkpoints load with ``weights_only=True``): python's and
     numpy's Mersenne Twister words with their position last, torch's byte state. A record only: each
@@ -113,42 +152,9 @@ def rng_state() -> Dict[str, torch.Tensor]:
             "torch": torch.get_rng_state()}
 
 
-def _start_fresh(run_dir: str) -> None:
-    """A run started without --resume: set the previous run's files aside (results, metrics) or delete them."""
-    old = ResultsFile(run_dir).archive()
-    if old:
-        logger.warning(f"Fresh (non --resume) run: previous results moved to {old}")
-    metrics = os.path.join(run_dir, "metrics.json")
-    if os.path.isfile(metrics):
-        n = 0
-        while os.path.exists(os.path.join(run_dir, f"metrics.{n}.json.bak")):
-            n += 1
-        os.replace(metrics, os.path.join(run_dir, f"metrics.{n}.json.bak"))
-    stale = list(find_checkpoints(run_dir).values())
-    stale += [os.path.join(run_dir, name) for name in (FINAL_FILENAME, FINAL_SAFETENSORS, PREDICTIONS_FILENAME)
-              if os.path.isfile(os.path.join(run_dir, name))]
-    for path in stale:
-        os.remove(path)
-    if stale:
-        logger.warning(f"Fresh (non --resume) run: removed the previous run's {', '.join(map(os.path.basename, stale))}")
-
-
-def _check_replicas(digest: str, when: str = "initial") -> None:
-    """Every process holds the same ``digest``; raises otherwise (no-op in one process)."""
-    comm = _comm()
-    if comm.get_world_size() == 1:
-        return
-    digests = comm.all_gather(digest)
-    if len(set(digests)) != 1:
-        raise RuntimeError(f"processes hold different {when} weights (sha1 per rank: {digests})")
-    if when == "initial":
-        logger.info(f"{len(digests)} processes start from identical weights (sha1 {digest[:12]})")
-    else:
-        logger.info(f"{len(digests)} processes hold identical {when} weights (sha1 {digest[:12]})")
-
-
 def _mean_over_processes(total: float, count: int) -> float:
-    comm = _comm()
+    from detectron2.utils import comm
+
     parts = comm.all_gather((total, count)) if comm.get_world_size() > 1 else [(total, count)]
     n = sum(c for _, c in parts)
     return sum(t for t, _ in parts) / n if n else float("nan")
@@ -169,254 +175,299 @@ def _criterion(augment: Dict, mixup) -> nn.Module:
 
 
 # ---------------------------------------------------------------------------------------------
-# The loop
+# The run
 # ---------------------------------------------------------------------------------------------
-def train_one_epoch(*, ddp: nn.Module, model: nn.Module, loader, optimizer, scheduler, scaler, criterion, mixup,
-                    ema, device: torch.device, amp_dtype, clip: Optional[float], clip_mode: str, step: int,
-                    epoch: int, num_epochs: int, log_period: int, timer: StepTimer,
-                    writer: Optional[MetricsWriter], stop_requested=lambda: False) -> tuple:
-    """Train one epoch; returns (summed step losses, number of steps, optimizer steps done in total).
-    ``stop_requested()`` is asked before every step (collective: a requeue stops every process at once)."""
-    from timm.utils import dispatch_clip_grad
+class PretrainRun:
+    """One pretraining run in this process (every process of the run builds one).
 
-    ddp.train()
-    steps_per_epoch = len(loader)
-    total, count = 0.0, 0
-    autocast = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype is not None
-                else contextlib.nullcontext())
-    end = time.perf_counter()
-    for i, (images, targets) in enumerate(loader):
-        if stop_requested():
-            raise Preempted(f"stopped for a requeue in epoch {epoch + 1}, step {step}")
-        data_time = time.perf_counter() - end
-        images = images.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
-        if mixup is not None:
-            images, targets = mixup(images, targets)
-        with autocast:
-            loss = criterion(ddp(images), targets)
-        optimizer.zero_grad(set_to_none=True)
-        if scaler.is_enabled():
-            scaler.scale(loss).backward()
-            if clip is not None:
-                scaler.unscale_(optimizer)
-                dispatch_clip_grad(model.parameters(), value=clip, mode=clip_mode)
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            if clip is not None:
-                dispatch_clip_grad(model.parameters(), value=clip, mode=clip_mode)
-            optimizer.step()
-        step += 1
-        if scheduler is not None:
-            scheduler.step_update(num_updates=step)
-        if ema is not None:
-            ema.update(model, step=step)
-        value = loss.item()
-        if not math.isfinite(value):
-            error = FloatingPointError(f"loss became {value} at step {step} (epoch {epoch + 1}); lower the learning "
-                                       "rate (--lr-scale) or enable gradient clipping (optimizer.clip_grad)")
-            error.step = step  # the run's failure record names the step it diverged at
-            raise error
-        total += value
-        count += 1
-        timer.update(value, time.perf_counter() - end, data_time)
-        if step % log_period == 0 or i + 1 == steps_per_epoch:
-            lr = _current_lr(optimizer)
-            logger.info(f"epoch {epoch + 1}/{num_epochs}  iter {i + 1}/{steps_per_epoch}  step {step}/"
-                        f"{timer.total_steps}  loss {timer.median_loss:.4f}  lr {lr:.3g}  time {timer.step_time:.3f}s"
-                        f"  data {timer.data_time:.3f}s  eta {timer.eta(step)}")
-            if writer is not None and step % log_period == 0:
-                writer.write(step, {"epoch": epoch + (i + 1) / steps_per_epoch, "total_loss": timer.median_loss,
-                                    "lr": lr, "time": timer.step_time, "data_time": timer.data_time})
+    Args:
+        cfg: the run's config (arm, seed, lr scale and output directory set).
+        run_dir: the run directory.
+        config_file: recorded in every record.
+        trust_pickle: let :meth:`resume` load an epoch checkpoint that needs full unpickling (written before
+            checkpoints held tensors and plain containers only).
+    """
+
+    def __init__(self, cfg, run_dir: str, *, config_file: Optional[str], trust_pickle: bool = False):
+        self.cfg, self.run_dir, self.trust_pickle = cfg, run_dir, trust_pickle
+        self.nodes = {name: node(cfg, name) for name in DEFAULTS}
+        self.train_node = self.nodes["train"]
+        self.seed = int(self.train_node["seed"])
+        self.lr_scale = float(self.train_node["lr_scale"])
+        self.spec = arm_spec(cfg, self.seed)
+        self.identity = run_identity(self.spec, seed=self.seed, lr_scale=self.lr_scale)
+        self.rank, self.world = rank(), _world_size()
+        self.main = self.rank == 0
+        self.device = _device(self.train_node)
+        self.amp_dtype = _amp_dtype(self.train_node, self.device)
+        self.meta = {"arm": self.spec.arm, "seed": self.seed, "lr_scale": self.lr_scale, "config": config_file}
+        self.epoch, self.step = 0, 0  # completed epochs and optimizer steps
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        """Model (from the training seed, identical on every process) and arm; data; optimizer, scheduler, loss
+        scaler, EMA; the checkpointers."""
+        from timm.optim import create_optimizer_v2
+        from timm.scheduler import create_scheduler_v2
+        from timm.utils import ModelEmaV3, NativeScaler
+
+        data, augment, opt, sched, train = (self.nodes[k] for k in ("data", "augment", "optimizer", "scheduler",
+                                                                     "train"))
+        if self.main:
+            os.makedirs(self.run_dir, exist_ok=True)
+            remove_stale_temp_files(self.run_dir)
+        _synchronize()
+        logger.info(f"Run {self.run_dir}: arm {self.spec.arm}, seed {self.seed}, lr scale {self.lr_scale:g}, "
+                    f"{self.world} process(es), device {self.device}"
+                    + (f", AMP {str(self.amp_dtype).split('.')[-1]}" if self.amp_dtype else ""))
+        seed_all(self.seed)
+        self.model, report = build_armed_model(self.nodes["model"], int(data["num_classes"]), self.spec)
+        digest = check_replicas(self.model, "at initialization")
+        logger.info(f"{report.summary()}; initial weights sha1 {digest[:12]}")
+        if self.main:
+            write_arm_report(self.run_dir, {**report.to_dict(), "stage": "pretrain", "initial_state_sha1": digest},
+                             self.identity)
+
+        self.datasets = build_datasets(data)
+        set_transforms(self.datasets, data=data, augment=augment, model=self.model)
+        self.model.to(self.device)
+        self.ema = ModelEmaV3(self.model, decay=float(train["ema"]["decay"])) if train["ema"]["enabled"] else None
+        self.batch = int(train["batch_size"]) // self.world
+        self.sampler = build_train_sampler(self.datasets.train, augment, world_size=self.world, rank=self.rank)
+        self.loader = build_train_loader(self.datasets.train, self.sampler, batch_size=self.batch,
+                                         workers=int(train["workers"]), pin_memory=self.device.type == "cuda")
+        self.steps_per_epoch = len(self.loader)
+        if self.steps_per_epoch == 0:
+            raise UsageError(f"{len(self.datasets.train)} training images give no full batch of {self.batch} per "
+                             "process")
+        lr = resolve_lr(opt, int(train["batch_size"]), self.lr_scale)
+        opt_kwargs = {k: opt[k] for k in ("betas", "eps") if opt[k] is not None}
+        self.optimizer = create_optimizer_v2(self.model, opt=opt["opt"], lr=lr, weight_decay=opt["weight_decay"],
+                                             momentum=opt["momentum"], layer_decay=opt["layer_decay"], **opt_kwargs)
+        self.scheduler, self.num_epochs = create_scheduler_v2(
+            self.optimizer, sched=sched["sched"], num_epochs=int(train["epochs"]),
+            warmup_epochs=sched["warmup_epochs"], warmup_lr=sched["warmup_lr"], min_lr=sched["min_lr"],
+            cooldown_epochs=sched["cooldown_epochs"], warmup_prefix=sched["warmup_prefix"], step_on_epochs=False,
+            updates_per_epoch=self.steps_per_epoch)
+        # fp16 needs loss scaling (timm's scaler: scale, backward, unscale, clip, step, update); bf16 and fp32 don't
+        self.loss_scaler = NativeScaler(self.device.type) if self.amp_dtype == torch.float16 else None
+        self.mixup = build_mixup(augment, self.datasets.num_classes)
+        self.criterion = _criterion(augment, self.mixup)
+        self.clip, self.clip_mode = opt["clip_grad"], opt["clip_mode"]
+        checkpointables = {"optimizer": self.optimizer}
+        if self.scheduler is not None:
+            checkpointables["scheduler"] = self.scheduler
+        if self.ema is not None:
+            checkpointables["ema"] = self.ema.module
+        if self.loss_scaler is not None:
+            checkpointables["scaler"] = self.loss_scaler
+        self.checkpointer = EpochCheckpointer(self.model, self.run_dir, trust_pickle=self.trust_pickle,
+                                              save_to_disk=self.main, **checkpointables)
+        self.periodic = periodic_checkpointer(self.checkpointer, keep=1)
+        logger.info(f"{len(self.datasets.train)} training / {len(self.datasets.val)} evaluation images, "
+                    f"{self.datasets.num_classes} classes ({self.datasets.root}); {self.num_epochs} epochs x "
+                    f"{self.steps_per_epoch} steps of {self.batch} x {self.world}; lr {lr:.4g}")
+
+    # ------------------------------------------------------------------ resume
+    def resume(self, path: str) -> None:
+        """Continue from an epoch checkpoint: weights, EMA, optimizer, scheduler, scaler, epoch and step."""
+        state = self.checkpointer.load(path, checkpointables=list(self.checkpointer.checkpointables))
+        if state.get("steps_per_epoch") != self.steps_per_epoch or state.get("num_epochs") != self.num_epochs:
+            raise UsageError(f"{path} was written with {state.get('num_epochs')} epochs x "
+                             f"{state.get('steps_per_epoch')} steps, this run has {self.num_epochs} x "
+                             f"{self.steps_per_epoch}; resume with the same data, batch size and schedule")
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        logger.info(f"Resumed from {path}: {self.epoch} epoch(s), {self.step} step(s) done")
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> Optional[dict]:
+        """Train the remaining epochs, evaluating and checkpointing each, then :meth:`export`. Returns the last
+        ``"cls"`` record."""
+        from detectron2.utils.events import (CommonMetricPrinter, EventStorage, JSONWriter,
+                                             TensorboardXWriter)
+
+        if self.scheduler is not None:
+            self.scheduler.step_update(num_updates=self.step)
+        self.ddp = self.model
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.writers = []
+        if self.main:
+            truncate_metrics(self.run_dir, max_iteration=self.step)
+            total = self.num_epochs * self.steps_per_epoch
+            self.writers = [CommonMetricPrinter(max_iter=total + 1),
+                            JSONWriter(os.path.join(self.run_dir, METRICS_FILENAME)),
+                            TensorboardXWriter(self.run_dir, purge_step=self.step)]
+        self.results = ResultsFile(self.run_dir)
+        self.watch = PreemptionWatch()
+        last_record = None
+        try:
+            with EventStorage(start_iter=self.step) as self.storage:
+                for epoch in range(self.epoch, self.num_epochs):
+                    self.train_epoch(epoch)
+                    done = epoch + 1
+                    if done == self.num_epochs or done % max(int(self.train_node["eval_period"]), 1) == 0:
+                        last_record = self.evaluate(done)
+                    self._write()  # the epoch's last step (and its evaluation) on one line
+                    if self.main:
+                        self.periodic.step(epoch, **self._training_state(done))
+                    _synchronize()
+                    self.epoch = done
+        finally:
+            for writer in self.writers:
+                writer.close()
+        self.export()
+        return last_record
+
+    def _write(self) -> None:
+        for writer in self.writers:
+            writer.write()
+
+    def _training_state(self, done: int) -> dict:
+        """What an epoch checkpoint holds besides the model and the checkpointables."""
+        return {"epoch": done, "step": self.step, "num_epochs": self.num_epochs,
+                "steps_per_epoch": self.steps_per_epoch, "rng": rng_state(), "identity": self.identity}
+
+    def start_epoch(self, epoch: int) -> None:
+        """Re-seed every RNG from ``(seed, epoch, rank)`` and the sampler from ``(seed, epoch)``: the epoch's data
+        order and random draws depend on nothing that ran before it."""
+        s = epoch_seed(self.seed, epoch, self.rank)
+        seed_all(s)
+        self.loader.generator.manual_seed(s)
+        set_sampler_epoch(self.sampler, seed=self.seed, epoch=epoch)
+
+    def train_epoch(self, epoch: int) -> None:
+        """One epoch of optimizer steps; the mean training loss over the processes is kept for the record."""
+        from timm.utils import dispatch_clip_grad
+
+        self.start_epoch(epoch)
+        self.ddp.train()
+        log_period = max(int(self.train_node["log_period"]), 1)
+        autocast = (torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+                    if self.amp_dtype is not None else contextlib.nullcontext())
+        total, count = 0.0, 0
         end = time.perf_counter()
-    return total, count, step
+        for i, (images, targets) in enumerate(self.loader):
+            if self.watch.requested():  # it resumes from its last epoch checkpoint: the unit of exact resume
+                self.watch.stop(self.run_dir, f"epoch checkpoint {epoch} (stopped in epoch {epoch + 1}, step "
+                                              f"{self.step})")
+            data_time = time.perf_counter() - end
+            images = images.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            if self.mixup is not None:
+                images, targets = self.mixup(images, targets)
+            with autocast:
+                loss = self.criterion(self.ddp(images), targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.loss_scaler is not None:
+                self.loss_scaler(loss, self.optimizer, clip_grad=self.clip, clip_mode=self.clip_mode,
+                                 parameters=self.model.parameters())
+            else:
+                loss.backward()
+                if self.clip is not None:
+                    dispatch_clip_grad(self.model.parameters(), value=self.clip, mode=self.clip_mode)
+                self.optimizer.step()
+            self.step += 1
+            if self.scheduler is not None:
+                self.scheduler.step_update(num_updates=self.step)
+            if self.ema is not None:
+                self.ema.update(self.model, step=self.step)
+            value = loss.item()
+            if not math.isfinite(value):
+                error = FloatingPointError(
+                    f"loss became {value} at step {self.step} (epoch {epoch + 1}); lower the learning rate "
+                    "(--lr-scale) or enable gradient clipping (optimizer.clip_grad)")
+                error.step = self.step  # the run's failure record names the step it diverged at
+                raise error
+            total += value
+            count += 1
+            self.storage.iter = self.step
+            self.storage.put_scalars(total_loss=value, time=time.perf_counter() - end, data_time=data_time)
+            self.storage.put_scalars(lr=_current_lr(self.optimizer), epoch=epoch + (i + 1) / self.steps_per_epoch,
+                                     smoothing_hint=False)
+            if self.step % log_period == 0 and i + 1 < self.steps_per_epoch:
+                self._write()
+            end = time.perf_counter()
+        self.train_loss = _mean_over_processes(total, count)
+
+    def evaluate(self, done: int) -> dict:
+        """Top-1 / top-5 on the evaluation set after ``done`` epochs (and of the EMA weights); the ``"cls"``
+        record (added by the main process, with the per-image predictions after the last epoch)."""
+        train = self.train_node
+        eval_batch = int(train["eval_batch_size"] or max(1, int(1.5 * self.batch)))
+        kwargs = dict(device=self.device, batch_size=eval_batch, workers=int(train["workers"]),
+                      amp_dtype=self.amp_dtype)
+        result = evaluate(self.model, self.datasets.val, **kwargs)
+        record = {"kind": "cls", "iteration": self.step, "epoch": done, **result.summary(),
+                  "train_loss": self.train_loss, "lr": _current_lr(self.optimizer), **self.meta}
+        if self.ema is not None:
+            record["ema"] = evaluate(self.ema.module, self.datasets.val, **kwargs).summary()
+        logger.info(f"epoch {done}/{self.num_epochs}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
+                    f"eval loss {record['eval_loss']:.4f}  train loss {self.train_loss:.4f}"
+                    + (f"  (EMA top-1 {record['ema']['top1']:.2f}%)" if self.ema is not None else ""))
+        if self.main:
+            self.results.add(record)
+            self.storage.put_scalars(**{f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")},
+                                     smoothing_hint=False)
+            if done == self.num_epochs:
+                atomic_write(os.path.join(self.run_dir, PREDICTIONS_FILENAME), json.dumps(result.predictions(done)))
+        return record
+
+    # ------------------------------------------------------------------ the end
+    def export(self) -> None:
+        """Check the replicas, then write ``model_final.safetensors`` and ``model_final.pth`` (the EMA weights
+        when the recipe keeps an EMA): what detection fine-tunes from."""
+        # Parameters (and EMA weights) must agree; unsynchronized BatchNorm statistics differ per process (the
+        # evaluation and the saved weights use rank 0's).
+        check_replicas(self.model, "at the end")
+        if self.ema is not None:
+            check_replicas(self.ema.module, "at the end (EMA weights)")
+        if self.main:
+            final = self.ema.module if self.ema is not None else self.model
+            data, model = self.nodes["data"], self.nodes["model"]
+            payload = {"format": FINAL_FORMAT, "model": final.state_dict(),
+                       "weights": "ema" if self.ema is not None else "model", "timm_model": model["name"],
+                       "model_kwargs": dict(model["kwargs"] or {}), "num_classes": int(data["num_classes"]),
+                       "img_size": int(data["img_size"]), "arm": self.spec.arm, "seed": self.seed,
+                       "lr_scale": self.lr_scale, "epoch": self.num_epochs, "iteration": self.step,
+                       "classes": self.datasets.classes,
+                       "data_config": {k: (list(v) if isinstance(v, tuple) else v)
+                                       for k, v in data_config(data, self.model).items()}}
+            save_final(payload, self.run_dir)
+            logger.info(f"Final weights ({payload['weights']}) written to "
+                        f"{os.path.join(self.run_dir, FINAL_FILENAME)} and {FINAL_SAFETENSORS}")
+        _synchronize()
 
 
-def train_run(cfg, *, run: RunSpec, run_dir: str, config_file: Optional[str], resume: bool,
-              allow_changed_run: bool = False, trust_pickle: bool = False) -> Optional[dict]:
-    """Train one run into ``run_dir`` (every process calls it); returns the last ``"cls"`` record.
+def train_run(cfg, *, run_dir: str, config_file: Optional[str], resume: bool,
+              trust_pickle: bool = False) -> Optional[dict]:
+    """Train one run into ``run_dir`` (every process calls it; with ``resume`` from its last epoch checkpoint);
+    returns the last ``"cls"`` record. A failure leaves a note for the launcher (the step and epoch it stopped
+    at) and is re-raised."""
+    from ..records.failures import note_failure
+    from ..utils.preemption import Preempted
 
-    ``trust_pickle`` lets --resume load an epoch checkpoint that needs full unpickling (written
-    before checkpoints held tensors and plain containers only)."""
-    from timm.optim import create_optimizer_v2
-    from timm.scheduler import create_scheduler_v2
-    from timm.utils import ModelEmaV3
-
-    comm = _comm()
-    rank, world = comm.get_rank(), comm.get_world_size()
-    main = rank == 0
-    setup_logging(run_dir, rank=rank)
-    nodes = {name: node(cfg, name) for name in DEFAULTS}
-    data, augment, opt, sched, train = (nodes[k] for k in ("data", "augment", "optimizer", "scheduler", "train"))
-    seed = int(train["seed"])
-    spec = arm_spec(cfg, seed)
-    identity = run_identity(spec, seed=seed, lr_scale=run.lr_scale)
-    if resume:
-        check_resume_identity(run_dir, identity, allow_change=allow_changed_run)
-    device = _device(train)
-    amp_dtype = _amp_dtype(train, device)
-    resume_from = last_checkpoint(run_dir) if resume else None
-    if main:
-        os.makedirs(run_dir, exist_ok=True)
-        remove_stale_temp_files(run_dir)
-        if not resume:
-            _start_fresh(run_dir)
-    comm.synchronize()
-    logger.info(f"Run {run_dir}: arm {spec.arm}, seed {seed}, lr scale {run.lr_scale:g}, {world} process(es), "
-                f"device {device}{', AMP ' + str(amp_dtype).split('.')[-1] if amp_dtype else ''}")
-
-    # Model first, from the training seed, identical on every process; then the arm (own generators).
-    seed_all(seed)
-    model, report = build_armed_model(nodes["model"], int(data["num_classes"]), spec)
-    digest = state_digest(model)
-    _check_replicas(digest)
-    logger.info(f"{report.summary()}; initial weights sha1 {digest[:12]}")
-    if main:
-        write_arm_report(run_dir, {**report.to_dict(), "stage": "pretrain", "initial_state_sha1": digest}, identity)
-
-    datasets = build_datasets(data)
-    set_transforms(datasets, data=data, augment=augment, model=model)
-    model.to(device)
-    ema = ModelEmaV3(model, decay=float(train["ema"]["decay"])) if train["ema"]["enabled"] else None
-
-    batch = int(train["batch_size"]) // world
-    sampler = build_train_sampler(datasets.train, augment, world_size=world, rank=rank)
-    loader = build_train_loader(datasets.train, sampler, batch_size=batch, workers=int(train["workers"]),
-                                pin_memory=device.type == "cuda")
-    steps_per_epoch = len(loader)
-    if steps_per_epoch == 0:
-        raise UsageError(f"{len(datasets.train)} training images give no full batch of {batch} per process")
-    lr = resolve_lr(opt, int(train["batch_size"]), run.lr_scale)
-    opt_kwargs = {k: opt[k] for k in ("betas", "eps") if opt[k] is not None}
-    optimizer = create_optimizer_v2(model, opt=opt["opt"], lr=lr, weight_decay=opt["weight_decay"],
-                                    momentum=opt["momentum"], layer_decay=opt["layer_decay"], **opt_kwargs)
-    scheduler, num_epochs = create_scheduler_v2(
-        optimizer, sched=sched["sched"], num_epochs=int(train["epochs"]), warmup_epochs=sched["warmup_epochs"],
-        warmup_lr=sched["warmup_lr"], min_lr=sched["min_lr"], cooldown_epochs=sched["cooldown_epochs"],
-        warmup_prefix=sched["warmup_prefix"], step_on_epochs=False, updates_per_epoch=steps_per_epoch)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-    mixup = build_mixup(augment, datasets.num_classes)
-    criterion = _criterion(augment, mixup)
-    logger.info(f"{len(datasets.train)} training / {len(datasets.val)} evaluation images, {datasets.num_classes} "
-                f"classes ({datasets.root}); {num_epochs} epochs x {steps_per_epoch} steps of {batch} x {world}; "
-                f"lr {lr:.4g}")
-
-    start_epoch, step = 0, 0
-    if resume_from:
-        state = load_checkpoint(resume_from, trust_pickle=trust_pickle)
-        if state.get("steps_per_epoch") != steps_per_epoch or state.get("num_epochs") != num_epochs:
-            raise UsageError(f"{resume_from} was written with {state.get('num_epochs')} epochs x "
-                             f"{state.get('steps_per_epoch')} steps, this run has {num_epochs} x {steps_per_epoch}; "
-                             "resume with the same data, batch size and schedule")
-        model.load_state_dict(state["model"])
-        if ema is not None and state.get("ema") is not None:
-            ema.module.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
-        if scheduler is not None and state.get("scheduler") is not None:
-            scheduler.load_state_dict(state["scheduler"])
-        if state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
-        start_epoch, step = int(state["epoch"]), int(state["step"])
-        logger.info(f"Resumed from {resume_from}: {start_epoch} epoch(s), {step} step(s) done")
-    if scheduler is not None:
-        scheduler.step_update(num_updates=step)
-
-    ddp = model
-    if world > 1:
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    writer = None
-    if main:
-        truncate_metrics(run_dir, max_iteration=step)
-        writer = MetricsWriter(run_dir, purge_step=step)
-    results = ResultsFile(run_dir)
-    meta = {"arm": spec.arm, "seed": seed, "lr_scale": float(run.lr_scale), "config": config_file}
-    eval_batch = int(train["eval_batch_size"] or max(1, int(1.5 * batch)))
-    eval_period = max(int(train["eval_period"]), 1)
-    timer = StepTimer(total_steps=num_epochs * steps_per_epoch)
-    last_record = None
-    watch = PreemptionWatch()
+    run_logging(run_dir, rank=rank())
+    run = PretrainRun(cfg, run_dir, config_file=config_file, trust_pickle=trust_pickle)
+    run.setup()
+    path = last_checkpoint(run_dir) if resume else None
+    if path:
+        run.resume(path)
     try:
-        for epoch in range(start_epoch, num_epochs):
-            s = epoch_seed(seed, epoch, rank)
-            seed_all(s)
-            loader.generator.manual_seed(s)
-            set_sampler_epoch(sampler, seed=seed, epoch=epoch)
-            total, count, step = train_one_epoch(
-                ddp=ddp, model=model, loader=loader, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                criterion=criterion, mixup=mixup, ema=ema, device=device, amp_dtype=amp_dtype,
-                clip=opt["clip_grad"], clip_mode=opt["clip_mode"], step=step, epoch=epoch, num_epochs=num_epochs,
-                log_period=max(int(train["log_period"]), 1), timer=timer, writer=writer,
-                stop_requested=watch.requested)
-            train_loss = _mean_over_processes(total, count)
-            done = epoch + 1
-            if done == num_epochs or done % eval_period == 0:
-                result = evaluate(model, datasets.val, device=device, batch_size=eval_batch,
-                                  workers=int(train["workers"]), amp_dtype=amp_dtype)
-                record = {"kind": "cls", "iteration": step, "epoch": done, **result.summary(),
-                          "train_loss": train_loss, "lr": _current_lr(optimizer), **meta}
-                if ema is not None:
-                    record["ema"] = evaluate(ema.module, datasets.val, device=device, batch_size=eval_batch,
-                                             workers=int(train["workers"]), amp_dtype=amp_dtype).summary()
-                logger.info(f"epoch {done}/{num_epochs}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
-                            f"eval loss {record['eval_loss']:.4f}  train loss {train_loss:.4f}"
-                            + (f"  (EMA top-1 {record['ema']['top1']:.2f}%)" if ema is not None else ""))
-                if main:
-                    results.add(record)
-                    writer.write(step, {f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")}, json_line=False)
-                    if done == num_epochs:
-                        atomic_write(os.path.join(run_dir, PREDICTIONS_FILENAME), json.dumps(result.predictions(done)))
-                last_record = record
-            if main:
-                state = {"epoch": done, "step": step, "num_epochs": num_epochs, "steps_per_epoch": steps_per_epoch,
-                         "model": model.state_dict(), "ema": ema.module.state_dict() if ema is not None else None,
-                         "optimizer": optimizer.state_dict(),
-                         "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                         "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-                         "rng": rng_state(),
-                         "identity": identity}
-                atomic_torch_save(state, checkpoint_path(run_dir, done))
-                prune_checkpoints(run_dir, keep=1)
-            comm.synchronize()
+        return run.train()
     except Preempted:
-        if main:  # it resumes from its last epoch checkpoint: epochs are the unit of exact resume
-            atomic_write(os.path.join(run_dir, PREEMPTED_FILENAME), f"epoch checkpoint {epoch}")
         raise
     except Exception as e:
-        note_failure(run_dir, e, rank=rank, iteration=getattr(e, "step", step), epoch=epoch)
+        note_failure(run_dir, e, rank=run.rank, iteration=getattr(e, "step", run.step), epoch=run.epoch)
         raise
-    finally:
-        if writer is not None:
-            writer.close()
-    # Parameters (and EMA weights) must agree; unsynchronized BatchNorm statistics differ per process
-    # (the evaluation and the saved weights use rank 0's).
-    _check_replicas(replica_fingerprint(model), "final")
-    if ema is not None:
-        _check_replicas(replica_fingerprint(ema.module), "final EMA")
-
-    if main:
-        final = ema.module if ema is not None else model
-        payload = {"format": FINAL_FORMAT, "model": final.state_dict(), "weights": "ema" if ema is not None else "model",
-                   "timm_model": nodes["model"]["name"], "model_kwargs": dict(nodes["model"]["kwargs"] or {}),
-                   "num_classes": int(data["num_classes"]), "img_size": int(data["img_size"]), "arm": spec.arm,
-                   "seed": seed, "lr_scale": float(run.lr_scale), "epoch": num_epochs, "iteration": step,
-                   "classes": datasets.classes,
-                   "data_config": {k: (list(v) if isinstance(v, tuple) else v)
-                                   for k, v in data_config(data, model).items()}}
-        save_final(payload, run_dir)
-        logger.info(f"Final weights ({payload['weights']}) written to {os.path.join(run_dir, FINAL_FILENAME)} and "
-                    f"{FINAL_SAFETENSORS}")
-    comm.synchronize()
-    return last_record
 
 
-def evaluate_checkpoint(cfg, *, run: RunSpec, run_dir: str, checkpoint: str, config_file: Optional[str],
+def evaluate_checkpoint(cfg, *, run_dir: str, checkpoint: str, config_file: Optional[str],
                         trust_pickle: bool = False) -> dict:
     """Evaluate the weights of a ``model_final.{safetensors,pth}`` or epoch checkpoint; adds a ``"cls_eval"``
     record to ``run_dir``."""
-    comm = _comm()
-    setup_logging(run_dir, rank=comm.get_rank())
+    run_logging(run_dir, rank=rank())
     data, train = node(cfg, "data"), node(cfg, "train")
     device = _device(train)
     state = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
@@ -427,15 +478,19 @@ def evaluate_checkpoint(cfg, *, run: RunSpec, run_dir: str, checkpoint: str, con
     datasets = build_datasets(data)
     set_transforms(datasets, data=data, augment=node(cfg, "augment"), model=model)
     model.to(device)
-    batch = int(train["eval_batch_size"] or max(1, int(1.5 * int(train["batch_size"]) // comm.get_world_size())))
+    batch = int(train["eval_batch_size"] or max(1, int(1.5 * int(train["batch_size"]) // _world_size())))
     result = evaluate(model, datasets.val, device=device, batch_size=batch, workers=int(train["workers"]),
                       amp_dtype=_amp_dtype(train, device))
-    record = {"kind": "cls_eval", "iteration": int(state.get("iteration", state.get("step", 0))),
-              "epoch": int(state.get("epoch", 0)), **result.summary(), "checkpoint": os.path.abspath(checkpoint),
-              "weights": state.get("weights", "model"), "arm": state.get("arm", run.arm),
-              "seed": int(state.get("seed", run.seed)), "lr_scale": float(run.lr_scale), "config": config_file}
+    seed = int(train["seed"])
+    # A final file counts its steps in "iteration"; an epoch checkpoint in "step" (its "iteration" is fvcore's
+    # epoch index).
+    steps = state.get("step", state.get("iteration", 0))
+    record = {"kind": "cls_eval", "iteration": int(steps), "epoch": int(state.get("epoch", 0)), **result.summary(),
+              "checkpoint": os.path.abspath(checkpoint), "weights": state.get("weights", "model"),
+              "arm": state.get("arm", arm_spec(cfg, seed).arm), "seed": int(state.get("seed", seed)),
+              "lr_scale": float(train["lr_scale"]), "config": config_file}
     logger.info(f"{checkpoint}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
                 f"eval loss {record['eval_loss']:.4f}")
-    if comm.is_main_process():
+    if rank() == 0:
         ResultsFile(run_dir).add(record)
     return record

@@ -11,8 +11,11 @@
   ``broadcast_buffers=True``).
 - :func:`replica_fingerprint` — SHA-1 of what every process must hold bitwise equal: the
   parameters and every other buffer.
+- :func:`check_replicas` — every process holds that fingerprint (multi-process runs start from identical
+  weights and stay so).
 - :func:`sync_buffers` — copy rank 0's buffers to every process, so that an evaluation scores every
   shard with the statistics rank 0 saves.
+- :func:`rank` — this process's rank (0 without a process group).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["launch", "local_buffers", "replica_fingerprint", "sync_buffers"]
+__all__ = ["check_replicas", "launch", "local_buffers", "rank", "replica_fingerprint", "sync_buffers"]
 
 
 @contextlib.contextmanager
@@ -119,9 +122,34 @@ def replica_fingerprint(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def _grouped() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    """This process's rank in the process group; 0 without one."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def check_replicas(module: nn.Module, when: str) -> str:
+    """Raise RuntimeError unless every process holds the same :func:`replica_fingerprint` of ``module``;
+    returns it. No-op (beyond the fingerprint) in one process. ``when`` names the moment in the messages."""
+    fingerprint = replica_fingerprint(module)
+    if not _grouped():
+        return fingerprint
+    prints = [None] * dist.get_world_size()
+    dist.all_gather_object(prints, fingerprint)
+    if len(set(prints)) != 1:
+        raise RuntimeError(f"replicas differ {when}: fingerprints of parameters and synchronized buffers per rank "
+                           f"{prints}")
+    logging.getLogger(__name__).info(f"Replica check {when}: all {len(prints)} processes hold identical weights "
+                                     f"(sha1 {fingerprint[:12]})")
+    return fingerprint
+
+
 def sync_buffers(module: nn.Module) -> None:
     """Copy rank 0's buffers (BatchNorm statistics among them) to every process; no-op on one process."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not _grouped():
         return
     for buf in module.buffers():
         dist.broadcast(buf.data, src=0)

@@ -14,8 +14,6 @@ import signal
 import threading
 from typing import Optional, Sequence
 
-from .fileio import atomic_write
-
 __all__ = ["PREEMPTED_FILENAME", "PREEMPTIBLE_ENV", "Preempted", "PreemptionWatch", "requeue_flag"]
 
 PREEMPTED_FILENAME = "preempted"
@@ -73,6 +71,8 @@ class PreemptionWatch:
     def stop(run_dir: str, where: str) -> None:
         """Leave ``<run_dir>/preempted`` (main process) and raise :class:`Preempted`."""
         import torch.distributed as dist
+
+        from .fileio import atomic_write
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
             atomic_write(os.path.join(run_dir, PREEMPTED_FILENAME), where)

@@ -1,0 +1,481 @@
+"""One owner per run directory: an OS-level lock on ``<run>/.owner.lock`` and the owner's record in it.
+
+The launcher takes a :class:`RunLock` before a run touches its directory (training, ``--eval-only``, resume,
+retry) and releases it on every exit path; a second process that tries to own the same run gets
+:class:`RunInUse` (one line naming the owner). The rule for users is in ``docs/run_ownership.md``.
+
+How it works:
+
+- the lock file is opened read-write (``O_CLOEXEC``) and locked with ``flock(LOCK_EX | LOCK_NB)``; the
+  descriptor stays open for the lock's lifetime. Then the owner's record (one JSON line: host, pid, the pid's
+  start time, boot id and pid namespace, the Slurm job id, start time, user, command line) is written into it in
+  place, with one ``pwrite`` and a ``ftruncate``, and flushed with ``fsync``;
+- whether the ``flock`` was granted, the record already in the file is judged as well (below), because
+  ``flock`` does not protect on every file system;
+- on release the record is emptied while the lock is still held, then the lock is dropped and the descriptor
+  closed. The file itself is never deleted: a process that opened it just before a deletion would lock the
+  unlinked file while a third one creates and locks a new file of the same name, and both would own the run.
+  An empty record means "nobody".
+
+What ``flock`` guarantees (flock(2), nfs(5), mount.lustre(8)):
+
+- local file systems (ext4, xfs, tmpfs, ...): the lock belongs to the open file description; the kernel drops it
+  when the last descriptor referring to it is closed, so also when the owner dies, however it dies (SIGKILL
+  included). A held lock on this host therefore means a live owner;
+- NFS: since Linux 2.6.12 the client emulates ``flock`` with a POSIX byte-range lock on the whole file, which the
+  server sees (NFSv4: part of the protocol; NFSv2/3: only with the NLM lock manager, lockd/statd, running), so
+  locks are coherent across clients; an exclusive lock needs the file open for writing (done here). Not
+  guaranteed: with ``nolock`` or ``local_lock=flock|all`` (Linux >= 2.6.37) locks only exclude processes on the
+  same client. When a client crashes its locks stay on the server until NFSv4's lease expires or, with NLM, until
+  the client reboots and its statd notifies the server;
+- Lustre: ``-o flock`` makes ``flock`` coherent across all clients (the default since Lustre 2.13); with
+  ``localflock`` it is per node only; with ``noflock`` (the default of old releases) ``flock`` fails;
+- other network or FUSE file systems may grant every ``flock`` (a no-op) or keep it per node.
+
+So the record decides where ``flock`` cannot:
+
+- the record's owner is on this host (same host name, boot id and pid namespace): its pid must be alive and
+  started at the recorded time (a reused pid is not the owner). Alive: refused, even when the ``flock`` was free;
+  gone: stale, taken over;
+- the record names a Slurm job other than ours: ``squeue -h -j <id> -o %T``; a job still pending, running,
+  completing, suspended or requeued owns the run (refused even when the ``flock`` was free, the cross-host case);
+  no ``squeue``, no answer, an empty answer or an ended state: stale, taken over (a controller that does not
+  answer therefore leaves only the ``flock`` to protect the run);
+- the record names *our* Slurm job id (``SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID`` for an array element, else
+  ``SLURM_JOB_ID``): a requeued or preempted element takes its own run back, even while a crashed node's lock
+  lingers on the server (Slurm runs one instance of a job at a time);
+- the record names another host and no job: nothing can be checked from here; the ``flock`` decides (free:
+  taken over with a warning).
+
+While another process holds the ``flock`` the run is refused, except to our own Slurm job's requeue. A held
+``flock`` under no record, or under the record of a dead process on this host, is a new owner about to write its
+record: it is awaited for up to 2 s so that the refusal names it. A take-over is logged with the former owner.
+
+Processes the owner starts: ``spawn`` and ``exec`` do not inherit the descriptor (close-on-exec); a ``fork``
+child would (it shares the open file description, and a ``LOCK_UN`` from it would release the parent's lock), so
+forked children close their copy at once (``os.register_at_fork``) and a :meth:`RunLock.release` outside the
+acquiring process never unlocks. Workers neither hold nor release the lock.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import getpass
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from typing import List, Mapping, Optional, Tuple
+
+__all__ = [
+    "ENDED_JOB_STATES",
+    "LOCK_FILENAME",
+    "RunInUse",
+    "RunLock",
+    "describe_owner",
+    "owner_record",
+    "read_owner",
+    "slurm_job_id",
+    "slurm_job_states",
+]
+
+LOCK_FILENAME = ".owner.lock"
+# squeue's final states: a job in any other state (pending, running, completing, suspended, requeued, held...)
+# may still run and so still owns its run.
+ENDED_JOB_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+    "REVOKED", "TIMEOUT",
+})
+_JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+_SQUEUE_TIMEOUT_S = 30
+# How long a reader waits for a record being written, and a locker for the record of an owner that has just taken
+# the flock (its record follows within milliseconds).
+_RECORD_WAIT_S = 2.0
+_MAX_RECORD_BYTES = 1 << 16
+_UNREADABLE = "unreadable"
+
+# Locks held by this process: a forked child closes its inherited descriptors (see the module docstring).
+_HELD: "weakref.WeakSet[RunLock]" = weakref.WeakSet()
+
+
+class RunInUse(ValueError):
+    """Another process owns the run directory. ``owner`` is its record (:func:`read_owner`), ``run_dir`` the run."""
+
+    def __init__(self, run_dir: str, owner: Optional[dict]):
+        self.run_dir, self.owner = run_dir, owner
+        super().__init__(f"{run_dir} is in use by {describe_owner(owner)}; wait for it, or stop it")
+
+
+# ---------------------------------------------------------------------------------------------
+# This process and other ones
+# ---------------------------------------------------------------------------------------------
+def slurm_job_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This process's Slurm job: ``"<array job>_<task>"`` for an array element, else ``SLURM_JOB_ID``; None outside
+    Slurm. A requeued job keeps it."""
+    env = os.environ if environ is None else environ
+    array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _boot_id() -> Optional[str]:
+    return _read_text("/proc/sys/kernel/random/boot_id")
+
+
+def _pid_namespace() -> Optional[str]:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _process_start(pid: int) -> Optional[int]:
+    """Start time of ``pid`` in clock ticks after boot (``/proc/<pid>/stat`` field 22); None when unknown."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    if not stat or ")" not in stat:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name (field 2) may hold spaces and parentheses
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def owner_record(environ: Optional[Mapping[str, str]] = None) -> dict:
+    """The record this process writes when it owns a run (``environ``: where the Slurm variables are read)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for the uid (some containers)
+        user = str(os.getuid())
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": _process_start(os.getpid()),
+        "boot_id": _boot_id(),
+        "pid_namespace": _pid_namespace(),
+        "slurm_job": slurm_job_id(environ),
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "user": user,
+        "command": shlex.join(sys.argv),
+    }
+
+
+def _same_machine(record: dict) -> bool:
+    """Whether the record's pid can be checked here: same host name, and same boot and pid namespace when recorded."""
+    if record.get("host") != socket.gethostname():
+        return False
+    for key, here in (("boot_id", _boot_id()), ("pid_namespace", _pid_namespace())):
+        if record.get(key) and here and record[key] != here:
+            return False
+    return True
+
+
+def _process_alive(record: dict) -> bool:
+    """Whether the record's process (on this machine) still runs: its pid exists and started when recorded."""
+    pid = record.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        pass
+    recorded = record.get("pid_start")
+    return recorded is None or _process_start(pid) in (None, recorded)
+
+
+def slurm_job_states(job_id: str) -> Tuple[Optional[List[str]], str]:
+    """The states ``squeue -h -j <job_id> -o %T`` reports, and what was asked: ``(states, note)``.
+
+    ``states`` is None when there is no answer (no ``squeue`` on PATH, an error, a time-out; ``note`` says which),
+    an empty list when squeue knows no such job any more.
+    """
+    if not _JOB_ID.match(str(job_id)):
+        return None, f"{job_id!r} is not a Slurm job id"
+    squeue = shutil.which("squeue")
+    if squeue is None:
+        return None, "squeue is not on PATH"
+    try:
+        done = subprocess.run([squeue, "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
+                              timeout=_SQUEUE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"squeue failed: {e}"
+    if done.returncode != 0:
+        # A job purged from the controller is "Invalid job id specified": gone, like no answer.
+        message = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return None, f"squeue: {message}"
+    return [line.strip().upper() for line in done.stdout.splitlines() if line.strip()], "squeue"
+
+
+def _job_alive(job_id: str) -> Tuple[bool, str]:
+    """Whether the Slurm job may still run, and the evidence (for the log line)."""
+    states, note = slurm_job_states(job_id)
+    if not states:
+        return False, note if states is None else "squeue no longer lists it"
+    alive = [s for s in states if s not in ENDED_JOB_STATES]
+    return bool(alive), f"squeue says {', '.join(alive or states)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The record
+# ---------------------------------------------------------------------------------------------
+def _parse_record(data: bytes) -> Optional[dict]:
+    """The record in ``data`` (its first line); {} when empty, None when incomplete or not a record."""
+    if not data.strip():
+        return {}
+    line, newline, _ = data.partition(b"\n")
+    if not newline:
+        return None  # being written
+    try:
+        record = json.loads(line.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("pid"), int) or not record.get("host"):
+        return None
+    return record
+
+
+def _read_record(read, wait_s: float = _RECORD_WAIT_S) -> Optional[dict]:
+    """The record through ``read()`` (bytes of the file), retried while it is half written; None when empty.
+    A record that stays unreadable for ``wait_s`` comes back as ``{"unreadable": <its start>}``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        data = read()
+        record = _parse_record(data)
+        if record is not None:
+            return record or None
+        if time.monotonic() >= deadline:
+            return {_UNREADABLE: data[:80].decode(errors="replace")}
+        time.sleep(0.05)
+
+
+def read_owner(run_dir: str) -> Optional[dict]:
+    """The record of the process that owns ``run_dir`` (or owned it until it died): a dict with ``host``,
+    ``pid``, ``slurm_job``, ``started``, ``command``...; None when nobody does (no lock file, or an empty record).
+    A record that cannot be parsed is ``{"unreadable": <its first bytes>}``. Never takes the lock."""
+    path = os.path.join(run_dir, LOCK_FILENAME)
+
+    def read() -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read(_MAX_RECORD_BYTES)
+        except FileNotFoundError:
+            return b""
+
+    return _read_record(read)
+
+
+def describe_owner(record: Optional[dict]) -> str:
+    """``"pid 1234 on host h (Slurm job 5_0) since 12:03:04"`` (the date too when not today, in local time)."""
+    if not record:
+        return "a process that has not written its record yet"
+    if _UNREADABLE in record:
+        return f"an owner whose record cannot be read ({record[_UNREADABLE]!r})"
+    text = f"pid {record.get('pid')} on host {record.get('host')}"
+    if record.get("slurm_job"):
+        text += f" (Slurm job {record['slurm_job']})"
+    try:
+        started = datetime.datetime.fromisoformat(str(record.get("started"))).astimezone()
+    except ValueError:
+        return text
+    today = datetime.datetime.now().astimezone().date()
+    return text + " since " + started.strftime("%H:%M:%S" if started.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+# ---------------------------------------------------------------------------------------------
+# The lock
+# ---------------------------------------------------------------------------------------------
+def _close_inherited_locks() -> None:
+    for lock in list(_HELD):
+        lock._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
+class RunLock:
+    """Exclusive ownership of one run directory by this process.
+
+    Use as ``with RunLock(run_dir, log=logger): ...`` or :meth:`acquire` / :meth:`release`. :meth:`acquire`
+    creates the directory if needed and raises :class:`RunInUse` when another process owns the run; it takes a
+    stale lock over (a dead owner, an ended Slurm job, our own requeued Slurm job) with a log line naming the
+    former owner, kept in :attr:`previous_owner`.
+
+    Args:
+        run_dir: the run directory; the lock file is ``<run_dir>/.owner.lock``.
+        log: where take-overs are logged (default: this module's logger).
+        environ: where the Slurm variables are read (default ``os.environ``).
+    """
+
+    def __init__(self, run_dir: str, *, log: Optional[logging.Logger] = None,
+                 environ: Optional[Mapping[str, str]] = None):
+        if not isinstance(run_dir, (str, os.PathLike)) or not os.fspath(run_dir):
+            raise ValueError(f"RunLock: run_dir must be a non-empty path, got {run_dir!r}")
+        self.run_dir = os.fspath(run_dir)
+        self.path = os.path.join(self.run_dir, LOCK_FILENAME)
+        self.previous_owner: Optional[dict] = None
+        self._log = log or logging.getLogger(__name__)
+        self._environ = environ
+        self._fd: Optional[int] = None
+        self._flocked = False
+        self._record: Optional[dict] = None
+        self._pid: Optional[int] = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this process owns the run through this object."""
+        return self._fd is not None and self._pid == os.getpid()
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"RunLock({self.run_dir!r}, held={self.held})"
+
+    def _read_own(self) -> bytes:
+        return os.pread(self._fd, _MAX_RECORD_BYTES, 0)
+
+    def acquire(self) -> "RunLock":
+        """Own the run or raise :class:`RunInUse`; returns ``self``."""
+        if self._fd is not None:
+            raise RuntimeError(f"{self!r} is already acquired")
+        self.previous_owner = None
+        os.makedirs(self.run_dir, exist_ok=True)
+        # Read-write: NFS needs the file open for writing to grant an exclusive lock.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            flocked, lock_free = self._try_flock(fd)
+            self._fd = fd
+            record = _read_record(self._read_own)
+            takeover, record = self._judge(record, lock_free=lock_free)
+            mine = owner_record(self._environ)
+            data = (json.dumps(mine, sort_keys=True) + "\n").encode()
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+        except BaseException:
+            self._fd = None
+            os.close(fd)  # drops the flock if it was granted
+            raise
+        self._flocked, self._record, self._pid = flocked, mine, os.getpid()
+        _HELD.add(self)
+        if takeover is not None:
+            self.previous_owner = record
+            if not lock_free:
+                takeover += "; the OS lock is still held by the previous instance (a crashed node's lock on the " \
+                            "file server), this job owns the run through its record"
+            self._log.warning(f"{self.run_dir}: took over the lock of {describe_owner(record)}: {takeover}")
+        return self
+
+    def _try_flock(self, fd: int) -> Tuple[bool, bool]:
+        """``(granted, free)``: whether this process now holds the flock, and whether nobody else does. Where the
+        file system refuses flock altogether (Lustre's ``noflock``) both are unknown: (False, True), and the record
+        alone decides."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True, True
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False, False
+            self._log.warning(f"{self.path}: this file system refuses flock ({e.strerror}); ownership rests on the "
+                              "record alone (Lustre: mount with -o flock)")
+            return False, True
+
+    def _judge(self, record: Optional[dict], *, lock_free: bool) -> Tuple[Optional[str], Optional[dict]]:
+        """``(why the recorded owner is gone, its record)`` to take over; ``(None, None)`` when nobody owned the
+        run; raises RunInUse otherwise. ``lock_free``: whether no other process holds the flock."""
+        if not lock_free and (record is None or (_same_machine(record) and not _process_alive(record))):
+            # Another process holds the flock under no record or a dead owner's: it has just taken the lock and
+            # writes its record within milliseconds.
+            record = self._wait_for_new_record(record)
+            if record is not None and _same_machine(record) and not _process_alive(record):
+                record = None  # still the dead owner's record: the holder is not the recorded process
+        if record is None:
+            if lock_free:
+                return None, None
+            raise RunInUse(self.run_dir, record)
+        if _UNREADABLE in record:
+            if lock_free:
+                return "its record could not be read", record
+            raise RunInUse(self.run_dir, record)
+        local = _same_machine(record)
+        alive_here = local and _process_alive(record)
+        our_job = slurm_job_id(self._environ)
+        if our_job and record.get("slurm_job") == our_job and not alive_here:
+            return f"Slurm job {our_job} was requeued and takes its run back", record
+        if not lock_free:
+            raise RunInUse(self.run_dir, record)
+        if local:
+            if alive_here:  # the flock was free, yet the owner runs: this file system's flock does not protect
+                raise RunInUse(self.run_dir, record)
+            return f"pid {record.get('pid')} no longer runs on this host", record
+        job = record.get("slurm_job")
+        if job:
+            alive, evidence = _job_alive(job)
+            if alive:
+                raise RunInUse(self.run_dir, record)
+            return f"Slurm job {job} is over ({evidence})", record
+        why = (f"no process on host {record.get('host')} holds the OS lock any more (its pid cannot be checked from "
+               f"{socket.gethostname()})")
+        return why, record
+
+    def _wait_for_new_record(self, old: Optional[dict]) -> Optional[dict]:
+        deadline = time.monotonic() + _RECORD_WAIT_S
+        record = old
+        while record == old and time.monotonic() < deadline:
+            time.sleep(0.05)
+            record = _read_record(self._read_own)
+        return record
+
+    def release(self) -> None:
+        """Give the run up: empty the record (when it is still ours), drop the lock, close the file. Idempotent;
+        in a process other than the acquiring one (a forked child) it only closes this copy of the descriptor."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        _HELD.discard(self)
+        try:
+            if self._pid != os.getpid():
+                return
+            current = _read_record(lambda: os.pread(fd, _MAX_RECORD_BYTES, 0), wait_s=0.5)
+            if current == self._record:
+                os.ftruncate(fd, 0)
+                with contextlib.suppress(OSError):
+                    os.fsync(fd)
+            else:
+                self._log.warning(f"{self.run_dir}: ownership was taken over by {describe_owner(current)} while "
+                                  "this process held it; its record is left in place")
+            if self._flocked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def _forget(self) -> None:
+        """In a forked child: close the inherited descriptor without unlocking the parent's lock."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
