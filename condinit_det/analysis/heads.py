@@ -51,6 +51,7 @@ from torch import nn
 from torch.func import jacfwd, jacrev
 
 from .functional import AttentionFunction, eval_mode
+from .operator import JacobianOperator
 from .spectrum import SpectrumResult, singular_values
 
 __all__ = ["head_factors", "head_spectrum", "HeadFactors", "factor_entries"]
@@ -337,8 +338,6 @@ def _entries(fn: AttentionFunction, ranks: Dict[str, int]) -> int:
 
 def _check(fn: AttentionFunction, factors, bases, token_index, w_out) -> float:
     """Relative difference between the factors' and the layer's own ``J v`` in one random direction."""
-    from .conditioning import JacobianOperator
-
     heads = fn.site.num_heads
     gen = torch.Generator().manual_seed(0)
     coeffs = [torch.randn(f.shape[1], generator=gen, dtype=torch.float64).to(f) for f in factors]

@@ -31,7 +31,7 @@ import cv2
 import numpy as np
 
 from .cache import generate_atomically, read_manifest
-from .shapes import _AREA_RATIO, _background, _blob_mask, _color, _desaturate, _fill, _paint, _rotate, _shape_mask
+from .shapes import AREA_RATIO, background, blob_mask, desaturate, fill, paint, random_color, rotate, shape_mask
 from .shapes import image_rng
 
 __all__ = [
@@ -86,27 +86,27 @@ def _extra_mask(category: str, center: np.ndarray, diameter: float, angle: float
     r = diameter / 2.0
     if category == "hexagon":
         t = np.arange(6) * np.pi / 3 + angle
-        return _fill(size, [np.stack([np.cos(t), np.sin(t)], 1) * r + center])
+        return fill(size, [np.stack([np.cos(t), np.sin(t)], 1) * r + center])
     if category == "diamond":
         pts = np.array([[r, 0.0], [0.0, 0.55 * r], [-r, 0.0], [0.0, -0.55 * r]])
-        return _fill(size, [_rotate(pts, angle) + center])
+        return fill(size, [rotate(pts, angle) + center])
     if category == "ring":
         t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
         unit = np.stack([np.cos(t), np.sin(t)], 1)
-        return _fill(size, [unit * r + center]) & ~_fill(size, [unit * 0.55 * r + center])
+        return fill(size, [unit * r + center]) & ~fill(size, [unit * 0.55 * r + center])
     raise ValueError(f"unknown class {category!r}; known: {CLASSES}")
 
 
 def _mask(category: str, center: np.ndarray, diameter: float, angle: float, size: int) -> np.ndarray:
-    if category in _AREA_RATIO:
-        return _shape_mask(category, center, diameter, angle, size)
+    if category in AREA_RATIO:
+        return shape_mask(category, center, diameter, angle, size)
     return _extra_mask(category, center, diameter, angle, size)
 
 
 def _target_color(rng: np.random.Generator, label: int, avoid: np.ndarray, spec: ShapesClsSpec) -> np.ndarray:
     """The class hue (evenly spaced around the colour wheel, jittered) or, sometimes, an arbitrary colour."""
     if rng.random() >= spec.class_color_prob:
-        return _color(rng, avoid)
+        return random_color(rng, avoid)
     hue = (label * 360.0 / len(CLASSES) + rng.normal(0.0, spec.hue_jitter)) % 360.0
     hsv = np.array([[[hue, rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)]]], np.float32)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0] * 255.0
@@ -118,7 +118,7 @@ def render_classification_image(seed: int, split: str, index: int,
     rng = image_rng(seed, split, index)
     size = spec.image_size
     label = int(index) % len(CLASSES)
-    img = _desaturate(_background(rng, size), spec.background_saturation)
+    img = desaturate(background(rng, size), spec.background_saturation)
 
     for _ in range(int(rng.integers(0, spec.max_lines + 1))):
         color = tuple(float(v) for v in rng.uniform(0, 255, 3))
@@ -132,7 +132,7 @@ def render_classification_image(seed: int, split: str, index: int,
     diameter = rng.uniform(spec.min_size, spec.max_size)
     center = size / 2.0 + rng.uniform(-spec.center_jitter, spec.center_jitter, 2)
     target = _mask(CLASSES[label], center, diameter, rng.uniform(0, 2 * np.pi), size)
-    _paint(img, target, _target_color(rng, label, img[target].mean(0), spec), rng)
+    paint(img, target, _target_color(rng, label, img[target].mean(0), spec), rng)
     visible = target.copy()
     full = int(target.sum())
 
@@ -144,12 +144,12 @@ def render_classification_image(seed: int, split: str, index: int,
                   rng.uniform(*spec.distractor_size), rng.uniform(0, 2 * np.pi), size)
         if m.any() and keeps_target(m):
             visible &= ~m
-            _paint(img, m, _color(rng, img[m].mean(0)), rng)
+            paint(img, m, random_color(rng, img[m].mean(0)), rng)
     for _ in range(int(rng.integers(0, spec.max_blobs + 1))):
-        b = _blob_mask(rng, size)
+        b = blob_mask(rng, size)
         if b.any() and keeps_target(b):
             visible &= ~b
-            _paint(img, b, _color(rng, img[b].mean(0)), rng)
+            paint(img, b, random_color(rng, img[b].mean(0)), rng)
 
     img = img + rng.normal(0.0, rng.uniform(*spec.noise_std), img.shape).astype(np.float32)
     return np.clip(np.round(img), 0, 255).astype(np.uint8), label

@@ -67,7 +67,7 @@ def image_rng(seed: int, split: str, index: int) -> np.random.Generator:
 # ---------------------------------------------------------------------------
 # Background
 # ---------------------------------------------------------------------------
-def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+def background(rng: np.random.Generator, size: int) -> np.ndarray:
     """Float32 HxWx3 background in [0, 255]: gradient, blotchy noise or stripes."""
     kind = rng.integers(3)
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / (size - 1)
@@ -91,7 +91,7 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.float32)
 
 
-def _desaturate(img: np.ndarray, keep: float) -> np.ndarray:
+def desaturate(img: np.ndarray, keep: float) -> np.ndarray:
     gray = img.mean(axis=2, keepdims=True)
     return gray + keep * (img - gray)
 
@@ -99,12 +99,12 @@ def _desaturate(img: np.ndarray, keep: float) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # Shapes: each returns a full (unoccluded) HxW bool mask
 # ---------------------------------------------------------------------------
-def _rotate(points: np.ndarray, angle: float) -> np.ndarray:
+def rotate(points: np.ndarray, angle: float) -> np.ndarray:
     c, s = np.cos(angle), np.sin(angle)
     return points @ np.array([[c, s], [-s, c]], dtype=np.float64)
 
 
-def _fill(size: int, polys: List[np.ndarray]) -> np.ndarray:
+def fill(size: int, polys: List[np.ndarray]) -> np.ndarray:
     canvas = np.zeros((size, size), np.uint8)
     # Sub-pixel vertex precision (shift=4) keeps small shapes from snapping to the grid.
     # One call per polygon: a single fillPoly call with overlapping polygons uses the even-odd rule.
@@ -113,33 +113,33 @@ def _fill(size: int, polys: List[np.ndarray]) -> np.ndarray:
     return canvas.astype(bool)
 
 
-def _shape_mask(category: str, center: np.ndarray, diameter: float, angle: float, size: int) -> np.ndarray:
+def shape_mask(category: str, center: np.ndarray, diameter: float, angle: float, size: int) -> np.ndarray:
     r = diameter / 2.0
     if category == "circle":
         t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
         pts = np.stack([np.cos(t), np.sin(t)], 1) * r
-        return _fill(size, [pts + center])
+        return fill(size, [pts + center])
     if category == "square":
         pts = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float64) * (r / np.sqrt(2))
-        return _fill(size, [_rotate(pts, angle) + center])
+        return fill(size, [rotate(pts, angle) + center])
     if category == "triangle":
         t = np.array([0.0, 2 * np.pi / 3, 4 * np.pi / 3]) + angle
         pts = np.stack([np.cos(t), np.sin(t)], 1) * r
-        return _fill(size, [pts + center])
+        return fill(size, [pts + center])
     if category == "star":
         t = np.arange(10) * np.pi / 5 + angle
         radii = np.where(np.arange(10) % 2 == 0, r, 0.42 * r)
         pts = np.stack([np.cos(t), np.sin(t)], 1) * radii[:, None]
-        return _fill(size, [pts + center])
+        return fill(size, [pts + center])
     if category == "cross":
         w = 0.36 * r
         bar = np.array([[-r, -w], [r, -w], [r, w], [-r, w]], np.float64)
-        bars = [_rotate(bar, angle) + center, _rotate(bar, angle + np.pi / 2) + center]
-        return _fill(size, bars)
+        bars = [rotate(bar, angle) + center, rotate(bar, angle + np.pi / 2) + center]
+        return fill(size, bars)
     raise ValueError(f"unknown shape category {category!r}; known: {SHAPE_CLASSES}")
 
 
-def _blob_mask(rng: np.random.Generator, size: int) -> np.ndarray:
+def blob_mask(rng: np.random.Generator, size: int) -> np.ndarray:
     """Irregular polygon clutter: not one of the categories, never annotated."""
     n = int(rng.integers(5, 9))
     r = rng.uniform(4, 14)
@@ -147,10 +147,10 @@ def _blob_mask(rng: np.random.Generator, size: int) -> np.ndarray:
     radii = r * rng.uniform(0.4, 1.0, n)
     center = rng.uniform(0, size, 2)
     pts = np.stack([np.cos(t), np.sin(t)], 1) * radii[:, None] + center
-    return _fill(size, [pts])
+    return fill(size, [pts])
 
 
-def _color(rng: np.random.Generator, avoid: np.ndarray) -> np.ndarray:
+def random_color(rng: np.random.Generator, avoid: np.ndarray) -> np.ndarray:
     """A random colour at least a fixed L1 distance away from ``avoid`` (the local background)."""
     for _ in range(20):
         c = rng.uniform(0, 255, 3)
@@ -162,13 +162,13 @@ def _color(rng: np.random.Generator, avoid: np.ndarray) -> np.ndarray:
 def _class_color(rng: np.random.Generator, cat: int, avoid: np.ndarray, spec: ShapesSpec) -> np.ndarray:
     """Colour of an instance of class ``cat`` (0-based): a jittered class hue, or sometimes any colour."""
     if rng.random() < spec.random_color_prob:
-        return _color(rng, avoid)
+        return random_color(rng, avoid)
     hue = (cat * 360.0 / len(SHAPE_CLASSES) + rng.normal(0.0, spec.hue_jitter)) % 360.0
     hsv = np.array([[[hue, rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)]]], np.float32)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0] * 255.0
 
 
-def _paint(img: np.ndarray, mask: np.ndarray, color: np.ndarray, rng: np.random.Generator) -> None:
+def paint(img: np.ndarray, mask: np.ndarray, color: np.ndarray, rng: np.random.Generator) -> None:
     """Paint ``mask`` with ``color`` plus a gentle linear shading, in place."""
     size = img.shape[0]
     ys, xs = np.nonzero(mask)
@@ -189,7 +189,7 @@ def render_image(seed: int, split: str, index: int, spec: ShapesSpec = ShapesSpe
     """
     rng = image_rng(seed, split, index)
     size = spec.image_size
-    img = _desaturate(_background(rng, size), spec.background_saturation)
+    img = desaturate(background(rng, size), spec.background_saturation)
 
     # Clutter under the objects: thin lines and dots.
     canvas = img.copy()
@@ -216,12 +216,12 @@ def render_image(seed: int, split: str, index: int, spec: ShapesSpec = ShapesSpe
             diameter = rng.uniform(spec.min_size, spec.max_size)
             center = rng.uniform(0.15 * diameter, size - 0.15 * diameter, 2)
             angle = rng.uniform(0, 2 * np.pi)
-            m = _shape_mask(SHAPE_CLASSES[cat], center, diameter, angle, size)
+            m = shape_mask(SHAPE_CLASSES[cat], center, diameter, angle, size)
             area = int(m.sum())
             if area < spec.min_visible_pixels:
                 continue
             # Reject shapes cut too much by the image border.
-            full_area = np.pi * (diameter / 2) ** 2 * _AREA_RATIO[SHAPE_CLASSES[cat]]
+            full_area = np.pi * (diameter / 2) ** 2 * AREA_RATIO[SHAPE_CLASSES[cat]]
             if area < 0.6 * full_area:
                 continue
             new_visible = [v & ~m for v in visible]
@@ -229,16 +229,16 @@ def render_image(seed: int, split: str, index: int, spec: ShapesSpec = ShapesSpe
                 visible = new_visible + [m]
                 full_masks.append(m)
                 categories.append(cat + 1)
-                _paint(img, m, _class_color(rng, cat, img[m].mean(0), spec), rng)
+                paint(img, m, _class_color(rng, cat, img[m].mean(0), spec), rng)
                 break
 
     # Clutter on top of the objects: irregular blobs that may occlude a little.
     for _ in range(int(rng.integers(0, 3))):
-        b = _blob_mask(rng, size)
+        b = blob_mask(rng, size)
         new_visible = [v & ~b for v in visible]
         if all(_visible_ok(v, f, spec) for v, f in zip(new_visible, full_masks)):
             visible = new_visible
-            _paint(img, b, _color(rng, img[b].mean(0) if b.any() else np.zeros(3)), rng)
+            paint(img, b, random_color(rng, img[b].mean(0) if b.any() else np.zeros(3)), rng)
 
     sigma = rng.uniform(*spec.noise_std)
     img = img + rng.normal(0.0, sigma, img.shape).astype(np.float32)
@@ -253,7 +253,7 @@ def _visible_ok(vis: np.ndarray, full: np.ndarray, spec: ShapesSpec) -> bool:
 
 
 # Area of each shape relative to its circumscribed circle, used to detect border clipping.
-_AREA_RATIO = {
+AREA_RATIO = {
     "circle": 1.0,
     "square": 2.0 / np.pi,
     "triangle": 3 * np.sqrt(3) / (4 * np.pi),
