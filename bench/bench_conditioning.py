@@ -13,15 +13,27 @@
    set: one measurement (capture on a fixed 768 x 1024 image, then the default sites, first /
    middle / last block, at the hook's 16 tokens with ``method="auto"``), timed; the method each
    site used. (``--quick``: the same on ``configs/demo/mask_rcnn_vit_tiny.py``.)
+4. ``--fraction CONFIG ...``: for each config, the share of training time its own
+   ``condinit_analysis`` node costs. One hook measurement (the node's sites and settings) on one
+   synthetic test-size image (``--test-size``), and training steps of the config's model and
+   optimizer on ``--images-per-gpu`` synthetic images at ``--train-size`` (7 boxes with masks
+   each, COCO's mean), one untimed warm-up step and ``--steps`` timed ones, in float32 (the recipes'
+   AMP is a GPU feature). In data-parallel training an iteration lasts one device's step on its
+   share of the batch, and only the main process measures while the others wait, so the share
+   is ``measurements x seconds per measurement / (max_iter x seconds per step)`` with
+   ``measurements = max_iter // period`` plus the first and, when the period does not divide
+   ``max_iter``, the last. (``--quick``: the same on ``configs/demo/mask_rcnn_vit_tiny.py``.)
 
     python bench/bench_conditioning.py            # full (about 15 minutes on 2 CPU cores)
     python bench/bench_conditioning.py --quick    # small layers, seconds
+    python bench/bench_conditioning.py --fraction configs/COCO/mask_rcnn_swin_b_3x.py --images-per-gpu 2
 
 Prints a Markdown summary and one JSON object (``--output`` also saves it). Numbers depend on
 the machine's load, which is printed with them.
 """
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -33,7 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 from condinit_det.analysis import dense_conditioning, estimate_conditioning, exact_conditioning  # noqa: E402
 from condinit_det.utils.fileio import atomic_write  # noqa: E402
-from condinit_det.init import apply_init, find_attention  # noqa: E402
+from condinit_det.init import ARMS, apply_init, find_attention  # noqa: E402
 
 
 def _layer(dim, heads, side, arm, seed=0):
@@ -125,15 +137,133 @@ def bench_hook(config, arm, height, width):
                       for r in records]}
 
 
+def _size(text):
+    """``"HxW"`` -> (H, W)."""
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size HxW such as 640x853, got {text!r}") from None
+    if height < 32 or width < 32:
+        raise argparse.ArgumentTypeError(f"sizes must be at least 32x32, got {text!r}")
+    return height, width
+
+
+def synthetic_training_batch(count, height, width, *, num_classes, objects=7, seed=0):
+    """``count`` detectron2 training inputs: random RGB images ``[3, height, width]`` (uint8) with
+    ``objects`` boxes each, their classes (below ``num_classes``) and filled-box masks (``BitMasks``)."""
+    from detectron2.structures import BitMasks, Boxes, Instances
+
+    g = torch.Generator().manual_seed(seed)
+    batch = []
+    for _ in range(count):
+        image = torch.randint(0, 256, (3, height, width), generator=g, dtype=torch.uint8)
+        corners = torch.rand(objects, 2, 2, generator=g) * torch.tensor([width, height])
+        low, high = corners.min(dim=1).values, corners.max(dim=1).values + 24
+        boxes = torch.cat([low, torch.minimum(high, torch.tensor([width - 1.0, height - 1.0]))], dim=1)
+        masks = torch.zeros(objects, height, width, dtype=torch.bool)
+        for i, (x0, y0, x1, y1) in enumerate(boxes.round().long().tolist()):
+            masks[i, y0:y1 + 1, x0:x1 + 1] = True
+        classes = torch.randint(0, num_classes, (objects,), generator=g)
+        instances = Instances((height, width), gt_boxes=Boxes(boxes), gt_classes=classes, gt_masks=BitMasks(masks))
+        batch.append({"image": image, "height": height, "width": width, "instances": instances})
+    return batch
+
+
+def measurement_count(max_iter, period):
+    """Measurements the hook makes in a run: at the start, every ``period`` iterations, and at the end."""
+    return 1 + max_iter // period + (1 if max_iter % period else 0)
+
+
+def bench_fraction(config, arm, train_size, test_size, images_per_gpu, steps, opts=()):
+    """Seconds of one measurement of ``config``'s own ``condinit_analysis`` hook and of its training step,
+    and the share of training time the hook costs at the configured period (see the module doc)."""
+    from detectron2.config import LazyConfig, instantiate
+    from detectron2.utils.events import EventStorage
+
+    from condinit_det.analysis.hooks import build_conditioning_hook
+
+    cfg = LazyConfig.apply_overrides(LazyConfig.load(config), list(opts))
+    cfg.condinit.arm = arm
+    cfg.train.output_dir = ""
+    period = int(cfg.condinit_analysis.period)
+    if period <= 0:
+        raise SystemExit(f"{config}: condinit_analysis.period is {period}; the hook is off, there is nothing to time")
+    torch.manual_seed(0)
+    model = instantiate(cfg.model)
+    height, width = test_size
+    image = torch.randint(0, 256, (3, height, width), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    hook = build_conditioning_hook(cfg, batch=[{"image": image, "height": height, "width": width}],
+                                   config_name=os.path.basename(config))
+
+    class _Trainer:  # what the hook reads from a detectron2 trainer
+        pass
+
+    hook.trainer = _Trainer()
+    hook.trainer.model = model
+    records, hook_s = _timed(lambda: hook.measure(0))
+
+    model.train()
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+    heads = getattr(model, "roi_heads", None)
+    num_classes = heads.num_classes if heads is not None else model.class_head.out_features - 1  # DETR: + no-object
+    batch = synthetic_training_batch(images_per_gpu, *train_size, num_classes=num_classes)
+
+    def step():
+        with EventStorage(0):
+            losses = model(batch)
+            total = losses if isinstance(losses, torch.Tensor) else sum(losses.values())
+            optimizer.zero_grad()
+            total.backward()
+            optimizer.step()
+
+    step()  # warm-up: first-use allocations
+    step_times = [_timed(step)[1] for _ in range(steps)]
+    step_s = sorted(step_times)[len(step_times) // 2]
+    max_iter = int(cfg.train.max_iter)
+    count = measurement_count(max_iter, period)
+    return {"config": config, "arm": arm, "period": period, "sites": [r["site"] for r in records],
+            "methods": [r["method"] for r in records], "structures": [r["structure"] for r in records],
+            "tokens": [r["tokens"] for r in records],
+            "test_image": list(test_size), "train_image": list(train_size), "images_per_gpu": images_per_gpu,
+            "hook_s": hook_s, "step_s": step_s, "step_times": step_times, "max_iter": max_iter,
+            "measurements": count, "fraction": count * hook_s / (max_iter * step_s),
+            "period_for_1_percent": math.ceil(100 * hook_s / step_s)}
+
+
+def print_fraction(f):
+    print(f"| {os.path.relpath(f['config'])} | {', '.join(f['sites'])} | "
+          f"{f['hook_s']:.1f} | {f['images_per_gpu']} x {f['train_image'][0]}x{f['train_image'][1]} | "
+          f"{f['step_s']:.1f} | {f['period']} | {f['measurements']} of {f['max_iter']} it | "
+          f"{100 * f['fraction']:.3f}% | {f['period_for_1_percent']} |", flush=True)
+
+
+FRACTION_HEADER = ("| config | sites | s per measurement | step batch | s per step | period | measurements | "
+                   "share of training | period for 1% |\n|---|---|---|---|---|---|---|---|---|")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small layers and a short budget (seconds)")
-    p.add_argument("--arm", default="conditioned", choices=("default", "mimetic", "conditioned"))
+    p.add_argument("--arm", default="conditioned", choices=ARMS)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--exact-side", type=int, default=7, help="grid side of the largest exact measurement")
     p.add_argument("--output", default=None, help="save the JSON summary here")
+    p.add_argument("--fraction", nargs="+", default=None, metavar="CONFIG",
+                   help="only part 4: the training-time share of each config's condinit_analysis hook")
+    p.add_argument("--train-size", type=_size, default=(640, 853), metavar="HxW",
+                   help="training image size for --fraction (default 640x853: the multi-scale recipes' mean)")
+    p.add_argument("--test-size", type=_size, default=(800, 1067), metavar="HxW",
+                   help="the hook's test image size for --fraction (default 800x1067)")
+    p.add_argument("--images-per-gpu", type=int, default=2, help="images per training step for --fraction")
+    p.add_argument("--steps", type=int, default=1, help="timed training steps per config for --fraction")
+    p.add_argument("--opts", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for --fraction")
     args = p.parse_args(argv)
+    if args.images_per_gpu < 1 or args.steps < 1:
+        p.error("--images-per-gpu and --steps must be >= 1")
     torch.set_num_threads(args.threads)
+    if args.fraction:
+        return main_fraction(args)
     if args.quick:
         small = dict(dim=8, heads=2, side=3, max_iter=20, block=8)
         site = dict(dim=48, heads=3)
@@ -189,6 +319,32 @@ def main(argv=None):
         print(f"OK: exact per-head kappa equals the dense Jacobian's (relative {a['exact_vs_dense_rel']:.1e})")
     else:
         print(f"MISMATCH: exact per-head vs dense kappa differ by {a['exact_vs_dense_rel']:.1e} (relative)")
+    if args.quick:
+        demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
+                            "demo/mask_rcnn_vit_tiny.py")
+        f = result["fraction"] = bench_fraction(demo, args.arm, (96, 128), (96, 128), 1, 1)
+        print()
+        print(FRACTION_HEADER)
+        print_fraction(f)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.output:
+        atomic_write(args.output, text)
+    return result
+
+
+def main_fraction(args):
+    result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+                         f"{torch.__version__}, {args.threads} threads", "load_before": _load(), "fractions": []}
+    print(f"load average before: {result['load_before']} ({result['machine']})", flush=True)
+    print(FRACTION_HEADER, flush=True)
+    for config in args.fraction:
+        f = bench_fraction(config, args.arm, args.train_size, args.test_size, args.images_per_gpu, args.steps,
+                           args.opts)
+        result["fractions"].append(f)
+        print_fraction(f)
+    result["load_after"] = _load()
+    print(f"load average after: {result['load_after']}")
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:

@@ -117,10 +117,32 @@ def test_options_are_given_per_arm():
     assert _build(_config("default", options=options)).condinit_report.arm == "default"
 
 
+def test_the_scale_matched_control_takes_the_conditioned_runs_options():
+    options = {"conditioned": {"gain_v": 0.5}, "scale_matched": {"gain_v": 0.5, "norm": "spectral"}}
+    conditioned = _build(_config("conditioned", options=options))
+    matched = _build(_config("scale_matched", options=options))
+    default = _build(_config("default"))
+    assert matched.condinit_report.options == {"gain_qk": 1.0, "gain_v": 0.5, "value_mode": "identity",
+                                               "norm": "spectral"}
+    changed = set(matched.condinit_report.changed_parameters())
+    assert changed == {f"backbone.net.blocks.{i}.attn.qkv.weight" for i in range(3)}
+    for name, value in default.state_dict().items():
+        if name not in changed:
+            assert torch.equal(value, matched.state_dict()[name]), name
+    for site, cond_site in zip(find_attention(matched), find_attention(conditioned)):
+        for role in ("q", "k", "v"):
+            got = torch.linalg.matrix_norm(site.weight(role).detach().double().unflatten(0, (4, 16)), ord=2)
+            want = torch.linalg.matrix_norm(cond_site.weight(role).detach().double().unflatten(0, (4, 16)), ord=2)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("node, message", [
-    ({"arm": "best"}, "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned"),
+    ({"arm": "best"}, "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned, scale_matched"),
     ({"arm": "conditioned", "gain": 2}, "unknown key\\(s\\) gain; accepted: arm, seed, include, exclude, options"),
-    ({"arm": "conditioned", "options": {"gain_qk": 2.0}}, "condinit.options.conditioned.gain_qk=..."),
+    ({"arm": "conditioned", "options": {"gain_qk": 2.0}},
+     "condinit.options.conditioned.gain_qk=... or condinit.options.scale_matched.gain_qk=..."),
+    ({"arm": "scale_matched", "options": {"scale_matched": {"norm": "l2"}}},
+     "condinit.options.scale_matched: norm must be one of frobenius, spectral, got 'l2'"),
     ({"arm": "conditioned", "options": {"bogus": {"x": 1}}}, "condinit.options.bogus: 'bogus' is not an arm"),
     ({"arm": "default", "options": {"mimetic": {"gain_qk": 2.0}}},
      "condinit.options.mimetic: option\\(s\\) gain_qk are not accepted by the 'mimetic' arm; accepted: alpha1"),

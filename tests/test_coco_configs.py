@@ -9,8 +9,9 @@ import torch
 import detectron2.data.transforms as T
 from detectron2.config import LazyConfig, instantiate
 
+from condinit_det.analysis.hooks import ANALYSIS_DEFAULTS, build_conditioning_hook
 from condinit_det.evaluation import FastCOCOEvaluator
-from condinit_det.init import find_attention
+from condinit_det.init import find_attention, select_sites
 from condinit_det.modeling.xcit import XCiT
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -29,6 +30,16 @@ ALL_CONFIGS = sorted(MODELS) + ["mask_rcnn_vitdet_b_100ep_pretrained.py", "mask_
                                 "mask_rcnn_swin_b_3x_in1k.py"]
 # 36 epochs of coco_2017_train (118287 images) at 16 images per iteration; steps at epochs 27, 33.
 ITERS_3X, STEPS_3X = 266146, [199609, 243967]
+
+# Conditioning tracking (condinit_analysis): config -> (period, sites). The periods keep the hook's
+# measured cost under 1% of training time (BENCHMARKS.md, "Conditioning tracking on the paper's configs").
+_SWIN_B_SITES = [f"backbone.bottom_up.layers.{stage}.blocks.{block}.attn" for stage, block in ((0, 0), (2, 8), (3, 1))]
+TRACKED = {
+    "mask_rcnn_xcit_s12_3x.py": (5000, [f"backbone.net.blocks.{i}.attn" for i in (0, 6, 11)]),
+    "mask_rcnn_xcit_s12_p16_3x_in1k.py": (5000, [f"backbone.bottom_up.net.blocks.{i}.attn" for i in (0, 6, 11)]),
+    "mask_rcnn_swin_b_3x.py": (5000, _SWIN_B_SITES),
+    "mask_rcnn_swin_b_3x_in1k.py": (5000, _SWIN_B_SITES),
+}
 
 
 def test_every_mask_rcnn_config_is_covered():
@@ -58,6 +69,38 @@ def test_common_fields(name):
     assert cfg.dataloader.train.mapper.recompute_boxes is True
     assert cfg.train.output_dir.endswith(name[: -len(".py")])
     assert cfg.train.amp.enabled is True
+
+
+def _site_names(cfg):
+    """Every attention-site name of the config's backbone, from its widths and depths (no build)."""
+    backbone = cfg.model.backbone
+    if "bottom_up" in backbone and "depths" in backbone.bottom_up:  # Swin
+        return [f"backbone.bottom_up.layers.{stage}.blocks.{i}.attn"
+                for stage, depth in enumerate(backbone.bottom_up.depths) for i in range(depth)]
+    if "bottom_up" in backbone:  # XCiT's deconvolution neck around the trunk
+        return [f"backbone.bottom_up.net.blocks.{i}.attn" for i in range(backbone.bottom_up.net.depth)]
+    return [f"backbone.net.blocks.{i}.attn" for i in range(backbone.net.depth)]
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_conditioning_tracking_node(name):
+    cfg = _load(name)
+    assert "condinit_analysis" in cfg
+    node = dict(cfg.condinit_analysis)
+    assert set(node) <= set(ANALYSIS_DEFAULTS)
+    if name not in TRACKED:  # ViTDet-B and Swin-T: the node is there, off
+        assert node["period"] == 0
+        assert build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 32, 32)}]) is None
+        return
+    period, sites = TRACKED[name]
+    assert (node["period"], list(node["sites"])) == (period, sites)
+    assert set(sites) <= set(_site_names(cfg)), "a tracked site is not an attention site of the backbone"
+    # The measurement settings are the hook's defaults: exact kappa at 16 tokens of one image.
+    for key in ("method", "max_tokens", "max_batch", "num_images", "include_output_proj"):
+        assert node[key] == ANALYSIS_DEFAULTS[key], key
+    hook = build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 32, 32)}], config_name=name)
+    assert hook.period == period and hook.patterns == sites
+    assert hook.measure_kwargs["method"] == "auto" and hook.capture_kwargs == {"max_batch": 1, "max_tokens": 16}
 
 
 def test_vitdet_recipe_and_pretrained_variant():
@@ -163,6 +206,10 @@ def test_model_builds_takes_arm_and_runs(name):
 
     backbone_sites = ["backbone." + s.name for s in find_attention(model.backbone)]
     assert len(backbone_sites) == num_sites
+    assert backbone_sites == _site_names(cfg)
+    if name in TRACKED:  # the conditioning hook's sites are sites of the built model
+        tracked = TRACKED[name][1]
+        assert [s.name for s in select_sites(find_attention(model), include=tracked)] == tracked
     assert [s.name for s in find_attention(model)] == backbone_sites  # no attention outside the backbone
     assert all(n.startswith(prefix) and n.endswith(".attn") for n in backbone_sites)
 

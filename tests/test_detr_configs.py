@@ -54,10 +54,53 @@ def test_demo_config_builds_and_trains_one_step():
     assert [len(o["instances"]) for o in out] == [10] * len(batch)
 
 
+_TRANSFORMER_SITES = ["transformer.encoder.layers.0.self_attn", "transformer.encoder.layers.5.self_attn",
+                      "transformer.decoder.layers.5.self_attn", "transformer.decoder.layers.5.cross_attn"]
+# Conditioning tracking (condinit_analysis): config -> (period, sites). The periods keep the hook's
+# measured cost under 1% of training time (BENCHMARKS.md, "Conditioning tracking on the paper's configs").
+TRACKED = {
+    "COCO/detr_vitdet_b.py": (10000, ["backbone.net.blocks.0.attn", "backbone.net.blocks.11.attn",
+                                      *_TRANSFORMER_SITES]),
+    "COCO/detr_swin_b.py": (10000, ["backbone.layers.0.blocks.0.attn", "backbone.layers.2.blocks.8.attn",
+                                    "backbone.layers.3.blocks.1.attn", *_TRANSFORMER_SITES]),
+}
+
+
+def _site_names(cfg):
+    """Every attention-site name of a DETR config's model, from its depths (no build)."""
+    backbone = cfg.model.backbone
+    if "depths" in backbone:  # Swin
+        names = [f"backbone.layers.{stage}.blocks.{i}.attn" for stage, depth in enumerate(backbone.depths)
+                 for i in range(depth)]
+    else:
+        names = [f"backbone.net.blocks.{i}.attn" for i in range(backbone.net.depth)]
+    transformer = cfg.model.transformer
+    names += [f"transformer.encoder.layers.{i}.self_attn" for i in range(transformer.num_encoder_layers)]
+    for i in range(transformer.num_decoder_layers):
+        names += [f"transformer.decoder.layers.{i}.self_attn", f"transformer.decoder.layers.{i}.cross_attn"]
+    return names
+
+
+@pytest.mark.parametrize("name", sorted(TRACKED))
+def test_coco_configs_track_conditioning(name):
+    from condinit_det.analysis.hooks import ANALYSIS_DEFAULTS, build_conditioning_hook
+
+    cfg = _load(name)
+    node = dict(cfg.condinit_analysis)
+    assert set(node) <= set(ANALYSIS_DEFAULTS)
+    period, sites = TRACKED[name]
+    assert (node["period"], list(node["sites"])) == (period, sites)
+    assert set(sites) <= set(_site_names(cfg)), "a tracked site is not an attention site of the model"
+    for key in ("method", "max_tokens", "max_batch", "num_images", "include_output_proj"):
+        assert node[key] == ANALYSIS_DEFAULTS[key], key
+    hook = build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 32, 32)}], config_name=name)
+    assert hook.period == period and hook.patterns == sites
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,num_sites", [("COCO/detr_vitdet_b.py", 12 + 18), ("COCO/detr_swin_b.py", 24 + 18)])
 def test_coco_configs_instantiate(name, num_sites):
-    from condinit_det.init import find_attention
+    from condinit_det.init import find_attention, select_sites
 
     cfg = _load(name)
     assert cfg.optimizer.lr == 1e-4 and cfg.optimizer.weight_decay == 1e-4 and cfg.optimizer.clip_max_norm == 0.1
@@ -65,6 +108,9 @@ def test_coco_configs_instantiate(name, num_sites):
     model = instantiate(cfg.model).eval()
     assert model.num_queries == 100
     assert len(find_attention(model)) == num_sites
+    assert [s.name for s in find_attention(model)] == _site_names(cfg)
+    tracked = TRACKED[name][1]
+    assert [s.name for s in select_sites(find_attention(model), include=tracked)] == tracked
     cfg.optimizer.params.model = model
     opt = instantiate(cfg.optimizer)
     lrs = {g["lr"] for g in opt.param_groups}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from condinit_det.init import ARMS
+from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.records.results import ResultsFile
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.failures import failure_of

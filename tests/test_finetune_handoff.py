@@ -40,7 +40,7 @@ def test_each_arm_fine_tunes_from_its_own_pretraining(tmp_path):
     exp = tmp_path / "finetune"
     # lr 0: the weights after one step are the weights the run started from.
     proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", CONFIG, "--arm", "all", f"train.output_dir={exp}",
+        [sys.executable, TRAIN_NET, "--config-file", CONFIG, "--arm", ",".join(ARMS), f"train.output_dir={exp}",
          f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'", "train.max_iter=1",
          "train.eval_period=1", "optimizer.lr=0.0", "optimizer.weight_decay=0.0"],
         cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)

@@ -4,8 +4,10 @@ site-parallel workers."""
 import importlib.util
 import math
 import os
+import threading
 
 import pytest
+import threadpoolctl
 import torch
 from torch import nn
 
@@ -22,14 +24,15 @@ from condinit_det.init import (
     top_singular,
     working_dtype,
 )
+from condinit_det.init import apply as apply_module
 from condinit_det.init import arms as arms_module
-from condinit_det.init._threads import _loaded_openblas, single_threaded
+from condinit_det.init.lapack import single_threaded
 
 _spec = importlib.util.spec_from_file_location(
     "_init_arm_layouts", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_init_arms.py"))
 _layouts = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_layouts)
-LAYOUTS, build_layout = _layouts.LAYOUTS, _layouts._build
+LAYOUTS, build_layout = _layouts.LAYOUTS, _layouts.build_layout
 
 F64 = torch.float64
 
@@ -112,13 +115,12 @@ def test_haar_batch_is_one_qr_with_positive_diagonal(rows, cols, dtype, atol):
     assert torch.equal(single, haar_semi_orthogonal_batch(1, rows, cols, generator=_gen(3), dtype=dtype)[0])
 
 
-def test_haar_cholesky_route_falls_back_to_householder_when_not_positive_definite():
-    from condinit_det.init.arms import _orthonormal_rows
-
-    h = torch.randn(3, 4, 40, dtype=F64, generator=_gen(0))
+def test_haar_cholesky_route_falls_back_to_householder_when_not_positive_definite(monkeypatch):
+    h = torch.randn(3, 4, 40, generator=_gen(0))
     h[1, 3] = h[1, 2]  # a rank-deficient block: its Gram is singular
-    rows = _orthonormal_rows(h)
-    q, r = torch.linalg.qr(h[0].T)
+    monkeypatch.setattr(arms_module, "standard_normal", lambda *shape, generator: h.clone())
+    rows = haar_semi_orthogonal_batch(3, 4, 40, generator=_gen(0), dtype=F64)  # wide: the CholeskyQR route
+    q, r = torch.linalg.qr(h[0].to(F64).T)
     torch.testing.assert_close(rows[0], (q * torch.sign(torch.diagonal(r))).T, rtol=0, atol=1e-13)
     assert torch.isfinite(rows).all()
 
@@ -232,8 +234,9 @@ def test_mimetic_subspace_solver_on_every_layout(layout, dtype, monkeypatch):
     def no_dense(*args, **kwargs):
         raise AssertionError("the subspace solver fell back to the dense one")
 
-    monkeypatch.setattr(arms_module, "_dense_top", no_dense)
-    report = apply_init(model, "mimetic", seed=4, solver="subspace")
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.linalg, "svd", no_dense)  # the dense solver's SVD; nothing else in the arm uses it
+        report = apply_init(model, "mimetic", seed=4, solver="subspace")
     assert report.options["solver"] == "subspace"
     z, g = _replay_qk(site, 4)
     dh = site.head_dim
@@ -309,18 +312,60 @@ def test_parallel_sites_give_the_same_weights(arm):
         assert torch.equal(v, two.state_dict()[k]), k
 
 
-def test_shared_weights_keep_the_site_order():
-    from condinit_det.init.apply import _worker_count
+def _blas_threads():
+    return [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
 
+
+def _spy_on_sites(monkeypatch, name):
+    """Record, for every call of apply's ``name`` (once per site), the thread it ran on and the
+    torch and BLAS thread counts it saw."""
+    calls = []
+    original = getattr(apply_module, name)
+
+    def spy(*args, **kwargs):
+        calls.append((threading.current_thread().name, torch.get_num_threads(), _blas_threads()))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(apply_module, name, spy)
+    return calls
+
+
+def test_shared_weights_keep_the_site_order(monkeypatch):
     torch.manual_seed(0)
     a, b = nn.MultiheadAttention(16, 2), nn.MultiheadAttention(16, 2)
     b.in_proj_weight = a.in_proj_weight  # tied
-    model = nn.Sequential(a, b)
+    tied = nn.Sequential(a, b)
+    calls = _spy_on_sites(monkeypatch, "haar_semi_orthogonal_batch")
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert _worker_count(find_attention(model), "conditioned") == 1
-        assert _worker_count(find_attention(_multi_site_model()), "conditioned") == 2
+        apply_init(tied, "conditioned", seed=0)
+        assert [name for name, _, _ in calls] == ["MainThread"] * 2  # in site order, on this thread
+        calls.clear()
+        apply_init(_multi_site_model(), "conditioned", seed=0)
+        assert len(calls) == 5 and all(name.startswith("condinit-init") for name, _, _ in calls)
+    finally:
+        torch.set_num_threads(before)
+    # The second site writes last, as in a sequential run.
+    last = nn.MultiheadAttention(16, 2)
+    apply_init(nn.Sequential(nn.MultiheadAttention(16, 2), last), "conditioned", seed=0, include=["1"])
+    assert torch.equal(tied[1].in_proj_weight, last.in_proj_weight)
+
+
+def test_arms_run_on_one_thread_and_restore_the_counts(monkeypatch):
+    import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS, so that it is limited too)
+
+    calls = _spy_on_sites(monkeypatch, "haar_semi_orthogonal_batch")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+            blas_before = _blas_threads()
+            assert blas_before and all(n == 2 for n in blas_before)
+            apply_init(_multi_site_model(), "conditioned", seed=0)
+            assert len(calls) == 5
+            assert all(torch_threads == 1 and all(n == 1 for n in blas) for _, torch_threads, blas in calls)
+            assert torch.get_num_threads() == 2 and _blas_threads() == blas_before  # restored
     finally:
         torch.set_num_threads(before)
 
@@ -329,13 +374,18 @@ def test_single_threaded_restores_thread_counts():
     import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS)
 
     before_torch = torch.get_num_threads()
-    blas = _loaded_openblas()
-    before_blas = [get() for get, _ in blas]
-    with single_threaded():
-        assert torch.get_num_threads() == 1
-        assert all(get() == 1 for get, _ in blas)
-    assert torch.get_num_threads() == before_torch
-    assert [get() for get, _ in blas] == before_blas
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        before_blas = _blas_threads()
+        assert before_blas and all(n == 2 for n in before_blas)
+        with single_threaded():
+            assert torch.get_num_threads() == 1
+            assert all(n == 1 for n in _blas_threads())
+        assert torch.get_num_threads() == before_torch
+        assert _blas_threads() == before_blas
+    with pytest.raises(RuntimeError, match="inside"):
+        with single_threaded():
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before_torch  # restored on an error too
 
 
 def test_module_exports_the_fast_functions():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from condinit_det.engine.checkpoint import check_checkpoint_file
-from condinit_det.init import ARMS
+from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.records.results import ResultsFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,8 @@ from condinit_det.engine.config import load_config, prepare_config
 from condinit_det.engine.train import build_model
 from condinit_det.launch.arguments import build_parser
 from condinit_det.launch.experiment import execute, plan_experiment
-from condinit_det.init import ARMS, find_attention
+from condinit_det.init import PAPER_ARMS as ARMS
+from condinit_det.init import find_attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")

@@ -42,14 +42,18 @@ def test_keys_and_options():
     assert condinit_options(node) == {}
     for key in ("VIT", "SWIN", "XCIT", "SIMPLE_FPN"):
         assert key in cfg.MODEL
+    assert node.NORM is None
     cfg.merge_from_list(["MODEL.CONDINIT.GAIN_QK", "0.5", "MODEL.CONDINIT.VALUE_MODE", "shared_block",
-                         "MODEL.CONDINIT.ALPHA1", "0.3"])
-    # Each option key belongs to one arm and reaches only that arm (so --arm all runs with them).
+                         "MODEL.CONDINIT.ALPHA1", "0.3", "MODEL.CONDINIT.NORM", "spectral"])
+    # An option key reaches only the arms that accept it (so --arm all runs with them); the
+    # conditioned arm's gains and value mode also reach its scale-matched control.
     assert condinit_options(cfg.MODEL.CONDINIT) == {}
     cfg.MODEL.CONDINIT.ARM = "conditioned"
     assert condinit_options(cfg.MODEL.CONDINIT) == {"gain_qk": 0.5, "value_mode": "shared_block"}
     cfg.MODEL.CONDINIT.ARM = "mimetic"
     assert condinit_options(cfg.MODEL.CONDINIT) == {"alpha1": 0.3}
+    cfg.MODEL.CONDINIT.ARM = "scale_matched"
+    assert condinit_options(cfg.MODEL.CONDINIT) == {"gain_qk": 0.5, "value_mode": "shared_block", "norm": "spectral"}
     for name in ("build_condinit_vit_backbone", "build_condinit_swin_fpn_backbone", "build_condinit_xcit_backbone"):
         assert BACKBONE_REGISTRY.get(name) is getattr(backbones, name)
 
@@ -97,6 +101,24 @@ def test_default_arm_is_bitwise_the_disabled_build():
     on = default.state_dict()
     assert set(on) == set(off)
     assert all(torch.equal(on[k], off[k]) for k in off)
+
+
+def test_scale_matched_arm_applied_by_build_model():
+    base = _build(_cfg(TINY_YAML, "MODEL.CONDINIT.ENABLED", "False")).state_dict()
+    model = _build(_cfg(TINY_YAML, "MODEL.CONDINIT.ARM", "scale_matched", "MODEL.CONDINIT.GAIN_V", "0.5",
+                        "MODEL.CONDINIT.NORM", "spectral"))
+    report = model.backbone.condinit_report
+    assert report.arm == "scale_matched"
+    assert report.options == {"gain_qk": 1.0, "gain_v": 0.5, "value_mode": "identity", "norm": "spectral"}
+    changed = set(report.changed_parameters())
+    got = model.state_dict()
+    assert all(torch.equal(base[k], got[k]) for k in base if k not in changed)
+    site = find_attention(model)[0]
+    dh = site.head_dim
+    for role, target in (("q", 1.0), ("k", 1.0), ("v", 0.5)):
+        blocks = site.weight(role).detach().double().unflatten(0, (site.num_heads, dh))
+        norms = torch.linalg.matrix_norm(blocks, ord=2)
+        torch.testing.assert_close(norms, torch.full_like(norms, target), rtol=1e-6, atol=0)
 
 
 def test_include_exclude_select_sites():

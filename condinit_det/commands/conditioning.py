@@ -29,7 +29,7 @@ from condinit_det.analysis import DEFAULT_MAX_ENTRIES, measure_sites, resolve_si
 from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
 from condinit_det.utils.checkpoint_io import TRUST_FLAG, check_loadable
 from condinit_det.utils.fileio import atomic_write
-from condinit_det.init import ARMS
+from condinit_det.init import ARMS, PAPER_ARMS
 from condinit_det.model_zoo import resolve_config_file
 
 COLUMNS = ("arm",) + TABLE_COLUMNS
@@ -39,7 +39,8 @@ def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-file", required=True,
                    help="detectron2 lazy config (.py or .yaml): a path, or a model-zoo name zoo:NAME")
-    p.add_argument("--arm", default="all", choices=ARMS + ("all",), help="arm to measure (default: all)")
+    p.add_argument("--arm", default="all", choices=ARMS + ("all",),
+                   help=f"arm to measure; all: {', '.join(PAPER_ARMS)} (default: all)")
     p.add_argument("--weights", default=None, help="checkpoint loaded after the arm is applied (overwrites it): "
                    ".safetensors, .pth (weights only) or a pretraining run's model_final file")
     p.add_argument(TRUST_FLAG, action="store_true",
@@ -131,7 +132,7 @@ def measure(argv=None):
     if args.weights:  # refuse an unsafe or unreadable file before any work
         check_loadable(args.weights, trust_pickle=args.trust_pickle)
     batch = _first_batch(cfg, args.split, args.num_images)
-    arms = ARMS if args.arm == "all" else (args.arm,)
+    arms = PAPER_ARMS if args.arm == "all" else (args.arm,)
     rows = []
     for arm in arms:
         model = build_model(cfg, arm, args.device)

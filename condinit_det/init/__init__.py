@@ -2,8 +2,22 @@
 
     from condinit_det.init import apply_init, find_attention
     report = apply_init(model, "conditioned", seed=0, include=["backbone.*"])
+
+Arms (:data:`ARMS`): the paper's ``default``, ``mimetic`` and ``conditioned`` (:data:`PAPER_ARMS`),
+and the control ``scale_matched`` (the default init at the conditioned arm's per-head norms); their
+definitions are in :mod:`condinit_det.init.apply`.
 """
-from .apply import ARM_OPTIONS, ARMS, PAPER_ARMS, InitReport, SiteReport, apply_init, resolve_options, site_generator
+from .apply import (
+    ARM_OPTIONS,
+    ARMS,
+    PAPER_ARMS,
+    InitReport,
+    SiteReport,
+    apply_init,
+    conditioned_head_norms,
+    resolve_options,
+    site_generator,
+)
 from .arms import (
     SOLVERS,
     TopSingular,
@@ -45,6 +59,7 @@ __all__ = [
     "SiteReport",
     "TopSingular",
     "apply_init",
+    "conditioned_head_norms",
     "find_attention",
     "fused_qkv_layout",
     "haar_semi_orthogonal",

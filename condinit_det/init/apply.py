@@ -1,5 +1,36 @@
 """Apply an arm to the attention sites of a model, in place.
 
+The arms (:data:`ARMS`; DESIGN.md section 3 and :mod:`condinit_det.init.arms` for the math):
+
+- ``default``: the model as its constructor left it; nothing is changed.
+- ``mimetic``: Trockman & Kolter's mimetic initialization of Q/K (per head) and V/O (per layer).
+- ``conditioned``: per head, Q and K blocks ``gain_qk`` times a Haar block with orthonormal rows;
+  V is ``gain_v`` times the rectangular identity ``I[D_v, D_v_in]`` (``value_mode="identity"``) or
+  every head's block is ``gain_v * I[dh_v, D_v_in]`` (``"shared_block"``); q/k/v biases zero.
+- ``scale_matched``: a control for ``conditioned`` that has its weight scale but not its structure.
+  Every head block of W_Q, W_K and W_V keeps the default arm's values up to one positive factor
+  per block, chosen so that the block's norm equals the norm the conditioned arm, with the same
+  ``gain_qk``, ``gain_v`` and ``value_mode``, gives that block (``norm="frobenius"``, the default,
+  or ``norm="spectral"``: the largest singular value). With ``dh = D / H`` query/key rows per head
+  (input widths D_in for Q, D_k_in for K) and ``dh_v = D_v / H`` value rows per head (input width
+  D_v_in), the targets of head h are
+
+  - Q: Frobenius ``|gain_qk| * sqrt(min(dh, D_in))``, spectral ``|gain_qk|`` (orthonormal rows,
+    or orthonormal columns when dh > D_in);
+  - K: the same with D_k_in;
+  - V, ``value_mode="identity"``: the head's rows ``h*dh_v ... (h+1)*dh_v - 1`` of ``I[D_v, D_v_in]``
+    hold ``n_h = clamp(min(D_v, D_v_in) - h*dh_v, 0, dh_v)`` ones, so Frobenius
+    ``|gain_v| * sqrt(n_h)``, spectral ``|gain_v|`` (0 when n_h = 0);
+  - V, ``value_mode="shared_block"``: ``n_h = min(dh_v, D_v_in)`` for every head.
+
+  A zero target (a value head whose identity rows lie past the input width, D_v > D_v_in, or a
+  zero gain) sets the block to zero, as the conditioned arm does; the site's report notes it. A
+  block whose default values are all zero cannot be rescaled to a non-zero target: that is an
+  error. Norms and factors are computed in float64 from the stored blocks and each block is
+  rounded once to the parameter's dtype, so the norms hold to that dtype's rounding. Biases, the
+  output projection and every other parameter keep the default arm's values bitwise; the arm
+  draws nothing, so the seed does not change its result.
+
 All randomness comes from one CPU ``torch.Generator`` per site, seeded from ``(seed, site name)``:
 the global RNG is never advanced, and a site's weights do not depend on which other sites are
 included. Draws are float32 and happen on the CPU (so a seed gives the same values on every
@@ -9,14 +40,16 @@ truncated targets stay in float64) on the parameters' device when it is a CUDA d
 CPU, and the blocks are rounded once to each parameter's dtype. All heads of a layer are computed
 in one batch.
 
-On the CPU each site is computed on one thread (torch's and scipy's OpenBLAS thread counts are set
-to one meanwhile and restored after, see ``_threads``), and up to ``min(torch.get_num_threads(),
-4)`` sites are computed at once. Every site's values depend only on its generator, so weights are
-bitwise the same for any thread count.
+On the CPU each site is computed on one thread (torch's and the BLAS libraries' thread counts are
+set to one meanwhile and restored after, see :func:`condinit_det.init.lapack.single_threaded`), and
+up to ``min(torch.get_num_threads(), 4)`` sites are computed at once (the arms that draw nothing
+run their sites in order). Every site's values depend only on its generator and its own weights,
+so weights are bitwise the same for any thread count.
 """
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -36,14 +69,16 @@ from .arms import (
     mimetic_vo,
     working_dtype,
 )
-from ._threads import single_threaded
+from .lapack import single_threaded
 from .sites import AttentionSite, find_attention, select_sites, supported_layouts
 
-__all__ = ["ARMS", "ARM_OPTIONS", "PAPER_ARMS", "InitReport", "SiteReport", "apply_init", "site_generator"]
+__all__ = ["ARMS", "ARM_OPTIONS", "PAPER_ARMS", "InitReport", "SiteReport", "apply_init", "conditioned_head_norms",
+           "resolve_options", "site_generator"]
 
 # The arms of the paper's tables: what ``--arm all`` trains.
 PAPER_ARMS = ("default", "mimetic", "conditioned")
-ARMS = PAPER_ARMS
+# Every arm: the paper's, then the controls.
+ARMS = PAPER_ARMS + ("scale_matched",)
 
 ARM_OPTIONS: Dict[str, Dict[str, object]] = {
     "default": {},
@@ -63,9 +98,20 @@ ARM_OPTIONS: Dict[str, Dict[str, object]] = {
         # CUDA parameters always get the dense float64 SVD on their device)
         "solver": "auto",
     },
+    # The default init rescaled per head to the conditioned arm's norms (module doc); pass the
+    # options of the conditioned run it controls for.
+    "scale_matched": {
+        "gain_qk": 1.0,
+        "gain_v": 1.0,
+        "value_mode": "identity",
+        "norm": "frobenius",  # "frobenius" | "spectral": which norm of each head block is matched
+    },
 }
 
 _VALUE_MODES = ("identity", "shared_block")
+_NORMS = ("frobenius", "spectral")
+# Arms that draw nothing and cost little: their sites run in order on one thread.
+_DRAWLESS_ARMS = ("default", "scale_matched")
 
 
 @dataclass
@@ -128,8 +174,15 @@ def resolve_options(arm: str, options: dict) -> Dict[str, object]:
             f"accepted: {', '.join(accepted) or 'none'}"
         )
     resolved = {**accepted, **options}
-    if arm == "conditioned" and resolved["value_mode"] not in _VALUE_MODES:
+    if arm in ("conditioned", "scale_matched") and resolved["value_mode"] not in _VALUE_MODES:
         raise ValueError(f"value_mode must be one of {', '.join(_VALUE_MODES)}, got {resolved['value_mode']!r}")
+    if arm == "scale_matched":
+        if resolved["norm"] not in _NORMS:
+            raise ValueError(f"norm must be one of {', '.join(_NORMS)}, got {resolved['norm']!r}")
+        for key in ("gain_qk", "gain_v"):
+            value = resolved[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value!r}")
     if arm == "mimetic" and resolved["noise"] not in ("normal", "uniform"):
         raise ValueError(f"noise must be 'normal' or 'uniform', got {resolved['noise']!r}")
     if arm == "mimetic" and resolved["solver"] not in SOLVERS:
@@ -185,8 +238,9 @@ _MAX_WORKERS = 4
 
 
 def _worker_count(sites: Sequence[AttentionSite], arm: str) -> int:
-    """Sites worked on at once: torch's thread count, capped; 1 on CUDA or with shared weights."""
-    if arm == "default" or len(sites) < 2:
+    """Sites worked on at once: torch's thread count, capped; 1 on CUDA, with shared weights, or for an
+    arm that draws nothing."""
+    if arm in _DRAWLESS_ARMS or len(sites) < 2:
         return 1
     owners: Dict[int, set] = {}  # storage -> the sites writing into it
     for site in sites:
@@ -206,6 +260,8 @@ def _apply_site(site: AttentionSite, arm: str, seed: int, resolved: Dict[str, ob
             return _apply_conditioned(site, generator, **resolved)
         if arm == "mimetic":
             return _apply_mimetic(site, generator, **resolved)
+        if arm == "scale_matched":
+            return _apply_scale_matched(site, **resolved)
         return [], ""
 
 
@@ -293,3 +349,74 @@ def _apply_mimetic(site: AttentionSite, generator: torch.Generator, *, alpha1: f
         "approximation of the mimetic target")
     changed = site.parameter_names(["q", "k", "v", "o"], biases=False)
     return changed, note
+
+
+def conditioned_head_norms(site: AttentionSite, *, gain_qk: float = 1.0, gain_v: float = 1.0,
+                           value_mode: str = "identity", norm: str = "frobenius") -> Dict[str, List[float]]:
+    """The norm the conditioned arm gives each head block of W_Q, W_K and W_V of ``site``.
+
+    Args:
+        site: an attention site (:func:`condinit_det.init.find_attention`).
+        gain_qk, gain_v, value_mode: the conditioned arm's options.
+        norm: ``"frobenius"`` or ``"spectral"``.
+
+    Returns ``{"q": [H floats], "k": [...], "v": [...]}``, head h first; the formulas are in the
+    module doc (scale_matched).
+    """
+    if norm not in _NORMS:
+        raise ValueError(f"norm must be one of {', '.join(_NORMS)}, got {norm!r}")
+    if value_mode not in _VALUE_MODES:
+        raise ValueError(f"value_mode must be one of {', '.join(_VALUE_MODES)}, got {value_mode!r}")
+    heads, dh, dh_v = site.num_heads, site.head_dim, site.dim_v // site.num_heads
+
+    def target(gain: float, ones: int) -> float:
+        # `ones` orthonormal rows (or columns) scaled by `gain`: ||.||_F = |gain| sqrt(ones), ||.||_2 = |gain|.
+        if ones == 0:
+            return 0.0
+        return abs(gain) * (math.sqrt(ones) if norm == "frobenius" else 1.0)
+
+    if value_mode == "identity":
+        diagonal = min(site.dim_v, site.dim_v_in)
+        value_ones = [min(max(diagonal - h * dh_v, 0), dh_v) for h in range(heads)]
+    else:
+        value_ones = [min(dh_v, site.dim_v_in)] * heads
+    return {
+        "q": [target(gain_qk, min(dh, site.dim_in))] * heads,
+        "k": [target(gain_qk, min(dh, site.dim_k_in))] * heads,
+        "v": [target(gain_v, ones) for ones in value_ones],
+    }
+
+
+def _block_norms(blocks: torch.Tensor, norm: str) -> torch.Tensor:
+    """``[H]`` Frobenius or spectral norms of ``[H, rows, cols]`` blocks."""
+    return torch.linalg.matrix_norm(blocks, ord="fro" if norm == "frobenius" else 2)
+
+
+def _apply_scale_matched(site: AttentionSite, *, gain_qk: float, gain_v: float, value_mode: str, norm: str):
+    targets = conditioned_head_norms(site, gain_qk=gain_qk, gain_v=gain_v, value_mode=value_mode, norm=norm)
+    device = _compute_device(site)
+    heads = site.num_heads
+    rescaled = {}
+    for role in ("q", "k", "v"):
+        # Factors from the stored values in float64; one rounding to the parameter's dtype on write.
+        blocks = site.weight(role).detach().to(device=device, dtype=torch.float64).unflatten(0, (heads, -1))
+        current = _block_norms(blocks, norm)
+        wanted = torch.tensor(targets[role], dtype=torch.float64, device=device)
+        empty = (current == 0) & (wanted > 0)
+        if bool(empty.any()):
+            h = int(empty.nonzero()[0])
+            raise ValueError(
+                f"scale_matched: head {h} of the {role} projection of site {site.name!r} is all zeros in the "
+                f"default init, so it cannot be rescaled to norm {targets[role][h]:.6g}; the arm rescales a "
+                "non-zero default init (apply it to a freshly built model)")
+        factors = wanted / torch.where(current > 0, current, 1.0)
+        # A zero target writes +0.0 (as the conditioned arm's zero_()), not the -0.0 of negative entries * 0.
+        rescaled[role] = torch.where((wanted > 0)[:, None, None], blocks * factors[:, None, None], 0.0)
+    # Written only once every role is checked, so that an error leaves the site as it was.
+    for role, blocks in rescaled.items():
+        _write(site.weight(role), blocks.flatten(0, 1))
+    zeroed = [f"{role}{h}" for role in ("q", "k", "v") for h in range(heads) if targets[role][h] == 0]
+    note = "" if not zeroed else (
+        f"zero target, block set to zero: {', '.join(zeroed)} (the conditioned arm gives these head blocks no "
+        "non-zero entry)")
+    return site.parameter_names(["q", "k", "v"], biases=False), note

@@ -45,8 +45,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._lapack import all_eigenpairs, gram_upper, top_eigenpairs
-from ._threads import single_threaded
+from .lapack import all_eigenpairs, gram_upper, single_threaded, top_eigenpairs
 
 __all__ = [
     "working_dtype",
@@ -268,8 +267,8 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
     - ``"dense"``: ``torch.linalg.svd`` in float64 (the reference), cast to m's dtype.
     - ``"subspace"`` (CPU): only the top singular subspace is computed. The float32 Gram matrix
       of the smaller side is handed to LAPACK's subset eigensolver (``?syevr``, called without
-      the GIL where possible, see ``_lapack``) for its top ``k + oversample`` eigenvectors
-      (tridiagonalization plus the wanted eigenvectors only). That block is orthonormalized and
+      the GIL where possible, see :mod:`condinit_det.init.lapack`) for its top ``k + oversample``
+      eigenvectors (tridiagonalization plus the wanted eigenvectors only). That block is orthonormalized and
       a Rayleigh–Ritz step in m's dtype (``Y = m Q``, eigen-decomposition of ``Y^T Y``) gives the
       triplets: the step resolves close singular values inside the block to the working
       precision, so the float32 eigensolver only limits how well the block contains the top-k

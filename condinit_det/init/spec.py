@@ -5,7 +5,7 @@ A config's arm node (``configs/common/condinit.py``)::
     condinit = dict(arm="default", seed=0, include=None, exclude=None,
                     options={"mimetic": {"alpha1": 0.5}, "conditioned": {"gain_v": 0.5}})
 
-- ``arm``: ``"default"``, ``"mimetic"`` or ``"conditioned"``.
+- ``arm``: ``"default"``, ``"mimetic"``, ``"conditioned"`` or ``"scale_matched"`` (:data:`condinit_det.init.ARMS`).
 - ``seed``: seed of the arm's own generators; ``None`` or negative means 0.
 - ``include`` / ``exclude``: fnmatch patterns on attention-site names (None: every site).
 - ``options``: per arm, that arm's keyword options (:data:`condinit_det.init.ARM_OPTIONS`). Every
@@ -91,8 +91,9 @@ def resolve_arm_node(node: Optional[Mapping]) -> ArmSpec:
     for key in sorted(k for k in options if k not in ARMS):
         owners = [a for a in ARMS if key in ARM_OPTIONS[a]]
         if owners:
+            others = "".join(f" or condinit.options.{a}.{key}=..." for a in owners[1:])
             raise ValueError(
-                f"condinit.options takes one entry per arm: write condinit.options.{owners[0]}.{key}=... "
+                f"condinit.options takes one entry per arm: write condinit.options.{owners[0]}.{key}=...{others} "
                 f"(entries accepted: {', '.join(ARMS)})")
         raise ValueError(f"condinit.options.{key}: {key!r} is not an arm; entries accepted: {', '.join(ARMS)}")
     per_arm = {}

@@ -9,8 +9,9 @@
 
 Keys added:
 - ``MODEL.CONDINIT``: the attention-init arm (ARM, SEED, INCLUDE, EXCLUDE) and its options.
-  Options left at ``None`` take :func:`condinit_det.init.apply_init`'s defaults; each option key
-  belongs to one arm and is passed only to that arm.
+  Options left at ``None`` take :func:`condinit_det.init.apply_init`'s defaults; an option key is
+  passed only to the arms that accept it (GAIN_QK, GAIN_V and VALUE_MODE to both ``conditioned``
+  and its control ``scale_matched``, so that the control matches the conditioned run's scale).
 - ``MODEL.VIT``, ``MODEL.SWIN``, ``MODEL.XCIT``: backbone hyper-parameters for the builders in
   :mod:`condinit_det.modeling.backbones`.
 - ``MODEL.SIMPLE_FPN``: the simple feature pyramid put on the single-scale ViT / XCiT output.
@@ -37,6 +38,7 @@ _OPTION_KEYS = {
     "ALPHA2": "alpha2",
     "BETA2": "beta2",
     "NOISE": "noise",
+    "NORM": "norm",
 }
 
 
@@ -52,7 +54,7 @@ def add_condinit_config(cfg: CN) -> CN:
     _C.MODEL.CONDINIT = CN()
     # False: the builders do not call apply_init at all (the stock constructor init).
     _C.MODEL.CONDINIT.ENABLED = True
-    # "default" | "mimetic" | "conditioned"
+    # "default" | "mimetic" | "conditioned" | "scale_matched" (condinit_det.init.ARMS)
     _C.MODEL.CONDINIT.ARM = "default"
     # Seed of the arm's own generator; the global RNG is never advanced.
     _C.MODEL.CONDINIT.SEED = 0
@@ -62,7 +64,8 @@ def add_condinit_config(cfg: CN) -> CN:
     _C.MODEL.CONDINIT.EXCLUDE = []
     # conditioned: GAIN_QK, GAIN_V (floats), VALUE_MODE ("identity" | "shared_block"),
     # CONDITION_OUTPUT (bool). mimetic: ALPHA1, BETA1, ALPHA2, BETA2 (floats), NOISE
-    # ("normal" | "uniform"). None: the arm's default.
+    # ("normal" | "uniform"). scale_matched: GAIN_QK, GAIN_V, VALUE_MODE (shared with conditioned:
+    # the norms it matches) and NORM ("frobenius" | "spectral"). None: the arm's default.
     for key in _OPTION_KEYS:
         setattr(_C.MODEL.CONDINIT, key, None)
 
@@ -158,8 +161,9 @@ def build_optimizer(cfg: CN, model: torch.nn.Module) -> torch.optim.Optimizer:
 def condinit_options(node: CN) -> dict:
     """``apply_init`` keyword options of ``node.ARM`` from a ``MODEL.CONDINIT`` node (the keys that are set).
 
-    Every option key belongs to one arm, so the options set for one arm leave the others alone
-    (``--arm all`` runs with custom mimetic or conditioned options).
+    Only the keys the arm accepts are passed, so the options set for one arm leave the others alone
+    (``--arm all`` runs with custom mimetic or conditioned options); the keys conditioned and
+    scale_matched share (GAIN_QK, GAIN_V, VALUE_MODE) reach both.
     """
     from ..init import ARM_OPTIONS
 

@@ -6,7 +6,7 @@
 # Arm placement (condinit): by default every attention site — Swin's window attention
 # ("backbone.*") and the transformer ("transformer.*"). Backbone only:
 # condinit.include='["backbone.*"]'; transformer only: condinit.include='["transformer.*"]'.
-from .detr_vitdet_b import condinit, dataloader, lr_multiplier, model, optimizer, train
+from .detr_vitdet_b import condinit, condinit_analysis, dataloader, lr_multiplier, model, optimizer, train
 from .mask_rcnn_swin_b_3x import model as _swin_b_mask_rcnn
 
 # The Swin-B trunk of the Mask R-CNN recipe.
@@ -19,6 +19,20 @@ optimizer.params.overrides = {
     "relative_position_bias_table": {"weight_decay": 0.0},
 }
 train.output_dir = "./output/COCO/detr_swin_b"
+
+# Conditioning tracking (condinit_analysis): the first, middle and last Swin block (one 7x7 window
+# each) and the transformer sites of detr_vitdet_b.py. Measured cost: under 1% of the training time
+# at this period (BENCHMARKS.md, "Conditioning tracking on the paper's configs").
+condinit_analysis.period = 10000
+condinit_analysis.sites = [
+    "backbone.layers.0.blocks.0.attn",
+    "backbone.layers.2.blocks.8.attn",
+    "backbone.layers.3.blocks.1.attn",
+    "transformer.encoder.layers.0.self_attn",
+    "transformer.encoder.layers.5.self_attn",
+    "transformer.decoder.layers.5.self_attn",
+    "transformer.decoder.layers.5.cross_attn",
+]
 # detectron2's SwinTransformer.size_divisibility property fails (it reads a misspelled attribute),
 # so the stride of its last stage is given here.
 model.size_divisibility = 32

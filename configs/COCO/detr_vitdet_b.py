@@ -29,7 +29,7 @@ from condinit_det.modeling.detr.optim import AdamWFullModelClip, backbone_lr_fac
 
 from ..common.coco_loader_multiscale_crop import dataloader
 from ..common.coco_schedule_epochs import multistep_epochs
-from ..common.condinit import condinit
+from ..common.condinit import condinit, condinit_analysis
 from ..common.models.detr import model
 
 embed_dim, depth, num_heads, dp = 768, 12, 12, 0.1
@@ -88,3 +88,19 @@ train.max_iter, lr_multiplier = multistep_epochs(
 )
 train.checkpointer.period = 18480  # ~10 epochs at batch 64
 train.eval_period = 18480
+
+# Attention-Jacobian conditioning tracked during training (condinit_det.analysis.hooks): exact kappa at
+# 16 tokens of a fixed test image (a global block: 20) of the first and last backbone blocks, the
+# first and last encoder self-attention and the last decoder layer's self- and cross-attention, at
+# the start, every `period` iterations and at the end. Measured cost: under 1% of the training time
+# at this period (BENCHMARKS.md, "Conditioning tracking on the paper's configs").
+# condinit_analysis.period=0 turns it off.
+condinit_analysis.period = 10000
+condinit_analysis.sites = [
+    "backbone.net.blocks.0.attn",
+    "backbone.net.blocks.11.attn",
+    "transformer.encoder.layers.0.self_attn",
+    "transformer.encoder.layers.5.self_attn",
+    "transformer.decoder.layers.5.self_attn",
+    "transformer.decoder.layers.5.cross_attn",
+]

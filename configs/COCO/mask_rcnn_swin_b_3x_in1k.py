@@ -16,8 +16,9 @@
 # detection only) keep their init.
 #
 # Attention sites: backbone.bottom_up.layers.{stage}.blocks.{i}.attn. Arm: "default"; select
-# another with `condinit.arm=conditioned` / `condinit.arm=mimetic`.
-from .mask_rcnn_swin_b_3x import condinit, dataloader, lr_multiplier, model, optimizer, train
+# another with `condinit.arm=conditioned` / `condinit.arm=mimetic`. Conditioning tracking
+# (condinit_analysis): the sites and period of mask_rcnn_swin_b_3x.py.
+from .mask_rcnn_swin_b_3x import condinit, condinit_analysis, dataloader, lr_multiplier, model, optimizer, train
 
 model.backbone.bottom_up.drop_path_rate = 0.3  # Swin-B's published value (as in the base config)
 

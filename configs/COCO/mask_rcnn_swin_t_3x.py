@@ -17,7 +17,7 @@ from condinit_det.modeling import armed
 
 from ..common.coco_loader_multiscale_crop import dataloader
 from ..common.coco_schedule_epochs import multistep_epochs
-from ..common.condinit import condinit
+from ..common.condinit import condinit, condinit_analysis
 
 model = armed(model_zoo.get_config("common/models/mask_rcnn_fpn.py").model)
 model.backbone.bottom_up = L(SwinTransformer)(

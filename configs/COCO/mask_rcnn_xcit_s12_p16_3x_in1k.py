@@ -31,7 +31,7 @@ from detectron2.config import LazyCall as L
 from condinit_det.modeling import armed
 from condinit_det.modeling.xcit import XCiTDeconvPyramid
 
-from .mask_rcnn_xcit_s12_3x import condinit, dataloader, lr_multiplier, optimizer, train
+from .mask_rcnn_xcit_s12_3x import condinit, condinit_analysis, dataloader, lr_multiplier, optimizer, train
 from .mask_rcnn_xcit_s12_3x import model as _from_scratch
 
 # The XCiT-S12/16 trunk of the from-scratch config, emitting blocks 3, 5, 7 and 11.
@@ -54,6 +54,10 @@ model.input_format = "RGB"
 
 condinit.arm = "default"
 condinit.include = ["backbone.bottom_up.net.*"]
+# Conditioning tracking as in the from-scratch config (same blocks and period; the trunk sits under
+# backbone.bottom_up here).
+condinit_analysis.sites = ["backbone.bottom_up.net.blocks.0.attn", "backbone.bottom_up.net.blocks.6.attn",
+                           "backbone.bottom_up.net.blocks.11.attn"]
 
 train.init_checkpoint = "output/imagenet/xcit_s12_p16_400ep/{arm}/seed{seed}"
 train.output_dir = "./output/COCO/mask_rcnn_xcit_s12_p16_3x_in1k"
