@@ -33,3 +33,12 @@ demo-paper: venv
 # one verdict line per check, about 10 minutes (README: GPU check).
 gpu-check: venv
 	$(PY) tools/gpu_check.py
+
+# Every dependency but torch/torchvision as wheels in $(WHEELHOUSE), for `bash tools/setup_env.sh --offline DIR`
+# on a machine without network (docs/install.md); e.g. WHEELHOUSE_ARGS="--python-version 3.12 --platform
+# manylinux_2_28_x86_64".
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_ARGS ?=
+.PHONY: wheelhouse
+wheelhouse: venv
+	PYTHON=$(PY) bash tools/wheelhouse.sh $(WHEELHOUSE) $(WHEELHOUSE_ARGS)

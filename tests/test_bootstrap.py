@@ -7,8 +7,10 @@ import pytest
 from pycocotools import mask as mask_utils
 
 from condinit_det.evaluation import bootstrap
-from condinit_det.evaluation.bootstrap import (AP_METRICS, classification_correctness, coco_ap, match_images,
-                                               paired_accuracy_bootstrap, paired_coco_bootstrap, resampled_ap)
+from condinit_det.evaluation.bootstrap import (AP_METRICS, classification_correctness, coco_ap, image_counts,
+                                               image_draws, image_ids_digest, load_matches, match_images,
+                                               match_predictions, paired_accuracy_bootstrap, paired_coco_bootstrap,
+                                               resampled_ap, resampled_mean, save_matches)
 from condinit_det.report.statistics import percentile_interval
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
@@ -197,9 +199,9 @@ def test_bootstrap_is_paired_reproducible_and_uses_the_generators_draws():
 
 def test_classification_bootstrap():
     labels = [0, 1, 2, 3] * 25
-    a = {"epoch": 3, "labels": labels, "top1": [l if i % 5 else (l + 1) % 4 for i, l in enumerate(labels)],
+    a = {"epoch": 3, "labels": labels, "top1": [c if i % 5 else (c + 1) % 4 for i, c in enumerate(labels)],
          "top5_hit": [1] * 100}
-    b = {"epoch": 3, "labels": labels, "top1": [l if i % 2 else (l + 1) % 4 for i, l in enumerate(labels)],
+    b = {"epoch": 3, "labels": labels, "top1": [c if i % 2 else (c + 1) % 4 for i, c in enumerate(labels)],
          "top5_hit": [int(i % 10 > 0) for i in range(100)]}
     ca, cb = classification_correctness(a), classification_correctness(b)
     assert ca["top1"].mean() == pytest.approx(0.8) and cb["top1"].mean() == pytest.approx(0.5)
@@ -214,3 +216,52 @@ def test_classification_bootstrap():
     assert first == pytest.approx(100 * (ca["top1"][idx].mean() - cb["top1"][idx].mean()))
     with pytest.raises(ValueError, match="equal-length"):
         paired_accuracy_bootstrap([1, 0], [1], np.random.default_rng(0), 2)
+
+
+def test_saved_matches_resample_exactly_as_the_matching(tmp_path):
+    gt, preds = _hard(seed=0)
+    matches = match_predictions(gt, preds)
+    assert set(matches) == {"bbox", "segm"} and matches["bbox"].images_sha1 == image_ids_digest(gt)
+    path = str(tmp_path / "per_image" / "ap_iter0000100.npz")
+    size = save_matches(path, matches)
+    assert size == os.path.getsize(path) and not [n for n in os.listdir(tmp_path / "per_image") if n.endswith(".tmp")]
+    loaded = load_matches(path)
+    draws = np.concatenate([np.arange(12)[None], np.random.default_rng(2).integers(0, 12, size=(20, 12))])
+    for task in ("bbox", "segm"):
+        a, b = matches[task], loaded[task]
+        for name in ("gt_count", "category", "image", "tp", "fp", "group", "iou_thresholds", "recall_thresholds"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+        assert b.images_sha1 == a.images_sha1 and b.score == pytest.approx(a.score, rel=1e-6)  # float32 scores
+        ours, theirs = resampled_ap(a, draws), resampled_ap(b, draws)
+        assert all(np.array_equal(ours[k], theirs[k], equal_nan=True) for k in AP_METRICS)
+        # the identity resample is the COCO AP of the evaluation
+        assert theirs["AP"][0] == pytest.approx(coco_ap(gt, preds)[task], abs=1e-9)
+    # predictions without masks: box matches only; a model without detections saves and loads too
+    boxes_only = match_predictions(gt, [{k: v for k, v in p.items() if k != "segmentation"} for p in preds])
+    assert set(boxes_only) == {"bbox"}
+    save_matches(str(tmp_path / "empty.npz"), match_predictions(gt, [], iou_types=("bbox",)))
+    assert load_matches(str(tmp_path / "empty.npz"))["bbox"].tp.shape == (10, 0)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="not a file of saved COCO matches"):
+        load_matches(str(tmp_path / "bad.npz"))
+    with pytest.raises(ValueError, match="must map an iou type"):
+        save_matches(str(tmp_path / "x.npz"), {"keypoints": matches["bbox"]})
+
+
+def test_resampled_mean_counts_repeated_images_and_broadcasts():
+    values = np.array([0.0, 10.0, 20.0, 30.0])
+    draws = np.array([[0, 0, 1, 3], [2, 2, 2, 2]])
+    assert image_counts(draws, 4).tolist() == [[2, 1, 0, 1], [0, 0, 4, 0]]
+    assert resampled_mean(values, draws) == pytest.approx([10.0, 20.0])
+    batch = np.stack([values, -values])[:, None, :]  # [2 experiments, 1 seed, 4 images]
+    per_experiment = np.stack([draws, draws[::-1]])[:, None]  # [2, 1, B=2, n=4]
+    out = resampled_mean(batch, per_experiment)
+    assert out.shape == (2, 1, 2) and out[1, 0] == pytest.approx([-20.0, -10.0])
+    with pytest.raises(ValueError, match="image positions in \\[0, 4\\)"):
+        image_counts(np.array([[0, 4]]), 4)
+    with pytest.raises(ValueError, match="no evaluation images"):
+        image_draws(np.random.default_rng(0), 0, 5)
+    # the draws are the generator's stream: resample b is the b-th rng.integers(0, n, size=n)
+    rng = np.random.default_rng(3)
+    first, second = rng.integers(0, 5, 5), rng.integers(0, 5, 5)
+    assert np.array_equal(image_draws(np.random.default_rng(3), 5, 2), np.stack([first, second]))

@@ -185,20 +185,38 @@ def test_paired_t_interval_known_answer(tmp_path):
     half = T_975_2 * 1.0 / math.sqrt(3)  # mean 2, sd 1, n 3
     assert c.differences == pytest.approx([1.0, 2.0, 3.0]) and c.mean_difference == pytest.approx(2.0)
     assert (c.interval.low, c.interval.high) == pytest.approx((2.0 - half, 2.0 + half))
-    assert c.verdict == "not distinguishable from default at 95%"
+    assert c.interval.unit == "training runs (3 seeds)" and "bootstrap off" in c.note
+    assert c.verdict == "not distinguishable from default at family-wise 95%"
     m = stats[("mimetic", "AP^b")]
     mhalf = T_975_2 * np.std([7, 5, 5], ddof=1) / math.sqrt(3)
     assert (m.interval.low, m.interval.high) == pytest.approx((17 / 3 - mhalf, 17 / 3 + mhalf))
-    assert m.verdict == "better than default"
+    # the raw interval excludes 0 (p = 0.014), but the family holds 4 comparisons (2 arms x AP^b, AP^m):
+    # Holm's first threshold is 0.05 / 4, and the adjusted p (4 x 0.0136 = 0.054) is above 0.05
+    assert m.interval.low > 0 and m.interval.p_value == pytest.approx(0.01356, abs=1e-4)
+    assert [f.arm + " " + f.metric for f in report.primary.family] == [
+        "mimetic AP^b", "mimetic AP^m", "conditioned AP^b", "conditioned AP^m"]
+    assert m.p_holm == pytest.approx(4 * m.interval.p_value)
+    assert m.verdict == "not distinguishable from default at family-wise 95%"
     assert stats[("default", "AP^b")].verdict == "reference"
-    assert stats[("default", "AP^b")].mean == pytest.approx(41.0) and stats[("default", "AP^b")].std == pytest.approx(1.0)
+    ref = stats[("default", "AP^b")]
+    assert ref.mean == pytest.approx(41.0) and ref.std == pytest.approx(1.0)
     assert f"[{2 - half:+.1f}, {2 + half:+.1f}]" in text  # [-0.5, +4.5]
-    assert "- mimetic, AP^b: better than default" in text
-    assert "- conditioned, AP^b: not distinguishable from default at 95%" in text
+    assert "- mimetic, AP^b: not distinguishable from default at family-wise 95% (Δ +5.7, 95% interval [+2.8, +8.5], " \
+           "training runs (3 seeds); p = 0.014, Holm-adjusted p = 0.054)" in text
+    assert "family (Holm, family-wise error 0.05): mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m} " \
+           "(4 comparisons against default)" in text
+    # every seed won: P(improvement) 1, its exact interval [0.025^(1/3), 1]
+    assert m.improvement.estimate == 1.0 and m.improvement.exact_low == pytest.approx(0.025 ** (1 / 3))
+    # the seeds the question needs: the observed spread of mimetic's differences, 4 comparisons
+    from condinit_det.report.planning import seeds_needed
+
+    assert m.plan.needed == seeds_needed(0.6, float(np.std([7, 5, 5], ddof=1)), comparisons=4)
+    assert m.plan.delta_source == "the paper's claimed gain" and m.plan.seeds_now == 3
     # convergence per seed: mimetic is at 37, 36, 37 at iteration 200 (below the default's 40, 41, 42)
-    # and reaches it at 400, the default's final iteration: speed-up 0 in every seed
+    # and reaches it at 400, the default's final iteration: speed-up 0 in every seed; descriptive, no verdict
     sp = stats[("mimetic", "speed-up AP^b (%)")]
-    assert sp.values == {0: 0.0, 1: 0.0, 2: 0.0} and sp.verdict == "not distinguishable from default at 95%"
+    assert sp.values == {0: 0.0, 1: 0.0, 2: 0.0} and sp.verdict == "" and not sp.in_family
+    assert (sp.speedup.reached, sp.speedup.estimate.value) == (3, 0.0)
 
 
 def test_missing_runs_are_named_and_dropped_from_pairing(tmp_path):
@@ -256,7 +274,8 @@ def test_epochs_to_default_known_answer(tmp_path):
     assert cls.target["top1"] == (10, pytest.approx(50.0))
     c = cls.arm("conditioned")
     assert c.reach["top1"] == 6 and c.speedup["top1"] == pytest.approx(40.0)
-    assert c.final["top-1"] == pytest.approx((61.0, math.sqrt(2))) and c.final["top-5"] == pytest.approx((81.0, math.sqrt(2)))
+    assert c.final["top-1"] == pytest.approx((61.0, math.sqrt(2)))
+    assert c.final["top-5"] == pytest.approx((81.0, math.sqrt(2)))
     assert "| top-1 | 50.0 at epoch 10 | 10 (0.0%) | 6 (40.0%) |" in text
     assert "| arm | top-1 | top-5 | seeds | final epoch |" in text
     assert "None: every planned run has finished." in text
@@ -264,7 +283,8 @@ def test_epochs_to_default_known_answer(tmp_path):
     # per seed: conditioned seed 0 reaches default seed 0's final 48 at epoch 6 (50), seed 1 its 52 at 6: 40 % each
     sp = stats[("conditioned", "speed-up top-1 (%)")]
     assert sp.values == {0: pytest.approx(40.0), 1: pytest.approx(40.0)}
-    assert sp.verdict == "better than default"
+    assert sp.speedup.reached == 2 and sp.speedup.estimate.value == pytest.approx(40.0)
+    assert sp.speedup.mean == pytest.approx(40.0) and sp.speedup.coverage == pytest.approx(0.5)  # [worst, best] of 2
     top1 = stats[("conditioned", "top-1")]
     assert top1.differences == pytest.approx([12.0, 10.0])
 
@@ -336,7 +356,7 @@ def test_combined_report_pretraining_and_detection(tmp_path):
         run = pre / arm / "seed0"
         _write_cls_run(str(run), arm, 0, top1)
         _write_metrics(str(run), np.linspace(3.0, 1.0 if arm == "default" else 0.8, 10), period=10, epoch_every=10)
-        pred = [(l + 1) % 4 if i < wrong else l for i, l in enumerate(labels)]
+        pred = [(c + 1) % 4 if i < wrong else c for i, c in enumerate(labels)]
         (run / "eval_predictions.json").write_text(json.dumps(
             {"epoch": 10, "labels": labels, "top1": pred, "top5_hit": [1] * 40}))
     gt_path, preds = _tiny_coco(tmp_path)
@@ -353,26 +373,36 @@ def test_combined_report_pretraining_and_detection(tmp_path):
     assert [s.stage.name for s in report.stages] == ["classification", "detection"]
     assert "## Classification pretraining: top-1 / top-5 accuracy" in text
     assert "## Detection: COCO box / mask AP" in text
-    assert text.index("## Classification") < text.index("## Detection") < text.index("## Runs") < text.index("## Method")
+    order = [text.index(h) for h in ("## Summary", "## Classification", "## Detection", "## Runs", "## Method")]
+    assert order == sorted(order)
     assert text.count("None: every planned run has finished.") == 2
     for name in ("cls_loss.png", "top1.png", "top5.png", "loss.png", "bbox_ap.png", "segm_ap.png", "kappa.png"):
         data = (out / name).read_bytes()
         assert data[:8] == PNG and len(data) > 5000, name
     assert {"report.md", "summary.csv", "curves.csv", "stats.csv"} <= set(os.listdir(out))
 
-    # one seed: the paired bootstrap over evaluation images
+    # one seed, written before per-evaluation files: the final evaluation's predictions are resampled
     cls_row = next(s for s in report.stage("classification").stats if s.arm == "conditioned" and s.metric == "top-1")
-    assert cls_row.method == "paired bootstrap over 40 evaluation images, B=25"
+    assert cls_row.method == "image bootstrap over 40 evaluation images, B=25, percentile"
     assert cls_row.differences == pytest.approx([10.0]) and cls_row.interval.contains(10.0)
+    assert cls_row.interval.unit == "evaluation images (one trained model per arm)"
     det_rows = {s.metric: s for s in report.stage("detection").stats if s.arm == "conditioned"}
     box = det_rows["AP^b"]
-    assert box.method == "paired bootstrap over 3 evaluation images, B=25"
+    assert box.method == "image bootstrap over 3 evaluation images, B=25, percentile"
     # the conditioned predictions are exact, the default ones are shifted by 2 px (IoU 0.6): every
     # resample gives the same difference
     assert box.interval.low == pytest.approx(box.interval.high) and box.interval.contains(box.differences[0])
     assert box.differences[0] > 0
-    assert box.verdict == "better than default" and det_rows["AP^m"].verdict == "better than default"
-    assert "speed-up loss (%)" in det_rows and det_rows["speed-up loss (%)"].method.startswith("one paired seed")
+    # one trained model per arm: a statement about these images, never "better than default"; B = 25 puts
+    # the bootstrap p at 2 / 26 = 0.077 at best, so not even that statement passes 0.05
+    assert box.interval.p_value == pytest.approx(2 / 26)
+    assert box.verdict == "this one trained model is not distinguishable from default's on these images at " \
+                          "family-wise 95%"
+    assert "better than default" not in text.split("## Method")[0]
+    assert "training-run variance not measured: run ≥ " in text
+    # speed-ups: the loss has no image data; AP^b's image bootstrap needs every evaluation's, which old runs lack
+    assert det_rows["speed-up loss (%)"].speedup.replication == "runs" and det_rows["speed-up loss (%)"].n == 1
+    assert "kept per-image data of 0 of its 2 evaluations" in det_rows["speed-up AP^b (%)"].note
     with open(out / "summary.csv") as f:
         summary = list(csv.DictReader(f))
     assert {(r["stage"], r["arm"]) for r in summary} == {

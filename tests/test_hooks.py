@@ -186,3 +186,42 @@ def test_ap_record_keeps_missing_tasks_as_null():
     assert rec["bbox"] == {"AP": 1.0, "AP50": None, "AP75": None, "APs": None, "APm": None, "APl": None}
     with pytest.raises(ValueError, match="metadata"):
         APHook(1, dict, results_file=None, metadata={"arms": "x"})
+
+
+def test_hook_saves_every_evaluations_matches(tmp_path, cfg, caplog):
+    from condinit_det.evaluation.bootstrap import load_matches, resampled_ap
+
+    name = cfg.dataloader.evaluator.dataset_name
+    DatasetCatalog.get(name)  # fills the metadata
+    model = JitteredGroundTruth(name)
+    evaluator = copy.deepcopy(cfg.dataloader.evaluator)
+    evaluator.output_dir = str(tmp_path / "inference")
+    predictions = str(tmp_path / "inference" / "coco_instances_results.json")
+
+    def evaluate():
+        return inference_on_dataset(model, instantiate(cfg.dataloader.test), instantiate(evaluator))
+
+    def train(ground_truth, out):
+        results_file = ResultsFile(out)
+        trainer = _IdleTrainer()
+        trainer.register_hooks([APHook(2, evaluate, results_file=results_file, metadata={"arm": "default", "seed": 0},
+                                       predictions_file=predictions, ground_truth=ground_truth)])
+        trainer.train(0, 3)
+        return results_file.records("ap")
+
+    recs = train(MetadataCatalog.get(name).json_file, tmp_path)
+    assert [(r["iteration"], r["per_image"]) for r in recs] == [(2, os.path.join("per_image", "ap_iter0000002.npz")),
+                                                              (3, os.path.join("per_image", "ap_iter0000003.npz"))]
+    assert "predictions" not in recs[0] and recs[1]["predictions"]  # the final record still names its predictions
+    for rec in recs:
+        matches = load_matches(str(tmp_path / rec["per_image"]))
+        assert set(matches) == {"bbox", "segm"}
+        everything = np.arange(matches["bbox"].num_images)[None]
+        for task in ("bbox", "segm"):  # the saved matches give the evaluator's AP on the full set
+            assert resampled_ap(matches[task], everything)["AP"][0] == pytest.approx(rec[task]["AP"], abs=1e-6)
+
+    # matching that fails is logged; the evaluation is recorded without per-image data and training goes on
+    caplog.set_level("WARNING", logger="condinit_det.engine.hooks")
+    recs = train(str(tmp_path / "no_such_ground_truth.json"), tmp_path / "other")
+    assert [r["iteration"] for r in recs] == [2, 3] and not any("per_image" in r for r in recs)
+    assert "per-image matches not saved" in caplog.text

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from condinit_det.init import ARMS
+from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.records.results import ResultsFile
 from condinit_det.records.layout import RunSpec
 
@@ -55,7 +55,7 @@ def _wait(job: str, timeout: float = 900):
 
 
 def _ids(log):
-    array = re.search(r"as job array (\d+)", log)
+    array = re.search(r"as job (?:array )?(\d+)", log)
     report = re.search(r"Report job (\d+)", log)
     return (array.group(1) if array else None), (report.group(1) if report else None)
 
@@ -70,9 +70,9 @@ def test_arm_all_two_seeds_as_an_array_then_cancel_and_resubmit(slurm_env):
             "train.max_iter=2", "train.eval_period=1", f"train.output_dir={exp}"]
     log = _tool(TRAIN_NET, *argv, cwd=slurm_env)
     array, report = _ids(log)
-    assert f"Submitted 6 run(s) of 6 as job array {array}" in log
+    assert f"Submitted 6 run(s) of {exp} as job array {array}" in log
     jobs = json.loads((exp / "slurm.json").read_text())
-    assert sorted(jobs["runs"].values()) == [f"{array}_{i}" for i in range(6)] and jobs["report"] == report
+    assert sorted(jobs["runs"].values()) == [[f"{array}_{i}"] for i in range(6)] and jobs["report"] == [report]
     # The first element (default, seed 0) is cancelled while it runs (Slurm forgets a pending element
     # cancelled before it started at once; a running one stays visible as CANCELLED for MinJobAge).
     deadline = time.time() + 600
@@ -93,13 +93,49 @@ def test_arm_all_two_seeds_as_an_array_then_cancel_and_resubmit(slurm_env):
     assert "default seed 0:" in missing
     # Submitting the same command again runs only what is not finished.
     log = _tool(TRAIN_NET, *argv, cwd=slurm_env)
+    first_array = array
     array, report = _ids(log)
-    assert "Submitted 1 run(s) of 6" in log and "(5 finished or diverged earlier: not resubmitted)" in log
+    assert f"Submitted 1 run(s) of {exp}" in log and "5 run(s) of" in log and "finished or diverged earlier" in log
+    history = json.loads((exp / "slurm.json").read_text())["runs"]
+    assert history[os.path.join("default", "seed0")] == [f"{first_array}_0", array]  # every job it had (one: a job)
+    status = json.loads(_tool(STATUS, str(exp), "--json", cwd=slurm_env))
+    current = {(r["arm"], r["seed"]): r["job"]["id"] for r in status["runs"]}
+    assert current[("default", 0)] == array  # status shows the current one
     _wait(array)
     _wait(report)
     assert _iterations(RunSpec("default", 0).path(str(exp))) == [1, 2]
     md = (exp / "report" / "report.md").read_text()
     assert "None: every planned run has finished." in md
+
+
+def test_extending_a_running_experiment_submits_only_the_new_runs(slurm_env):
+    exp = slurm_env / "exp"
+    argv = ["--config-file", CONFIG, "--arm", "all", *SLURM]
+    overrides = ["train.max_iter=40", "train.eval_period=40", f"train.output_dir={exp}"]
+    log = _tool(TRAIN_NET, *argv, "--seeds", "0", *overrides, cwd=slurm_env)
+    first, first_report = _ids(log)
+    deadline = time.time() + 300
+    while "RUNNING" not in _states(first).values() and time.time() < deadline:
+        time.sleep(0.5)
+    in_flight = {job: state for job, state in _states(first).items() if state in ("PENDING", "RUNNING")}
+    assert in_flight, "the first array ended before it could be extended"
+    # The same command with a second seed, while seed 0 is queued or running.
+    log = _tool(TRAIN_NET, *argv, "--seeds", "0,1", *overrides, cwd=slurm_env)
+    second, report = _ids(log)
+    for i, arm in enumerate(ARMS):
+        if f"{first}_{i}" in in_flight:
+            assert f"{arm}/seed0: in flight as job {first}_{i}: not resubmitted" in log, log
+    assert f"Submitted 3 run(s) of {exp} as job array {second}" in log
+    assert [line.split()[-1] for line in log.splitlines() if line.startswith(f"  {second}_")] == \
+        [f"{arm}/seed1" for arm in ARMS]
+    assert f"Report job {first_report} (pending) is replaced by report job {report}" in log
+    history = json.loads((exp / "slurm.json").read_text())
+    assert all(len(jobs) == 1 for jobs in history["runs"].values()) and len(history["runs"]) == 6  # no duplicate
+    states = _wait(second)
+    assert all(s == "COMPLETED" for s in states.values()) and set(_wait(first).values()) == {"COMPLETED"}
+    assert _wait(report) == {report: "COMPLETED"} and _states(first_report).get(first_report) in (None, "CANCELLED")
+    md = (exp / "report" / "report.md").read_text()  # one report after every run of both submissions
+    assert "None: every planned run has finished." in md and md.count("seed 1, final iteration 40") == 3
 
 
 def test_a_run_requeued_in_the_middle_records_every_evaluation_once(slurm_env):
@@ -135,7 +171,7 @@ def test_protocol_pretraining_then_finetuning_then_report(slurm_env):
             "--output", str(out), "--seeds", "0", "--time", "30", "--cpus-per-task", "1"]
     argv += [a for opt in pre for a in ("--pretrain-opt", opt)] + [a for opt in ft for a in ("--finetune-opt", opt)]
     log = _tool(PROTOCOL, *argv, cwd=slurm_env)
-    arrays = re.findall(r"as job array (\d+)", log)
+    arrays = re.findall(r"as job (?:array )?(\d+)", log)
     report = re.search(r"Report job (\d+)", log).group(1)
     assert len(arrays) == 2, log  # pretraining, then fine-tuning element by element after it
     _wait(report, timeout=1800)

@@ -2,9 +2,17 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
-from condinit_det.report.statistics import (BETTER, NOT_DISTINGUISHABLE, WORSE, Interval, mean_std, percentile_interval,
-                                t_interval, verdict)
+from condinit_det.report.improvement import probability_of_improvement, probability_of_improvement_batch
+from condinit_det.report.multiplicity import holm_adjust
+from condinit_det.report.planning import (PAPER_DELTA, detectable_difference, plan_seeds, power, seeds_needed)
+from condinit_det.report.speedup import (Reach, image_bootstrap_speedup, median_interval_rank, reach_of,
+                                         summarize_reaches)
+from condinit_det.report.statistics import (BETTER, BOTH, IMAGES, IMAGES_HIGHER, IMAGES_LOWER, IMAGES_SAME_FAMILY,
+                                            NOT_DISTINGUISHABLE, NOT_DISTINGUISHABLE_FAMILY, RUNS, WORSE, Interval,
+                                            bootstrap_p_value, describe_unit, mean_std, paired_t,
+                                            percentile_interval, t_interval, two_level_bootstrap, verdict)
 
 T_975_2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables: 4.303)
 
@@ -23,10 +31,21 @@ def test_t_interval_known_answer():
     assert (iv.low, iv.high) == pytest.approx((2.0 - half, 2.0 + half))
     assert half == pytest.approx(2.484, abs=1e-3)
     assert "3 seeds" in iv.method
+    assert iv.replication == RUNS and iv.unit == "training runs (3 seeds)"
+    # p of t = 2 / (1 / sqrt 3) with 2 degrees of freedom
+    assert iv.p_value == pytest.approx(2 * stats.t.sf(2 * math.sqrt(3), 2))
     assert verdict(iv) == NOT_DISTINGUISHABLE  # [-0.48, 4.48] contains 0
 
 
-def test_verdicts():
+def test_paired_t_is_vectorized():
+    d = np.array([[1.0, 2.0, 3.0], [3.0, 3.5, 4.0]])
+    mean, low, high, p, se = paired_t(d)
+    for row in range(2):
+        iv = t_interval(d[row])
+        assert (mean[row], low[row], high[row], p[row]) == pytest.approx((iv.estimate, iv.low, iv.high, iv.p_value))
+
+
+def test_verdicts_and_their_wording_per_unit():
     clear = t_interval([3.0, 3.5, 4.0, 3.2])
     assert clear.low > 0 and verdict(clear) == BETTER
     assert verdict(t_interval([-3.0, -3.5, -4.0])) == WORSE
@@ -34,17 +53,182 @@ def test_verdicts():
     # lower is better (e.g. iterations): a positive interval is worse
     assert verdict(clear, higher_is_better=False) == WORSE
     assert verdict(None) == "no interval"
-    # identical differences: a zero-width interval away from 0
-    assert verdict(t_interval([2.0, 2.0])) == BETTER
+    # identical differences: a zero-width interval away from 0, p = 0
+    two = t_interval([2.0, 2.0])
+    assert verdict(two) == BETTER and two.p_value == 0.0
     with pytest.raises(ValueError, match="at least 2"):
         t_interval([1.0])
+    # with a Holm-adjusted p-value the verdict follows it, not the raw interval
+    assert verdict(clear, p_adjusted=0.2) == NOT_DISTINGUISHABLE_FAMILY
+    assert verdict(clear, p_adjusted=0.01) == BETTER
+    # one trained model per arm: never "better than default"
+    images = percentile_interval(2.0, np.linspace(1.0, 3.0, 101), replication=IMAGES)
+    assert images.unit == "evaluation images (one trained model per arm)"
+    assert verdict(images) == IMAGES_HIGHER and "better" not in verdict(images)
+    assert verdict(percentile_interval(-2.0, -np.linspace(1.0, 3.0, 101))) == IMAGES_LOWER
+    assert verdict(images, p_adjusted=0.3) == IMAGES_SAME_FAMILY
+    assert describe_unit(BOTH, 3) == "both (training runs: 3 seeds; evaluation images)"
+    with pytest.raises(ValueError, match="replication must be one of"):
+        describe_unit("seeds", 3)
 
 
-def test_percentile_interval():
+def test_percentile_interval_and_bootstrap_p_value():
     reps = np.arange(1, 1001, dtype=float)
     iv = percentile_interval(500.0, reps)
     assert iv.low == pytest.approx(np.quantile(reps, 0.025)) and iv.high == pytest.approx(np.quantile(reps, 0.975))
     assert iv.contains(500.0) and not iv.contains(0.0)
-    assert isinstance(iv, Interval) and iv.estimate == 500.0
+    assert isinstance(iv, Interval) and iv.estimate == 500.0 and iv.replication == IMAGES
+    # no replicate at or below 0: p = 2 (1 + 0) / (B + 1)
+    assert iv.p_value == pytest.approx(2 / 1001)
+    assert bootstrap_p_value(np.r_[-np.ones(30), np.ones(70)]) == pytest.approx(2 * 31 / 101)
+    assert bootstrap_p_value(np.zeros(10)) == 1.0
     with pytest.raises(ValueError):
         percentile_interval(0.0, [float("nan")])
+
+
+def _orthogonal(n, length):
+    """n centred, mutually orthogonal vectors of equal norm (rows of a Hadamard-like sign matrix)."""
+    from scipy.linalg import hadamard
+
+    h = hadamard(length)[1:n + 1].astype(float)
+    return h / h.std(axis=1, ddof=1, keepdims=True)
+
+
+def test_two_level_without_shared_image_variance_is_the_t_interval():
+    # per-seed image replicates uncorrelated across seeds: no shared image variance, the interval is Student's
+    est = np.array([1.0, 2.0, 3.0])
+    reps = est[:, None] + 0.3 * _orthogonal(3, 64)
+    two = two_level_bootstrap(est, reps, np.random.default_rng(0), num_images=500)
+    assert float(two.var_images) == pytest.approx(0.0, abs=1e-12) and float(two.var_seeds) == pytest.approx(1 / 3)
+    iv = two.interval()
+    t = t_interval(est)
+    assert (iv.low, iv.high) == pytest.approx((t.low, t.high), rel=2e-3)
+    assert iv.p_value == pytest.approx(t.p_value, rel=2e-3)
+    assert iv.replication == BOTH and iv.unit == "both (training runs: 3 seeds; evaluation images)"
+
+
+def test_two_level_shared_image_variance_known_answer():
+    # every seed moves the same way on every image resample: all of it is shared, var = var(u)
+    u = _orthogonal(1, 64)[0] * 0.5
+    est = np.array([1.0, 1.0, 1.0, 1.0])  # no seed spread: the normal interval with the image variance
+    two = two_level_bootstrap(est, est[:, None] + u[None], np.random.default_rng(0), num_images=500)
+    assert float(two.var_images) == pytest.approx(0.25) and float(two.var_seeds) == 0.0
+    assert (float(two.low), float(two.high)) == pytest.approx((1 - 1.959964 * 0.5, 1 + 1.959964 * 0.5), rel=1e-5)
+    assert float(two.p_value) == pytest.approx(2 * stats.norm.sf(1.0 / 0.5), rel=1e-4)
+    # replicates: every seed resample of a constant mean is that mean, shifted by the image part of resample b
+    assert two.replicates == pytest.approx(1.0 + u)
+    # both parts: between the t-interval of the seeds alone and the sum of the two half-widths
+    est2 = np.array([0.5, 1.0, 1.5, 1.0])
+    two2 = two_level_bootstrap(est2, est2[:, None] + u[None], np.random.default_rng(0), num_images=500)
+    t = t_interval(est2)
+    half = float(two2.high - two2.estimate)
+    assert t.high - t.estimate < half < (t.high - t.estimate) + 1.959964 * 0.5
+    with pytest.raises(ValueError, match="n >= 2 seeds"):
+        two_level_bootstrap(est[:1], u[None], np.random.default_rng(0), num_images=10)
+
+
+def test_two_level_is_vectorized_and_seeded():
+    rng = np.random.default_rng(3)
+    est, reps = rng.normal(size=(4, 3)), rng.normal(size=(4, 3, 50))
+    batch = two_level_bootstrap(est, reps, np.random.default_rng(1), num_images=100)
+    assert batch.low.shape == (4,) and batch.replicates.shape == (4, 50)
+    again = two_level_bootstrap(est, reps, np.random.default_rng(1), num_images=100)
+    assert np.array_equal(batch.replicates, again.replicates)
+    for k in range(4):
+        one = two_level_bootstrap(est[k], reps[k], np.random.default_rng(9), num_images=100)
+        assert (float(one.low), float(one.high)) == pytest.approx((batch.low[k], batch.high[k]))
+
+
+def test_holm_known_answer():
+    # sorted p 0.01, 0.02, 0.03, 0.5 -> 0.04, 0.06, 0.06, 0.5 (step-down, monotone)
+    adjusted = holm_adjust([0.03, 0.5, 0.01, 0.02])
+    assert adjusted == pytest.approx([0.06, 0.5, 0.04, 0.06])
+    assert holm_adjust([0.2, 0.9]) == pytest.approx([0.4, 0.9])
+    assert holm_adjust([np.nan, 0.01]) == pytest.approx([1.0, 0.02])  # no interval: p = 1, still in the family
+    assert np.allclose(holm_adjust([[0.01, 0.04], [0.3, 0.6]]), [[0.02, 0.04], [0.6, 0.6]])  # one family per row
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        holm_adjust([1.5])
+
+
+def test_probability_of_improvement():
+    imp = probability_of_improvement([1.0, -1.0, 2.0, 0.0], np.random.default_rng(0), 2000)
+    assert imp.estimate == pytest.approx(2.5 / 4) and imp.n == 4  # two wins, a tie counts half
+    assert imp.boot_low <= imp.estimate <= imp.boot_high
+    # Clopper-Pearson for 2.5 wins of 4
+    assert imp.exact_low == pytest.approx(stats.beta.ppf(0.025, 2.5, 2.5))
+    assert imp.exact_high == pytest.approx(stats.beta.ppf(0.975, 3.5, 1.5))
+    every = probability_of_improvement([1.0, 2.0, 3.0], np.random.default_rng(0), 500)
+    assert (every.estimate, every.boot_low, every.boot_high) == (1.0, 1.0, 1.0)  # the bootstrap cannot see past it
+    assert every.exact_high == 1.0 and every.exact_low == pytest.approx(0.025 ** (1 / 3))
+    off = probability_of_improvement_batch(np.array([[1.0, -1.0]]), np.random.default_rng(0), 0)
+    assert np.isnan(off.boot_low[0]) and off.exact_low[0] > 0
+    with pytest.raises(ValueError, match="vector"):
+        probability_of_improvement(np.ones((2, 2)), np.random.default_rng(0))
+
+
+def test_power_and_seeds_needed():
+    # n -> large: the t-test's power tends to the normal one
+    z = stats.norm.ppf(0.975)
+    nc = 0.5 / math.sqrt(1.0 / 400)
+    assert power(400, 0.5, 1.0) == pytest.approx(stats.norm.sf(z - nc) + stats.norm.cdf(-z - nc), abs=2e-3)
+    n = seeds_needed(0.6, 0.1, comparisons=4)
+    assert n == 4  # 3 seeds: t(0.99375, 2) = 8.86 is too wide
+    assert power(n, 0.6, 0.1, comparisons=4) >= 0.8 > power(n - 1, 0.6, 0.1, comparisons=4)
+    # larger std, more comparisons: more seeds
+    assert seeds_needed(0.6, 0.3) < seeds_needed(0.6, 0.3, comparisons=6) < seeds_needed(0.6, 0.6, comparisons=6)
+    # shared image variance alone keeps the power below 80%: no number of seeds suffices
+    assert seeds_needed(0.6, 0.1, shared_variance=0.5 ** 2) is None
+    mde = detectable_difference(5, 0.2, comparisons=2)
+    assert power(5, mde, 0.2, comparisons=2) == pytest.approx(0.8, abs=1e-6)
+    plan = plan_seeds(PAPER_DELTA["bbox"], 0.14, delta_source="the paper's claimed gain", comparisons=4, seeds_now=3)
+    assert plan.needed == seeds_needed(0.6, 0.14, comparisons=4)
+    assert f"n ≥ {plan.needed} seeds per arm" in plan.text("AP^b") and "Δ = 0.6 AP^b" in plan.text("AP^b")
+    with pytest.raises(ValueError, match="delta must be > 0.*std must be >= 0"):
+        seeds_needed(0.0, -1.0)
+
+
+def test_order_statistic_interval_for_the_median():
+    assert median_interval_rank(5) == (1, pytest.approx(1 - 2 / 32))  # below 95%: [worst, best]
+    assert median_interval_rank(6) == (1, pytest.approx(1 - 2 / 64))
+    k, coverage = median_interval_rank(10)
+    assert k == 2 and coverage == pytest.approx(1 - 2 * stats.binom.cdf(1, 10, 0.5)) and coverage >= 0.95
+
+
+def test_censored_speedups_are_kept():
+    # default final at 100; seeds reach at 60, 80, 70, never (last evaluation 100), never (90)
+    reaches = [Reach(0, 60, 100, 100), Reach(1, 80, 100, 100), Reach(2, 70, 100, 100), Reach(3, None, 100, 100),
+               Reach(4, None, 90, 100)]
+    sp = summarize_reaches(reaches)
+    assert (sp.n, sp.reached, sp.fraction) == (5, 3, pytest.approx(0.6))
+    # best to worst: 40, 30, 20, then the censored ones (< 10 before < 0): the median is the 3rd, 20
+    assert sp.estimate.value == pytest.approx(20.0) and not sp.estimate.below
+    assert median_interval_rank(5)[0] == 1
+    assert sp.high.value == pytest.approx(40.0) and not sp.high.below
+    assert sp.low.below and sp.low.value == pytest.approx(0.0)  # the worst seed: below 0
+    assert math.isnan(sp.mean)  # no mean over censored seeds
+    # most seeds censored: the median itself is a bound
+    sp = summarize_reaches([Reach(0, 50, 100, 100), Reach(1, None, 100, 100), Reach(2, None, 100, 100)])
+    assert sp.estimate.below and sp.estimate.text() == "< 0.0"
+    every = summarize_reaches([Reach(0, 50, 100, 100), Reach(1, 75, 100, 100)])
+    assert every.mean == pytest.approx(37.5) and every.std == pytest.approx(math.sqrt(2) * 12.5)
+    r = reach_of(7, [10, 20, 30], [1.0, 5.0, 9.0], target=4.0, default_final=30)
+    assert (r.reached, r.speedup) == (20, pytest.approx(100 / 3))
+    assert reach_of(7, [10, 20], [1.0, 2.0], target=4.0, default_final=30).censored
+    assert reach_of(7, [10, 20], [3.0, 2.0], target=2.5, default_final=20, lower_is_better=True).reached == 20
+
+
+def test_image_bootstrap_speedup_stops_when_every_resample_reached():
+    targets = np.array([5.0, 5.0, 5.0, 50.0])  # the last resample never reaches its target
+    calls = []
+
+    def arm(e, rows):
+        calls.append((e, rows.tolist()))
+        return np.array([4.0, 6.0, 9.0])[e] * np.ones(rows.size)
+
+    est = Reach(0, 20, 30, 30)
+    sp = image_bootstrap_speedup(est, [10, 20, 30], arm, targets)
+    assert calls == [(0, [0, 1, 2, 3]), (1, [0, 1, 2, 3]), (2, [3])]  # resamples that reached are not recomputed
+    assert sp.replication == IMAGES and sp.resamples_reached == pytest.approx(0.75)
+    assert sp.estimate.value == pytest.approx(100 / 3)
+    assert sp.low.below and sp.low.value == pytest.approx(0.0)  # 2.5% point is a censored resample
+    assert sp.high.value == pytest.approx(100 / 3)

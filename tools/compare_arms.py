@@ -3,7 +3,8 @@
 Compare initialization arms across training runs (classification pretraining and detection);
 the installed command is ``condinit-compare``.
 
-    python tools/compare_arms.py DIR [DIR ...] [--output DIR] [--bootstrap B] [--seed S]
+    python tools/compare_arms.py DIR [DIR ...] [--output DIR] [--bootstrap B] [--seed S] [--delta D] [--std S]
+    python tools/compare_arms.py --plan-seeds --delta D --std S [--arms A] [--metrics M]     (seeds needed)
 
 DIR is a run directory (with results.json) or an experiment directory containing runs. Prints
 the Markdown report and writes report.md, summary.csv, curves.csv, stats.csv and the plots

@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 from detectron2.engine import hooks
 from detectron2.utils import comm
 
+from condinit_det.records.per_image import detection_eval_path
 from condinit_det.records.results import ResultsFile
 
 __all__ = ["AP_METRICS", "ap_record", "APHook", "build_best_checkpointer"]
@@ -86,6 +87,12 @@ class APHook(hooks.EvalHook):
             written by the final evaluation, the final record names it (``"predictions"``, relative
             to the run directory) with ``ground_truth`` (the dataset's COCO json), so the report
             can resample evaluation images.
+        ground_truth: the evaluation dataset's COCO json.
+        per_image: after every evaluation that wrote ``predictions_file``, match its predictions with
+            ``ground_truth`` once (box and mask) and save the matches compactly
+            (``<run>/per_image/ap_iter<k>.npz``, :mod:`condinit_det.records.per_image`), named in the record
+            (``"per_image"``): the report's two-level intervals and the speed-up's image bootstrap resample
+            them. A failure to save them is logged, never raised.
     """
 
     def __init__(
@@ -98,6 +105,7 @@ class APHook(hooks.EvalHook):
         eval_after_train: bool = True,
         predictions_file: Optional[str] = None,
         ground_truth: Optional[str] = None,
+        per_image: bool = True,
     ):
         self._evaluate = eval_function
         self._results_file = results_file
@@ -108,6 +116,8 @@ class APHook(hooks.EvalHook):
             raise ValueError(f"APHook metadata accepts {', '.join(_METADATA_KEYS)}; got {sorted(unknown)}")
         self._predictions_file = predictions_file
         self._ground_truth = ground_truth
+        self._per_image = per_image
+        self._ground_truth_data = None  # the COCO json, read once
         self._iteration = None
         super().__init__(eval_period, self._evaluate_and_record, eval_after_train=eval_after_train)
 
@@ -143,16 +153,39 @@ class APHook(hooks.EvalHook):
             iteration = self._iteration or min(self.trainer.iter + 1, self.trainer.max_iter)
             record = ap_record(results, iteration=iteration, **self._metadata)
             pred = self._predictions_file
-            if (iteration == self.trainer.max_iter and pred and self._ground_truth and os.path.isfile(pred)
-                    and os.path.getmtime(pred) >= started - 1):
+            fresh = bool(pred and self._ground_truth and os.path.isfile(pred) and os.path.getmtime(pred) >= started - 1)
+            if fresh and iteration == self.trainer.max_iter:
                 record["predictions"] = os.path.relpath(pred, self._results_file.output_dir)
                 record["ground_truth"] = os.path.abspath(self._ground_truth)
+            if fresh and self._per_image:
+                saved = self._save_matches(iteration, [t for t in _TASKS if record[t] is not None])
+                if saved:
+                    record["per_image"] = os.path.relpath(saved, self._results_file.output_dir)
             self._results_file.add(record)
             logger.info(
                 f"Iteration {iteration}: box AP {_fmt_ap(record['bbox'])}, mask AP {_fmt_ap(record['segm'])} "
                 f"(arm {self._metadata['arm']}) recorded in {self._results_file.path}"
             )
         return results
+
+    def _save_matches(self, iteration: int, tasks) -> Optional[str]:
+        """Match this evaluation's predictions once and save them; returns the file, or None (logged)."""
+        from condinit_det.evaluation.bootstrap import load_json, match_predictions, save_matches
+
+        path = detection_eval_path(self._results_file.output_dir, iteration)
+        started = time.perf_counter()
+        try:
+            if self._ground_truth_data is None:
+                self._ground_truth_data = load_json(self._ground_truth)
+            matches = match_predictions(self._ground_truth_data, load_json(self._predictions_file), iou_types=tasks)
+            size = save_matches(path, matches)
+        except Exception as e:  # the run must not stop for a report aid
+            logger.warning(f"Iteration {iteration}: per-image matches not saved ({type(e).__name__}: {e}); the report "
+                           "falls back to intervals without this evaluation's images.")
+            return None
+        logger.info(f"Iteration {iteration}: per-image matches ({', '.join(matches)}) saved to {path} "
+                    f"({size / 1024:.0f} KiB, {time.perf_counter() - started:.2f} s)")
+        return path
 
 
 def _fmt_ap(task: Optional[Mapping[str, Any]]) -> str:
@@ -219,14 +252,14 @@ def build_best_checkpointer(
 class PreemptionHook(hooks.HookBase):
     """Inside a Slurm element: on the time-limit signal, every process agrees at the next step boundary,
     rank 0 writes a checkpoint of that iteration, and the run stops for its requeue
-    (:class:`condinit_det.launch.cluster.PreemptionWatch`). Does nothing elsewhere."""
+    (:class:`condinit_det.utils.preemption.PreemptionWatch`). Does nothing elsewhere."""
 
     def __init__(self, checkpointer, run_dir: str):
         self._checkpointer, self._run_dir = checkpointer, run_dir
         self._watch = None
 
     def before_train(self):
-        from condinit_det.launch.cluster import PreemptionWatch
+        from condinit_det.utils.preemption import PreemptionWatch
 
         self._watch = PreemptionWatch()
 

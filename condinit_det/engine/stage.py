@@ -6,6 +6,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..launch.stage import ConfigDefaults, Stage
 from ..records.layout import RunSpec
+from ..records.per_image import find_detection_evals
 from ..utils.errors import UsageError
 from .config import (DEFAULT_SEED, arm_spec, check_arm_sites, check_run, check_shared_checkpoints, get_device, get_max_iter,
                      get_output_dir, get_seed, is_yacs, load_config, prepare_config, run_identity)
@@ -105,6 +106,9 @@ class DetectionStage(Stage):
             node = cfg.dataloader.get(split)
             if node is not None and "num_workers" in node:
                 node.num_workers = int(workers)
+
+    def stale_files(self, run_dir: str) -> List[str]:
+        return list(find_detection_evals(run_dir).values())  # an earlier run's per-image data
 
     def finished(self, run_dir: str, length: int) -> bool:
         from .train import final_recorded

@@ -19,11 +19,17 @@ equal score in one category keep COCO's order among them (stable sort over the i
 order), so the result equals the re-evaluation's for the same draws (to rounding, ~1e-15).
 Area range "all" and 100 detections per image, as COCO's AP / AP50 / AP75.
 
+A run keeps the matches of every evaluation (:func:`save_matches` / :func:`load_matches`, one ``.npz``
+per evaluation, named by :mod:`condinit_det.records.per_image`), so the report can resample the images
+of any evaluation without the predictions: two-level (seeds x images) intervals and the speed-up's
+image bootstrap need them.
+
 No detectron2 import.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -35,13 +41,21 @@ import numpy as np
 __all__ = [
     "AP_METRICS",
     "CocoMatches",
+    "MATCHES_FORMAT",
     "classification_correctness",
     "coco_ap",
+    "image_counts",
+    "image_draws",
+    "image_ids_digest",
     "load_json",
+    "load_matches",
     "match_images",
+    "match_predictions",
     "paired_accuracy_bootstrap",
     "paired_coco_bootstrap",
     "resampled_ap",
+    "resampled_mean",
+    "save_matches",
 ]
 
 IOU_TYPES = ("bbox", "segm")
@@ -150,10 +164,17 @@ class CocoMatches:
     tp: np.ndarray  # [T, D] bool: matched and not ignored
     fp: np.ndarray  # [T, D] bool: unmatched and not ignored
     group: np.ndarray  # [D] int: -1, or the id of its run of equal scores in its category (>= 2 detections)
+    images_sha1: str = ""  # :func:`image_ids_digest` of the evaluation set (empty: unknown)
 
     @property
     def num_images(self) -> int:
         return self.gt_count.shape[1]
+
+
+def image_ids_digest(dataset: Mapping) -> str:
+    """SHA-1 (hex) of a COCO dataset's image ids in their order: equal digests = same evaluation images."""
+    ids = np.asarray([int(im["id"]) for im in dataset.get("images", [])], dtype="<i8")
+    return hashlib.sha1(ids.tobytes()).hexdigest()
 
 
 def _fast_per_image(ev, num_t: int):
@@ -231,7 +252,79 @@ def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], io
     starts = tied & ~np.concatenate([[False], same])
     group = np.where(tied, np.cumsum(starts) - 1, -1)
     return CocoMatches(iou_type, np.asarray(p.iouThrs, dtype=np.float64), np.asarray(p.recThrs, dtype=np.float64),
-                       gt_count, cat, img, score, tp, fp, group)
+                       gt_count, cat, img, score, tp, fp, group, image_ids_digest(dataset))
+
+
+def match_predictions(ground_truth: Union[str, dict], predictions: Sequence[dict],
+                      iou_types: Sequence[str] = IOU_TYPES) -> Dict[str, CocoMatches]:
+    """:func:`match_images` for several iou types; a mask type is skipped when no prediction has a mask."""
+    dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
+    has_masks = all("segmentation" in p for p in predictions)
+    return {t: match_images(dataset, predictions, t) for t in iou_types if t != "segm" or has_masks}
+
+
+# Format of the saved matches (:func:`save_matches`); bumped when the layout changes.
+MATCHES_FORMAT = 1
+
+
+def _smallest_uint(a: np.ndarray) -> np.ndarray:
+    top = int(a.max()) if a.size else 0
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(dtype).max:
+            return a.astype(dtype)
+    return a.astype(np.uint64)
+
+
+def save_matches(path: str, matches: Mapping[str, CocoMatches]) -> int:
+    """
+    Save the matches of one evaluation (iou type -> :class:`CocoMatches`) compactly into one ``.npz``,
+    written atomically. Per iou type: true / false positives as bits, categories as counts per category
+    (detections are sorted by category), images and ground-truth counts in the smallest unsigned type,
+    scores as float32 (they only order the detections, which the stored order and ``group`` already
+    record). Returns the bytes written.
+    """
+    from condinit_det.utils.fileio import atomic_write
+
+    arrays = {"format": np.int64(MATCHES_FORMAT), "iou_types": np.asarray(sorted(matches), dtype=np.str_)}
+    for t, m in matches.items():
+        if t not in IOU_TYPES or m.iou_type != t:
+            raise ValueError(f"matches must map an iou type of {IOU_TYPES} to its CocoMatches; got {t!r} -> "
+                             f"{getattr(m, 'iou_type', type(m).__name__)!r}")
+        num_k = m.gt_count.shape[0]
+        arrays.update({
+            f"{t}.iou_thresholds": m.iou_thresholds, f"{t}.recall_thresholds": m.recall_thresholds,
+            f"{t}.gt_count": _smallest_uint(m.gt_count), f"{t}.per_category": np.bincount(m.category, minlength=num_k),
+            f"{t}.image": _smallest_uint(m.image), f"{t}.score": m.score.astype(np.float32),
+            f"{t}.tp": np.packbits(m.tp, axis=None), f"{t}.fp": np.packbits(m.fp, axis=None),
+            f"{t}.group": m.group.astype(np.int32), f"{t}.images_sha1": np.str_(m.images_sha1),
+        })
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    data = buf.getvalue()
+    atomic_write(path, data)
+    return len(data)
+
+
+def load_matches(path: str) -> Dict[str, CocoMatches]:
+    """Read a file of :func:`save_matches`: iou type -> :class:`CocoMatches`. ValueError when it is not one."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if int(f["format"]) != MATCHES_FORMAT:
+                raise ValueError(f"format {int(f['format'])}, this version reads format {MATCHES_FORMAT}")
+            out = {}
+            for t in (str(v) for v in f["iou_types"]):
+                per_category = f[f"{t}.per_category"].astype(np.int64)
+                num_d, num_t = int(per_category.sum()), len(f[f"{t}.iou_thresholds"])
+                bits = {k: np.unpackbits(f[f"{t}.{k}"], count=num_t * num_d).reshape(num_t, num_d).astype(bool)
+                        for k in ("tp", "fp")}
+                out[t] = CocoMatches(
+                    t, f[f"{t}.iou_thresholds"].astype(np.float64), f[f"{t}.recall_thresholds"].astype(np.float64),
+                    f[f"{t}.gt_count"].astype(np.int64), np.repeat(np.arange(per_category.size), per_category),
+                    f[f"{t}.image"].astype(np.int64), f[f"{t}.score"].astype(np.float64), bits["tp"], bits["fp"],
+                    f[f"{t}.group"].astype(np.int64), str(f[f"{t}.images_sha1"]))
+            return out
+    except (OSError, KeyError, ValueError, EOFError) as e:
+        raise ValueError(f"{path} is not a file of saved COCO matches ({e})") from None
 
 
 def _first_reaching(npig: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
@@ -421,6 +514,43 @@ def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarra
     return out
 
 
+def image_draws(rng: np.random.Generator, num_images: int, num_resamples: int) -> np.ndarray:
+    """[num_resamples, num_images] image positions drawn with replacement: resample b is the b-th
+    ``rng.integers(0, num_images, size=num_images)``."""
+    if num_images <= 0:
+        raise ValueError(f"there are no evaluation images to resample (num_images={num_images})")
+    return rng.integers(0, num_images, size=(int(num_resamples), int(num_images)))
+
+
+def image_counts(draws: np.ndarray, num_images: int) -> np.ndarray:
+    """[..., B, N] how often each image position is drawn in each resample of ``draws`` [..., B, n]."""
+    draws = np.asarray(draws, dtype=np.int64)
+    if draws.size and (draws.min() < 0 or draws.max() >= num_images):
+        raise ValueError(f"draws must hold image positions in [0, {num_images}); got values in "
+                         f"[{draws.min()}, {draws.max()}]")
+    rows = draws.reshape(-1, draws.shape[-1]) if draws.ndim else draws.reshape(1, 1)
+    offsets = np.arange(rows.shape[0], dtype=np.int64)[:, None] * num_images
+    counts = np.bincount((rows + offsets).ravel(), minlength=rows.shape[0] * num_images)
+    return counts.reshape(draws.shape[:-1] + (num_images,))
+
+
+def resampled_mean(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """
+    Mean of per-image values on each resample of the images (an image drawn k times counts k times).
+
+    Args:
+        values: [..., N] one value per evaluation image (e.g. 100 x top-1 correctness).
+        draws: [..., B, n] image positions in [0, N) per resample; leading dimensions broadcast with
+            those of ``values`` (e.g. values [S, seeds, N] with draws [S, 1, B, n]).
+
+    Returns [..., B].
+    """
+    values = np.asarray(values, dtype=np.float64)
+    draws = np.asarray(draws)
+    counts = image_counts(draws, values.shape[-1]).astype(np.float64)
+    return np.matmul(counts, values[..., None])[..., 0] / draws.shape[-1]
+
+
 def paired_coco_bootstrap(ground_truth: Union[str, dict], predictions_a: Sequence[dict],
                           predictions_b: Sequence[dict], rng: np.random.Generator,
                           num_resamples: int = 1000, iou_types: Sequence[str] = IOU_TYPES
@@ -452,12 +582,9 @@ def paired_accuracy_bootstrap(correct_a: Sequence[float], correct_b: Sequence[fl
     a = np.asarray(correct_a, dtype=np.float64)
     b = np.asarray(correct_b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
-        raise ValueError(f"per-image correctness of both models must be equal-length vectors; got {a.shape} and {b.shape}")
-    d = a - b
-    out = np.empty(num_resamples)
-    for i in range(num_resamples):
-        out[i] = 100.0 * d[rng.integers(0, d.size, size=d.size)].mean()
-    return out
+        raise ValueError(f"per-image correctness of both models must be equal-length vectors; got {a.shape} and "
+                         f"{b.shape}")
+    return resampled_mean(100.0 * (a - b), image_draws(rng, a.size, num_resamples))
 
 
 def classification_correctness(eval_predictions: Mapping) -> Dict[str, np.ndarray]:

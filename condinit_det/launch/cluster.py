@@ -43,7 +43,8 @@ from ..utils.preemption import PREEMPTED_FILENAME, PREEMPTIBLE_ENV, Preempted
 from .experiment import Experiment, execute
 
 __all__ = ["IN_FLIGHT_STATES", "JOBS_FILENAME", "ReportJob", "RunElement", "Submission", "describe_submission",
-           "read_job_history", "read_jobs", "submission_plan", "submit_experiment", "submit_report", "submit_runs"]
+           "read_job_history", "read_jobs", "replace_report", "submission_plan", "submit_experiment", "submit_report",
+           "submit_runs"]
 
 JOBS_FILENAME = "slurm.json"
 # squeue states of a job that will still run or is running: its run is in flight.
@@ -167,6 +168,18 @@ def _record_jobs(base: str, jobs: Dict[str, str], report: Optional[str]) -> None
     atomic_write(os.path.join(base, JOBS_FILENAME), json.dumps({"runs": runs, "report": reports}, indent=1))
 
 
+def replace_report(base: str, job_id: str, *, log=print) -> None:
+    """Record ``job_id`` as the report job of ``base`` and cancel the previous one if it is still pending: the new
+    one waits for every run the old one waited for, so one report covers them all and no two write at once."""
+    from .slurm import cancel_job, job_states
+
+    earlier = _history(_read_jobs_file(base).get("report"))
+    _record_jobs(base, {}, job_id)
+    if earlier and job_states([earlier[-1]]).get(earlier[-1]) == "PENDING":
+        cancel_job(earlier[-1])
+        log(f"Report job {earlier[-1]} (pending) is replaced by report job {job_id}")
+
+
 def _relative(spec: RunSpec) -> str:
     return os.path.join(spec.arm, spec.name)
 
@@ -220,8 +233,8 @@ def submit_runs(experiment: Experiment, specs: Sequence[RunSpec], *, name: str, 
     executor = make_executor(experiment.args, slurm_folder(experiment.args, experiment.base), name)
     jobs = submit(executor, [RunElement(experiment, spec) for spec in specs], dependency=dependency)
     _record_jobs(experiment.base, {_relative(s): str(j.job_id) for s, j in zip(specs, jobs)}, None)
-    log(f"Submitted {len(jobs)} run(s) of {experiment.base} as job array {str(jobs[0].job_id).split('_')[0]}"
-        + (f" after {dependency}" if dependency else ""))
+    what = f"job array {str(jobs[0].job_id).split('_')[0]}" if len(jobs) > 1 else f"job {jobs[0].job_id}"
+    log(f"Submitted {len(jobs)} run(s) of {experiment.base} as {what}" + (f" after {dependency}" if dependency else ""))
     for spec, job in zip(specs, jobs):
         log(f"  {job.job_id}: {_name(spec)}")
     return jobs
@@ -254,7 +267,7 @@ def submit_experiment(experiment: Experiment, *, name: str, report: bool = True,
                                    os.path.join(experiment.base, REPORT_DIRNAME), jobs=waits,
                                    folder=slurm_folder(experiment.args, experiment.base), name=f"{name}-report",
                                    log=log)
-        _record_jobs(experiment.base, {}, str(report_job.job_id))
+        replace_report(experiment.base, str(report_job.job_id), log=log)
     log(f"Watch it with: condinit-status {experiment.base}   (submitit logs: "
         f"{slurm_folder(experiment.args, experiment.base)})")
     return jobs, plan.todo, dict(plan.in_flight), report_job

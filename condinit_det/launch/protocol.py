@@ -18,7 +18,7 @@ from typing import Dict, List
 
 from ..records.layout import REPORT_DIRNAME, RunSpec
 from .arguments import add_cost_arguments, add_experiment_arguments, build_parser, experiment_namespace
-from .cluster import describe_submission, submission_plan, submit_report, submit_runs
+from .cluster import describe_submission, replace_report, submission_plan, submit_report, submit_runs
 from .experiment import Experiment, plan_experiment
 from .slurm import add_slurm_arguments, after, after_each, slurm_folder
 from .stage import Stage
@@ -102,8 +102,9 @@ def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: St
     jobs += list(fine_plan.in_flight.values())
     jobs += _submit_downstream(pre, fine, fine_plan.todo, pre_jobs, pre_plan.in_flight, log)
     if jobs:
-        submit_report(args, [pre.base, fine.base], os.path.join(args.output, REPORT_DIRNAME), jobs=jobs,
-                      folder=slurm_folder(args, args.output), name="condinit-protocol-report", log=log)
+        job = submit_report(args, [pre.base, fine.base], os.path.join(args.output, REPORT_DIRNAME), jobs=jobs,
+                            folder=slurm_folder(args, args.output), name="condinit-protocol-report", log=log)
+        replace_report(args.output, str(job.job_id), log=log)
     return 0
 
 

@@ -83,6 +83,7 @@ __all__ = [
     "slurm_rendezvous",
     "first_hostname",
     "restart_count",
+    "cancel_job",
     "job_states",
     "parse_time_minutes",
 ]
@@ -253,6 +254,13 @@ def after(kind: str, jobs: Sequence[Union[submitit.Job, str]]) -> str:
     if not jobs:
         raise ValueError("a dependency needs at least one job")
     return kind + ":" + ":".join(str(getattr(j, "job_id", j)) for j in jobs)
+
+
+def cancel_job(job_id: str) -> None:
+    """``scancel <job_id>``; raises RuntimeError when scancel refuses."""
+    proc = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scancel {job_id} failed: {proc.stderr.strip()}")
 
 
 def job_states(job_ids: Sequence[str]) -> Dict[str, str]:

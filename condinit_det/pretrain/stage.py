@@ -10,6 +10,7 @@ import torch
 from ..init.spec import plain
 from ..launch.stage import ConfigDefaults, Stage
 from ..records.layout import RunSpec
+from ..records.per_image import find_classification_evals
 from ..utils.checkpoint_io import check_loadable, final_weights_file
 from ..utils.errors import UsageError
 from .checkpoint import FINAL_FILENAME, FINAL_SAFETENSORS, find_checkpoints, last_checkpoint
@@ -161,4 +162,5 @@ class PretrainStage(Stage):
 
     def stale_files(self, run_dir: str) -> List[str]:
         names = (FINAL_FILENAME, FINAL_SAFETENSORS, PREDICTIONS_FILENAME)
-        return list(find_checkpoints(run_dir).values()) + [os.path.join(run_dir, n) for n in names]
+        return (list(find_checkpoints(run_dir).values()) + list(find_classification_evals(run_dir).values())
+                + [os.path.join(run_dir, n) for n in names])

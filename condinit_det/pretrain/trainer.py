@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 
 from ..records.identity import write_arm_report
+from ..records.per_image import write_classification_eval
 from ..records.results import ResultsFile
 from ..utils.checkpoint_io import load_checkpoint
 from ..utils.distributed import check_replicas, rank
@@ -406,7 +407,10 @@ class PretrainRun:
         logger.info(f"epoch {done}/{self.num_epochs}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
                     f"eval loss {record['eval_loss']:.4f}  train loss {self.train_loss:.4f}"
                     + (f"  (EMA top-1 {record['ema']['top1']:.2f}%)" if self.ema is not None else ""))
-        if self.main:
+        if self.main:  # the per-image correctness the report resamples, for every evaluation
+            path = write_classification_eval(self.run_dir, done, labels=result.labels, top1=result.top1,
+                                             top5_hit=result.top5_hit)
+            record["per_image"] = os.path.relpath(path, self.run_dir)
             self.results.add(record)
             self.storage.put_scalars(**{f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")},
                                      smoothing_hint=False)

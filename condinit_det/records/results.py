@@ -13,12 +13,14 @@ scanned) and ``"config"``. Kinds:
   ``{"AP", "AP50", "AP75", "APs", "APm", "APl"}`` in percent, or ``None`` for a task not evaluated.
   A run's final ``"ap"`` record also names the evaluator's saved predictions (``"predictions"``,
   relative to the run directory) and the dataset's COCO json (``"ground_truth"``), which the
-  report resamples for confidence intervals.
+  report resamples for confidence intervals. Every ``"ap"`` record names its evaluation's per-image
+  COCO matching (``"per_image"``, :mod:`condinit_det.records.per_image`).
 - ``"eval"``: an ``"ap"``-shaped record of ``tools/train_net.py --eval-only``, with ``"checkpoint"``.
 - ``"cls"`` (classification pretraining, :mod:`condinit_det.pretrain`): ``"epoch"`` (completed
   epochs), ``"top1"``, ``"top5"`` (percent, on the evaluation set), ``"train_loss"`` (mean over the
   epoch), ``"eval_loss"``, ``"lr"``; ``"ema"`` (the EMA weights' ``top1``, ``top5``, ``eval_loss``)
-  for recipes with an EMA.
+  for recipes with an EMA; ``"per_image"``: the evaluation's per-image correctness
+  (:mod:`condinit_det.records.per_image`).
 - ``"cls_eval"``: a ``"cls"``-shaped record of ``tools/pretrain_net.py --eval-only``, with ``"checkpoint"``.
 - ``"conditioning"`` (:mod:`condinit_det.analysis.hooks`): one attention site's kappa(J), with ``"site"``.
 - ``"failed"`` (:mod:`condinit_det.records.failures`): the run stopped on an exception. ``"reason"`` is

@@ -2,11 +2,14 @@
 Comparison of initialization arms across training runs, for both training stages.
 
 Runs are read from their results files only (no detectron2): ``"cls"`` records of the
-classification pretraining and ``"ap"`` records of detection go through the same path. Runs
-are grouped by (stage, arm, learning-rate scale) with seeds as replicates; the report gives, per
-stage, the paper-layout table, the convergence metric (first x reaching the default arm's final
-value and the speed-up), paired statistics against the default arm with a verdict, the
-learning-rate sensitivity, and the planned runs that are missing or unfinished.
+classification pretraining and ``"ap"`` records of detection go through the same path, with the
+per-image data a run keeps of its evaluations (:mod:`condinit_det.records.per_image`). Runs are
+grouped by (stage, arm, learning-rate scale) with seeds as replicates; the report gives, per stage,
+the paper-layout table, the convergence metric, paired statistics against the default arm (each
+interval naming its unit of replication: training runs, evaluation images or both; verdicts under
+Holm–Bonferroni), the probability of improvement, censoring-aware speed-ups, the seeds each question
+needs, the learning-rate sensitivity, and the planned runs that are missing or unfinished. The
+statistics' calibration on simulated experiments: :mod:`.calibration` and docs/statistics.md.
 
     from condinit_det.report import compare_arms
     report, markdown = compare_arms(["output/pretrain", "output/finetune"], output_dir="output/report")
@@ -14,11 +17,16 @@ learning-rate sensitivity, and the planned runs that are missing or unfinished.
 from .compare import compare_arms, write_report
 from .curves import Curve, first_reach, seed_mean, speedup
 from .discovery import ExpectedRun, Missing, Run, find_expected, find_runs, load_run
+from .improvement import Improvement, probability_of_improvement
 from .loss import read_training_loss, smooth
 from .markdown import format_markdown
+from .multiplicity import holm_adjust
 from .paired import PairedStat, paired_statistics
+from .planning import SeedPlan, plan_seeds, power, seeds_needed
 from .plots import ARM_COLORS
+from .speedup import Reach, SpeedupSummary, summarize_reaches
 from .stages import CLASSIFICATION, DETECTION, STAGES, Metric, Stage
+from .statistics import Interval, report_method, t_interval, two_level_bootstrap, verdict
 from .summary import ARM_ORDER, ArmsReport, ArmSummary, StageReport, summarize_runs
 from .tables import format_curves_csv, format_stats_csv, format_summary_csv
 
@@ -32,10 +40,15 @@ __all__ = [
     "ArmsReport",
     "Curve",
     "ExpectedRun",
+    "Improvement",
+    "Interval",
     "Metric",
     "Missing",
     "PairedStat",
+    "Reach",
     "Run",
+    "SeedPlan",
+    "SpeedupSummary",
     "Stage",
     "StageReport",
     "compare_arms",
@@ -46,12 +59,22 @@ __all__ = [
     "format_markdown",
     "format_stats_csv",
     "format_summary_csv",
+    "holm_adjust",
     "load_run",
     "paired_statistics",
+    "plan_seeds",
+    "power",
+    "probability_of_improvement",
     "read_training_loss",
+    "report_method",
     "seed_mean",
+    "seeds_needed",
     "smooth",
     "speedup",
+    "summarize_reaches",
     "summarize_runs",
+    "t_interval",
+    "two_level_bootstrap",
+    "verdict",
     "write_report",
 ]

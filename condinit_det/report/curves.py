@@ -42,7 +42,8 @@ def seed_mean(curves: Sequence[Tuple[np.ndarray, np.ndarray]], interpolate: bool
         vals = np.stack([np.interp(grid, x, y) for x, y in curves])
         common = grid.astype(np.int64)
     else:
-        vals = np.stack([y[np.searchsorted(x, common)] for x, y in curves]) if len(common) else np.zeros((len(curves), 0))
+        vals = (np.stack([y[np.searchsorted(x, common)] for x, y in curves]) if len(common)
+                else np.zeros((len(curves), 0)))
     std = vals.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(len(common))
     return Curve(common, vals.mean(axis=0), std)
 

@@ -14,8 +14,8 @@ from .summary import StageReport
 __all__ = ["ARM_COLORS", "arm_color", "plot_stage"]
 
 # Fixed mapping (colour-blind safe): the same arm has the same colour in every plot.
-ARM_COLORS = {"default": "#4D4D4D", "mimetic": "#0072B2", "conditioned": "#D55E00"}
-_EXTRA_COLORS = ("#009E73", "#CC79A7", "#E69F00", "#56B4E9")
+ARM_COLORS = {"default": "#4D4D4D", "mimetic": "#0072B2", "conditioned": "#D55E00", "scale_matched": "#009E73"}
+_EXTRA_COLORS = ("#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
 
 
 def arm_color(arm: str) -> str:
@@ -60,7 +60,8 @@ def _metric_plot(path: str, sr: StageReport, metric: Metric) -> bool:
     def draw(ax):
         for g in groups:
             c, color = g.curves[metric.key], arm_color(g.arm)
-            ax.plot(c.x, c.mean, marker="o", ms=3, color=color, label=f"{g.arm} ({len(g.runs)} seed{'s' * (len(g.runs) > 1)})")
+            seeds = f"{len(g.runs)} seed{'s' * (len(g.runs) > 1)}"
+            ax.plot(c.x, c.mean, marker="o", ms=3, color=color, label=f"{g.arm} ({seeds})")
             if len(g.runs) > 1:
                 ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=color, alpha=0.2, lw=0)
         for m, x, y in failed:  # each stopped run on its own, ending where it stopped
@@ -70,7 +71,8 @@ def _metric_plot(path: str, sr: StageReport, metric: Metric) -> bool:
             ax.axhline(value, color=arm_color("default"), ls="--", lw=1, label="default final")
 
     name = metric.label.split(" (")[0]
-    _save(path, draw, f"{name[0].upper() + name[1:]} vs {sr.stage.x} ({_band_note(sr)})", sr.stage.x_label, metric.label)
+    title = f"{name[0].upper() + name[1:]} vs {sr.stage.x} ({_band_note(sr)})"
+    _save(path, draw, title, sr.stage.x_label, metric.label)
     return True
 
 

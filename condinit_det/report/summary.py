@@ -16,7 +16,8 @@ from .stages import CLASSIFICATION, DETECTION, STAGES, Stage
 
 __all__ = ["ARM_ORDER", "LOSS", "ArmSummary", "ArmsReport", "StageReport", "summarize_runs"]
 
-ARM_ORDER = ("default", "mimetic", "conditioned")
+# Report order; "scale_matched" is the norm-matched control (the default init rescaled to the conditioned norms).
+ARM_ORDER = ("default", "mimetic", "conditioned", "scale_matched")
 LOSS = "loss"  # convergence key of the training loss
 
 
@@ -67,6 +68,16 @@ class StageReport:
     has_plan: bool = False
 
     @property
+    def family(self) -> List[PairedStat]:
+        """The comparisons whose verdicts share the stage's Holm–Bonferroni family."""
+        return [s for s in self.stats if s.in_family]
+
+    @property
+    def seeds_per_arm(self) -> Dict[str, int]:
+        """Arm -> number of seeds (main comparison)."""
+        return {g.arm: len(g.runs) for g in self.arms}
+
+    @property
     def arms(self) -> List[ArmSummary]:
         """The groups of the main comparison (one per arm)."""
         return [g for g in self.groups if g.lr_scale == self.scale]
@@ -107,6 +118,7 @@ class ArmsReport:
     missing: List[Missing]  # every missing or unfinished run (also listed per stage when known)
     bootstrap: int = 1000
     seed: int = 0
+    delta: Optional[object] = None  # the planning difference asked for (None: per-metric defaults)
 
     def stage(self, name: str) -> StageReport:
         for s in self.stages:
@@ -203,7 +215,8 @@ def _collect_missing(expected: Sequence[ExpectedRun], runs: List[Run]) -> Tuple[
         stage = stage_by_base.get(e.base) or _stage_hint(e.stage_hint)
         planned_stage[os.path.realpath(e.path)] = stage
         if os.path.realpath(e.path) not in by_path:
-            out.append(Missing(e.spec.arm, e.spec.seed, e.spec.lr_scale, e.path, "no results (failed or not run)", stage))
+            out.append(Missing(e.spec.arm, e.spec.seed, e.spec.lr_scale, e.path, "no results (failed or not run)",
+                               stage))
     end: Dict[Tuple[str, str], int] = {}
     for r in runs:
         if r.stage is not None and r.failure is None:
@@ -225,10 +238,13 @@ def _collect_missing(expected: Sequence[ExpectedRun], runs: List[Run]) -> Tuple[
 
 
 def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *, bootstrap: int = 1000,
-                   seed: int = 0) -> ArmsReport:
+                   seed: int = 0, delta=None, std=None) -> ArmsReport:
     """
     Group finished runs by (stage, arm, lr scale), aggregate them over seeds, compute the
     convergence metric and the paired statistics, and collect missing or unfinished runs.
+    ``bootstrap`` / ``seed``: image resamples and generator seed; ``delta`` / ``std``: the difference the
+    seed plans are for and the std of paired differences they assume
+    (:func:`condinit_det.report.paired.paired_statistics`).
     """
     runs = list(runs)
     if not runs:
@@ -258,8 +274,8 @@ def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *,
         sr.kappa = {a: k for a, k in kappa.items() if len(k[0])}
         heads = {g.arm: kappa_heads_curve([r.records for r in g.runs]) for g in sr.arms}
         sr.kappa_heads = {a: k for a, k in heads.items() if len(k[0])}
-        sr.stats = paired_statistics(sr, bootstrap=bootstrap, seed=seed)
+        sr.stats = paired_statistics(sr, bootstrap=bootstrap, seed=seed, delta=delta, std=std)
         stages.append(sr)
     if not any(s.groups or s.failed for s in stages):
         raise ValueError("No finished runs to compare: " + "; ".join(m.describe() for m in missing))
-    return ArmsReport(stages=stages, runs=runs, missing=missing, bootstrap=bootstrap, seed=seed)
+    return ArmsReport(stages=stages, runs=runs, missing=missing, bootstrap=bootstrap, seed=seed, delta=delta)

@@ -78,17 +78,46 @@ def format_curves_csv(report: ArmsReport) -> str:
     return buf.getvalue()
 
 
+def _bound_cells(b) -> List[str]:
+    return ["", ""] if b is None else [_num(b.value), "1" if b.below else "0"]
+
+
 def format_stats_csv(report: ArmsReport) -> str:
-    """One row per stage x arm x metric: spread over seeds and the paired comparison with default."""
+    """
+    One row per stage x arm x metric (headline metrics, then speed-ups): spread over seeds and the paired
+    comparison with default. Headline rows: the verdict's interval, its unit (``replication``: runs / images /
+    both), p-values (raw and Holm), the t-interval over seeds and the two-level percentile interval beside
+    it, P(arm > default) with both intervals, the seed plan. Speed-up rows: seeds reached, estimate and
+    interval (``*_below`` = 1: a censored bound, the value lies below it), coverage.
+    """
     buf, w = _writer()
-    w.writerow(["stage", "arm", "lr_scale", "metric", "mean", "std", "n", "seeds", "paired_seeds", "dropped",
-                "mean_difference", "ci_low", "ci_high", "method", "verdict"])
+    w.writerow(["stage", "arm", "lr_scale", "kind", "metric", "mean", "std", "n", "seeds", "paired_seeds", "dropped",
+                "mean_difference", "ci_low", "ci_high", "method", "replication", "unit", "p_value", "p_holm",
+                "in_family", "verdict", "t_low", "t_high", "percentile_low", "percentile_high", "poi",
+                "poi_boot_low", "poi_boot_high", "poi_exact_low", "poi_exact_high", "plan_delta", "plan_std",
+                "plan_seeds_needed", "speedup_reached", "speedup_estimate", "speedup_estimate_below",
+                "speedup_low", "speedup_low_below", "speedup_high", "speedup_high_below", "speedup_coverage",
+                "note"])
     for sr in report.stages:
         for s in sr.stats:
             iv = s.interval
-            w.writerow([sr.stage.name, s.arm, f"{s.lr_scale:g}", s.metric, _num(s.mean), _num(s.std), s.n,
+            others = {("t" if "t-interval" in o.method else "percentile"): o for o in s.others}
+            if iv is not None and "t-interval" in iv.method:
+                others["t"] = iv
+            t, pct, imp, plan, sp = others.get("t"), others.get("percentile"), s.improvement, s.plan, s.speedup
+            w.writerow([sr.stage.name, s.arm, f"{s.lr_scale:g}", s.kind, s.metric, _num(s.mean), _num(s.std), s.n,
                         " ".join(str(k) for k in s.values if k is not None),
                         " ".join(map(str, s.paired_seeds)), "; ".join(s.dropped),
                         _num(s.mean_difference) if s.differences else "",
-                        _num(iv.low) if iv else "", _num(iv.high) if iv else "", s.method, s.verdict])
+                        _num(iv.low) if iv else "", _num(iv.high) if iv else "", s.method,
+                        iv.replication if iv else "", iv.unit if iv else "", _num(iv.p_value) if iv else "",
+                        _num(s.p_holm), int(s.in_family), s.verdict,
+                        _num(t.low) if t else "", _num(t.high) if t else "",
+                        _num(pct.low) if pct else "", _num(pct.high) if pct else "",
+                        *([_num(imp.estimate), _num(imp.boot_low), _num(imp.boot_high), _num(imp.exact_low),
+                           _num(imp.exact_high)] if imp else [""] * 5),
+                        *([_num(plan.delta), _num(plan.std), _num(plan.needed)] if plan else [""] * 3),
+                        *([sp.reached, *_bound_cells(sp.estimate), *_bound_cells(sp.low), *_bound_cells(sp.high),
+                           _num(sp.coverage)] if sp else [""] * 8),
+                        s.note])
     return buf.getvalue()

@@ -1,0 +1,290 @@
+"""Calibration of the report's intervals on simulated experiments with a known effect.
+
+A simulated experiment has n seeds, two arms (default and one other) and N evaluation images. Image i
+of seed s scores, for arm a,
+
+    y[a, s, i] = b_i + c_s + effect[a] + seed_part[a, s] + image_part[a, i] + noise[a, s, i]
+
+b_i (image difficulty) and c_s (a seed's data order) are shared by both arms and cancel in the paired
+difference; ``seed_part`` is the arm's training-run variation, ``image_part`` an image effect of the
+arm common to all its training runs, ``noise`` the image-by-run variation. Every part is normal; the
+scenario gives their sizes as standard deviations of the *difference* arm - default (each arm carries
+half the variance). The metric is the mean score over the evaluation images (classification accuracy
+is such a mean; COCO AP is not, but the intervals only see per-seed differences and their
+image-resampled replicates).
+
+Truths an interval can be scored against, per simulated experiment:
+
+- ``population``: the effect, the difference expected over training runs and over images (what a
+  verdict on the initialization is about);
+- ``evaluation set``: effect + the mean image effect of these N images (what an interval over seeds
+  with the evaluation set held fixed covers);
+- ``images``: effect + the seed part of seed 0 (this one trained model pair on the image population:
+  what a one-seed image bootstrap covers).
+
+Every interval is computed by the report's own functions (:mod:`condinit_det.report.statistics`,
+:func:`condinit_det.evaluation.bootstrap.resampled_mean`, :mod:`condinit_det.report.multiplicity`), on
+arrays of simulated experiments at once. Run ``python -m condinit_det.report.calibration`` for the
+table of docs/statistics.md.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
+
+from .improvement import probability_of_improvement_batch
+from .multiplicity import holm_adjust
+from .statistics import (IMAGE_BOOTSTRAP, METHOD_TRUTH, PAIRED_T, TWO_LEVEL_PERCENTILE, TWO_LEVEL_T, paired_t,
+                         report_method, two_level_bootstrap)
+
+__all__ = ["SATTERTHWAITE", "SCENARIOS", "Scenario", "calibrate", "coverage", "family_wise_error", "format_table",
+           "key", "main", "poi_coverage", "report_coverage", "simulate"]
+
+# The two-level interval with Welch–Satterthwaite degrees of freedom: calibrated for comparison only.
+SATTERTHWAITE = "two-level Satterthwaite"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Sizes of the parts of a simulated difference (arm - default), in metric points."""
+
+    name: str
+    effect: float  # the known population difference
+    seed_std: float  # std over training runs of a seed's difference on the image population
+    image_shared_se: float  # std of the mean over the N images of the image effects common to all runs
+    image_seed_se: float  # std of the mean over the N images of the image-by-run variation
+    num_images: int = 100
+    image_spread: float = 20.0  # std of the image difficulties b_i (cancels in the difference)
+
+    def describe(self) -> str:
+        return (f"{self.name}: effect {self.effect:g}, seed std {self.seed_std:g}, shared image SE "
+                f"{self.image_shared_se:g}, per-run image SE {self.image_seed_se:g}, {self.num_images} images")
+
+
+SCENARIOS = (
+    # COCO-like: the seed std of a paired difference ~0.14 AP (detectron2's ViTDet seeds: ~0.10 AP per
+    # run); per-run image noise of a 5000-image evaluation below it; small image effects shared by runs.
+    Scenario("COCO-like", effect=0.5, seed_std=0.15, image_shared_se=0.03, image_seed_se=0.1),
+    # A small evaluation set (the demo's 64 images): per-run image noise dominates the seed spread.
+    Scenario("small evaluation set", effect=0.5, seed_std=0.5, image_shared_se=0.5, image_seed_se=1.7),
+    # Stress: image effects shared by every training run as large as the seed spread.
+    Scenario("shared image effects", effect=0.5, seed_std=0.3, image_shared_se=0.3, image_seed_se=0.2),
+    # Stress: shared image effects dominate.
+    Scenario("shared image effects dominate", effect=0.5, seed_std=0.2, image_shared_se=1.0, image_seed_se=0.4),
+)
+
+
+@dataclass
+class Simulated:
+    """Per-image scores of many simulated experiments and their truths (of the first arm)."""
+
+    default: np.ndarray  # [S, n, N]
+    arms: np.ndarray  # [A, S, n, N]: arms that share the default runs (and image difficulties, seed shifts)
+    population: float
+    evaluation_set: np.ndarray  # [S]
+    images: np.ndarray  # [S]: seed 0's pair on the image population
+
+    @property
+    def arm(self) -> np.ndarray:
+        return self.arms[0]
+
+
+def simulate(scenario: Scenario, num_seeds: int, num_sims: int, rng: np.random.Generator,
+             num_arms: int = 1) -> Simulated:
+    """``num_sims`` experiments of ``num_seeds`` paired seeds on ``scenario.num_images`` images; every arm
+    beside the default has the scenario's effect."""
+    sc, half = scenario, np.sqrt(0.5)
+    shape = (num_sims, num_seeds, sc.num_images)
+    sigma_shared = sc.image_shared_se * np.sqrt(sc.num_images) * half
+    sigma_noise = sc.image_seed_se * np.sqrt(sc.num_images) * half
+    common = (rng.normal(50.0, sc.image_spread, size=(num_sims, 1, sc.num_images))
+              + rng.normal(0.0, 1.0, size=(num_sims, num_seeds, 1)))
+    seed_parts, image_parts, scores = [], [], []
+    for a in range(num_arms + 1):  # the default first
+        seed_parts.append(rng.normal(0.0, sc.seed_std * half, size=(num_sims, num_seeds, 1)))
+        image_parts.append(rng.normal(0.0, sigma_shared, size=(num_sims, 1, sc.num_images)))
+        scores.append(common + seed_parts[-1] + image_parts[-1] + rng.normal(0.0, sigma_noise, size=shape)
+                      + (sc.effect if a else 0.0))
+    seed_diff = (seed_parts[1] - seed_parts[0])[:, :, 0]
+    image_diff = (image_parts[1] - image_parts[0])[:, 0, :]
+    return Simulated(scores[0], np.stack(scores[1:]), sc.effect, sc.effect + image_diff.mean(axis=-1),
+                     sc.effect + seed_diff[:, 0])
+
+
+def _replicates(sim: Simulated, rng: np.random.Generator, bootstrap: int) -> np.ndarray:
+    """[A, S, n, B] per-seed differences of every arm on B image resamples, the same resample for every
+    seed and arm (the default's included)."""
+    num_sims, _, num_images = sim.default.shape
+    draws = np.stack([image_draws(rng, num_images, bootstrap) for _ in range(num_sims)])[None, :, None]
+    scores = resampled_mean(np.concatenate([sim.default[None], sim.arms]), draws)  # [A + 1, S, n, B]
+    return scores[1:] - scores[:1]
+
+
+def _covered(low, high, truth) -> float:
+    return float(np.mean((low <= truth) & (truth <= high)))
+
+
+def key(method: str, truth: str) -> str:
+    """Coverage key ``"<method>/<truth>"``, e.g. ``"two-level t/population"``."""
+    return f"{method}/{truth}"
+
+
+def coverage(scenario: Scenario, num_seeds: int, *, num_sims: int = 1000, bootstrap: int = 400,
+             rng: Optional[np.random.Generator] = None, chunk: int = 100) -> Dict[str, float]:
+    """
+    Coverage of the 95% intervals over ``num_sims`` simulated experiments, keyed by :func:`key`. One seed:
+    the image bootstrap against the image truth and the population. Two or more: the paired t over seeds
+    (against the evaluation-set truth and the population), the two-level bootstrap (percentile,
+    Welch–Satterthwaite and t-scaled, against the population).
+    """
+    rng = np.random.default_rng(0) if rng is None else rng
+    hits: Dict[str, float] = {}
+    done = 0
+    while done < num_sims:
+        size = min(chunk, num_sims - done)
+        sim = simulate(scenario, num_seeds, size, rng)
+        rep = _replicates(sim, rng, bootstrap)[0]
+        per_seed = sim.arm.mean(axis=-1) - sim.default.mean(axis=-1)  # [S, n]
+        found = {}
+        if num_seeds == 1:
+            low, high = np.quantile(rep[:, 0], [0.025, 0.975], axis=-1)
+            found[key(IMAGE_BOOTSTRAP, "images")] = _covered(low, high, sim.images)
+            found[key(IMAGE_BOOTSTRAP, "population")] = _covered(low, high, sim.population)
+        else:
+            _, low, high, _, _ = paired_t(per_seed)
+            found[key(PAIRED_T, "evaluation set")] = _covered(low, high, sim.evaluation_set)
+            found[key(PAIRED_T, "population")] = _covered(low, high, sim.population)
+            two = two_level_bootstrap(per_seed, rep, rng, num_images=scenario.num_images)
+            found[key(TWO_LEVEL_PERCENTILE, "population")] = _covered(two.percentile_low, two.percentile_high,
+                                                                      sim.population)
+            found[key(SATTERTHWAITE, "population")] = _covered(two.satterthwaite_low, two.satterthwaite_high,
+                                                               sim.population)
+            found[key(TWO_LEVEL_T, "population")] = _covered(two.low, two.high, sim.population)
+        for k, v in found.items():
+            hits[k] = hits.get(k, 0.0) + v * size
+        done += size
+    return {k: v / num_sims for k, v in hits.items()}
+
+
+def family_wise_error(num_seeds: int, *, num_arms: int = 2, num_metrics: int = 2, num_sims: int = 1000,
+                      bootstrap: int = 400, scenario: Scenario = SCENARIOS[0], correlation: float = 0.7,
+                      rng: Optional[np.random.Generator] = None, alpha: float = 0.05,
+                      chunk: int = 100) -> Dict[str, float]:
+    """
+    Probability of at least one false verdict when no arm differs from default (every effect 0), with and
+    without Holm, over a family of ``num_arms`` x ``num_metrics`` comparisons. The arms share the default
+    runs; a metric after the first is ``correlation`` x the first + sqrt(1 - correlation^2) x an independent
+    experiment, as box and mask AP share the detections. p-values: the two-level t-scaled interval's (the
+    report's method at n >= 2).
+    """
+    rng = np.random.default_rng(1) if rng is None else rng
+    null = Scenario(scenario.name, 0.0, scenario.seed_std, scenario.image_shared_se, scenario.image_seed_se,
+                    scenario.num_images)
+    chunks = []
+    for done in range(0, num_sims, chunk):
+        size = min(chunk, num_sims - done)
+        first = simulate(null, num_seeds, size, rng, num_arms)
+        p = []
+        for m in range(num_metrics):
+            if m == 0:
+                sim = first
+            else:
+                other = simulate(null, num_seeds, size, rng, num_arms)
+                w = np.sqrt(1.0 - correlation ** 2)
+                sim = Simulated(correlation * first.default + w * other.default,
+                                correlation * first.arms + w * other.arms, 0.0, first.evaluation_set, first.images)
+            rep = _replicates(sim, rng, bootstrap)  # [A, S, n, B]
+            per_seed = sim.arms.mean(axis=-1) - sim.default.mean(axis=-1)  # [A, S, n]
+            p.append(two_level_bootstrap(per_seed, rep, rng, num_images=null.num_images).p_value)  # [A, S]
+        chunks.append(np.concatenate(p, axis=0).T)  # [S, family]
+    p_values = np.concatenate(chunks)
+    return {"raw": float(np.mean((p_values <= alpha).any(axis=-1))),
+            "holm": float(np.mean((holm_adjust(p_values) <= alpha).any(axis=-1)))}
+
+
+def poi_coverage(num_seeds: int, *, num_sims: int = 2000, bootstrap: int = 400, effect_over_std: float = 0.5,
+                 rng: Optional[np.random.Generator] = None) -> Dict[str, float]:
+    """Coverage of P(arm run > default run with the same seed) = Φ(effect / std) by the seed-bootstrap
+    percentile interval and the exact (Clopper–Pearson) interval, normal per-seed differences."""
+    from scipy import stats
+
+    rng = np.random.default_rng(2) if rng is None else rng
+    d = rng.normal(effect_over_std, 1.0, size=(num_sims, num_seeds))
+    truth = float(stats.norm.cdf(effect_over_std))
+    poi = probability_of_improvement_batch(d, rng, bootstrap)
+    return {"bootstrap": _covered(poi.boot_low, poi.boot_high, truth),
+            "exact": _covered(poi.exact_low, poi.exact_high, truth)}
+
+
+def report_coverage(results: Dict[int, Dict[str, float]], num_seeds: int, per_image: bool = True) -> Optional[float]:
+    """The measured coverage of the interval the report uses at ``num_seeds`` (:func:`report_method`), of its truth."""
+    method = report_method(num_seeds, per_image)
+    return None if method is None else results[num_seeds].get(key(method, METHOD_TRUTH[method]))
+
+
+COLUMNS = (key(IMAGE_BOOTSTRAP, "images"), key(IMAGE_BOOTSTRAP, "population"), key(PAIRED_T, "evaluation set"),
+           key(PAIRED_T, "population"), key(TWO_LEVEL_PERCENTILE, "population"), key(SATTERTHWAITE, "population"),
+           key(TWO_LEVEL_T, "population"))
+
+
+def format_table(results: Dict[str, Dict[int, Dict[str, float]]], seeds: Sequence[int]) -> str:
+    """Markdown: one row per scenario and n, one column per method/truth; the report's interval in bold."""
+    lines = ["| scenario | n | " + " | ".join(COLUMNS) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
+    for name, by_n in results.items():
+        for n in seeds:
+            row, used = by_n[n], report_method(n, True)
+            cells = []
+            for k in COLUMNS:
+                text = f"{row[k]:.3f}" if k in row else ""
+                cells.append(f"**{text}**" if used and k == key(used, METHOD_TRUTH[used]) else text)
+            lines.append(f"| {name} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def calibrate(*, num_sims: int = 1000, bootstrap: int = 400, one_seed_bootstrap: int = 1000,
+              seeds: Sequence[int] = (1, 2, 3, 5, 10),
+              scenarios: Sequence[Scenario] = SCENARIOS) -> Dict[str, Dict[int, Dict[str, float]]]:
+    """
+    Scenario name -> n -> :func:`coverage`, each cell with its own fixed generator (reproducible). One seed
+    uses ``one_seed_bootstrap`` resamples (the report's default B: a percentile interval's 2.5% tails need
+    them); two or more use ``bootstrap`` (the t-scaled interval needs only the variances).
+    """
+    return {sc.name: {n: coverage(sc, n, num_sims=num_sims, bootstrap=one_seed_bootstrap if n == 1 else bootstrap,
+                                  rng=np.random.default_rng([k, n]))
+                      for n in seeds} for k, sc in enumerate(scenarios)}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="Coverage of the report's 95% intervals on simulated experiments.")
+    parser.add_argument("--sims", type=int, default=2000, help="simulated experiments per cell (default 2000)")
+    parser.add_argument("--bootstrap", type=int, default=400, help="resamples per interval, two or more seeds "
+                                                                   "(default 400)")
+    parser.add_argument("--one-seed-bootstrap", type=int, default=1000, help="resamples per interval, one seed "
+                                                                             "(default 1000, the report's)")
+    parser.add_argument("--seeds", default="1,2,3,5,10", help="seed counts (default 1,2,3,5,10)")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    started = time.time()
+    results = calibrate(num_sims=args.sims, bootstrap=args.bootstrap, one_seed_bootstrap=args.one_seed_bootstrap,
+                        seeds=seeds)
+    print(format_table(results, seeds))
+    print()
+    for n in (2, 3, 5, 10):
+        fwe = family_wise_error(n, num_sims=args.sims, rng=np.random.default_rng([7, n]))
+        print(f"family-wise error, 2 arms x 2 metrics, n = {n}: without Holm {fwe['raw']:.3f}, Holm {fwe['holm']:.3f}")
+    print()
+    for n in (3, 5, 10):
+        poi = poi_coverage(n, num_sims=args.sims, rng=np.random.default_rng([9, n]))
+        print(f"P(improvement) interval coverage, n = {n}: bootstrap {poi['bootstrap']:.3f}, exact {poi['exact']:.3f}")
+    print(f"\n({time.time() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

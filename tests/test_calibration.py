@@ -1,0 +1,85 @@
+"""Calibration of the report's 95% intervals on simulated experiments with a known effect.
+
+Each cell is 1000 simulated experiments run through the report's own functions (vectorized), with fixed
+generators; docs/statistics.md has the table (``python -m condinit_det.report.calibration``, 2000 each).
+"""
+import numpy as np
+import pytest
+
+from condinit_det.records.per_image import write_classification_eval
+from condinit_det.records.results import ResultsFile
+from condinit_det.report import compare_arms
+from condinit_det.report.calibration import (SCENARIOS, calibrate, family_wise_error, key, poi_coverage,
+                                             report_coverage)
+from condinit_det.report.statistics import IMAGE_BOOTSTRAP, PAIRED_T, TWO_LEVEL_PERCENTILE, TWO_LEVEL_T, report_method
+
+SEEDS = (1, 2, 3, 5, 10)
+# Realistic regimes: the tests hold the report's interval to [0.93, 0.97]. The stress regimes (image effects
+# shared by every training run as large as the seed spread, or larger) make the two-level t-scaled interval
+# conservative at 2-3 seeds (the fiducial side of the Behrens–Fisher problem): there it is held to >= 0.93.
+REALISTIC = ("COCO-like", "small evaluation set")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return calibrate(num_sims=1000, seeds=SEEDS)
+
+
+def test_the_report_uses_a_calibrated_interval_at_every_number_of_seeds(results):
+    assert {sc.name for sc in SCENARIOS} >= set(REALISTIC)
+    for sc in SCENARIOS:
+        for n in SEEDS:
+            measured = report_coverage(results[sc.name], n)
+            assert measured >= 0.93, (sc.name, n, measured)
+            if sc.name in REALISTIC or n >= 5:
+                assert measured <= 0.97, (sc.name, n, measured)
+            # without per-image data the report's interval is the t over seeds: exact for the evaluation set
+            if n >= 2:
+                assert report_method(n, per_image=False) == PAIRED_T
+                assert 0.93 <= results[sc.name][n][key(PAIRED_T, "evaluation set")] <= 0.97, (sc.name, n)
+
+
+def test_one_seed_is_an_image_level_statement(results, tmp_path):
+    assert report_method(1, per_image=True) == IMAGE_BOOTSTRAP and report_method(1, per_image=False) is None
+    for sc in SCENARIOS:
+        # it covers this trained pair on the population of images ...
+        assert 0.93 <= results[sc.name][1][key(IMAGE_BOOTSTRAP, "images")] <= 0.97, sc.name
+    # ... not the initialization's effect when seeds vary more than images (COCO-like: far below 0.93)
+    assert results["COCO-like"][1][key(IMAGE_BOOTSTRAP, "population")] < 0.8
+
+    # and the report words it that way: a one-seed comparison with per-image data and a clear difference
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 5, size=400)
+    for arm, p in (("default", 0.5), ("conditioned", 0.7)):
+        run = tmp_path / arm / "seed0"
+        correct = rng.uniform(size=labels.size) < p
+        write_classification_eval(str(run), 4, labels=labels, top1=np.where(correct, labels, (labels + 1) % 5),
+                                  top5_hit=np.ones(labels.size))
+        ResultsFile(str(run)).add({"kind": "cls", "iteration": 40, "epoch": 4, "top1": 100 * correct.mean(),
+                                   "top5": 100.0, "arm": arm, "seed": 0})
+    report, text = compare_arms([str(tmp_path)], bootstrap=1000)
+    line = next(ln for ln in text.splitlines() if ln.startswith("- conditioned, top-1:"))
+    assert line.startswith("- conditioned, top-1: this one trained model scores higher than default's on these images")
+    assert "evaluation images (one trained model per arm)" in line and "training-run variance not measured" in line
+    assert "better than default" not in text.split("## Method")[0]
+
+
+def test_the_percentile_interval_of_the_two_level_bootstrap_undercovers_at_few_seeds(results):
+    # the reason the report t-scales it: with 2 seeds (3 distinct resamples) it misses far more than 5%
+    assert results["COCO-like"][2][key(TWO_LEVEL_PERCENTILE, "population")] < 0.93
+    # and the t over seeds misses the image effects every run shares once they matter
+    assert results["shared image effects dominate"][10][key(PAIRED_T, "population")] < 0.5
+    assert results["shared image effects dominate"][10][key(TWO_LEVEL_T, "population")] >= 0.93
+
+
+@pytest.mark.parametrize("num_seeds", [3, 10])
+def test_holm_controls_the_family_wise_error(num_seeds):
+    fwe = family_wise_error(num_seeds, num_sims=1000, rng=np.random.default_rng([7, num_seeds]))
+    assert fwe["holm"] <= 0.05
+    assert fwe["raw"] > 0.1  # four comparisons without control: about three times the level
+
+
+def test_probability_of_improvement_intervals():
+    cov = poi_coverage(10, num_sims=2000, rng=np.random.default_rng([9, 10]))
+    assert cov["exact"] >= 0.95  # Clopper-Pearson: at least the level by construction
+    assert cov["bootstrap"] < 0.93  # rliable's percentile interval over 10 seeds: shown, never a verdict
