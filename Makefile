@@ -5,15 +5,19 @@ DEMO_CONFIG ?= configs/demo/mask_rcnn_vit_tiny.py
 DEMO_OUTPUT ?= output/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo demo-pretrain demo-paper gpu-check
+.PHONY: venv lint test test-fast demo demo-pretrain demo-paper gpu-check
 
 venv:
 	bash tools/setup_env.sh
 
-test: venv
+# ruff with the project's rules (ruff.toml); the tests run it first.
+lint: venv
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-test-fast: venv
+test-fast: lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
 demo: venv
@@ -30,7 +34,7 @@ demo-paper: venv
 	$(PY) tools/compare_arms.py output/demo_paper/pretrain output/demo_paper/finetune --output output/demo_paper/report
 
 # On a machine with a CUDA device: the tests marked gpu and the init-cost bench on the GPU (ViTDet-B/L/H),
-# one verdict line per check, about 10 minutes (README: GPU check).
+# one verdict line per check, about 10 minutes (docs/install.md: the GPU check).
 gpu-check: venv
 	$(PY) tools/gpu_check.py
 

@@ -76,7 +76,7 @@ setup(
         "safetensors",  # the shareable model_final.safetensors
         "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.launch.slurm)
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": ["pytest>=7", "ruff>=0.6"]},
     cmdclass={"build_py": build_py_with_configs},
     # The same programs as tools/*.py, for installs without a checkout.
     entry_points={

@@ -44,8 +44,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from condinit_det.analysis import dense_conditioning, estimate_conditioning, exact_conditioning  # noqa: E402
-from condinit_det.utils.fileio import atomic_write  # noqa: E402
 from condinit_det.init import ARMS, apply_init, find_attention  # noqa: E402
+from condinit_det.utils.fileio import atomic_write  # noqa: E402
 
 
 def _layer(dim, heads, side, arm, seed=0):

@@ -103,7 +103,7 @@ def load_checked(config_file, opts):
     try:
         return LazyConfig.apply_overrides(cfg, list(opts))
     except Exception as e:  # hydra / omegaconf raise several types for a bad key or value
-        raise SystemExit(f"bench_demo: cannot apply overrides {opts}: {e}")
+        raise SystemExit(f"bench_demo: cannot apply overrides {opts}: {e}") from None
 
 
 def _log_span_s(path):

@@ -36,11 +36,6 @@ from detectron2.evaluation import COCOEvaluator
 from condinit_det.evaluation import FastCOCOEvaluator, fast_coco_eval_available
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py, however invoked
-from synthetic_coco import (  # noqa: E402
-    make_synthetic_coco,
-    make_synthetic_predictions,
-    predictions_to_coco_results,
-)
 from common import (  # noqa: E402
     format_machine_info,
     format_table,
@@ -48,6 +43,11 @@ from common import (  # noqa: E402
     median,
     speedup,
     time_call,
+)
+from synthetic_coco import (  # noqa: E402
+    make_synthetic_coco,
+    make_synthetic_predictions,
+    predictions_to_coco_results,
 )
 
 TOLERANCE = 1e-9
@@ -116,19 +116,20 @@ def bench_size(num_images, args):
             for task in ("bbox", "segm"):
                 results, eval_s, init_s = {}, {}, {}
                 for impl, factory in factories.items():
-
-                    def setup():
+                    # The closures below run within this iteration (time_call calls them before it
+                    # returns); their defaults bind this iteration's values.
+                    def setup(factory=factory, task=task):
                         evaluator = factory(task)
                         evaluator.reset()
                         # What process() would have stored (see predictions_to_coco_results).
                         evaluator._predictions = copy.deepcopy(records)
                         return evaluator
 
-                    def evaluate(evaluator):
+                    def evaluate(evaluator, results=results, impl=impl):
                         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints
                             results[impl] = evaluator.evaluate()
 
-                    init_s[impl] = median(time_call(lambda: factory(task), repeats=1))
+                    init_s[impl] = median(time_call(lambda factory=factory, task=task: factory(task), repeats=1))
                     eval_s[impl] = median(time_call(evaluate, setup=setup, repeats=args.repeats))
                     totals[impl] += eval_s[impl]
                 diff = max_abs_diff(results["ours"], results["ref"])

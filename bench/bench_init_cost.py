@@ -92,7 +92,7 @@ def measure_once(name, arms, device="cpu"):
     params = sum(p.numel() for p in model.parameters())
     rows = []
     for arm in arms:
-        report, arm_s, arm_cpu = _timed(lambda: apply_init(model, arm, seed=0, include=include), device)
+        report, arm_s, arm_cpu = _timed(lambda arm=arm: apply_init(model, arm, seed=0, include=include), device)
         rows.append({"model": name, "params": params, "sites": len(report.sites), "arm": arm, "build_s": build_s,
                      "build_cpu": build_cpu, "arm_s": arm_s, "arm_cpu": arm_cpu})
     return rows
@@ -109,7 +109,9 @@ def measure(name, arms, repeats, threads=None, device="cpu"):
         runs.append(json.loads(out.strip().splitlines()[-1]))
     rows = []
     for i, arm in enumerate(arms):
-        med = {key: statistics.median(run[i][key] for run in runs) for key in ("build_s", "build_cpu", "arm_s", "arm_cpu")}
+        med = {
+            key: statistics.median(run[i][key] for run in runs) for key in ("build_s", "build_cpu", "arm_s", "arm_cpu")
+        }
         first = runs[0][i]
         rows.append([name, f"{first['params'] / 1e6:.1f}M", first["sites"], arm, f"{med['build_s']:.2f}",
                      f"{med['arm_s']:.3f}", f"{100 * med['arm_s'] / med['build_s']:.1f}%", f"{med['build_cpu']:.2f}",

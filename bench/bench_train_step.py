@@ -10,9 +10,10 @@ or without it: the target ratio to the baseline is 1.00 within noise.
 
 Variants: ``baseline`` (the model node's own target, without the armed wrapper: no arm code at
 all) and one per arm (``instantiate(cfg.model)`` with ``condinit.arm`` set: the armed node builds
-the model and applies the arm with the config's include / exclude / options). Every model is built after seeding the global RNG identically, so all variants start
-from the baseline's weights outside the projections the arm rewrote (checked; the script exits
-with status 1 otherwise). Every variant trains on the same fixed batches, taken once from
+the model and applies the arm with the config's include / exclude / options). Every model is
+built after seeding the global RNG identically, so all variants start from the baseline's
+weights outside the projections the arm rewrote (checked; the script exits with status 1
+otherwise). Every variant trains on the same fixed batches, taken once from
 ``cfg.dataloader.train``, in the same order, with its own optimizer from ``cfg.optimizer``.
 
 A step is detectron2's ``SimpleTrainer.run_step`` without the metric writing: forward to the loss

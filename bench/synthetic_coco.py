@@ -176,7 +176,8 @@ def make_synthetic_predictions(
         height, width = img["height"], img["width"]
         dets = []
 
-        def add(poly, score, category):
+        # Called only within this image's iteration; the defaults bind this image's size and list.
+        def add(poly, score, category, width=width, height=height, dets=dets):
             poly = _clip_polygon(poly, width, height)
             rle = _polygon_rle(poly, height, width)
             x0, y0 = poly.min(axis=0)

@@ -18,7 +18,10 @@ def _slurm_unavailable():
         return f"scontrol ping failed: {e}"
     if "is UP" not in ping.stdout:
         conf = os.environ.get("SLURM_CONF", "<unset>")
-        return f"the Slurm cluster of SLURM_CONF={conf} does not answer (export the line tools/slurm_local.sh start prints)"
+        return (
+            f"the Slurm cluster of SLURM_CONF={conf} does not answer "
+            "(export the line tools/slurm_local.sh start prints)"
+        )
     return None
 
 

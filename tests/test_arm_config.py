@@ -8,8 +8,8 @@ from detectron2.modeling.backbone.swin import SwinTransformer
 from detectron2.modeling.backbone.vit import ViT
 from omegaconf import OmegaConf
 
-from condinit_det.init.spec import ArmError, resolve_arm_node
 from condinit_det.init import find_attention
+from condinit_det.init.spec import ArmError, resolve_arm_node
 from condinit_det.modeling import arm as arm_module
 from condinit_det.modeling import armed
 

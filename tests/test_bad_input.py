@@ -14,8 +14,8 @@ import torch
 from condinit_det.engine import DetectionStage
 from condinit_det.launch.arguments import build_parser
 from condinit_det.launch.experiment import plan_experiment
-from condinit_det.records.results import ResultsFile
 from condinit_det.records.identity import write_arm_report
+from condinit_det.records.results import ResultsFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
@@ -78,7 +78,9 @@ def test_corrupt_results_file_is_never_overwritten(tmp_path):
 def test_resume_with_another_arm_seed_or_patterns_is_refused(tmp_path):
     run = tmp_path / "conditioned" / "seed0"
     write_arm_report(str(run), {"arm": "conditioned", "sites": []}, _identity())
-    with pytest.raises(ValueError, match="include=None.* but this run asks for include=\\['backbone.net.blocks.0.\\*'\\]"):
+    with pytest.raises(
+        ValueError, match="include=None.* but this run asks for include=\\['backbone.net.blocks.0.\\*'\\]"
+    ):
         _check("--resume", "--arm", "conditioned", "condinit.include=[backbone.net.blocks.0.*]",
                f"train.output_dir={tmp_path}")
     _check("--resume", "--arm", "conditioned", f"train.output_dir={tmp_path}")  # the same run: fine
@@ -87,8 +89,9 @@ def test_resume_with_another_arm_seed_or_patterns_is_refused(tmp_path):
     _check("--resume", "--arm", "conditioned", "train.seed=3", f"train.output_dir={tmp_path}")
     # A run directory whose arm report names another arm or seed (moved by hand) is refused.
     write_arm_report(str(run), {"arm": "mimetic", "sites": []}, _identity(arm="mimetic", seed=3))
-    with pytest.raises(ValueError, match="was started with arm='mimetic', seed=3 but this run asks for arm='conditioned',"
-                                         " seed=0"):
+    with pytest.raises(
+        ValueError, match="was started with arm='mimetic', seed=3 but this run asks for arm='conditioned', seed=0"
+    ):
         _check("--resume", "--arm", "conditioned", f"train.output_dir={tmp_path}")
     _check("--resume", "--arm", "conditioned", "--allow-changed-run", f"train.output_dir={tmp_path}")
 

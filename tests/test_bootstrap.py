@@ -7,10 +7,22 @@ import pytest
 from pycocotools import mask as mask_utils
 
 from condinit_det.evaluation import bootstrap
-from condinit_det.evaluation.bootstrap import (AP_METRICS, classification_correctness, coco_ap, image_counts,
-                                               image_draws, image_ids_digest, load_matches, match_images,
-                                               match_predictions, paired_accuracy_bootstrap, paired_coco_bootstrap,
-                                               resampled_ap, resampled_mean, save_matches)
+from condinit_det.evaluation.bootstrap import (
+    AP_METRICS,
+    classification_correctness,
+    coco_ap,
+    image_counts,
+    image_draws,
+    image_ids_digest,
+    load_matches,
+    match_images,
+    match_predictions,
+    paired_accuracy_bootstrap,
+    paired_coco_bootstrap,
+    resampled_ap,
+    resampled_mean,
+    save_matches,
+)
 from condinit_det.report.statistics import percentile_interval
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))

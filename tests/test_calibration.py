@@ -9,8 +9,7 @@ import pytest
 from condinit_det.records.per_image import write_classification_eval
 from condinit_det.records.results import ResultsFile
 from condinit_det.report import compare_arms
-from condinit_det.report.calibration import (SCENARIOS, calibrate, family_wise_error, key, poi_coverage,
-                                             report_coverage)
+from condinit_det.report.calibration import SCENARIOS, calibrate, family_wise_error, key, poi_coverage, report_coverage
 from condinit_det.report.statistics import IMAGE_BOOTSTRAP, PAIRED_T, TWO_LEVEL_PERCENTILE, TWO_LEVEL_T, report_method
 
 SEEDS = (1, 2, 3, 5, 10)

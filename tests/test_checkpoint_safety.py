@@ -15,6 +15,13 @@ import pytest
 import timm
 import torch
 
+from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
+from condinit_det.engine.checkpoint import RunCheckpointer, pretrain_checkpoint_file
+from condinit_det.init import apply_init
+from condinit_det.modeling.convert import convert_timm_checkpoint, convert_timm_vit
+from condinit_det.pretrain.checkpoint import FINAL_FORMAT, load_final, save_final
+from condinit_det.records.layout import RunSpec
+from condinit_det.records.results import ResultsFile
 from condinit_det.utils.checkpoint_io import (
     UnsafeCheckpointError,
     check_loadable,
@@ -24,13 +31,6 @@ from condinit_det.utils.checkpoint_io import (
     save_safetensors,
     torch_load,
 )
-from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
-from condinit_det.engine.checkpoint import RunCheckpointer, pretrain_checkpoint_file
-from condinit_det.init import apply_init
-from condinit_det.modeling.convert import convert_timm_checkpoint, convert_timm_vit
-from condinit_det.pretrain.checkpoint import FINAL_FORMAT, load_final, save_final
-from condinit_det.records.results import ResultsFile
-from condinit_det.records.layout import RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
@@ -292,8 +292,7 @@ def test_pretrain_eval_only_reads_model_final_safetensors(tmp_path, capsys, cls_
 
 def test_pretrain_resume_with_ema_from_weights_only_checkpoints(tmp_path, cls_data, monkeypatch):
     """Epoch checkpoints hold the EMA and RNG states as tensors; resuming from one is still bitwise exact."""
-    from condinit_det.pretrain import PretrainStage, load_config, train_run
-    from condinit_det.pretrain import trainer
+    from condinit_det.pretrain import PretrainStage, load_config, train_run, trainer
     from condinit_det.pretrain.checkpoint import periodic_checkpointer
 
     spec = RunSpec("conditioned", 0)
@@ -386,7 +385,8 @@ def test_fine_tune_from_a_run_directory_with_only_safetensors(tmp_path):
     exp = tmp_path / "finetune" / "mimetic" / "seed0"  # the run of arm mimetic, seed 0
     # lr 0: the weights after one step are the weights the run started from.
     proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic", f"train.output_dir={tmp_path / 'finetune'}",
+        [sys.executable, TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic",
+         f"train.output_dir={tmp_path / 'finetune'}",
          f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'", "train.max_iter=1",
          "train.eval_period=1", "optimizer.lr=0.0", "optimizer.weight_decay=0.0"],
         cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)

@@ -2,11 +2,10 @@
 import glob
 import os
 
+import detectron2.data.transforms as T
 import numpy as np
 import pytest
 import torch
-
-import detectron2.data.transforms as T
 from detectron2.config import LazyConfig, instantiate
 
 from condinit_det.analysis.hooks import ANALYSIS_DEFAULTS, build_conditioning_hook
@@ -133,8 +132,14 @@ def test_vitdet_recipe_and_pretrained_variant():
 @pytest.mark.parametrize(
     "name, backbone",
     [
-        ("mask_rcnn_swin_t_3x.py", dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], drop_path_rate=0.2)),
-        ("mask_rcnn_swin_b_3x.py", dict(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32], drop_path_rate=0.3)),
+        (
+            "mask_rcnn_swin_t_3x.py",
+            dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], drop_path_rate=0.2),
+        ),
+        (
+            "mask_rcnn_swin_b_3x.py",
+            dict(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32], drop_path_rate=0.3),
+        ),
         ("mask_rcnn_xcit_s12_3x.py", dict(embed_dim=384, depth=12, num_heads=8, eta=1.0, drop_path_rate=0.05)),
     ],
 )
@@ -232,7 +237,9 @@ def test_model_builds_takes_arm_and_runs(name):
         w = site.weight(role).double()
         for h in range(site.num_heads):
             block = w[h * site.head_dim:(h + 1) * site.head_dim]
-            torch.testing.assert_close(block @ block.T, torch.eye(site.head_dim, dtype=torch.float64), atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                block @ block.T, torch.eye(site.head_dim, dtype=torch.float64), atol=1e-5, rtol=0
+            )
 
     model.eval()
     image = torch.randint(0, 256, (3, 192, 256), generator=torch.Generator().manual_seed(0)).float()

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from condinit_det.evaluation.bootstrap import coco_ap
-from condinit_det.report import compare_arms, find_expected, find_runs, summarize_runs
-from condinit_det.records.results import ResultsFile
 from condinit_det.records.layout import plan_runs, write_plan
+from condinit_det.records.results import ResultsFile
+from condinit_det.report import compare_arms, find_expected, find_runs, summarize_runs
 
 T_975_2 = 4.302652729911275  # Student t quantile 0.975, 2 degrees of freedom
 

@@ -10,7 +10,6 @@ import sys
 import textwrap
 
 import pytest
-
 import torch
 
 pytest.importorskip("detectron2.modeling.backbone.vit")

@@ -299,12 +299,10 @@ def test_coco_layout_reads_as_coco_2017(coco_layout_root):
     categories, polygons and crowd RLE decode, and empty images stay in the evaluation split."""
     import numpy as np
     import pycocotools.mask as mask_util
-
+    from coco_layout import COCO_CATEGORY_OF_SHAPE
     from detectron2.data import MetadataCatalog
     from detectron2.data.datasets import load_coco_json
     from detectron2.data.datasets.builtin_meta import _get_builtin_metadata
-
-    from coco_layout import COCO_CATEGORY_OF_SHAPE
 
     meta = _get_builtin_metadata("coco")
     for split in ("train", "val"):

@@ -7,16 +7,15 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from detectron2.config import LazyConfig, instantiate
+from detectron2.modeling import SwinTransformer, ViT
+from detectron2.modeling.backbone.swin import PatchMerging as D2PatchMerging
 from timm.layers import resample_abs_pos_embed
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.swin_transformer import PatchMerging as TimmPatchMerging
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.xcit import Xcit
-
-from detectron2.config import LazyConfig, instantiate
-from detectron2.modeling import SwinTransformer, ViT
-from detectron2.modeling.backbone.swin import PatchMerging as D2PatchMerging
 
 from condinit_det.init import find_attention
 from condinit_det.modeling.convert import (

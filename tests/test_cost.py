@@ -7,8 +7,15 @@ import os
 import pytest
 
 from condinit_det.launch import cost
-from condinit_det.launch.cost import (RunCost, StepTime, estimate, format_cost, format_duration, load_step_times,
-                                      resolve_step_time)
+from condinit_det.launch.cost import (
+    RunCost,
+    StepTime,
+    estimate,
+    format_cost,
+    format_duration,
+    load_step_times,
+    resolve_step_time,
+)
 from condinit_det.utils.errors import UsageError
 
 VITDET = "configs/COCO/mask_rcnn_vitdet_b_100ep.py"

@@ -3,9 +3,8 @@ from functools import partial
 
 import pytest
 import torch
-from torch import nn
-
 from detectron2.modeling import ViT
+from torch import nn
 
 from condinit_det.init import apply_init, find_attention
 from condinit_det.modeling.detr import DETRInstanceSeg, HungarianMatcher, MaskHead, SetCriterion, Transformer

@@ -3,7 +3,6 @@ import os
 
 import pytest
 import torch
-
 from detectron2.config import LazyConfig, instantiate
 
 from condinit_det.modeling.detr import DETRInstanceSeg

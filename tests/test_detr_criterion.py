@@ -84,7 +84,8 @@ def test_mask_losses():
     logits = torch.randn(2, 8, 8)
     focal = sigmoid_focal_loss(logits.flatten(1), target.flatten(1), reduction="none").mean(1).sum() / 2
     assert crit.mask_losses(logits, target, 2)["loss_mask"].item() == pytest.approx(focal.item(), rel=1e-6)
-    assert crit.mask_losses(logits, target, 2)["loss_dice"].item() == pytest.approx(dice_loss(logits, target).item() / 2)
+    dice = dice_loss(logits, target).item() / 2
+    assert crit.mask_losses(logits, target, 2)["loss_dice"].item() == pytest.approx(dice)
     empty = crit.mask_losses(torch.zeros(0, 8, 8, requires_grad=True), torch.zeros(0, 8, 8), 1.0)
     assert empty["loss_mask"].item() == 0 and empty["loss_dice"].item() == 0
     with pytest.raises(ValueError, match="same shape"):

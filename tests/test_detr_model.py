@@ -5,15 +5,20 @@ import numpy as np
 import pycocotools.mask as mask_util
 import pytest
 import torch
-from torch import nn
-
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.evaluation import COCOEvaluator
 from detectron2.modeling import META_ARCH_REGISTRY, ViT
 from detectron2.structures import BitMasks, Boxes, Instances, pairwise_iou
+from torch import nn
 
-from condinit_det.modeling.detr import (DETRInstanceSeg, HungarianMatcher, MaskHead, PositionEmbeddingSine,
-                                        SetCriterion, Transformer)
+from condinit_det.modeling.detr import (
+    DETRInstanceSeg,
+    HungarianMatcher,
+    MaskHead,
+    PositionEmbeddingSine,
+    SetCriterion,
+    Transformer,
+)
 
 NUM_CLASSES = 3
 

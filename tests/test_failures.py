@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from condinit_det.init import PAPER_ARMS as ARMS
-from condinit_det.records.results import ResultsFile
-from condinit_det.records.layout import RunSpec
 from condinit_det.records.failures import failure_of
+from condinit_det.records.layout import RunSpec
+from condinit_det.records.results import ResultsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_NET = str(ROOT / "tools" / "train_net.py")

@@ -65,7 +65,8 @@ def test_arm_on_cuda_matches_the_cpu(arm, dtype, tf32):
         for role in ("q", "k", "v", "o") if arm == "conditioned" else ("q", "k"):
             a, b = weights(site_gpu, role), weights(site_cpu, role)
             tol = max(1e-5 if arm == "conditioned" else 1e-4, 2 * eps) * float(b.abs().max())
-            torch.testing.assert_close(a, b, rtol=0, atol=tol, msg=lambda m: f"{role}: {m}")
+            # assert_close calls msg before it returns; the default binds this iteration's role.
+            torch.testing.assert_close(a, b, rtol=0, atol=tol, msg=lambda m, role=role: f"{role}: {m}")
         if arm == "mimetic":
             p_gpu, p_cpu = (weights(site, "v").T @ weights(site, "o").T for site in (site_gpu, site_cpu))
             tol = 1e-5 if dt == torch.float32 else 8 * eps

@@ -6,16 +6,15 @@ import numpy as np
 import pycocotools.mask as mask_util
 import pytest
 import torch
-from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
-from torch import nn
-
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.config import LazyConfig, instantiate
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.engine import TrainerBase
 from detectron2.evaluation import inference_on_dataset
 from detectron2.structures import Boxes, Instances
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+from torch import nn
 
 from condinit_det.engine.hooks import AP_METRICS, APHook, ap_record, build_best_checkpointer
 from condinit_det.records.results import ResultsFile

@@ -13,10 +13,10 @@ from condinit_det.init import (
     Projection,
     apply_init,
     find_attention,
-    register_attention_adapter,
-    site_generator,
     mimetic_noise,
     mimetic_noise_batch,
+    register_attention_adapter,
+    site_generator,
 )
 
 

@@ -3,8 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from condinit_det.init import apply_init, find_attention, site_generator
-from condinit_det.init import arms
+from condinit_det.init import apply_init, arms, find_attention, site_generator
 from condinit_det.init.arms import mimetic_qk_batch, mimetic_vo, sign_convention, top_singular
 
 F64 = torch.float64

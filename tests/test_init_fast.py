@@ -11,6 +11,7 @@ import threadpoolctl
 import torch
 from torch import nn
 
+from condinit_det.init import apply as apply_module
 from condinit_det.init import (
     apply_init,
     find_attention,
@@ -24,7 +25,6 @@ from condinit_det.init import (
     top_singular,
     working_dtype,
 )
-from condinit_det.init import apply as apply_module
 from condinit_det.init import arms as arms_module
 from condinit_det.init.lapack import single_threaded
 

@@ -320,21 +320,22 @@ def _tool(tool, argv, cwd):
 def test_experiment_with_a_diverging_lr(tmp_path, stage, unit, total, evaluations):
     exp = tmp_path / "exp"
     tool, argv = _command(stage, tmp_path, exp)
-    argv = [*argv, "--arm", "default,conditioned", "--lr-scale", f"1,{HUGE}", "--bootstrap", "0"]
+    argv = [*argv, "--arm", "default,scale_matched", "--lr-scale", f"1,{HUGE}", "--bootstrap", "0"]
     rc, out, err = _tool(tool, argv, tmp_path)
     assert rc == 1, err[-3000:]
     plan = json.loads((exp / PLAN_FILENAME).read_text())
     assert plan["stage"] == stage and plan["length"] == {"unit": unit, "total": total} and len(plan["runs"]) == 4
     kind, x, values = evaluations
-    for arm in ("default", "conditioned"):  # every run at the config's learning rate finished
+    for arm in ("default", "scale_matched"):  # every run at the config's learning rate finished
         assert [r[x] for r in ResultsFile(RunSpec(arm, 0).path(str(exp))).records(kind)] == values
-    scan = [RunSpec(arm, 0, float(HUGE)) for arm in ("default", "conditioned")]
+    scan = [RunSpec(arm, 0, float(HUGE)) for arm in ("default", "scale_matched")]
     diverged = [s for s in scan if (failure_of(s.path(str(exp))) or {}).get("reason") == "diverged"]
     assert diverged, [failure_of(s.path(str(exp))) for s in scan]
     first = failure_of(diverged[0].path(str(exp)))
     assert f"{diverged[0].arm} seed 0 lr scale 1e+08: diverged at iteration {first['iteration']}" in err
     md = (exp / "report" / "report.md").read_text()
     assert f"diverged at iteration {first['iteration']}" in md.split("### Learning-rate sensitivity")[1]
+    assert "| scale_matched |" in md  # the control arm is compared like any arm
     assert "Traceback" in (Path(diverged[0].path(str(exp))) / "log.txt").read_text()
 
     # --resume: nothing is retrained; the diverged runs are named and still fail the command.

@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-
 from detectron2.config import LazyConfig, instantiate
 
 from condinit_det.init import find_attention
@@ -42,7 +41,8 @@ def _assert_conditioned(site):
 
 
 def _assert_mimetic_qk_is_low_rank_plus_identity(site):
-    """Per head, W_q^T W_k approximates alpha1 Z + beta1 I at rank dh: exactly rank dh, positive trace (the beta1 I term)."""
+    """Per head, W_q^T W_k approximates alpha1 Z + beta1 I at rank dh: exactly rank dh, positive trace
+    (the beta1 I term)."""
     dh = site.head_dim
     q, k = site.weight("q").detach().double(), site.weight("k").detach().double()
     for h in range(site.num_heads):

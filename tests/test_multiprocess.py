@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from condinit_det.utils.distributed import launch, local_buffers, replica_fingerprint
 from condinit_det.records.results import ResultsFile
+from condinit_det.utils.distributed import launch, local_buffers, replica_fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")

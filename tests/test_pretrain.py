@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from condinit_det.init.spec import apply_arm_spec
 from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
 from condinit_det.init import find_attention
+from condinit_det.init.spec import apply_arm_spec
 from condinit_det.pretrain import (
     FINAL_FORMAT,
     PretrainStage,
@@ -25,13 +25,13 @@ from condinit_det.pretrain import (
     node,
     resolve_lr,
     train_run,
+    trainer,
 )
-from condinit_det.pretrain import trainer
 from condinit_det.pretrain.config import arm_spec
 from condinit_det.pretrain.trainer import seed_all
-from condinit_det.records.results import ResultsFile
-from condinit_det.records.layout import RunSpec
 from condinit_det.records.identity import write_arm_report
+from condinit_det.records.layout import RunSpec
+from condinit_det.records.results import ResultsFile
 from condinit_det.utils.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,9 +8,16 @@ from pycocotools import mask as mask_utils
 
 from condinit_det.commands.compare import main as compare_main
 from condinit_det.evaluation.bootstrap import coco_ap, match_predictions, save_matches
-from condinit_det.records.per_image import (PER_IMAGE_DIRNAME, classification_eval_path, detection_eval_path,
-                                            find_classification_evals, find_detection_evals, labels_digest,
-                                            read_classification_eval, write_classification_eval)
+from condinit_det.records.per_image import (
+    PER_IMAGE_DIRNAME,
+    classification_eval_path,
+    detection_eval_path,
+    find_classification_evals,
+    find_detection_evals,
+    labels_digest,
+    read_classification_eval,
+    write_classification_eval,
+)
 from condinit_det.records.results import ResultsFile
 from condinit_det.report import ARM_COLORS, ARM_ORDER, compare_arms
 from condinit_det.report.planning import seeds_needed

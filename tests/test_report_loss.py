@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from condinit_det.report import compare_arms, read_training_loss, smooth
 from condinit_det.records.results import ResultsFile
+from condinit_det.report import compare_arms, read_training_loss, smooth
 
 
 def _line(it, loss=None, **extra):

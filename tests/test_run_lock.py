@@ -14,8 +14,15 @@ import textwrap
 
 import pytest
 
-from condinit_det.records.lock import (LOCK_FILENAME, RunInUse, RunLock, describe_owner, owner_record, read_owner,
-                                       slurm_job_id)
+from condinit_det.records.lock import (
+    LOCK_FILENAME,
+    RunInUse,
+    RunLock,
+    describe_owner,
+    owner_record,
+    read_owner,
+    slurm_job_id,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The lock module is plain Python: the helper processes load it from its file, without importing the package

@@ -229,7 +229,9 @@ def test_per_element_dependency(slurm_env):
 def test_max_parallel_one(slurm_env):
     out = slurm_env / "out"
     out.mkdir()
-    jobs = slurm.submit(_executor(slurm_env / "slurm", "seq", "--max-parallel", "1"), [_Element(out, i, 1.0) for i in range(3)])
+    jobs = slurm.submit(
+        _executor(slurm_env / "slurm", "seq", "--max-parallel", "1"), [_Element(out, i, 1.0) for i in range(3)]
+    )
     _wait(jobs)
     base = jobs[0].job_id.split("_")[0]
     assert "#SBATCH --array=0-2%1" in (slurm_env / "slurm" / base / f"{base}_submission.sh").read_text()

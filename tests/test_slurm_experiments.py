@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from condinit_det.init import PAPER_ARMS as ARMS
-from condinit_det.records.results import ResultsFile
 from condinit_det.records.layout import RunSpec
+from condinit_det.records.results import ResultsFile
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -55,7 +55,7 @@ def _wait(job: str, timeout: float = 900):
 
 
 def _ids(log):
-    array = re.search(r"as job (?:array )?(\d+)", log)
+    array = re.search(r"Submitted \d+ run\(s\) of \S+ as job (?:array )?(\d+)", log)
     report = re.search(r"Report job (\d+)", log)
     return (array.group(1) if array else None), (report.group(1) if report else None)
 
@@ -171,7 +171,7 @@ def test_protocol_pretraining_then_finetuning_then_report(slurm_env):
             "--output", str(out), "--seeds", "0", "--time", "30", "--cpus-per-task", "1"]
     argv += [a for opt in pre for a in ("--pretrain-opt", opt)] + [a for opt in ft for a in ("--finetune-opt", opt)]
     log = _tool(PROTOCOL, *argv, cwd=slurm_env)
-    arrays = re.findall(r"as job (?:array )?(\d+)", log)
+    arrays = re.findall(r"Submitted \d+ run\(s\) of \S+ as job (?:array )?(\d+)", log)
     report = re.search(r"Report job (\d+)", log).group(1)
     assert len(arrays) == 2, log  # pretraining, then fine-tuning element by element after it
     _wait(report, timeout=1800)

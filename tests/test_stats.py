@@ -6,13 +6,35 @@ from scipy import stats
 
 from condinit_det.report.improvement import probability_of_improvement, probability_of_improvement_batch
 from condinit_det.report.multiplicity import holm_adjust
-from condinit_det.report.planning import (PAPER_DELTA, detectable_difference, plan_seeds, power, seeds_needed)
-from condinit_det.report.speedup import (Reach, image_bootstrap_speedup, median_interval_rank, reach_of,
-                                         summarize_reaches)
-from condinit_det.report.statistics import (BETTER, BOTH, IMAGES, IMAGES_HIGHER, IMAGES_LOWER, IMAGES_SAME_FAMILY,
-                                            NOT_DISTINGUISHABLE, NOT_DISTINGUISHABLE_FAMILY, RUNS, WORSE, Interval,
-                                            bootstrap_p_value, describe_unit, mean_std, paired_t,
-                                            percentile_interval, t_interval, two_level_bootstrap, verdict)
+from condinit_det.report.planning import PAPER_DELTA, detectable_difference, plan_seeds, power, seeds_needed
+from condinit_det.report.speedup import (
+    Reach,
+    image_bootstrap_speedup,
+    median_interval_rank,
+    reach_of,
+    summarize_reaches,
+)
+from condinit_det.report.statistics import (
+    BETTER,
+    BOTH,
+    IMAGES,
+    IMAGES_HIGHER,
+    IMAGES_LOWER,
+    IMAGES_SAME_FAMILY,
+    NOT_DISTINGUISHABLE,
+    NOT_DISTINGUISHABLE_FAMILY,
+    RUNS,
+    WORSE,
+    Interval,
+    bootstrap_p_value,
+    describe_unit,
+    mean_std,
+    paired_t,
+    percentile_interval,
+    t_interval,
+    two_level_bootstrap,
+    verdict,
+)
 
 T_975_2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables: 4.303)
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from condinit_det.records.results import ResultsFile
-from condinit_det.records.layout import RunSpec, plan_runs, write_plan
 from condinit_det.commands.status import main
 from condinit_det.launch.status import experiment_status, format_table, summary_line
+from condinit_det.records.layout import RunSpec, plan_runs, write_plan
+from condinit_det.records.results import ResultsFile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOW = time.time()

@@ -6,18 +6,17 @@ import sys
 
 import pytest
 import torch
-
 from detectron2.config import instantiate
 from detectron2.utils.env import seed_all_rng
 
-from condinit_det.records.results import ResultsFile
 from condinit_det.engine import DetectionStage
 from condinit_det.engine.config import load_config, prepare_config
 from condinit_det.engine.train import build_model
-from condinit_det.launch.arguments import build_parser
-from condinit_det.launch.experiment import execute, plan_experiment
 from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.init import find_attention
+from condinit_det.launch.arguments import build_parser
+from condinit_det.launch.experiment import execute, plan_experiment
+from condinit_det.records.results import ResultsFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
@@ -191,7 +190,9 @@ def test_yacs_config_path(tmp_path):
     from condinit_det.utils.checkpoint_io import load_safetensors
 
     _, meta = load_safetensors(str(out / "model_final.safetensors"))  # the shareable copy, with the run's metadata
-    assert (meta["format"], meta["arm"], meta["seed"], meta["iteration"]) == ("condinit_det.detection/v1", "mimetic", 0, 1)
+    assert (meta["format"], meta["arm"], meta["seed"], meta["iteration"]) == (
+        "condinit_det.detection/v1", "mimetic", 0, 1
+    )
 
 
 def test_init_checkpoint_override_is_detected_per_site(tmp_path):
@@ -203,7 +204,9 @@ def test_init_checkpoint_override_is_detected_per_site(tmp_path):
     cfg = prepare_config(load_config(CONFIG, []), arm="conditioned", output_dir=str(tmp_path))
     model, report = build_model(cfg)
     # a checkpoint holding only block 0's attention (as a partial pretrained backbone would)
-    ckpt = {k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.startswith("backbone.net.blocks.0.attn.")}
+    ckpt = {
+        k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.startswith("backbone.net.blocks.0.attn.")
+    }
     torch.save({"model": ckpt}, tmp_path / "partial.pth")
     snapshot = AttentionSnapshot(model)
     assert sorted(snapshot.names_by_site) == ["backbone.net.blocks.0.attn", "backbone.net.blocks.1.attn"]

@@ -3,11 +3,10 @@ import os
 
 import pytest
 import torch
-from timm.models.xcit import Xcit
-
 from detectron2.config import LazyConfig, instantiate
 from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
+from timm.models.xcit import Xcit
 
 from condinit_det.init import apply_init, find_attention
 from condinit_det.modeling.convert import convert_timm_xcit_checkpoint

@@ -5,7 +5,6 @@ import os
 import pytest
 import torch
 import torch.nn as nn
-
 from detectron2.config import LazyConfig, instantiate
 from detectron2.modeling import FPN
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool

@@ -3,16 +3,15 @@ import os
 
 import pytest
 import torch
-
 from detectron2.config import get_cfg
 from detectron2.data import build_detection_train_loader
 from detectron2.modeling import BACKBONE_REGISTRY, build_model
 from detectron2.utils.events import EventStorage
 
-from condinit_det.modeling.yacs_config import add_condinit_config, build_optimizer, condinit_options
 from condinit_det.data import register_embedded_datasets
 from condinit_det.init import find_attention
 from condinit_det.modeling import backbones  # noqa: F401  (registers the builders)
+from condinit_det.modeling.yacs_config import add_condinit_config, build_optimizer, condinit_options
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -123,7 +122,8 @@ def test_scale_matched_arm_applied_by_build_model():
 
 def test_include_exclude_select_sites():
     model = _build(_cfg(TINY_YAML, "MODEL.CONDINIT.ARM", "conditioned", "MODEL.CONDINIT.EXCLUDE", "['*.blocks.0.*']"))
-    assert [s.name for s in model.backbone.condinit_report.sites] == [f"backbone.net.blocks.{i}.attn" for i in (1, 2, 3)]
+    names = [s.name for s in model.backbone.condinit_report.sites]
+    assert names == [f"backbone.net.blocks.{i}.attn" for i in (1, 2, 3)]
 
 
 def test_embedded_yaml_trains_one_step():
@@ -183,7 +183,9 @@ def test_xcit_and_swin_builders(opts, kind, names, strides):
 
 
 def test_swin_bad_out_feature():
-    cfg = _cfg(TINY_YAML, "MODEL.BACKBONE.NAME", "build_condinit_swin_fpn_backbone", "MODEL.SWIN.OUT_FEATURES", "['res2']")
+    cfg = _cfg(
+        TINY_YAML, "MODEL.BACKBONE.NAME", "build_condinit_swin_fpn_backbone", "MODEL.SWIN.OUT_FEATURES", "['res2']"
+    )
     with pytest.raises(ValueError, match="not a Swin stage"):
         build_model(cfg)
 

@@ -1,6 +1,6 @@
 # A minimal lazy config for the training-entry-point tests: a two-block ViT + SimpleFeaturePyramid
-# (patch 16, feature pyramid p2-p6) Mask R-CNN on six generated 64x64 images (rectangles of two classes). One training step and one
-# evaluation take a few seconds on a CPU core. The images are written on first load into
+# (patch 16, feature pyramid p2-p6) Mask R-CNN on six generated 64x64 images (rectangles of two classes).
+# One training step and one evaluation take a few seconds on a CPU core. The images are written on first load into
 # $CONDINIT_TINY_DATA (default: <tempdir>/condinit_tiny_data_v1) and registered as
 # condinit_tiny_train / condinit_tiny_val.
 import json
@@ -8,12 +8,9 @@ import os
 import tempfile
 from functools import partial
 
+import detectron2.data.transforms as T
 import numpy as np
 import torch.nn as nn
-from fvcore.common.param_scheduler import CosineParamScheduler
-from omegaconf import OmegaConf
-
-import detectron2.data.transforms as T
 from detectron2 import model_zoo
 from detectron2.config import LazyCall as L
 from detectron2.data import (
@@ -27,6 +24,8 @@ from detectron2.data.datasets import register_coco_instances
 from detectron2.evaluation import COCOEvaluator
 from detectron2.modeling import SimpleFeaturePyramid, ViT
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
+from fvcore.common.param_scheduler import CosineParamScheduler
+from omegaconf import OmegaConf
 
 from condinit_det.modeling import armed
 

@@ -100,8 +100,9 @@ def estimate_conditioning(site, inputs: Optional[Dict[str, object]] = None, *, i
     """Matrix-free kappa(J) (see :func:`condinit_det.analysis.spectrum.matrix_free_spectrum`).
 
     tol: relative accuracy of the extreme squared singular values; max_iter: block-Lanczos steps,
-    each ``block_size`` vjp and jvp products (batched, ``chunk_size`` at a time; None = all). ``result.converged`` is False when the cap was reached first; the
-    returned sigma_min is then an upper bound (Ritz values approach it from above), kappa a lower one.
+    each ``block_size`` vjp and jvp products (batched, ``chunk_size`` at a time; None = all).
+    ``result.converged`` is False when the cap was reached first; the returned sigma_min is then an
+    upper bound (Ritz values approach it from above), kappa a lower one.
     """
     fn = _function(site, inputs, include_output_proj)
     op = JacobianOperator(fn, chunk_size=chunk_size)

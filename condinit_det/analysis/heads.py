@@ -258,7 +258,8 @@ def _closed_form_factors(fn: AttentionFunction) -> Tuple[List[torch.Tensor], tor
         ah, qh, kh, vh = a[:, h], t.q[:, h], t.k[:, h], t.v[:, h]  # [B, Nq, Nk], [B, N, dh]
         out = ah @ vh  # O_i = V^T a_i, [B, Nq, dh_v]
 
-        def vt_lambda(z):
+        # Called only within this head's iteration; the defaults bind this head's factors.
+        def vt_lambda(z, vh=vh, ah=ah, out=out):
             # V^T Lambda_i Z for every query i: V^T Diag(a_i) Z - (V^T a_i)(a_i^T Z); z [B, Nk, m] -> [B, Nq, dh_v, m]
             return torch.einsum("bjd,bij,bjm->bidm", vh, ah, z) - out[..., :, None] * (ah @ z)[:, :, None, :]
 

@@ -80,8 +80,9 @@ class ConditioningHook(HookBase):
 
     def __init__(self, batch, *, period: int, sites: Optional[Sequence[str]] = None, output_dir: Optional[str] = None,
                  results=None, arm: Optional[str] = None, seed: Optional[int] = None, config: Optional[str] = None,
-                 method: str = "auto", max_batch: Optional[int] = 1, max_tokens: Optional[int] = 16, max_iter: int = 100,
-                 block_size: int = 16, tol: float = 1e-3, include_output_proj: bool = False, bound: bool = True):
+                 method: str = "auto", max_batch: Optional[int] = 1, max_tokens: Optional[int] = 16,
+                 max_iter: int = 100, block_size: int = 16, tol: float = 1e-3, include_output_proj: bool = False,
+                 bound: bool = True):
         if int(period) <= 0:
             raise ValueError(f"period must be a positive number of iterations, got {period}")
         if not isinstance(batch, (list, tuple)) or not batch:
@@ -184,6 +185,6 @@ def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = Non
     return ConditioningHook(
         batch, period=int(opts["period"]), sites=opts["sites"], output_dir=output_dir,
         arm=condinit.get("arm", "default"), seed=condinit.get("seed", 0), config=config_name,
-        method=str(opts["method"]), max_batch=opts["max_batch"], max_tokens=opts["max_tokens"], max_iter=int(opts["max_iter"]),
-        block_size=int(opts["block_size"]), tol=float(opts["tol"]),
+        method=str(opts["method"]), max_batch=opts["max_batch"], max_tokens=opts["max_tokens"],
+        max_iter=int(opts["max_iter"]), block_size=int(opts["block_size"]), tol=float(opts["tol"]),
         include_output_proj=bool(opts["include_output_proj"]), bound=bool(opts["bound"]))

@@ -27,10 +27,10 @@ import torch
 
 from condinit_det.analysis import DEFAULT_MAX_ENTRIES, measure_sites, resolve_sites, write_table
 from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
-from condinit_det.utils.checkpoint_io import TRUST_FLAG, check_loadable
-from condinit_det.utils.fileio import atomic_write
 from condinit_det.init import ARMS, PAPER_ARMS
 from condinit_det.model_zoo import resolve_config_file
+from condinit_det.utils.checkpoint_io import TRUST_FLAG, check_loadable
+from condinit_det.utils.fileio import atomic_write
 
 COLUMNS = ("arm",) + TABLE_COLUMNS
 

@@ -31,8 +31,18 @@ import cv2
 import numpy as np
 
 from .cache import generate_atomically, read_manifest
-from .shapes import AREA_RATIO, background, blob_mask, desaturate, fill, paint, random_color, rotate, shape_mask
-from .shapes import image_rng
+from .shapes import (
+    AREA_RATIO,
+    background,
+    blob_mask,
+    desaturate,
+    fill,
+    image_rng,
+    paint,
+    random_color,
+    rotate,
+    shape_mask,
+)
 
 __all__ = [
     "CLASSES",

@@ -40,6 +40,7 @@ DATASET_VERSION = "shapes-v1"
 DATASET_NAMES = ("condinit_shapes_train", "condinit_shapes_val")
 DEFAULT_SEED = 2026
 DEFAULT_NUM_IMAGES = {"train": 512, "val": 64}
+DEFAULT_SPEC = ShapesSpec()  # frozen, so one shared instance is a safe default
 
 PathLike = Union[str, os.PathLike]
 
@@ -109,7 +110,7 @@ def generate_shapes_dataset(
     seed: int = DEFAULT_SEED,
     num_train: int = DEFAULT_NUM_IMAGES["train"],
     num_val: int = DEFAULT_NUM_IMAGES["val"],
-    spec: ShapesSpec = ShapesSpec(),
+    spec: ShapesSpec = DEFAULT_SPEC,
     replace_stale: Optional[bool] = None,
 ) -> Path:
     """Make sure a complete dataset exists at ``root`` (default: :func:`default_root`); return the root.
@@ -127,7 +128,9 @@ def generate_shapes_dataset(
             raise ValueError(f"{name} must be a positive int, got {n!r}")
 
     def write(tmp: Path) -> dict:
-        counts = {split: _write_split(tmp, split, n, seed, spec) for split, n in (("train", num_train), ("val", num_val))}
+        counts = {
+            split: _write_split(tmp, split, n, seed, spec) for split, n in (("train", num_train), ("val", num_val))
+        }
         return {"num_instances": counts, "image_size": spec.image_size}
 
     expected = _expected_manifest(seed, {"train": num_train, "val": num_val}, spec)

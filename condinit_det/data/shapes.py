@@ -180,7 +180,9 @@ def paint(img: np.ndarray, mask: np.ndarray, color: np.ndarray, rng: np.random.G
 # ---------------------------------------------------------------------------
 # One image
 # ---------------------------------------------------------------------------
-def render_image(seed: int, split: str, index: int, spec: ShapesSpec = ShapesSpec()) -> Tuple[np.ndarray, List[RenderedInstance]]:
+def render_image(
+    seed: int, split: str, index: int, spec: ShapesSpec = ShapesSpec()
+) -> Tuple[np.ndarray, List[RenderedInstance]]:
     """Render image ``index`` of ``split``.
 
     Returns:

@@ -13,8 +13,7 @@ from typing import Dict, List, Mapping, Optional
 import torch
 
 from ..init import InitReport, find_attention
-from ..records.identity import ARM_REPORT_FILENAME
-from ..records.identity import write_arm_report
+from ..records.identity import ARM_REPORT_FILENAME, write_arm_report
 
 __all__ = ["AttentionSnapshot", "log_arm_report", "save_arm_report"]
 

@@ -20,9 +20,8 @@ import os
 import zipfile
 from typing import Optional
 
-from torch.nn.parallel import DistributedDataParallel
-
 from detectron2.checkpoint import DetectionCheckpointer
+from torch.nn.parallel import DistributedDataParallel
 
 from ..utils.checkpoint_io import (
     PICKLE_SUFFIXES,

@@ -21,9 +21,8 @@ import tempfile
 from typing import List, Optional
 
 import torch
-from omegaconf import OmegaConf, open_dict
-
 from detectron2.config import CfgNode, LazyConfig, instantiate
+from omegaconf import OmegaConf, open_dict
 
 from ..init import ARMS
 from ..init.spec import ArmSpec, plain, resolve_arm_node

@@ -8,8 +8,21 @@ from ..launch.stage import ConfigDefaults, Stage
 from ..records.layout import RunSpec
 from ..records.per_image import find_detection_evals
 from ..utils.errors import UsageError
-from .config import (DEFAULT_SEED, arm_spec, check_arm_sites, check_run, check_shared_checkpoints, get_device, get_max_iter,
-                     get_output_dir, get_seed, is_yacs, load_config, prepare_config, run_identity)
+from .config import (
+    DEFAULT_SEED,
+    arm_spec,
+    check_arm_sites,
+    check_run,
+    check_shared_checkpoints,
+    get_device,
+    get_max_iter,
+    get_output_dir,
+    get_seed,
+    is_yacs,
+    load_config,
+    prepare_config,
+    run_identity,
+)
 
 __all__ = ["DetectionStage"]
 
@@ -48,7 +61,9 @@ class DetectionStage(Stage):
     unit = "iteration"
     description = "Train or evaluate a detectron2 detector with an attention-initialization arm."
     examples = EXAMPLES
-    config_help = "a lazy .py or yacs .yaml config: a path, or a model-zoo name zoo:NAME (NAME = its path under configs/)"
+    config_help = (
+        "a lazy .py or yacs .yaml config: a path, or a model-zoo name zoo:NAME (NAME = its path under configs/)"
+    )
 
     def load_config(self, config_file: str, opts: Sequence[str]):
         return load_config(config_file, list(opts or []))

@@ -10,25 +10,24 @@ import contextlib
 import logging
 import os
 
-from omegaconf import OmegaConf
-
 from detectron2.config import instantiate
 from detectron2.engine import AMPTrainer, SimpleTrainer, default_setup, default_writers, hooks
 from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
+from omegaconf import OmegaConf
 
 from ..model_zoo import resolve_config_file
 from ..modeling.arm import rank0_computes_arm
+from ..records.failures import note_failure
 from ..records.identity import read_arm_report
 from ..records.results import ResultsFile
 from ..utils.distributed import check_replicas, sync_buffers
 from ..utils.logs import run_logging
 from ..utils.preemption import Preempted
-from ..records.failures import note_failure
 from .arm_report import AttentionSnapshot, log_arm_report, save_arm_report, weights_from
 from .checkpoint import RunCheckpointer, pretrain_checkpoint_file
-from .config import get_lr_scale, get_output_dir, get_seed, is_yacs, arm_spec, run_identity
+from .config import arm_spec, get_lr_scale, get_output_dir, get_seed, is_yacs, run_identity
 from .hooks import APHook, PreemptionHook, ap_record, build_best_checkpointer
 
 __all__ = ["build_model", "do_eval_only", "do_test", "do_train", "final_recorded", "run"]

@@ -6,9 +6,9 @@ import os
 from detectron2.engine import DefaultTrainer, hooks
 from detectron2.utils import comm
 
-from condinit_det.utils.distributed import sync_buffers
 from condinit_det.evaluation import FastCOCOEvaluator
 from condinit_det.records.results import ResultsFile
+from condinit_det.utils.distributed import sync_buffers
 
 from .arm_report import log_arm_report, save_arm_report
 from .checkpoint import RunCheckpointer

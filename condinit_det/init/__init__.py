@@ -40,9 +40,9 @@ from .sites import (
     Projection,
     find_attention,
     fused_qkv_layout,
-    separate_qkv_layout,
     register_attention_adapter,
     select_sites,
+    separate_qkv_layout,
     supported_layouts,
 )
 

@@ -9,11 +9,11 @@ killed or submitted again continues from its last checkpoint; a finished run is 
 in :func:`condinit_det.launch.experiment.execute`).
 
 Time limit and preemption: Slurm sends USR2 ``--signal-delay`` seconds before the limit to every
-process of the element. The training processes (:class:`condinit_det.utils.preemption.PreemptionWatch`) agree at the next step
-boundary to stop: detection writes a checkpoint of that iteration, pretraining stops at its last
-epoch checkpoint (epochs are its unit of exact resume); both leave ``<run>/preempted``. The element's
-``checkpoint()`` (submitit's handler) waits for that file, then submitit requeues the element. A job
-killed without warning (node failure, ``scontrol requeue``, ``scancel``) resumes from its last
+process of the element. The training processes (:class:`condinit_det.utils.preemption.PreemptionWatch`)
+agree at the next step boundary to stop: detection writes a checkpoint of that iteration, pretraining
+stops at its last epoch checkpoint (epochs are its unit of exact resume); both leave ``<run>/preempted``.
+The element's ``checkpoint()`` (submitit's handler) waits for that file, then submitit requeues the
+element. A job killed without warning (node failure, ``scontrol requeue``, ``scancel``) resumes from its last
 checkpoint when it is requeued or the same command is submitted again.
 
 Submitting again knows what is in flight: ``<base>/slurm.json`` keeps every job each run directory ever had (its

@@ -30,11 +30,26 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ..records.failures import describe_failure, discard_notes, failure_of, failure_reason, note_failure, one_line
-from ..records.failures import record_failure
+from ..records.failures import (
+    describe_failure,
+    discard_notes,
+    failure_of,
+    failure_reason,
+    note_failure,
+    one_line,
+    record_failure,
+)
 from ..records.identity import check_resume_identity
-from ..records.layout import (REPORT_DIRNAME, RunSpec, parse_arms, parse_lr_scales, parse_seeds, plan_runs,
-                              set_aside, write_plan)
+from ..records.layout import (
+    REPORT_DIRNAME,
+    RunSpec,
+    parse_arms,
+    parse_lr_scales,
+    parse_seeds,
+    plan_runs,
+    set_aside,
+    write_plan,
+)
 from ..records.lock import RunInUse, RunLock
 from ..records.results import FAILED_KIND, ResultsFile
 from ..utils.distributed import launch, rank
@@ -356,8 +371,8 @@ def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
     lines = [f"{len(failed)} of {len(outcomes)} run(s) did not finish:"]
     for o in failed:
         what = describe_failure(o.failure) if o.failure is not None else f"not trained here: {o.in_use}"
-        lines.append(f"  {o.spec.arm} seed {o.spec.seed}" + ("" if o.spec.lr_scale == 1.0 else
-                                                              f" lr scale {o.spec.lr_scale:g}") + f": {what} ({o.path})")
+        lr_scale = "" if o.spec.lr_scale == 1.0 else f" lr scale {o.spec.lr_scale:g}"
+        lines.append(f"  {o.spec.arm} seed {o.spec.seed}{lr_scale}: {what} ({o.path})")
     return lines
 
 

@@ -7,9 +7,9 @@ from typing import List, Tuple
 
 from ..records.failures import describe_failure, failure_of
 from ..records.layout import RunSpec
-from .cost import RunCost, StepTime, estimate, format_cost, resolve_step_time
 from ..records.lock import LOCK_FILENAME
 from ..records.results import RESULTS_FILENAME
+from .cost import RunCost, StepTime, estimate, format_cost, resolve_step_time
 from .experiment import Experiment
 
 __all__ = ["describe_plan", "plan_costs", "run_actions"]

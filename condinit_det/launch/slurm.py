@@ -52,11 +52,11 @@ step signals to *every* process of the step, so processes the callable starts (d
   from what the run itself saved on disk (its last checkpoint), never from state held in memory.
 - **Workers** (``launch``'s processes) get USR2 themselves, at the same moment as the main process
   (which cannot ask them for anything first), and the requeue tears the step down right after
-  ``checkpoint()`` returns. So a run whose state
-  lives in its workers checkpoints like this (tested): each worker sets a flag on USR2
-  (:func:`condinit_det.utils.preemption.requeue_flag`), and at its next step boundary writes its checkpoint and exits; the main
-  process's ``checkpoint()`` waits for that checkpoint file (bounded well below the signal delay)
-  before returning, and the rerun resumes from the file.
+  ``checkpoint()`` returns. So a run whose state lives in its workers checkpoints like this (tested):
+  each worker sets a flag on USR2 (:func:`condinit_det.utils.preemption.requeue_flag`), and at its
+  next step boundary writes its checkpoint and exits; the main process's ``checkpoint()`` waits for
+  that checkpoint file (bounded well below the signal delay) before returning, and the rerun resumes
+  from the file.
 - **The rerun**: same job id (``<array id>_<index>`` for an element), same submitit folder and log
   files (appended), ``SLURM_RESTART_COUNT`` = number of requeues so far (:func:`restart_count`; unset
   on the first run). A requeued job pends with reason ``BeginTime`` until the job credential expires
@@ -133,7 +133,8 @@ def _mem(value: str) -> str:
         text = text[:-1]
     if not _MEM.match(text):
         raise argparse.ArgumentTypeError(
-            f"invalid memory {value!r}: expected a number with an optional unit K, M, G or T (e.g. 64G; 0 = all of the node's)"
+            f"invalid memory {value!r}: expected a number with an optional unit K, M, G or T "
+            "(e.g. 64G; 0 = all of the node's)"
         )
     return text
 
@@ -143,7 +144,8 @@ def _extra(value: str) -> Tuple[str, str]:
     key = key.strip().lstrip("-")
     if not sep or not _EXTRA_KEY.match(key) or not val:
         raise argparse.ArgumentTypeError(
-            f"invalid --slurm-extra {value!r}: expected KEY=VALUE with an sbatch option name as KEY (e.g. reservation=mine, exclusive=true)"
+            f"invalid --slurm-extra {value!r}: expected KEY=VALUE with an sbatch option name as KEY "
+            "(e.g. reservation=mine, exclusive=true)"
         )
     return key.replace("_", "-"), val
 
@@ -174,8 +176,8 @@ def add_slurm_arguments(parser: argparse.ArgumentParser, *, switch: bool = True)
     )
     g.add_argument(
         "--cpus-per-task", type=_positive_int("CPU count"), default=None,
-        help="CPUs per node (one task per node); the run's processes on a node divide them into threads and data-loader "
-        "workers (also for a run on this machine when given)")
+        help="CPUs per node (one task per node); the run's processes on a node divide them into threads and "
+        "data-loader workers (also for a run on this machine when given)")
     g.add_argument("--mem", type=_mem, default=None, help="memory per node, e.g. 64G (0: all of it)")
     g.add_argument(
         "--time", type=parse_time_minutes, default=60, help="time limit per job: minutes or HH:MM:SS (default 60)"
@@ -186,7 +188,9 @@ def add_slurm_arguments(parser: argparse.ArgumentParser, *, switch: bool = True)
         default=120,
         help="seconds before the time limit at which the job gets USR2, checkpoints and requeues itself (default 120)",
     )
-    g.add_argument("--partition", type=_name("partition"), default=None, help="Slurm partition (default: the cluster's)")
+    g.add_argument(
+        "--partition", type=_name("partition"), default=None, help="Slurm partition (default: the cluster's)"
+    )
     g.add_argument("--account", type=_name("account"), default=None)
     g.add_argument("--qos", type=_name("QOS"), default=None)
     g.add_argument("--constraint", type=str, default=None, help="node features, sbatch syntax (e.g. 'a100|h100')")
@@ -218,7 +222,9 @@ def make_executor(args: argparse.Namespace, folder: str, name: str) -> submitit.
     array, ``<array>/<array>_submission.sh`` and ``<array>_<i>/<array>_<i>_0_log.out``/``.err`` per element.
     """
     if shutil.which("sbatch") is None or shutil.which("srun") is None:
-        raise RuntimeError("--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start tools/slurm_local.sh)")
+        raise RuntimeError(
+            "--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start tools/slurm_local.sh)"
+        )
     executor = submitit.SlurmExecutor(folder=os.path.join(folder, "%j"))
     params: Dict[str, Any] = dict(
         job_name=name,

@@ -7,8 +7,9 @@ elements, preemption, the report at the end. The two stages are :class:`condinit
 (detectron2 detectors) and :class:`condinit_det.pretrain.PretrainStage` (timm classification pretraining); a third
 (e.g. DETR pretraining, segmentation) is one more subclass, with nothing to change in the launcher.
 
-Stages import this module and nothing else of the launcher. A stage object holds no state: it is pickled into every training process and Slurm element. Configs are loaded
-again in every process (:meth:`Stage.load_config`, then :meth:`Stage.configure_run`), never sent.
+Stages import this module and nothing else of the launcher. A stage object holds no state: it is pickled into every
+training process and Slurm element. Configs are loaded again in every process (:meth:`Stage.load_config`, then
+:meth:`Stage.configure_run`), never sent.
 
 Bad input found by a stage raises :class:`~condinit_det.utils.errors.UsageError` (or ``ValueError`` /
 ``FileNotFoundError``, which the launcher reports the same way: one line, exit status 2).
@@ -110,7 +111,11 @@ class Stage(abc.ABC):
         return None
 
     def set_loader_workers(self, cfg, workers: int) -> None:
-        """Set the data-loader workers per training process (the launcher's share of a job's CPUs)."""
+        """Set the data-loader workers per training process (the launcher's share of a job's CPUs).
+
+        The default does nothing: a stage that cannot set its loader workers keeps the config's own.
+        """
+        return None
 
     def stale_files(self, run_dir: str) -> List[str]:
         """Files of an earlier run in ``run_dir`` that a fresh (not resumed) run must not find: they are

@@ -40,10 +40,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
+from ..records.failures import describe_failure
 from ..records.identity import ARM_REPORT_FILENAME
 from ..records.layout import PLAN_FILENAME, is_set_aside, read_plan
-from ..records.failures import describe_failure
+from ..records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
 
 __all__ = ["STALE_AFTER", "STATES", "RunStatus", "experiment_status", "format_table", "summary_line"]
 

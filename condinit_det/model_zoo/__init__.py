@@ -81,7 +81,8 @@ def is_yacs_file(path: str) -> bool:
 
 def get_config(config_path: str):
     """The named config loaded: lazy configs as a ``DictConfig`` (``LazyConfig.load``), yacs ones as a
-    ``CfgNode`` from ``get_cfg()`` with the project's keys (:func:`condinit_det.modeling.yacs_config.add_condinit_config`)."""
+    ``CfgNode`` from ``get_cfg()`` with the project's keys
+    (:func:`condinit_det.modeling.yacs_config.add_condinit_config`)."""
     path = get_config_file(config_path)
     if is_yacs_file(path):
         from detectron2.config import get_cfg

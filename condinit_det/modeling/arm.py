@@ -32,8 +32,8 @@ from typing import List, Mapping, Tuple
 
 from torch import nn
 
-from ..init.spec import ArmSpec, apply_arm_spec, plain, resolve_arm_node
 from ..init import InitReport
+from ..init.spec import ArmSpec, apply_arm_spec, plain, resolve_arm_node
 
 __all__ = ["ARM_NODE_REF", "arm_spec_of", "armed", "armed_nodes", "build_armed", "check_arm_agrees", "is_armed",
            "rank0_computes_arm", "sites_only", "unarmed"]

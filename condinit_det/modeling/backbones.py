@@ -22,14 +22,13 @@ import math
 from functools import partial
 
 import torch.nn as nn
-
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, FPN, Backbone, SimpleFeaturePyramid, SwinTransformer, ViT
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
-from .yacs_config import condinit_options
 from ..init import apply_init
 from .xcit import XCiT
+from .yacs_config import condinit_options
 
 __all__ = [
     "PaddedSimpleFeaturePyramid",

@@ -23,13 +23,15 @@ from typing import Dict, Optional, Sequence
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
+from detectron2.layers import ShapeSpec
+from detectron2.modeling import Backbone
 from timm.layers import trunc_normal_
 from timm.models.xcit import ConvPatchEmbed, PositionalEncodingFourier, XCABlock
 
-from detectron2.layers import ShapeSpec
-from detectron2.modeling import Backbone
-
 __all__ = ["XCiT", "XCiTDeconvPyramid"]
+
+# XCiT's token norm; one shared factory as the default, since it holds no state.
+_DEFAULT_NORM_LAYER = partial(nn.LayerNorm, eps=1e-6)
 
 
 class XCiT(Backbone):
@@ -55,7 +57,7 @@ class XCiT(Backbone):
         drop_path_rate: float = 0.0,
         eta: float = 1.0,
         use_pos_embed: bool = True,
-        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        norm_layer=_DEFAULT_NORM_LAYER,
         act_layer=nn.GELU,
         sync_bn: bool = False,
         use_act_checkpoint: bool = False,
@@ -76,7 +78,7 @@ class XCiT(Backbone):
                 unlike ViT's linear ramp).
             eta: LayerScale init value (gamma1/2/3). XCiT-S12 uses 1.0, deeper models 1e-5.
             use_pos_embed: add the Fourier positional encoding after the patch embedding.
-            norm_layer: token norm of the blocks.
+            norm_layer: token norm of the blocks (default: LayerNorm with eps 1e-6).
             act_layer: activation in patch embedding, LPI and MLP.
             sync_bn: convert the BatchNorm2d layers of the patch embedding and LPI to
                 SyncBatchNorm; detection batches are ~2 images per GPU, too few for per-GPU

@@ -19,7 +19,6 @@ Keys added:
   by :func:`build_optimizer` (detectron2's yacs trainer only builds SGD).
 """
 import torch
-
 from detectron2.config import CfgNode as CN
 from detectron2.solver.build import get_default_optimizer_params, maybe_add_gradient_clipping
 

@@ -100,7 +100,8 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "eval_period": 1,  # epochs; the last epoch is always evaluated
         "workers": 8,  # data-loading processes per training process
         "eval_batch_size": None,  # per process; None: 1.5 x the training batch per process
-        "init_checkpoint": None,  # --eval-only: checkpoint to evaluate (default: the run's model_final.safetensors or .pth)
+        # --eval-only: checkpoint to evaluate (default: the run's model_final.safetensors or .pth)
+        "init_checkpoint": None,
     },
 }
 _NESTED = {("train", "ema")}
@@ -139,7 +140,9 @@ def node(cfg, name: str) -> Dict[str, Any]:
             value = dict(value or {})
             bad = sorted(set(value) - set(defaults[key]))
             if bad:
-                raise UsageError(f"{name}.{key} has unknown key(s) {', '.join(bad)}; accepted: {', '.join(defaults[key])}")
+                raise UsageError(
+                    f"{name}.{key} has unknown key(s) {', '.join(bad)}; accepted: {', '.join(defaults[key])}"
+                )
             defaults[key].update(value)
         else:
             defaults[key] = value
@@ -147,7 +150,8 @@ def node(cfg, name: str) -> Dict[str, Any]:
 
 
 def resolve_lr(optimizer: Dict[str, Any], batch_size: int, lr_scale: float = 1.0) -> float:
-    """The learning rate: ``optimizer.lr``, or ``lr_base`` scaled from ``lr_base_size`` to ``batch_size``; times ``lr_scale``."""
+    """The learning rate: ``optimizer.lr``, or ``lr_base`` scaled from ``lr_base_size`` to ``batch_size``;
+    times ``lr_scale``."""
     if optimizer.get("lr") is not None:
         lr = float(optimizer["lr"])
     else:
@@ -171,5 +175,6 @@ def arm_spec(cfg, train_seed: int) -> ArmSpec:
 
 
 def run_identity(spec: ArmSpec, *, seed: int, lr_scale: float) -> dict:
-    """What a resumed run must share with the run it continues (:func:`condinit_det.records.layout.check_resume_identity`)."""
+    """What a resumed run must share with the run it continues
+    (:func:`condinit_det.records.layout.check_resume_identity`)."""
     return {**spec.identity(), "seed": int(seed), "lr_scale": float(lr_scale)}

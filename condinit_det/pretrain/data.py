@@ -59,7 +59,9 @@ class Datasets:
 def _split_dir(root: str, split: str) -> str:
     path = os.path.join(root, split)
     if not os.path.isdir(path):
-        found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))) if os.path.isdir(root) else []
+        found = (
+            sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))) if os.path.isdir(root) else []
+        )
         raise UsageError(
             f"data.root={root}: no '{split}' folder (found: {', '.join(found) or 'nothing'}); expected "
             f"<root>/<split>/<class>/<image> with splits data.train_split / data.val_split"
@@ -183,7 +185,8 @@ def build_mixup(augment: Dict, num_classes: int):
 
 
 def build_train_sampler(dataset, augment: Dict, *, world_size: int, rank: int) -> Sampler:
-    """``DistributedSampler`` (also for one process), or timm's ``RepeatAugSampler`` when ``augment.repeated_aug > 0``."""
+    """``DistributedSampler`` (also for one process), or timm's ``RepeatAugSampler`` when
+    ``augment.repeated_aug > 0``."""
     repeats = augment.get("repeated_aug") or 0
     if repeats:
         from timm.data.distributed_sampler import RepeatAugSampler

@@ -84,7 +84,11 @@ def evaluate(model: nn.Module, dataset, *, device: torch.device, batch_size: int
         hits.append((topk == targets[:, None]).any(dim=1).cpu())
         losses.append(F.cross_entropy(logits, targets, reduction="none").double().cpu())
     model.train(was_training)
-    cat = (lambda xs, dtype: torch.cat(xs).numpy() if xs else np.zeros(0, dtype=dtype))
+
+    def cat(xs, dtype):
+        # A process with an empty shard saw no batch; it still contributes typed, empty arrays.
+        return torch.cat(xs).numpy() if xs else np.zeros(0, dtype=dtype)
+
     local = (np.asarray(indices, dtype=np.int64), cat(labels, np.int64), cat(preds, np.int64),
              cat(hits, np.bool_).astype(np.uint8), cat(losses, np.float64))
     if world > 1:

@@ -8,8 +8,8 @@ from typing import Dict, List, Tuple
 import torch
 from torch import nn
 
-from ..init.spec import ArmSpec, apply_arm_spec
 from ..init import InitReport, find_attention, select_sites
+from ..init.spec import ArmSpec, apply_arm_spec
 from ..utils.errors import UsageError
 
 __all__ = ["build_armed_model", "check_arm_sites", "check_model_name", "create_classifier", "state_digest"]

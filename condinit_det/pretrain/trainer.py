@@ -52,11 +52,26 @@ from ..utils.errors import UsageError
 from ..utils.fileio import atomic_write, remove_stale_temp_files
 from ..utils.logs import run_logging
 from ..utils.preemption import PreemptionWatch
-from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, FINAL_SAFETENSORS, EpochCheckpointer, last_checkpoint
-from .checkpoint import periodic_checkpointer, save_final
+from .checkpoint import (
+    FINAL_FILENAME,
+    FINAL_FORMAT,
+    FINAL_SAFETENSORS,
+    EpochCheckpointer,
+    last_checkpoint,
+    periodic_checkpointer,
+    save_final,
+)
 from .config import DEFAULTS, arm_spec, node, resolve_lr, run_identity
-from .data import build_datasets, build_mixup, build_train_loader, build_train_sampler, data_config, epoch_seed
-from .data import set_sampler_epoch, set_transforms
+from .data import (
+    build_datasets,
+    build_mixup,
+    build_train_loader,
+    build_train_sampler,
+    data_config,
+    epoch_seed,
+    set_sampler_epoch,
+    set_transforms,
+)
 from .evaluate import evaluate
 from .model import build_armed_model, create_classifier
 
@@ -284,8 +299,7 @@ class PretrainRun:
     def train(self) -> Optional[dict]:
         """Train the remaining epochs, evaluating and checkpointing each, then :meth:`export`. Returns the last
         ``"cls"`` record."""
-        from detectron2.utils.events import (CommonMetricPrinter, EventStorage, JSONWriter,
-                                             TensorboardXWriter)
+        from detectron2.utils.events import CommonMetricPrinter, EventStorage, JSONWriter, TensorboardXWriter
 
         if self.scheduler is not None:
             self.scheduler.step_update(num_updates=self.step)

@@ -128,7 +128,7 @@ class ResultsFile:
             try:
                 data = json.load(f)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{self.path} is not valid JSON ({e}); refusing to overwrite it.")
+                raise ValueError(f"{self.path} is not valid JSON ({e}); refusing to overwrite it.") from None
         if not isinstance(data, dict) or not isinstance(data.get("records"), list):
             raise ValueError(
                 f"{self.path} is not a results file: expected an object with a 'records' list."

@@ -40,8 +40,16 @@ from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
 
 from .improvement import probability_of_improvement_batch
 from .multiplicity import holm_adjust
-from .statistics import (IMAGE_BOOTSTRAP, METHOD_TRUTH, PAIRED_T, TWO_LEVEL_PERCENTILE, TWO_LEVEL_T, paired_t,
-                         report_method, two_level_bootstrap)
+from .statistics import (
+    IMAGE_BOOTSTRAP,
+    METHOD_TRUTH,
+    PAIRED_T,
+    TWO_LEVEL_PERCENTILE,
+    TWO_LEVEL_T,
+    paired_t,
+    report_method,
+    two_level_bootstrap,
+)
 
 __all__ = ["SATTERTHWAITE", "SCENARIOS", "Scenario", "calibrate", "coverage", "family_wise_error", "format_table",
            "key", "main", "poi_coverage", "report_coverage", "simulate"]

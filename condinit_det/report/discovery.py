@@ -15,9 +15,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from condinit_det.records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
 from condinit_det.records.identity import ARM_REPORT_FILENAME
 from condinit_det.records.layout import PLAN_FILENAME, RunSpec, is_set_aside, read_plan
+from condinit_det.records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
 
 from .loss import METRICS_FILENAME, read_training_loss, smooth
 from .stages import CLASSIFICATION, DETECTION, Metric, Stage

@@ -33,8 +33,19 @@ from .multiplicity import holm_adjust
 from .planning import PAPER_DELTA, PRIOR_DIFFERENCE_STD, SeedPlan, plan_seeds
 from .speedup import SpeedupSummary, image_bootstrap_speedup, reach_of, summarize_reaches
 from .stages import Metric, Stage
-from .statistics import (BOTH, IMAGE_BOOTSTRAP, IMAGES, PAIRED_T, Interval, mean_std, percentile_interval,
-                         report_method, t_interval, two_level_bootstrap, verdict)
+from .statistics import (
+    BOTH,
+    IMAGE_BOOTSTRAP,
+    IMAGES,
+    PAIRED_T,
+    Interval,
+    mean_std,
+    percentile_interval,
+    report_method,
+    t_interval,
+    two_level_bootstrap,
+    verdict,
+)
 
 __all__ = ["ALPHA", "METRIC", "REFERENCE", "SPEEDUP", "PairedStat", "family_of", "paired_statistics"]
 
