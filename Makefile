@@ -34,7 +34,7 @@ demo-paper: venv
 	$(PY) tools/compare_arms.py output/demo_paper/pretrain output/demo_paper/finetune --output output/demo_paper/report
 
 # On a machine with a CUDA device: the tests marked gpu and the init-cost bench on the GPU (ViTDet-B/L/H),
-# one verdict line per check, about 10 minutes (docs/install.md: the GPU check).
+# one verdict line per check, about 10 minutes (docs/development.md: the GPU check).
 gpu-check: venv
 	$(PY) tools/gpu_check.py
 

@@ -1,18 +1,18 @@
 """condinit_det.model_zoo: configs by name, and zoo:<name> on every command line."""
 import os
+import re
 
 import pytest
 
 pytest.importorskip("detectron2.config")
 
-from omegaconf import DictConfig  # noqa: E402
-
 from detectron2.config import CfgNode, LazyConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
 from condinit_det import model_zoo  # noqa: E402
 from condinit_det.engine.config import load_config as load_detection_config  # noqa: E402
-from condinit_det.utils.errors import UsageError  # noqa: E402
 from condinit_det.pretrain import load_config as load_pretrain_config  # noqa: E402
+from condinit_det.utils.errors import UsageError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -69,16 +69,20 @@ def test_tools_take_zoo_names(tmp_path):
     assert isinstance(load_detection_config("zoo:yacs/mask_rcnn_vit_tiny_embedded.yaml"), CfgNode)
     cfg = load_pretrain_config("zoo:demo/pretrain_vit_tiny.py", ["train.epochs=1"])
     assert cfg.train.epochs == 1
-    wrong = r"^--config-file: .demo/pretrain_vit_tiy.py. is not a model-zoo config .*did you mean demo/pretrain_vit_tiny"
+    wrong = (r"^--config-file: .demo/pretrain_vit_tiy.py. is not a model-zoo config "
+             r".*did you mean demo/pretrain_vit_tiny")
     with pytest.raises(UsageError, match=wrong):
         load_pretrain_config("zoo:demo/pretrain_vit_tiy.py")
     with pytest.raises(UsageError, match="does not exist; give a config file or a model-zoo name"):
         load_detection_config(str(tmp_path / "missing.py"))
 
 
-def test_readme_lists_every_name():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        section = f.read().split("## Install into your own environment", 1)[1].split("\n## ", 1)[0]
-    for name in model_zoo.list_configs():
-        folder, base = name.split("/", 1)
-        assert f"`{folder}/`" in section and f"`{base}`" in section, name
+def test_the_configs_page_lists_every_name():
+    # docs/configs.md, section "Model-zoo names": every name of the zoo, and no name that is not in it.
+    with open(os.path.join(ROOT, "docs", "configs.md")) as f:
+        section = f.read().split("\n## Model-zoo names\n", 1)[1].split("\n## ", 1)[0]
+    names = model_zoo.list_configs()
+    for name in names:
+        assert f"`{name}`" in section, name
+    listed = re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE)
+    assert sorted(listed) == sorted(names)

@@ -15,7 +15,7 @@ from collections import Counter
 from condinit_det.launch.status import STALE_AFTER, STATES, experiment_status, format_table, summary_line
 
 
-def main(argv=None) -> int:
+def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="One line per run of an experiment (both stages): state, progress, latest evaluation, time "
                     "per iteration, ETA and log; then a count per state. Reads the run directories only.")
@@ -25,6 +25,11 @@ def main(argv=None) -> int:
     parser.add_argument("--stale-after", type=float, default=STALE_AFTER, metavar="S",
                         help="seconds without a log or metrics write after which a run counts as stopped rather "
                              f"than running (default {STALE_AFTER:g})")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = get_parser()
     args = parser.parse_args(argv)
     if not math.isfinite(args.stale_after) or args.stale_after <= 0:
         print(f"{parser.prog}: error: --stale-after {args.stale_after:g}: expected a positive number of seconds",

@@ -262,7 +262,7 @@ def _check_datasets(names: List[str]) -> None:
             if path and not os.path.exists(path):
                 raise ValueError(
                     f"dataset {name!r}: its {key} {path} does not exist; for the COCO configs set "
-                    "DETECTRON2_DATASETS to the folder that holds coco/ (README: COCO configs)")
+                    "DETECTRON2_DATASETS to the folder that holds coco/ (docs/configs.md)")
 
 
 def _check_writable(output_dir: str) -> None:

@@ -180,10 +180,6 @@ def replace_report(base: str, job_id: str, *, log=print) -> None:
         log(f"Report job {earlier[-1]} (pending) is replaced by report job {job_id}")
 
 
-def _relative(spec: RunSpec) -> str:
-    return os.path.join(spec.arm, spec.name)
-
-
 # ---------------------------------------------------------------------------------------------
 # Submitting
 # ---------------------------------------------------------------------------------------------
@@ -204,10 +200,10 @@ def submission_plan(experiment: Experiment, *, states: Optional[Dict[str, str]] 
 
     current = read_jobs(experiment.base)
     if states is None:
-        states = job_states([current[_relative(s)] for s in experiment.runs if _relative(s) in current])
+        states = job_states([current[s.dir] for s in experiment.runs if s.dir in current])
     plan = Submission()
     for spec in experiment.runs:
-        job = current.get(_relative(spec))
+        job = current.get(spec.dir)
         if job is not None and states.get(job) in IN_FLIGHT_STATES:
             plan.in_flight[spec] = job
             continue
@@ -232,18 +228,18 @@ def submit_runs(experiment: Experiment, specs: Sequence[RunSpec], *, name: str, 
         return []
     executor = make_executor(experiment.args, slurm_folder(experiment.args, experiment.base), name)
     jobs = submit(executor, [RunElement(experiment, spec) for spec in specs], dependency=dependency)
-    _record_jobs(experiment.base, {_relative(s): str(j.job_id) for s, j in zip(specs, jobs)}, None)
+    _record_jobs(experiment.base, {s.dir: str(j.job_id) for s, j in zip(specs, jobs)}, None)
     what = f"job array {str(jobs[0].job_id).split('_')[0]}" if len(jobs) > 1 else f"job {jobs[0].job_id}"
     log(f"Submitted {len(jobs)} run(s) of {experiment.base} as {what}" + (f" after {dependency}" if dependency else ""))
     for spec, job in zip(specs, jobs):
-        log(f"  {job.job_id}: {_name(spec)}")
+        log(f"  {job.job_id}: {spec.dir}")
     return jobs
 
 
 def describe_submission(experiment: Experiment, plan: Submission, log=print) -> None:
     """Say what a submission leaves out: the runs in flight (with their job) and those that need nothing."""
     for spec, job in plan.in_flight.items():
-        log(f"  {_name(spec)}: in flight as job {job}: not resubmitted")
+        log(f"  {spec.dir}: in flight as job {job}: not resubmitted")
     if plan.done:
         log(f"  {len(plan.done)} run(s) of {experiment.base} finished or diverged earlier: not resubmitted")
     if not plan.todo:
@@ -271,10 +267,6 @@ def submit_experiment(experiment: Experiment, *, name: str, report: bool = True,
     log(f"Watch it with: condinit-status {experiment.base}   (submitit logs: "
         f"{slurm_folder(experiment.args, experiment.base)})")
     return jobs, plan.todo, dict(plan.in_flight), report_job
-
-
-def _name(spec: RunSpec) -> str:
-    return f"{spec.arm}/{spec.name}"
 
 
 def submit_report(args, paths: Sequence[str], output_dir: str, *, jobs: Sequence[str], folder: str, name: str,

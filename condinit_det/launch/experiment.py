@@ -54,7 +54,7 @@ from ..records.lock import RunInUse, RunLock
 from ..records.results import FAILED_KIND, ResultsFile
 from ..utils.distributed import launch, rank
 from ..utils.errors import UsageError
-from ..utils.logs import console_logging
+from ..utils.logs import console_logging, run_logging
 from ..utils.preemption import PREEMPTED_FILENAME, Preempted
 from ..utils.threads import apply_thread_settings
 from .stage import Stage
@@ -188,6 +188,7 @@ def run_worker(experiment: Experiment, spec: RunSpec) -> None:
     args, stage = experiment.args, experiment.stage
     cfg = experiment.config(spec)
     run_dir = experiment.run_dir(spec)
+    run_logging(run_dir, rank=rank())  # the stage sets its own up again; the thread sizing is in the run's log too
     _size_threads(experiment, cfg)
     try:
         if args.eval_only:
@@ -276,10 +277,6 @@ class Outcome:
     in_use: Optional[str] = None  # "in use by ...": another process owns the run; it was not touched
 
 
-def _name(spec: RunSpec) -> str:
-    return f"{spec.arm}/{spec.name}"
-
-
 def _run_one(experiment: Experiment, spec: RunSpec, *, main: bool) -> Outcome:
     """Own one planned run (the main launcher; the others follow it) and train it under the resume rules (module
     docstring)."""
@@ -292,13 +289,13 @@ def _run_one(experiment: Experiment, spec: RunSpec, *, main: bool) -> Outcome:
         except RunInUse as e:
             if len(experiment.runs) == 1:
                 raise
-            logger.error(f"Run {_name(spec)}: {e}; going on with the next run")
+            logger.error(f"Run {spec.dir}: {e}; going on with the next run")
             return Outcome(spec, run_dir, in_use=str(e))
         return _train_one(experiment, spec, main=True, owned=owned)
 
 
 def _train_one(experiment: Experiment, spec: RunSpec, *, main: bool, owned: contextlib.ExitStack) -> Outcome:
-    args, run_dir, name = experiment.args, experiment.run_dir(spec), _name(spec)
+    args, run_dir, name = experiment.args, experiment.run_dir(spec), spec.dir
     failure = failure_of(run_dir) if args.resume else None
     if failure is not None and args.retry_failed:
         aside = "<run>.failed<n>"

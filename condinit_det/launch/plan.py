@@ -55,7 +55,7 @@ def plan_costs(experiment: Experiment, step_time: StepTime) -> List[RunCost]:
     processes = int(args.num_gpus) * int(args.num_machines)
     trains = [spec for spec, _, trains in run_actions(experiment) if trains]
     steps = experiment.stage.steps(experiment.config(experiment.runs[0])) if trains else 0
-    return [RunCost.with_step_time(stage=experiment.stage.name, name=f"{spec.arm}/{spec.name}", steps=steps,
+    return [RunCost.with_step_time(stage=experiment.stage.name, name=spec.dir, steps=steps,
                                    processes=processes, step_time=step_time) for spec in trains]
 
 
@@ -78,9 +78,9 @@ def describe_plan(experiment: Experiment, *, cost: bool = True) -> str:
     lines = [f"Plan of {experiment.base} ({stage.name}, {args.config_file}): {len(experiment.runs)} run(s) of "
              f"{experiment.length} {stage.unit}s ({steps} optimizer steps) each; {where}"]
     actions = run_actions(experiment)
-    width = max(len(f"{s.arm}/{s.name}") for s, _, _ in actions)
+    width = max(len(s.dir) for s, _, _ in actions)
     for spec, action, _ in actions:
-        lines.append(f"  {spec.arm + '/' + spec.name:<{width}}  {action}")
+        lines.append(f"  {spec.dir:<{width}}  {action}")
     to_train = sum(trains for _, _, trains in actions)
     lines.append(f"{to_train} of {len(actions)} run(s) would train; nothing was written"
                  + (" or submitted" if args.slurm else ""))

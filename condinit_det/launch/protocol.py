@@ -128,6 +128,6 @@ def _submit_downstream(pre: Experiment, fine: Experiment, todo: List[RunSpec], p
         elif pre.finished(_upstream_of(spec)):
             ready.append(spec)
         else:
-            log(f"  {spec.arm}/{spec.name}: its pretraining run did not finish (failed or diverged): not submitted")
+            log(f"  {spec.dir}: its pretraining run did not finish (failed or diverged): not submitted")
     jobs += submit_runs(fine, ready, name="condinit-finetune", log=log)
     return [str(j.job_id) for j in jobs]

@@ -103,11 +103,17 @@ class RunSpec:
         """``seed<k>`` or ``seed<k>-lr<s>``: the run's folder under ``<base>/<arm>/``."""
         return f"seed{self.seed}" + ("" if self.lr_scale == 1.0 else f"-lr{_format_scale(self.lr_scale)}")
 
+    @property
+    def dir(self) -> str:
+        """``<arm>/seed<k>[-lr<s>]``: the run's folder relative to its experiment directory (also its name in
+        messages)."""
+        return os.path.join(self.arm, self.name)
+
     def path(self, base: str) -> str:
-        return os.path.join(base, self.arm, self.name)
+        return os.path.join(base, self.dir)
 
     def to_dict(self) -> dict:
-        return {"arm": self.arm, "seed": self.seed, "lr_scale": self.lr_scale, "dir": os.path.join(self.arm, self.name)}
+        return {"arm": self.arm, "seed": self.seed, "lr_scale": self.lr_scale, "dir": self.dir}
 
 
 def plan_runs(arms: Sequence[str], seeds: Sequence[int], lr_scales: Sequence[float] = (1.0,)) -> List[RunSpec]:
