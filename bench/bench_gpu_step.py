@@ -15,8 +15,8 @@ Recipes (``--configs``, by file name without ``.py``):
 What one step is: the stage's own training step. Detection: detectron2's ``AMPTrainer.run_step``
 (forward under ``autocast`` float16, loss sum, ``zero_grad``, scaled backward, metric gathering,
 ``GradScaler`` step and update) with the config's optimizer; ``SimpleTrainer.run_step`` where AMP is
-off (the config's ``train.amp.enabled``, or a CPU). Pretraining: the step of the pretraining
-stage's epoch loop (``condinit_det.pretrain.PretrainRun.train_epoch``: copy to the device, Mixup/CutMix,
+off (the config's ``train.amp.enabled``, or a CPU). Pretraining: the pretraining stage's own step
+(``condinit_det.pretrain.step.PretrainStep``, which its epoch loop runs: after the copy to the device, Mixup/CutMix,
 forward and loss under ``autocast`` float16, ``zero_grad``, backward and optimizer step through timm's
 ``NativeScaler`` (a ``GradScaler``), the scheduler update, the EMA update, the loss read back), with the
 classifier built by ``condinit_det.pretrain.build_armed_model`` and the recipe's timm optimizer,
@@ -293,85 +293,42 @@ class DetectionVariant(Variant):
 
 
 class PretrainVariant(Variant):
-    """The armed timm classifier with the recipe's optimizer, scheduler, Mixup, loss and EMA; its step is the
-    pretraining stage's (``condinit_det.pretrain.PretrainRun.train_epoch``) for one batch."""
+    """The armed timm classifier with the recipe's optimizer, scheduler, Mixup, loss, loss scaling and EMA; its
+    step is the pretraining stage's own (:class:`condinit_det.pretrain.step.PretrainStep`) on one batch."""
 
     def __init__(self, cfg, *, arm: str, seed: int, device: torch.device, batches: Sequence[tuple], amp: bool):
-        from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-        from timm.optim import create_optimizer_v2
-        from timm.scheduler import create_scheduler_v2
-        from timm.utils import ModelEmaV3, NativeScaler
-
-        from condinit_det.pretrain import build_armed_model, node, resolve_lr
+        from condinit_det.pretrain import build_armed_model, node
         from condinit_det.pretrain.config import arm_spec
-        from condinit_det.pretrain.data import build_mixup
+        from condinit_det.pretrain.step import PretrainStep
         from condinit_det.pretrain.trainer import seed_all
 
         super().__init__(arm, device)
         cfg.condinit.arm, cfg.condinit.seed = arm, seed
         nodes = {name: node(cfg, name) for name in ("model", "data", "augment", "optimizer", "scheduler", "train")}
-        data, augment, opt, sched, train = (nodes[k] for k in ("data", "augment", "optimizer", "scheduler", "train"))
+        data, train = nodes["data"], nodes["train"]
         # Same global RNG state before every build: the arms differ only in the weights they rewrite.
         seed_all(seed)
         self.model, self.report = build_armed_model(nodes["model"], int(data["num_classes"]), arm_spec(cfg, seed))
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self.model.to(device)
         self.model.train()
-        self.ema = ModelEmaV3(self.model, decay=float(train["ema"]["decay"])) if train["ema"]["enabled"] else None
-        total_batch = int(train["batch_size"])
-        opt_kwargs = {k: opt[k] for k in ("betas", "eps") if opt[k] is not None}
-        self.optimizer = create_optimizer_v2(self.model, opt=opt["opt"], lr=resolve_lr(opt, total_batch),
-                                             weight_decay=opt["weight_decay"], momentum=opt["momentum"],
-                                             layer_decay=opt["layer_decay"], **opt_kwargs)
-        self.scheduler, _ = create_scheduler_v2(
-            self.optimizer, sched=sched["sched"], num_epochs=int(train["epochs"]),
-            warmup_epochs=sched["warmup_epochs"], warmup_lr=sched["warmup_lr"], min_lr=sched["min_lr"],
-            cooldown_epochs=sched["cooldown_epochs"], warmup_prefix=sched["warmup_prefix"], step_on_epochs=False,
-            updates_per_epoch=max(IMAGENET_TRAIN_IMAGES // total_batch, 1))
         dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
         if train["amp_dtype"] not in dtypes:
             raise ValueError(f"train.amp_dtype={train['amp_dtype']!r}; accepted: {', '.join(dtypes)}")
-        self.amp_dtype = dtypes[train["amp_dtype"]] if amp else None
-        # float16 needs loss scaling (timm's scaler, as the stage uses); bfloat16 and float32 do not.
-        self.loss_scaler = NativeScaler(device.type) if self.amp_dtype == torch.float16 else None
-        self.mixup = build_mixup(augment, int(data["num_classes"]))
-        if self.mixup is not None:  # Mixup smooths the targets itself
-            self.criterion = SoftTargetCrossEntropy()
-        elif augment["label_smoothing"] > 0:
-            self.criterion = LabelSmoothingCrossEntropy(smoothing=augment["label_smoothing"])
-        else:
-            self.criterion = torch.nn.CrossEntropyLoss()
-        self.clip, self.clip_mode = opt["clip_grad"], opt["clip_mode"]
+        self.pretrain_step = PretrainStep(self.model, nodes, num_classes=int(data["num_classes"]),
+                                          amp_dtype=dtypes[train["amp_dtype"]] if amp else None,
+                                          steps_per_epoch=max(IMAGENET_TRAIN_IMAGES // int(train["batch_size"]), 1))
         self.batches = itertools.cycle(batches)  # every arm sees the same batches in the same order
         self.steps_done = 0
 
     def run_step(self) -> None:
-        from timm.utils import dispatch_clip_grad
-
         images, labels = next(self.batches)
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         if self.device.type == "cpu":  # Mixup mixes in place, and on the CPU .to() did not copy
             images = images.clone()
-        if self.mixup is not None:
-            images, labels = self.mixup(images, labels)
-        with torch.autocast(device_type=self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            loss = self.criterion(self.model(images), labels)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.loss_scaler is not None:
-            self.loss_scaler(loss, self.optimizer, clip_grad=self.clip, clip_mode=self.clip_mode,
-                             parameters=self.model.parameters())
-        else:
-            loss.backward()
-            if self.clip is not None:
-                dispatch_clip_grad(self.model.parameters(), value=self.clip, mode=self.clip_mode)
-            self.optimizer.step()
         self.steps_done += 1
-        if self.scheduler is not None:
-            self.scheduler.step_update(num_updates=self.steps_done)
-        if self.ema is not None:
-            self.ema.update(self.model, step=self.steps_done)
-        loss.item()  # the stage reads every step's loss back (a device synchronization)
+        self.pretrain_step(self.model, images, labels, step=self.steps_done)
 
 
 # ---------------------------------------------------------------------------------------------

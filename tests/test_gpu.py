@@ -140,6 +140,6 @@ def test_two_gpu_nccl_ddp_replica_check(tmp_path):
     out = tmp_path / "ddp"
     log = _run(TRAIN_NET, "--config-file", DETECTION_DEMO, "--num-gpus", "2", "--arm", "mimetic", "train.device=cuda",
                f"train.output_dir={out}", "train.max_iter=4", "train.eval_period=4", cwd=tmp_path)
-    assert "Replica check before training: all 2 ranks hold identical weights" in log
-    assert "Replica check after training: all 2 ranks hold identical weights" in log
+    assert "Replica check before training: all 2 processes hold identical weights" in log
+    assert "Replica check after training: all 2 processes hold identical weights" in log
     assert [r["iteration"] for r in ResultsFile(out).records("ap")] == [4]

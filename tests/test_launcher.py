@@ -321,7 +321,8 @@ def _tool(tool, argv, cwd):
 def test_experiment_with_a_diverging_lr(tmp_path, stage, unit, total, evaluations):
     exp = tmp_path / "exp"
     tool, argv = _command(stage, tmp_path, exp)
-    argv = [*argv, "--arm", "default,scale_matched", "--lr-scale", f"1,{HUGE}", "--bootstrap", "0"]
+    # flags before the trailing key=value overrides
+    argv = [*argv[:2], "--arm", "default,scale_matched", "--lr-scale", f"1,{HUGE}", "--bootstrap", "0", *argv[2:]]
     rc, out, err = _tool(tool, argv, tmp_path)
     assert rc == 1, err[-3000:]
     plan = json.loads((exp / PLAN_FILENAME).read_text())
@@ -340,10 +341,10 @@ def test_experiment_with_a_diverging_lr(tmp_path, stage, unit, total, evaluation
     assert "Traceback" in (Path(diverged[0].path(str(exp))) / "log.txt").read_text()
 
     # --resume: nothing is retrained; the diverged runs are named and still fail the command.
-    rc, out, err = _tool(tool, ["--resume", *argv], tmp_path)
+    rc, out, err = _tool(tool, [*argv[:2], "--resume", *argv[2:]], tmp_path)
     assert rc == 1 and "not retried" in out + err and (out + err).count("already finished") == 2
     # --retry-failed: the diverged runs are moved aside and trained afresh.
-    rc, out, err = _tool(tool, ["--retry-failed", *argv], tmp_path)
+    rc, out, err = _tool(tool, [*argv[:2], "--retry-failed", *argv[2:]], tmp_path)
     assert rc == 1 and "moved aside" in out + err
     for s in diverged:
         assert Path(s.path(str(exp)) + ".failed0").is_dir() and failure_of(s.path(str(exp))) is not None

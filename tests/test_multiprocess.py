@@ -85,7 +85,7 @@ def test_xcit_batchnorm_two_processes_and_eval_only(tmp_path):
     train_dir = tmp_path / "train" / "conditioned" / "seed0"  # where a run of arm X, seed k goes
     log = _run(tmp_path, "--num-gpus", "2", "--arm", "conditioned", f"train.output_dir={tmp_path / 'train'}",
                "train.max_iter=6", "train.eval_period=6", *detections)
-    assert "Replica check after training: all 2 ranks hold identical weights" in log
+    assert "Replica check after training: all 2 processes hold identical weights" in log
     final = train_dir / "model_final.pth"
     state = torch.load(final, map_location="cpu", weights_only=False)["model"]
     assert int(state["backbone.net.patch_embed.proj.0.1.num_batches_tracked"]) == 6  # trained BatchNorm

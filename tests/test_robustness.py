@@ -200,8 +200,8 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     for arm in ARMS:
         run = exp / arm / "seed0"
         log = _read(run / "log.txt")
-        assert "Replica check before training: all 2 ranks hold identical weights" in log, arm
-        assert "Replica check after training: all 2 ranks hold identical weights" in log, arm
+        assert "Replica check before training: all 2 processes hold identical weights" in log, arm
+        assert "Replica check after training: all 2 processes hold identical weights" in log, arm
         assert _iterations(run) == [3]  # written once, by rank 0
         report = json.loads(_read(run / "condinit_arm_report.json"))
         assert report["arm"] == arm and len(report["sites"]) == 2

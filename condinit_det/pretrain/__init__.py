@@ -9,6 +9,7 @@ The arm acts where the paper applies it: on the randomly initialized classifier,
 - :mod:`.data`: timm datasets, transforms, mixup, and (seed, epoch)-determined samplers;
 - :mod:`.model`: ``timm.create_model`` + the arm; unknown model names get suggestions;
 - :mod:`.trainer`: one run (setup, resume, the epochs, evaluation records, checkpoints, the final export);
+- :mod:`.step`: one optimizer step of the recipe (optimizer, scheduler, loss scaling, mixup, clipping, EMA);
 - :mod:`.evaluate`: top-1 / top-5 with distributed gathering in dataset order;
 - :mod:`.checkpoint`: epoch checkpoints (fvcore) and the final weights.
 

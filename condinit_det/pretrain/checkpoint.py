@@ -106,9 +106,15 @@ class EpochCheckpointer(Checkpointer):
 
 def periodic_checkpointer(checkpointer: EpochCheckpointer, *, keep: int) -> PeriodicCheckpointer:
     """fvcore's ``PeriodicCheckpointer`` saving after every epoch (``step(epoch index)``) and keeping the ``keep``
-    newest epoch checkpoints, the ones an earlier (resumed) run left included."""
+    newest epoch checkpoints, the ones an earlier (resumed) run left included: a run killed between a save and the
+    deletion it makes left one too many, which goes now (fvcore deletes one file per save)."""
     periodic = PeriodicCheckpointer(checkpointer, period=1, max_to_keep=keep, file_prefix="checkpoint_epoch")
-    periodic.recent_checkpoints = checkpointer.get_all_checkpoint_files()
+    existing = checkpointer.get_all_checkpoint_files()
+    if checkpointer.save_to_disk:
+        for path in existing[: max(len(existing) - keep, 0)]:
+            os.remove(path)
+        existing = existing[-keep:]
+    periodic.recent_checkpoints = existing
     return periodic
 
 

@@ -30,7 +30,6 @@ scalars (``eval/top1``, ...) come on lines of their own. On resume, lines past t
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -61,10 +60,9 @@ from .checkpoint import (
     periodic_checkpointer,
     save_final,
 )
-from .config import DEFAULTS, arm_spec, node, resolve_lr, run_identity
+from .config import DEFAULTS, arm_spec, node, run_identity
 from .data import (
     build_datasets,
-    build_mixup,
     build_train_loader,
     build_train_sampler,
     data_config,
@@ -74,6 +72,7 @@ from .data import (
 )
 from .evaluate import evaluate
 from .model import build_armed_model, create_classifier
+from .step import PretrainStep, current_lr
 
 __all__ = ["METRICS_FILENAME", "PREDICTIONS_FILENAME", "PretrainRun", "evaluate_checkpoint", "run_finished",
            "total_epochs", "truncate_metrics"]
@@ -176,20 +175,6 @@ def _mean_over_processes(total: float, count: int) -> float:
     return sum(t for t, _ in parts) / n if n else float("nan")
 
 
-def _current_lr(optimizer: torch.optim.Optimizer) -> float:
-    return max(group["lr"] for group in optimizer.param_groups)
-
-
-def _criterion(augment: Dict, mixup) -> nn.Module:
-    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-
-    if mixup is not None:  # the targets are already smoothed by Mixup
-        return SoftTargetCrossEntropy()
-    if augment["label_smoothing"] > 0:
-        return LabelSmoothingCrossEntropy(smoothing=augment["label_smoothing"])
-    return nn.CrossEntropyLoss()
-
-
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
@@ -223,12 +208,7 @@ class PretrainRun:
     def setup(self) -> None:
         """Model (from the training seed, identical on every process) and arm; data; optimizer, scheduler, loss
         scaler, EMA; the checkpointers."""
-        from timm.optim import create_optimizer_v2
-        from timm.scheduler import create_scheduler_v2
-        from timm.utils import ModelEmaV3, NativeScaler
-
-        data, augment, opt, sched, train = (self.nodes[k] for k in ("data", "augment", "optimizer", "scheduler",
-                                                                     "train"))
+        data, augment, train = (self.nodes[k] for k in ("data", "augment", "train"))
         if self.main:
             os.makedirs(self.run_dir, exist_ok=True)
             remove_stale_temp_files(self.run_dir)
@@ -247,7 +227,6 @@ class PretrainRun:
         self.datasets = build_datasets(data)
         set_transforms(self.datasets, data=data, augment=augment, model=self.model)
         self.model.to(self.device)
-        self.ema = ModelEmaV3(self.model, decay=float(train["ema"]["decay"])) if train["ema"]["enabled"] else None
         self.batch = int(train["batch_size"]) // self.world
         self.sampler = build_train_sampler(self.datasets.train, augment, world_size=self.world, rank=self.rank)
         self.loader = build_train_loader(self.datasets.train, self.sampler, batch_size=self.batch,
@@ -256,33 +235,17 @@ class PretrainRun:
         if self.steps_per_epoch == 0:
             raise UsageError(f"{len(self.datasets.train)} training images give no full batch of {self.batch} per "
                              "process")
-        lr = resolve_lr(opt, int(train["batch_size"]), self.lr_scale)
-        opt_kwargs = {k: opt[k] for k in ("betas", "eps") if opt[k] is not None}
-        self.optimizer = create_optimizer_v2(self.model, opt=opt["opt"], lr=lr, weight_decay=opt["weight_decay"],
-                                             momentum=opt["momentum"], layer_decay=opt["layer_decay"], **opt_kwargs)
-        self.scheduler, self.num_epochs = create_scheduler_v2(
-            self.optimizer, sched=sched["sched"], num_epochs=int(train["epochs"]),
-            warmup_epochs=sched["warmup_epochs"], warmup_lr=sched["warmup_lr"], min_lr=sched["min_lr"],
-            cooldown_epochs=sched["cooldown_epochs"], warmup_prefix=sched["warmup_prefix"], step_on_epochs=False,
-            updates_per_epoch=self.steps_per_epoch)
-        # fp16 needs loss scaling (timm's scaler: scale, backward, unscale, clip, step, update); bf16 and fp32 don't
-        self.loss_scaler = NativeScaler(self.device.type) if self.amp_dtype == torch.float16 else None
-        self.mixup = build_mixup(augment, self.datasets.num_classes)
-        self.criterion = _criterion(augment, self.mixup)
-        self.clip, self.clip_mode = opt["clip_grad"], opt["clip_mode"]
-        checkpointables = {"optimizer": self.optimizer}
-        if self.scheduler is not None:
-            checkpointables["scheduler"] = self.scheduler
-        if self.ema is not None:
-            checkpointables["ema"] = self.ema.module
-        if self.loss_scaler is not None:
-            checkpointables["scaler"] = self.loss_scaler
+        self.optimization = PretrainStep(self.model, self.nodes, num_classes=self.datasets.num_classes,
+                                         amp_dtype=self.amp_dtype, steps_per_epoch=self.steps_per_epoch,
+                                         lr_scale=self.lr_scale)
+        self.num_epochs = self.optimization.num_epochs
+        self.ema = self.optimization.ema
         self.checkpointer = EpochCheckpointer(self.model, self.run_dir, trust_pickle=self.trust_pickle,
-                                              save_to_disk=self.main, **checkpointables)
+                                              save_to_disk=self.main, **self.optimization.checkpointables())
         self.periodic = periodic_checkpointer(self.checkpointer, keep=1)
         logger.info(f"{len(self.datasets.train)} training / {len(self.datasets.val)} evaluation images, "
                     f"{self.datasets.num_classes} classes ({self.datasets.root}); {self.num_epochs} epochs x "
-                    f"{self.steps_per_epoch} steps of {self.batch} x {self.world}; lr {lr:.4g}")
+                    f"{self.steps_per_epoch} steps of {self.batch} x {self.world}; lr {self.optimization.lr:.4g}")
 
     # ------------------------------------------------------------------ resume
     def resume(self, path: str) -> None:
@@ -301,8 +264,8 @@ class PretrainRun:
         ``"cls"`` record."""
         from detectron2.utils.events import CommonMetricPrinter, EventStorage, JSONWriter, TensorboardXWriter
 
-        if self.scheduler is not None:
-            self.scheduler.step_update(num_updates=self.step)
+        if self.optimization.scheduler is not None:
+            self.optimization.scheduler.step_update(num_updates=self.step)
         self.ddp = self.model
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -354,13 +317,9 @@ class PretrainRun:
 
     def train_epoch(self, epoch: int) -> None:
         """One epoch of optimizer steps; the mean training loss over the processes is kept for the record."""
-        from timm.utils import dispatch_clip_grad
-
         self.start_epoch(epoch)
         self.ddp.train()
         log_period = max(int(self.train_node["log_period"]), 1)
-        autocast = (torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
-                    if self.amp_dtype is not None else contextlib.nullcontext())
         total, count = 0.0, 0
         end = time.perf_counter()
         for i, (images, targets) in enumerate(self.loader):
@@ -370,25 +329,8 @@ class PretrainRun:
             data_time = time.perf_counter() - end
             images = images.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
-            if self.mixup is not None:
-                images, targets = self.mixup(images, targets)
-            with autocast:
-                loss = self.criterion(self.ddp(images), targets)
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.loss_scaler is not None:
-                self.loss_scaler(loss, self.optimizer, clip_grad=self.clip, clip_mode=self.clip_mode,
-                                 parameters=self.model.parameters())
-            else:
-                loss.backward()
-                if self.clip is not None:
-                    dispatch_clip_grad(self.model.parameters(), value=self.clip, mode=self.clip_mode)
-                self.optimizer.step()
+            value = self.optimization(self.ddp, images, targets, step=self.step + 1)
             self.step += 1
-            if self.scheduler is not None:
-                self.scheduler.step_update(num_updates=self.step)
-            if self.ema is not None:
-                self.ema.update(self.model, step=self.step)
-            value = loss.item()
             if not math.isfinite(value):
                 error = FloatingPointError(
                     f"loss became {value} at step {self.step} (epoch {epoch + 1}); lower the learning rate "
@@ -399,8 +341,8 @@ class PretrainRun:
             count += 1
             self.storage.iter = self.step
             self.storage.put_scalars(total_loss=value, time=time.perf_counter() - end, data_time=data_time)
-            self.storage.put_scalars(lr=_current_lr(self.optimizer), epoch=epoch + (i + 1) / self.steps_per_epoch,
-                                     smoothing_hint=False)
+            self.storage.put_scalars(lr=current_lr(self.optimization.optimizer),
+                                     epoch=epoch + (i + 1) / self.steps_per_epoch, smoothing_hint=False)
             if self.step % log_period == 0 and i + 1 < self.steps_per_epoch:
                 self._write()
             end = time.perf_counter()
@@ -415,7 +357,7 @@ class PretrainRun:
                       amp_dtype=self.amp_dtype)
         result = evaluate(self.model, self.datasets.val, **kwargs)
         record = {"kind": "cls", "iteration": self.step, "epoch": done, **result.summary(),
-                  "train_loss": self.train_loss, "lr": _current_lr(self.optimizer), **self.meta}
+                  "train_loss": self.train_loss, "lr": current_lr(self.optimization.optimizer), **self.meta}
         if self.ema is not None:
             record["ema"] = evaluate(self.ema.module, self.datasets.val, **kwargs).summary()
         logger.info(f"epoch {done}/{self.num_epochs}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
@@ -477,7 +419,8 @@ def train_run(cfg, *, run_dir: str, config_file: Optional[str], resume: bool,
     except Preempted:
         raise
     except Exception as e:
-        note_failure(run_dir, e, rank=run.rank, iteration=getattr(e, "step", run.step), epoch=run.epoch)
+        if note_failure(run_dir, e, rank=run.rank, iteration=getattr(e, "step", run.step), epoch=run.epoch):
+            logger.exception(f"Run {run_dir} failed:")  # the traceback, in the run's log
         raise
 
 
