@@ -110,19 +110,16 @@ def bench_site(dim, heads, side, arm, methods, max_iter, block, tol):
     return out
 
 
-def bench_hook(config, arm, height, width):
-    """Seconds of one ConditioningHook measurement built from ``config``'s ``condinit_analysis`` node."""
-    from detectron2.config import LazyConfig, instantiate
+def _time_hook(cfg, config, image):
+    """Build ``cfg.model`` (global seed 0) and its conditioning hook on one image ``[3, H, W]``; time one
+    measurement. Returns (model, the measurement's records, seconds)."""
+    from detectron2.config import instantiate
 
     from condinit_det.analysis.hooks import build_conditioning_hook
 
-    cfg = LazyConfig.load(config)
-    cfg.condinit.arm = arm
-    cfg.condinit_analysis.period = 1000
-    cfg.train.output_dir = ""
     torch.manual_seed(0)
     model = instantiate(cfg.model)
-    image = torch.rand(3, height, width, generator=torch.Generator().manual_seed(0)) * 255
+    height, width = image.shape[-2:]
     hook = build_conditioning_hook(cfg, batch=[{"image": image, "height": height, "width": width}],
                                    config_name=os.path.basename(config))
 
@@ -132,6 +129,20 @@ def bench_hook(config, arm, height, width):
     hook.trainer = _Trainer()
     hook.trainer.model = model
     records, sec = _timed(lambda: hook.measure(0))
+    return model, records, sec
+
+
+def bench_hook(config, arm, height, width):
+    """Seconds of one ConditioningHook measurement built from ``config``'s ``condinit_analysis`` node."""
+    from detectron2.config import LazyConfig
+
+
+    cfg = LazyConfig.load(config)
+    cfg.condinit.arm = arm
+    cfg.condinit_analysis.period = 1000
+    cfg.train.output_dir = ""
+    image = torch.rand(3, height, width, generator=torch.Generator().manual_seed(0)) * 255
+    _, records, sec = _time_hook(cfg, config, image)
     return {"config": config, "arm": arm, "image": [height, width], "seconds": sec,
             "sites": [{k: r[k] for k in ("site", "method", "structure", "kappa", "converged", "tokens")}
                       for r in records]}
@@ -180,7 +191,6 @@ def bench_fraction(config, arm, train_size, test_size, images_per_gpu, steps, op
     from detectron2.config import LazyConfig, instantiate
     from detectron2.utils.events import EventStorage
 
-    from condinit_det.analysis.hooks import build_conditioning_hook
 
     cfg = LazyConfig.apply_overrides(LazyConfig.load(config), list(opts))
     cfg.condinit.arm = arm
@@ -188,19 +198,9 @@ def bench_fraction(config, arm, train_size, test_size, images_per_gpu, steps, op
     period = int(cfg.condinit_analysis.period)
     if period <= 0:
         raise SystemExit(f"{config}: condinit_analysis.period is {period}; the hook is off, there is nothing to time")
-    torch.manual_seed(0)
-    model = instantiate(cfg.model)
     height, width = test_size
     image = torch.randint(0, 256, (3, height, width), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
-    hook = build_conditioning_hook(cfg, batch=[{"image": image, "height": height, "width": width}],
-                                   config_name=os.path.basename(config))
-
-    class _Trainer:  # what the hook reads from a detectron2 trainer
-        pass
-
-    hook.trainer = _Trainer()
-    hook.trainer.model = model
-    records, hook_s = _timed(lambda: hook.measure(0))
+    model, records, hook_s = _time_hook(cfg, config, image)
 
     model.train()
     cfg.optimizer.params.model = model
