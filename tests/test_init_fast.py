@@ -1,14 +1,13 @@
 """The arms' fast paths: float64 normal draws, batched Haar QR, the top-k singular solver and its
 check and fall-back, mimetic through that solver on every layout, one-thread execution and the
 site-parallel workers."""
-import importlib.util
 import math
-import os
 import threading
 
 import pytest
 import threadpoolctl
 import torch
+from test_init_arms import LAYOUTS, build_layout  # tests/ is on sys.path (pytest, rootdir mode)
 from torch import nn
 
 from condinit_det.init import apply as apply_module
@@ -27,12 +26,6 @@ from condinit_det.init import (
 )
 from condinit_det.init import arms as arms_module
 from condinit_det.init.lapack import single_threaded
-
-_spec = importlib.util.spec_from_file_location(
-    "_init_arm_layouts", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_init_arms.py"))
-_layouts = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_layouts)
-LAYOUTS, build_layout = _layouts.LAYOUTS, _layouts.build_layout
 
 F64 = torch.float64
 

@@ -5,12 +5,11 @@ tests check the definition, not a re-derivation of it: every head block of W_Q, 
 the norm the conditioned arm gives it, and the direction the default arm gives it.
 """
 import copy
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
+from test_init_arms import LAYOUTS, build_layout  # tests/ is on sys.path (pytest, rootdir mode)
 from torch import nn
 
 from condinit_det.init import (
@@ -23,12 +22,6 @@ from condinit_det.init import (
     resolve_options,
 )
 from condinit_det.init.spec import ArmError, apply_arm_spec, resolve_arm_node
-
-_spec = importlib.util.spec_from_file_location(
-    "_init_arm_layouts", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_init_arms.py"))
-_layouts = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_layouts)
-LAYOUTS, build_layout = _layouts.LAYOUTS, _layouts.build_layout
 
 F64 = torch.float64
 QKV = ("q", "k", "v")
