@@ -118,6 +118,19 @@ def flock_free(run_dir) -> bool:
         os.close(fd)
 
 
+def hold_flock(run_dir) -> subprocess.Popen:
+    """A process holding the flock of ``run_dir``'s lock file without writing a record (kill it when done)."""
+    locker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, time
+        fd = os.open({str(run_dir / LOCK_FILENAME)!r}, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert locker.stdout.readline().strip() == "locked"
+    return locker
+
+
 def write_record(run_dir, **fields):
     """A lock file holding a record like ``owner_record()``'s with ``fields`` changed; not flocked by anyone."""
     os.makedirs(run_dir, exist_ok=True)
@@ -281,15 +294,8 @@ def test_flock_held_with_no_record_yet_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / LOCK_FILENAME).write_text("")
-    locker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import fcntl, os, sys, time
-        fd = os.open({str(run_dir / LOCK_FILENAME)!r}, os.O_RDWR)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        print("locked", flush=True)
-        time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
+    locker = hold_flock(run_dir)
     try:
-        assert locker.stdout.readline().strip() == "locked"
         with pytest.raises(RunInUse, match="in use by a process that has not written its record yet"):
             RunLock(str(run_dir)).acquire()
     finally:
@@ -326,15 +332,8 @@ def test_same_slurm_job_takes_its_run_back_from_a_lingering_lock(tmp_path, log, 
     fake_squeue(out="RUNNING\n")
     run_dir = tmp_path / "run"
     write_record(run_dir, host="node-b", pid=4321, slurm_job="805_7")
-    locker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import fcntl, os, time
-        fd = os.open({str(run_dir / LOCK_FILENAME)!r}, os.O_RDWR)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        print("locked", flush=True)
-        time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
+    locker = hold_flock(run_dir)
     try:
-        assert locker.stdout.readline().strip() == "locked"
         with pytest.raises(RunInUse, match=r"in use by pid 4321 on host node-b \(Slurm job 805_7\)"):
             RunLock(str(run_dir), environ={"SLURM_JOB_ID": "900"}).acquire()
         element = {"SLURM_ARRAY_JOB_ID": "805", "SLURM_ARRAY_TASK_ID": "7", "SLURM_JOB_ID": "812"}
