@@ -56,7 +56,7 @@ setup(
         "iopath",
         "pycocotools>=2.0.2",
         "shapely",  # fvcore crops polygon masks with it (the COCO configs' crop augmentations)
-        "faster-coco-eval>=1.6",
+        "faster-coco-eval>=1.6.5,<1.9",
         "opencv-python-headless",
         "matplotlib",
         "Pillow",
@@ -75,8 +75,14 @@ setup(
         "threadpoolctl",  # thread counts of the BLAS libraries (the arms compute on one thread per site)
         "safetensors",  # the shareable model_final.safetensors
         "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.launch.slurm)
+        "scikit-learn",  # ships the UCI handwritten digits the embedded digits datasets are made from
     ],
-    extras_require={"test": ["pytest>=7", "ruff>=0.6"]},
+    extras_require={
+        "test": ["pytest>=7", "ruff>=0.6"],
+        # Experiment trackers (condinit_det.tracking), optional: offline W&B runs and MLflow file stores.
+        "wandb": ["wandb>=0.19"],
+        "mlflow": ["mlflow-skinny>=2.10"],
+    },
     cmdclass={"build_py": build_py_with_configs},
     # The same programs as tools/*.py, for installs without a checkout.
     entry_points={

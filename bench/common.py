@@ -86,14 +86,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
             return f"{v:.3g}" if abs(v) < 1e-3 and v != 0 else f"{v:.3f}"
         return str(v)
 
-    body = [[cell(v) for v in row] for row in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in body)) for i, h in enumerate(headers)]
-    lines = [
-        "| " + " | ".join(str(h).ljust(w) for h, w in zip(headers, widths)) + " |",
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-    ]
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in body]
-    return "\n".join(lines)
+    from tabulate import tabulate
+
+    return tabulate([[cell(v) for v in row] for row in rows], headers=[str(h) for h in headers],
+                    tablefmt="github", disable_numparse=True)
 
 
 def _cpu_model() -> str:

@@ -1,24 +1,24 @@
+import importlib.metadata
 import math
 import os
+import re
 import sys
 
 import numpy as np
 import pytest
+from coco_bootstrap_helpers import coco_ap, paired_coco_bootstrap
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 from pycocotools import mask as mask_utils
 
-from condinit_det.evaluation import bootstrap
 from condinit_det.evaluation.bootstrap import (
     AP_METRICS,
-    classification_correctness,
-    coco_ap,
     image_counts,
     image_draws,
     image_ids_digest,
     load_matches,
     match_images,
     match_predictions,
-    paired_accuracy_bootstrap,
-    paired_coco_bootstrap,
     resampled_ap,
     resampled_mean,
     save_matches,
@@ -28,6 +28,7 @@ from condinit_det.report.statistics import percentile_interval
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from coco_reevaluation import reevaluated_ap, resample_coco  # noqa: E402  (the re-evaluation reference)
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 64
 
 
@@ -116,13 +117,7 @@ def _ap_101(max_recall):
     return 100.0 * np.sum(np.linspace(0, 1, 101) <= max_recall + 1e-9) / 101
 
 
-@pytest.mark.parametrize("backend", ["faster-coco-eval", "pycocotools"])
-def test_resampled_ap_equals_reevaluation(backend, monkeypatch):
-    if backend == "pycocotools":
-        from pycocotools.coco import COCO
-        from pycocotools.cocoeval import COCOeval
-
-        monkeypatch.setattr(bootstrap, "_coco_api", lambda: (COCO, COCOeval, False))
+def test_resampled_ap_equals_reevaluation():
     gt, preds = _hard(seed=0)
     m = match_images(gt, preds, "bbox")
     assert (m.group >= 0).sum() > 10  # many equal scores, within and across images
@@ -210,24 +205,20 @@ def test_bootstrap_is_paired_reproducible_and_uses_the_generators_draws():
 
 
 def test_classification_bootstrap():
-    labels = [0, 1, 2, 3] * 25
-    a = {"epoch": 3, "labels": labels, "top1": [c if i % 5 else (c + 1) % 4 for i, c in enumerate(labels)],
-         "top5_hit": [1] * 100}
-    b = {"epoch": 3, "labels": labels, "top1": [c if i % 2 else (c + 1) % 4 for i, c in enumerate(labels)],
-         "top5_hit": [int(i % 10 > 0) for i in range(100)]}
-    ca, cb = classification_correctness(a), classification_correctness(b)
-    assert ca["top1"].mean() == pytest.approx(0.8) and cb["top1"].mean() == pytest.approx(0.5)
-    assert cb["top5"].mean() == pytest.approx(0.9)
-    diffs = paired_accuracy_bootstrap(ca["top1"], cb["top1"], np.random.default_rng(0), 300)
+    # Per-image top-1 correctness of two models; their accuracy difference on shared resamples.
+    labels = np.array([0, 1, 2, 3] * 25)
+    top1_a = np.array([c if i % 5 else (c + 1) % 4 for i, c in enumerate(labels)])
+    top1_b = np.array([c if i % 2 else (c + 1) % 4 for i, c in enumerate(labels)])
+    ca, cb = (top1_a == labels).astype(float), (top1_b == labels).astype(float)
+    assert ca.mean() == pytest.approx(0.8) and cb.mean() == pytest.approx(0.5)
+    diffs = resampled_mean(100.0 * (ca - cb), image_draws(np.random.default_rng(0), 100, 300))
     assert diffs.shape == (300,)
     iv = percentile_interval(30.0, diffs)
     assert iv.contains(30.0) and iv.low > 0
     # one resample by hand: the same image indices for both arms
     idx = np.random.default_rng(5).integers(0, 100, size=100)
-    first = paired_accuracy_bootstrap(ca["top1"], cb["top1"], np.random.default_rng(5), 1)[0]
-    assert first == pytest.approx(100 * (ca["top1"][idx].mean() - cb["top1"][idx].mean()))
-    with pytest.raises(ValueError, match="equal-length"):
-        paired_accuracy_bootstrap([1, 0], [1], np.random.default_rng(0), 2)
+    first = resampled_mean(100.0 * (ca - cb), image_draws(np.random.default_rng(5), 100, 1))[0]
+    assert first == pytest.approx(100 * (ca[idx].mean() - cb[idx].mean()))
 
 
 def test_saved_matches_resample_exactly_as_the_matching(tmp_path):
@@ -277,3 +268,27 @@ def test_resampled_mean_counts_repeated_images_and_broadcasts():
     rng = np.random.default_rng(3)
     first, second = rng.integers(0, 5, 5), rng.integers(0, 5, 5)
     assert np.array_equal(image_draws(np.random.default_rng(3), 5, 2), np.stack([first, second]))
+
+
+def test_installed_faster_coco_eval_is_in_the_declared_range_and_keeps_per_image_results():
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        declared = re.search(r'"faster-coco-eval([^"]*)"', f.read()).group(1)
+    specifier = SpecifierSet(declared)
+    assert any(s.operator == "<" for s in specifier), f"no upper bound: {declared!r}"
+    installed = importlib.metadata.version("faster-coco-eval")
+    assert Version(installed) in specifier, (installed, declared)
+    # What the matching reads: the per-image results of a separate evaluation, pickled as six fields
+    # (detection matches [T*D], ground-truth matches [T*G], detection scores [D], ground-truth ignores
+    # [G], detection ignores [T*D], matched pairs).
+    from faster_coco_eval import COCO, COCOeval_faster
+
+    gt = _dataset([7], [_ann(7, 1, 1, 10, 10), _ann(7, 2, 2, 30, 30)])
+    coco = COCO(gt, print_function=lambda *_: None)
+    ev = COCOeval_faster(coco, coco.loadRes([_det(7, 1, 10, 10, 0.9)]), "bbox", print_function=lambda *_: None,
+                         separate_eval=True)
+    ev.evaluate()
+    state = ev._evalImgs_cpp[0].__getstate__()  # category 1, area "all", image 7
+    assert isinstance(state, tuple) and len(state) == 6
+    num_t = len(ev.params.iouThrs)
+    assert list(state[2]) == [0.9] and len(state[0]) == len(state[4]) == num_t and len(state[3]) == 1
+    assert all(m == 1 for m in state[0])  # matched to ground truth 1 at every threshold

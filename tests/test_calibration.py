@@ -1,15 +1,29 @@
 """Calibration of the report's 95% intervals on simulated experiments with a known effect.
 
 Each cell is 1000 simulated experiments run through the report's own functions (vectorized), with fixed
-generators; docs/statistics.md has the table (``python -m condinit_det.report.calibration``, 2000 each).
+generators; docs/statistics.md has the table (``python bench/calibration.py``, 2000 each).
 """
+import os
+import sys
+
 import numpy as np
 import pytest
 
 from condinit_det.records.per_image import write_classification_eval
 from condinit_det.records.results import ResultsFile
 from condinit_det.report import compare_arms
-from condinit_det.report.calibration import SCENARIOS, calibrate, family_wise_error, key, poi_coverage, report_coverage
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from calibration import (  # noqa: E402  (bench/calibration.py: the simulation study)
+    SCENARIOS,
+    calibrate,
+    contrast_coverage,
+    family_wise_error,
+    key,
+    poi_coverage,
+    report_coverage,
+)
+
 from condinit_det.report.statistics import IMAGE_BOOTSTRAP, PAIRED_T, TWO_LEVEL_PERCENTILE, TWO_LEVEL_T, report_method
 
 SEEDS = (1, 2, 3, 5, 10)
@@ -52,10 +66,11 @@ def test_one_seed_is_an_image_level_statement(results, tmp_path):
     for arm, p in (("default", 0.5), ("conditioned", 0.7)):
         run = tmp_path / arm / "seed0"
         correct = rng.uniform(size=labels.size) < p
-        write_classification_eval(str(run), 4, labels=labels, top1=np.where(correct, labels, (labels + 1) % 5),
-                                  top5_hit=np.ones(labels.size))
-        ResultsFile(str(run)).add({"kind": "cls", "iteration": 40, "epoch": 4, "top1": 100 * correct.mean(),
-                                   "top5": 100.0, "arm": arm, "seed": 0})
+        path = write_classification_eval(str(run), 4, labels=labels, top1=np.where(correct, labels, (labels + 1) % 5),
+                                         top5_hit=np.ones(labels.size))
+        ResultsFile(str(run)).add({"kind": "cls", "stage": "pretrain", "iteration": 40, "epoch": 4,
+                                   "top1": 100 * correct.mean(), "top5": 100.0, "arm": arm, "seed": 0,
+                                   "per_image": os.path.relpath(path, str(run))})
     report, text = compare_arms([str(tmp_path)], bootstrap=1000)
     line = next(ln for ln in text.splitlines() if ln.startswith("- conditioned, top-1:"))
     assert line.startswith("- conditioned, top-1: this one trained model scores higher than default's on these images")
@@ -69,6 +84,16 @@ def test_the_percentile_interval_of_the_two_level_bootstrap_undercovers_at_few_s
     # and the t over seeds misses the image effects every run shares once they matter
     assert results["shared image effects dominate"][10][key(PAIRED_T, "population")] < 0.5
     assert results["shared image effects dominate"][10][key(TWO_LEVEL_T, "population")] >= 0.93
+
+
+def test_a_contrast_between_two_arms_is_calibrated():
+    # conditioned vs scale_matched in simulation: two arms sharing the default runs, effects 0.5 and 0.2 over
+    # default; the report's interval of their per-seed difference (the same image resamples for every run) covers
+    # the known difference 0.3
+    cov = contrast_coverage(SCENARIOS[0], 3, effects=(0.5, 0.2), num_sims=1000, rng=np.random.default_rng([11, 0, 3]))
+    assert report_method(3, per_image=True) == TWO_LEVEL_T
+    assert 0.93 <= cov[key(TWO_LEVEL_T, "population")] <= 0.97, cov
+    assert 0.93 <= cov[key(PAIRED_T, "population")] <= 0.97, cov  # COCO-like: shared image effects are small
 
 
 @pytest.mark.parametrize("num_seeds", [3, 10])

@@ -19,7 +19,7 @@ from condinit_det.data.classification import ShapesClsSpec, generate_classificat
 from condinit_det.engine.checkpoint import RunCheckpointer, pretrain_checkpoint_file
 from condinit_det.init import apply_init
 from condinit_det.modeling.convert import convert_timm_checkpoint, convert_timm_vit
-from condinit_det.pretrain.checkpoint import FINAL_FORMAT, load_final, save_final
+from condinit_det.pretrain.checkpoint import FINAL_FORMAT, save_final
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
 from condinit_det.utils.checkpoint_io import (
@@ -274,7 +274,7 @@ def test_pretrain_eval_only_reads_model_final_safetensors(tmp_path, capsys, cls_
     save_final(payload, run_dir)
     os.remove(os.path.join(run_dir, "model_final.pth"))  # only the shareable file is left
     assert final_weights_file(run_dir).endswith("model_final.safetensors")
-    loaded = load_final(final_weights_file(run_dir))
+    loaded = load_checkpoint(final_weights_file(run_dir))
     assert all(torch.equal(loaded["model"][k], v) for k, v in model.state_dict().items())
     runpy_argv = ["--config-file", DEMO, "--arm", "conditioned", "--eval-only", *_pretrain_opts(cls_data, str(out))]
     old = sys.argv
@@ -315,8 +315,8 @@ def test_pretrain_resume_with_ema_from_weights_only_checkpoints(tmp_path, cls_da
     assert state["ema"].keys() == state["model"].keys()
     assert all(isinstance(state["rng"][k], torch.Tensor) for k in ("python", "numpy", "torch"))
     train(str(tmp_path / "b"), resume=True)
-    fa = load_final(os.path.join(a, "model_final.safetensors"))
-    fb = load_final(os.path.join(b, "model_final.safetensors"))
+    fa = load_checkpoint(os.path.join(a, "model_final.safetensors"))
+    fb = load_checkpoint(os.path.join(b, "model_final.safetensors"))
     assert fa["weights"] == fb["weights"] == "ema" and fa["epoch"] == 2
     assert all(torch.equal(fa["model"][k], fb["model"][k]) for k in fa["model"])
 

@@ -8,11 +8,15 @@ import sys
 
 import numpy as np
 import pytest
+from coco_bootstrap_helpers import coco_ap
+from table_text import unpadded
 
-from condinit_det.evaluation.bootstrap import coco_ap
+from condinit_det.evaluation.bootstrap import match_predictions, save_matches
 from condinit_det.records.layout import plan_runs, write_plan
+from condinit_det.records.per_image import write_classification_eval
 from condinit_det.records.results import ResultsFile
 from condinit_det.report import compare_arms, find_expected, find_runs, summarize_runs
+from condinit_det.stage import DETECTION, PRETRAIN
 
 T_975_2 = 4.302652729911275  # Student t quantile 0.975, 2 degrees of freedom
 
@@ -33,7 +37,7 @@ def _write_run(path, arm, seed, box, mask, kappa=None, iters=ITERS, lr_scale=Non
                    "arm": arm, "sites": []}, f)
     rf = ResultsFile(path)
     for i, (it, b, m) in enumerate(zip(iters, box, mask)):
-        rec = {"kind": "ap", "iteration": it, "arm": arm, "seed": seed, "config": "cfg.py",
+        rec = {"kind": "ap", "stage": "detection", "iteration": it, "arm": arm, "seed": seed, "config": "cfg.py",
                "bbox": {"AP": b, "AP50": b + 20, "AP75": b + 5, "APs": float("nan"), "APm": b, "APl": b},
                "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5, "APs": m, "APm": m, "APl": m}}
         if lr_scale is not None:
@@ -46,12 +50,16 @@ def _write_run(path, arm, seed, box, mask, kappa=None, iters=ITERS, lr_scale=Non
                        "kappa": kappa * (i + 1) * it, "arm": arm, "seed": seed} for i in range(2))
 
 
-def _write_cls_run(path, arm, seed, top1, epochs=(2, 4, 6, 8, 10), steps_per_epoch=10, lr_scale=1.0):
+def _write_cls_run(path, arm, seed, top1, epochs=(2, 4, 6, 8, 10), steps_per_epoch=10, lr_scale=1.0, **final):
     os.makedirs(path, exist_ok=True)
-    ResultsFile(path).extend(
-        {"kind": "cls", "iteration": e * steps_per_epoch, "epoch": e, "top1": t, "top5": min(t + 20, 100.0),
+    rf = ResultsFile(path)
+    rf.extend(
+        {"kind": "cls", "stage": "pretrain",
+         "iteration": e * steps_per_epoch, "epoch": e, "top1": t, "top5": min(t + 20, 100.0),
          "train_loss": 1.0 / e, "eval_loss": 1.0 / e, "lr": 0.001, "arm": arm, "seed": seed, "lr_scale": lr_scale}
         for e, t in zip(epochs, top1))
+    if final:
+        rf.add({**rf.records("cls")[-1], **final})
 
 
 def _write_metrics(path, losses, period=5, epoch_every=None):
@@ -118,14 +126,14 @@ def test_written_files(experiment, tmp_path):
     assert sorted(os.listdir(out)) == sorted(
         ["report.md", "summary.csv", "curves.csv", "stats.csv", "bbox_ap.png", "segm_ap.png", "kappa.png"])
     assert (out / "report.md").read_text() == text
-    table = text.split("### Convergence")[0]
+    table = unpadded(text.split("### Convergence")[0])
     rows = {r[0]: r for r in [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]}
     assert rows["| default"][1:4] == ["41.0 ± 1.4", "61.0 ± 1.4", "46.0 ± 1.4"]
     assert rows["| mimetic"][1] == "30.0"  # one seed: no ±
     assert rows["| conditioned"][1:7] == ["46.0 ± 1.4", "66.0 ± 1.4", "51.0 ± 1.4",
                                           "37.0 ± 1.4", "57.0 ± 1.4", "42.0 ± 1.4"]
-    assert "| AP^b | 41.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in text
-    assert "| AP^m | 33.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in text
+    assert "| AP^b | 41.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in unpadded(text)
+    assert "| AP^m | 33.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in unpadded(text)
     assert "- conditioned, AP^b: better than default (Δ +5.0, 95% interval [+5.0, +5.0]" in text
     assert "- mimetic: dropped from the pairing: seed 1 (no mimetic run)" in text
     assert "None found (no experiment plan" in text
@@ -180,7 +188,7 @@ def test_paired_t_interval_known_answer(tmp_path):
         for seed, v in enumerate(values):
             _write_run(str(exp / arm / f"seed{seed}"), arm, seed, [v - 10, v], [v - 12, v - 2], iters=(200, 400))
     report, text = compare_arms([str(exp)], bootstrap=0)
-    stats = {(s.arm, s.metric): s for s in report.primary.stats}
+    stats = {(s.arm, s.metric): s for s in report.primary.stats if s.reference == "default"}
     c = stats[("conditioned", "AP^b")]
     half = T_975_2 * 1.0 / math.sqrt(3)  # mean 2, sd 1, n 3
     assert c.differences == pytest.approx([1.0, 2.0, 3.0]) and c.mean_difference == pytest.approx(2.0)
@@ -190,27 +198,30 @@ def test_paired_t_interval_known_answer(tmp_path):
     m = stats[("mimetic", "AP^b")]
     mhalf = T_975_2 * np.std([7, 5, 5], ddof=1) / math.sqrt(3)
     assert (m.interval.low, m.interval.high) == pytest.approx((17 / 3 - mhalf, 17 / 3 + mhalf))
-    # the raw interval excludes 0 (p = 0.014), but the family holds 4 comparisons (2 arms x AP^b, AP^m):
-    # Holm's first threshold is 0.05 / 4, and the adjusted p (4 x 0.0136 = 0.054) is above 0.05
+    # the raw interval excludes 0 (p = 0.014), but the family holds 6 comparisons (2 arms x AP^b, AP^m against
+    # default, and the contrast conditioned vs mimetic x AP^b, AP^m): Holm's first threshold is 0.05 / 6, and the
+    # adjusted p (6 x 0.0136 = 0.081) is above 0.05
     assert m.interval.low > 0 and m.interval.p_value == pytest.approx(0.01356, abs=1e-4)
-    assert [f.arm + " " + f.metric for f in report.primary.family] == [
-        "mimetic AP^b", "mimetic AP^m", "conditioned AP^b", "conditioned AP^m"]
-    assert m.p_holm == pytest.approx(4 * m.interval.p_value)
+    assert [f.label + " " + f.metric for f in report.primary.family] == [
+        "mimetic AP^b", "mimetic AP^m", "conditioned AP^b", "conditioned AP^m", "conditioned vs mimetic AP^b",
+        "conditioned vs mimetic AP^m"]
+    assert m.p_holm == pytest.approx(6 * m.interval.p_value)
     assert m.verdict == "not distinguishable from default at family-wise 95%"
     assert stats[("default", "AP^b")].verdict == "reference"
     ref = stats[("default", "AP^b")]
     assert ref.mean == pytest.approx(41.0) and ref.std == pytest.approx(1.0)
     assert f"[{2 - half:+.1f}, {2 + half:+.1f}]" in text  # [-0.5, +4.5]
     assert "- mimetic, AP^b: not distinguishable from default at family-wise 95% (Δ +5.7, 95% interval [+2.8, +8.5], " \
-           "training runs (3 seeds); p = 0.014, Holm-adjusted p = 0.054)" in text
-    assert "family (Holm, family-wise error 0.05): mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m} " \
-           "(4 comparisons against default)" in text
+           "training runs (3 seeds); p = 0.014, Holm-adjusted p = 0.081)" in text
+    assert "family (Holm, family-wise error 0.05): mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m}; " \
+           "conditioned vs mimetic × {AP^b, AP^m} (6 comparisons: 4 against default, 2 in contrasts between arms)" \
+           in text
     # every seed won: P(improvement) 1, its exact interval [0.025^(1/3), 1]
     assert m.improvement.estimate == 1.0 and m.improvement.exact_low == pytest.approx(0.025 ** (1 / 3))
-    # the seeds the question needs: the observed spread of mimetic's differences, 4 comparisons
+    # the seeds the question needs: the observed spread of mimetic's differences, 6 comparisons
     from condinit_det.report.planning import seeds_needed
 
-    assert m.plan.needed == seeds_needed(0.6, float(np.std([7, 5, 5], ddof=1)), comparisons=4)
+    assert m.plan.needed == seeds_needed(0.6, float(np.std([7, 5, 5], ddof=1)), comparisons=6)
     assert m.plan.delta_source == "the paper's claimed gain" and m.plan.seeds_now == 3
     # convergence per seed: mimetic is at 37, 36, 37 at iteration 200 (below the default's 40, 41, 42)
     # and reaches it at 400, the default's final iteration: speed-up 0 in every seed; descriptive, no verdict
@@ -221,7 +232,8 @@ def test_paired_t_interval_known_answer(tmp_path):
 
 def test_missing_runs_are_named_and_dropped_from_pairing(tmp_path):
     exp = tmp_path / "exp"
-    write_plan(str(exp), plan_runs(["default", "mimetic", "conditioned"], [0, 1, 2]), stage="detection", config=None)
+    write_plan(str(exp), plan_runs(["default", "mimetic", "conditioned"], [0, 1, 2]), stage=DETECTION, config=None,
+               length=400)
     for arm, offset in (("default", 0.0), ("mimetic", 1.0), ("conditioned", 3.0)):
         for seed in (0, 1, 2):
             if arm == "mimetic" and seed == 2:
@@ -229,12 +241,12 @@ def test_missing_runs_are_named_and_dropped_from_pairing(tmp_path):
             v = 40.0 + seed + offset + 0.5 * (seed == 1) * (arm == "conditioned")
             _write_run(str(exp / arm / f"seed{seed}"), arm, seed, [v - 5, v], [v - 7, v - 2], iters=(200, 400))
     expected = find_expected([str(exp)])
-    assert len(expected) == 9 and expected[0].stage_hint == "detection"
+    assert len(expected) == 9 and expected[0].stage == DETECTION
     report, text = compare_arms([str(exp)], bootstrap=0)
     det = report.stage("detection")
     assert [m.describe() for m in det.missing] == ["mimetic seed 2: no results (failed or not run)"]
     assert "- mimetic seed 2: no results (failed or not run)" in text
-    stats = {(s.arm, s.metric): s for s in det.stats}
+    stats = {(s.arm, s.metric): s for s in det.stats if s.reference == "default"}
     mim = stats[("mimetic", "AP^b")]
     assert mim.paired_seeds == [0, 1] and mim.dropped == ["seed 2 (no mimetic run)"]
     assert mim.differences == pytest.approx([1.0, 1.0]) and mim.n == 2
@@ -243,6 +255,11 @@ def test_missing_runs_are_named_and_dropped_from_pairing(tmp_path):
     assert con.differences == pytest.approx([3.0, 3.5, 3.0]) and con.verdict == "better than default"
     assert report.arm("mimetic").seeds == [0, 1]
     assert "- mimetic: dropped from the pairing: seed 2 (no mimetic run)" in text
+    # the contrast conditioned vs mimetic pairs the seeds both ran, likewise
+    contrast = next(s for s in det.stats if s.label == "conditioned vs mimetic" and s.metric == "AP^b")
+    assert contrast.paired_seeds == [0, 1] and contrast.dropped == ["seed 2 (no mimetic run)"]
+    assert contrast.differences == pytest.approx([2.0, 2.5])
+    assert "- conditioned vs mimetic: dropped from the pairing: seed 2 (no mimetic run)" in text
 
     # an unfinished run (killed after its first evaluation) is named too, and kept out of the tables
     _write_run(str(exp / "mimetic" / "seed2"), "mimetic", 2, [30.0], [28.0], iters=(200,))
@@ -261,7 +278,7 @@ def test_missing_runs_are_named_and_dropped_from_pairing(tmp_path):
 
 def test_epochs_to_default_known_answer(tmp_path):
     exp = tmp_path / "pretrain"
-    write_plan(str(exp), plan_runs(["default", "conditioned"], [0, 1]), stage="pretrain", config=None)
+    write_plan(str(exp), plan_runs(["default", "conditioned"], [0, 1]), stage=PRETRAIN, config=None, length=10)
     # default seeds reach 48 / 52 at epoch 10 -> seed mean 50; conditioned's seed mean
     # [21, 36, 51, 56, 61] reaches 50 at epoch 6: speed-up (1 - 6 / 10) = 40 %
     _write_cls_run(str(exp / "default" / "seed0"), "default", 0, [8, 18, 28, 38, 48])
@@ -269,15 +286,15 @@ def test_epochs_to_default_known_answer(tmp_path):
     _write_cls_run(str(exp / "conditioned" / "seed0"), "conditioned", 0, [20, 35, 50, 55, 60])
     _write_cls_run(str(exp / "conditioned" / "seed1"), "conditioned", 1, [22, 37, 52, 57, 62])
     report, text = compare_arms([str(exp)], bootstrap=0)
-    cls = report.stage("classification")
+    cls = report.stage("pretrain")
     assert report.primary is cls and [g.arm for g in cls.arms] == ["default", "conditioned"]
     assert cls.target["top1"] == (10, pytest.approx(50.0))
     c = cls.arm("conditioned")
     assert c.reach["top1"] == 6 and c.speedup["top1"] == pytest.approx(40.0)
     assert c.final["top-1"] == pytest.approx((61.0, math.sqrt(2)))
     assert c.final["top-5"] == pytest.approx((81.0, math.sqrt(2)))
-    assert "| top-1 | 50.0 at epoch 10 | 10 (0.0%) | 6 (40.0%) |" in text
-    assert "| arm | top-1 | top-5 | seeds | final epoch |" in text
+    assert "| top-1 | 50.0 at epoch 10 | 10 (0.0%) | 6 (40.0%) |" in unpadded(text)
+    assert "| arm | top-1 | top-5 | seeds | final epoch |" in unpadded(text)
     assert "None: every planned run has finished." in text
     stats = {(s.arm, s.metric): s for s in cls.stats}
     # per seed: conditioned seed 0 reaches default seed 0's final 48 at epoch 6 (50), seed 1 its 52 at 6: 40 % each
@@ -292,7 +309,7 @@ def test_epochs_to_default_known_answer(tmp_path):
 def test_lr_sensitivity(tmp_path):
     exp = tmp_path / "exp"
     runs = plan_runs(["default", "conditioned"], [0], [0.5, 1.0, 2.0])
-    write_plan(str(exp), runs, stage="detection", config=None)
+    write_plan(str(exp), runs, stage=DETECTION, config=None, length=400)
     finals = {("default", 0.5): 38.0, ("default", 1.0): 41.0, ("default", 2.0): 39.0,
               ("conditioned", 0.5): 40.0, ("conditioned", 1.0): 42.0, ("conditioned", 2.0): 44.0}
     for spec in runs:
@@ -305,7 +322,7 @@ def test_lr_sensitivity(tmp_path):
     assert [g.arm for g in det.arms] == ["default", "conditioned"]  # the main comparison is at scale 1
     assert det.best_scale("default") == 1.0 and det.best_scale("conditioned") == 2.0
     assert det.arm("conditioned", 2.0).final["AP^b"] == pytest.approx((44.0, 0.0))
-    lr = text.split("### Learning-rate sensitivity")[1].split("### Missing")[0]
+    lr = unpadded(text.split("### Learning-rate sensitivity")[1].split("### Missing")[0])
     assert "| 0.5 | 40.0 | 38.0 | 0 |" in lr and "| 2 | 44.0 | 42.0 | 0 |" in lr
     assert "At the shared learning rate (scale 1):" in lr and "| conditioned | 42.0 | 40.0 |" in lr
     assert "| default | 1 | 41.0 | 39.0 |" in lr and "| conditioned | 2 | 44.0 | 42.0 |" in lr
@@ -349,28 +366,27 @@ def _tiny_coco(tmp_path):
 
 def test_combined_report_pretraining_and_detection(tmp_path):
     pre, det = tmp_path / "pretrain", tmp_path / "finetune"
-    write_plan(str(pre), plan_runs(["default", "conditioned"], [0]), stage="pretrain", config=None)
-    write_plan(str(det), plan_runs(["default", "conditioned"], [0]), stage="detection", config=None)
+    write_plan(str(pre), plan_runs(["default", "conditioned"], [0]), stage=PRETRAIN, config=None, length=10)
+    write_plan(str(det), plan_runs(["default", "conditioned"], [0]), stage=DETECTION, config=None, length=400)
     labels = [i % 4 for i in range(40)]
     for arm, top1, wrong in (("default", [30, 40, 50, 55, 60], 16), ("conditioned", [35, 50, 60, 65, 70], 12)):
         run = pre / arm / "seed0"
-        _write_cls_run(str(run), arm, 0, top1)
-        _write_metrics(str(run), np.linspace(3.0, 1.0 if arm == "default" else 0.8, 10), period=10, epoch_every=10)
         pred = [(c + 1) % 4 if i < wrong else c for i, c in enumerate(labels)]
-        (run / "eval_predictions.json").write_text(json.dumps(
-            {"epoch": 10, "labels": labels, "top1": pred, "top5_hit": [1] * 40}))
+        per_image = write_classification_eval(str(run), 10, labels=labels, top1=pred, top5_hit=[1] * 40)
+        _write_cls_run(str(run), arm, 0, top1, per_image=os.path.relpath(per_image, run))
+        _write_metrics(str(run), np.linspace(3.0, 1.0 if arm == "default" else 0.8, 10), period=10, epoch_every=10)
     gt_path, preds = _tiny_coco(tmp_path)
     for arm in ("default", "conditioned"):
         run = det / arm / "seed0"
         run.mkdir(parents=True)
-        (run / "coco_instances_results.json").write_text(json.dumps(preds[arm]))
+        save_matches(str(run / "matches.npz"), match_predictions(gt_path, preds[arm]))
         ap = coco_ap(gt_path, preds[arm])  # the final record holds the AP of its predictions
         _write_run(str(run), arm, 0, [ap["bbox"] / 2, ap["bbox"]], [ap["segm"] / 2, ap["segm"]], iters=(200, 400),
-                   kappa=1.0, predictions="coco_instances_results.json", ground_truth=gt_path)
+                   kappa=1.0, per_image="matches.npz")
         _write_metrics(str(run), np.linspace(4.0, 2.0 if arm == "default" else 1.5, 20), period=20)
     out = tmp_path / "report"
     report, text = compare_arms([str(pre), str(det)], output_dir=str(out), bootstrap=25, seed=1)
-    assert [s.stage.name for s in report.stages] == ["classification", "detection"]
+    assert [s.stage.name for s in report.stages] == ["pretrain", "detection"]
     assert "## Classification pretraining: top-1 / top-5 accuracy" in text
     assert "## Detection: COCO box / mask AP" in text
     order = [text.index(h) for h in ("## Summary", "## Classification", "## Detection", "## Runs", "## Method")]
@@ -381,8 +397,8 @@ def test_combined_report_pretraining_and_detection(tmp_path):
         assert data[:8] == PNG and len(data) > 5000, name
     assert {"report.md", "summary.csv", "curves.csv", "stats.csv"} <= set(os.listdir(out))
 
-    # one seed, written before per-evaluation files: the final evaluation's predictions are resampled
-    cls_row = next(s for s in report.stage("classification").stats if s.arm == "conditioned" and s.metric == "top-1")
+    # one seed: the final evaluation's per-image data are resampled
+    cls_row = next(s for s in report.stage("pretrain").stats if s.arm == "conditioned" and s.metric == "top-1")
     assert cls_row.method == "image bootstrap over 40 evaluation images, B=25, percentile"
     assert cls_row.differences == pytest.approx([10.0]) and cls_row.interval.contains(10.0)
     assert cls_row.interval.unit == "evaluation images (one trained model per arm)"
@@ -400,19 +416,20 @@ def test_combined_report_pretraining_and_detection(tmp_path):
                           "family-wise 95%"
     assert "better than default" not in text.split("## Method")[0]
     assert "training-run variance not measured: run ≥ " in text
-    # speed-ups: the loss has no image data; AP^b's image bootstrap needs every evaluation's, which old runs lack
+    # speed-ups: the loss has no image data; AP^b's image bootstrap needs every evaluation's, and only the final
+    # evaluation kept its per-image data here
     assert det_rows["speed-up loss (%)"].speedup.replication == "runs" and det_rows["speed-up loss (%)"].n == 1
-    assert "kept per-image data of 0 of its 2 evaluations" in det_rows["speed-up AP^b (%)"].note
+    assert "kept per-image data of 1 of its 2 evaluations" in det_rows["speed-up AP^b (%)"].note
     with open(out / "summary.csv") as f:
         summary = list(csv.DictReader(f))
     assert {(r["stage"], r["arm"]) for r in summary} == {
-        ("classification", "default"), ("classification", "conditioned"),
+        ("pretrain", "default"), ("pretrain", "conditioned"),
         ("detection", "default"), ("detection", "conditioned")}
-    cls_cond = next(r for r in summary if r["stage"] == "classification" and r["arm"] == "conditioned")
+    cls_cond = next(r for r in summary if r["stage"] == "pretrain" and r["arm"] == "conditioned")
     assert cls_cond["top1_reach_epoch"] == "6" and cls_cond["AP^b"] == ""
     with open(out / "curves.csv") as f:
         metrics = {(r["stage"], r["metric"]) for r in csv.DictReader(f)}
-    assert ("classification", "top-1") in metrics and ("detection", "total_loss_smoothed") in metrics
+    assert ("pretrain", "top-1") in metrics and ("detection", "total_loss_smoothed") in metrics
 
 
 def test_report_runs_without_detectron2(experiment, tmp_path):
@@ -451,7 +468,7 @@ def test_cli(experiment, tmp_path, capsys):
     cli = _load_cli()
     assert cli.main([str(experiment), "--bootstrap", "0"]) == 0
     out = capsys.readouterr().out
-    assert "| AP^b | 41.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in out
+    assert "| AP^b | 41.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in unpadded(out)
     assert (experiment / "report" / "report.md").is_file()
     # the report dir inside the experiment is not mistaken for a run on a second pass
     assert cli.main([str(experiment), "--output", str(tmp_path / "r2"), "--bootstrap", "0", "--seed", "3"]) == 0

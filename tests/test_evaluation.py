@@ -3,7 +3,6 @@
 import contextlib
 import io
 import json
-import logging
 import math
 import os
 import sys
@@ -16,7 +15,7 @@ from detectron2.data.datasets import register_coco_instances
 from detectron2.evaluation import COCOEvaluator, SemSegEvaluator
 from omegaconf import OmegaConf
 
-from condinit_det.evaluation import FastCOCOEvaluator, fast_coco_eval_available, to_fast_evaluator
+from condinit_det.evaluation import FastCOCOEvaluator, to_fast_evaluator
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from synthetic_coco import (  # noqa: E402  (the benchmarks' synthetic COCO data)
@@ -96,13 +95,8 @@ def test_reference_results_are_meaningful(reference):
     assert reference["bbox"]["AP"] != reference["segm"]["AP"]
 
 
-def test_fast_impl_is_used():
-    assert fast_coco_eval_available()
-
-
 def test_parity_bbox_and_segm(dataset, reference):
     evaluator = FastCOCOEvaluator(dataset["name"], distributed=False)
-    assert evaluator._cocoeval_fast is not None
     ours = run(evaluator, dataset["inputs"], dataset["outputs"])
     assert_same_results(ours, reference)
 
@@ -166,18 +160,6 @@ def test_no_predictions_at_all(dataset):
     )
     assert all(math.isnan(v) for v in ours["bbox"].values())
     assert_same_results(ours, ref)
-
-
-def test_fallback_without_faster_coco_eval(dataset, reference, monkeypatch, caplog):
-    monkeypatch.setitem(sys.modules, "faster_coco_eval", None)  # import raises ImportError
-    assert not fast_coco_eval_available()
-    with caplog.at_level(logging.INFO, logger="condinit_det.evaluation.coco_evaluation"):
-        evaluator = FastCOCOEvaluator(dataset["name"], distributed=False)
-    fallback_lines = [r for r in caplog.records if "falls back to pycocotools" in r.getMessage()]
-    assert len(fallback_lines) == 1
-    assert evaluator._cocoeval_fast is None
-    ours = run(evaluator, dataset["inputs"], dataset["outputs"])
-    assert_same_results(ours, reference)
 
 
 def test_output_dir_writes_same_results_json(dataset, tmp_path):

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from table_text import unpadded
 
 from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.records.failures import failure_of
@@ -46,10 +47,10 @@ def test_report_shows_failed_runs(tmp_path):
         d = RunSpec(arm, 0, scale).path(str(tmp_path))
         rf = ResultsFile(d)
         for it, ap in aps:
-            rf.add({"kind": "ap", "iteration": it, "arm": arm, "seed": 0, "lr_scale": scale,
+            rf.add({"kind": "ap", "stage": "detection", "iteration": it, "arm": arm, "seed": 0, "lr_scale": scale,
                     "bbox": {"AP": ap, "AP50": ap, "AP75": ap}, "segm": {"AP": ap, "AP50": ap, "AP75": ap}})
         if failure:
-            rf.add({"kind": "failed", "arm": arm, "seed": 0, "lr_scale": scale, **failure})
+            rf.add({"kind": "failed", "stage": "detection", "arm": arm, "seed": 0, "lr_scale": scale, **failure})
 
     run("default", 1.0, [(10, 20.0), (20, 30.0)])
     run("mimetic", 1.0, [(10, 22.0), (20, 31.0)])
@@ -59,9 +60,9 @@ def test_report_shows_failed_runs(tmp_path):
     run("mimetic", 2.0, [(10, 5.0)], {"reason": "error", "iteration": 12, "message": "RuntimeError: disk full"})
     report, md = compare_arms([str(tmp_path)], output_dir=str(tmp_path / "report"), bootstrap=0)
     main = md.split("### Convergence")[0]
-    assert "| conditioned | diverged at iteration 14 |" in main  # in the table, never averaged
+    assert "| conditioned | diverged at iteration 14 |" in unpadded(main)  # in the table, never averaged
     conv = md.split("### Convergence")[1].split("### Paired")[0]
-    assert "| AP^b | 30.0 at iteration 20 | 20 (0.0%) | 20 (0.0%) | diverged |" in conv
+    assert "| AP^b | 30.0 at iteration 20 | 20 (0.0%) | 20 (0.0%) | diverged |" in unpadded(conv)
     stats = md.split("### Paired statistics")[1].split("### Learning-rate")[0]
     assert "conditioned: no finished run to pair: seed 0 diverged at iteration 14" in stats
     lr = md.split("### Learning-rate sensitivity")[1].split("### Missing")[0]

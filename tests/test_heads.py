@@ -1,5 +1,6 @@
 """Exact per-head conditioning (condinit_det.analysis.heads) against the dense Jacobian, every layout."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -192,8 +193,6 @@ def test_coco_vitdet_b_hook_measures_exactly_at_its_token_budget():
 
 def test_kappa_plot_draws_the_median_over_heads(tmp_path):
     pytest.importorskip("matplotlib")
-    from types import SimpleNamespace
-
     import numpy as np
 
     from condinit_det.report.plots import _kappa_plot
@@ -204,3 +203,34 @@ def test_kappa_plot_draws_the_median_over_heads(tmp_path):
                          kappa_heads={"conditioned": (its, np.array([2.0, 1.5]))})
     path = tmp_path / "kappa.png"
     assert _kappa_plot(str(path), sr) and path.stat().st_size > 1000
+
+
+def test_kappa_plot_marks_and_counts_the_measured_points(monkeypatch):
+    """Two measurements joined by a line are not a trajectory: every measured point is a marker, and the legend says
+    how many there are."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from condinit_det.report import plots
+
+    drawn = {}
+
+    def capture(path, draw, title, xlabel, ylabel):
+        fig, ax = plt.subplots()
+        draw(ax)
+        drawn.update(title=title, lines={line.get_label(): (line.get_marker(), len(line.get_xdata()))
+                                         for line in ax.get_lines()})
+        plt.close(fig)
+
+    monkeypatch.setattr(plots, "_save", capture)
+    five, two = np.array([0, 80, 160, 240, 320]), np.array([0, 400])
+    sr = SimpleNamespace(scale=1.0, kappa_heads={},
+                         kappa={"default": (five, np.full(5, 4.0), np.full(5, 3.0), np.full(5, 5.0)),
+                                "conditioned": (two, np.array([2.0, 3.0]), np.array([1.0, 2.0]), np.array([3.0, 4.0]))})
+    assert plots._kappa_plot("kappa.png", sr)
+    assert drawn["lines"] == {"default (median over sites, 5 measured points)": ("o", 5),
+                              "conditioned (median over sites, 2 measured points)": ("o", 2)}
+    assert "markers: measured points" in drawn["title"]

@@ -4,6 +4,7 @@ the command line, ``--dry-run``.
 A fake stage (a few lines: what a third stage would write) drives the launcher in this process for the fast
 tests; the slow end-to-end test runs the same scenario through both real commands (detection and pretraining).
 """
+import csv
 import json
 import os
 import re
@@ -25,7 +26,8 @@ from condinit_det.utils.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from fake_stage import FakeStage  # noqa: E402
+from fake_stage import FAKE, FakeStage, score  # noqa: E402
+from table_text import unpadded  # noqa: E402
 
 HUGE = "100000000"  # x the config's learning rate: the tiny models diverge within a few steps
 
@@ -38,7 +40,7 @@ def _args(out, *argv, **values):
 
 
 def _diverges(run_dir):
-    ResultsFile(run_dir).add({"kind": "ap", "iteration": 4, "arm": "mimetic"})
+    ResultsFile(run_dir).add({"kind": "fake", "iteration": 4, "arm": "mimetic", "score": 1.0})
     note_failure(run_dir, FloatingPointError("Loss became infinite or NaN at iteration=5!"), rank=1, iteration=5)
     time.sleep(0.01)  # the other process's note comes later: the divergence is the cause
     note_failure(run_dir, RuntimeError("Connection closed by peer"), rank=0, iteration=5)
@@ -98,13 +100,14 @@ def test_a_failure_is_recorded_and_the_experiment_goes_on(tmp_path, capsys):
     record = failure_of(RunSpec("mimetic", 0).path(str(tmp_path)))
     assert record == {"kind": "failed", "reason": "diverged", "iteration": 5,
                       "message": "FloatingPointError: Loss became infinite or NaN at iteration=5!",
-                      "arm": "mimetic", "seed": 0, "lr_scale": 1.0, "config": "fake.cfg"}
+                      "stage": "fake", "arm": "mimetic", "seed": 0, "lr_scale": 1.0, "config": "fake.cfg"}
     assert not list(tmp_path.rglob("failure.rank*.json"))  # the notes are consumed
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-2:] == ["1 of 3 run(s) did not finish:",
                         f"  mimetic seed 0: diverged at iteration 5 ({RunSpec('mimetic', 0).path(str(tmp_path))})"]
     plan = json.loads((tmp_path / PLAN_FILENAME).read_text())
     assert plan["stage"] == "fake" and plan["length"] == {"unit": "iteration", "total": 10}
+    assert plan["stage_description"] == FAKE.to_dict()
     assert [r["dir"] for r in plan["runs"]] == [f"{a}/seed0" for a in PAPER_ARMS]
     assert (tmp_path / "report" / "report.md").is_file()
 
@@ -136,7 +139,7 @@ def test_an_error_is_resumed_and_its_record_goes(tmp_path):
     assert failure["reason"] == "error" and failure["message"].startswith("MemoryError: CUDA out of memory")
     assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "conditioned", "--seeds", "1", "--resume"))) == 0
     assert len(calls) == 2 and failure_of(run_dir) is None and [r["kind"] for r in ResultsFile(run_dir).records()] \
-        == ["ap"]
+        == ["fake", "fake"]
 
 
 def test_a_fresh_run_sets_the_old_results_aside(tmp_path):
@@ -165,8 +168,8 @@ def test_an_element_trains_its_run_alone(tmp_path):
 def test_eval_only_evaluates_every_planned_run(tmp_path):
     stage = FakeStage()
     assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--eval-only"))) == 0
-    assert [len(ResultsFile(RunSpec(a, 0).path(str(tmp_path))).records("eval")) for a in ("default", "conditioned")] \
-        == [1, 1]
+    assert [len(ResultsFile(RunSpec(a, 0).path(str(tmp_path))).records("fake_eval"))
+            for a in ("default", "conditioned")] == [1, 1]
     assert not stage.trained and not (tmp_path / PLAN_FILENAME).exists()
 
 
@@ -198,6 +201,37 @@ def test_dry_run_describes_every_run_and_writes_nothing(tmp_path):
     assert rows["default/seed1"][:3] == rows["conditioned/seed1"][:3] == ["fake", "20", "2"], cost
     assert rows["total (3 runs)"][1] == "60" and "default/seed0" not in rows
     assert "given: --step-time 0.5" in cost
+
+
+# ---------------------------------------------------------------------------------------------
+# A third stage: status and report read it through its descriptor alone
+# ---------------------------------------------------------------------------------------------
+def test_a_third_stage_appears_in_status_and_in_the_report(tmp_path):
+    exp = tmp_path / "exp"
+    argv = ["--arm", "default,conditioned", "--seeds", "0,1", "--bootstrap", "0", f"output_dir={exp}"]
+    done = subprocess.run(_fake_command(*argv), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # condinit-status, in a process that never imported the fake stage: the plan describes it
+    status = subprocess.run([sys.executable, "-m", "condinit_det.commands.status", str(exp), "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert status.returncode == 0, status.stderr[-2000:]
+    runs = {(r["arm"], r["seed"]): r for r in json.loads(status.stdout)["runs"]}
+    assert {r["state"] for r in runs.values()} == {"finished"} and len(runs) == 4
+    got = runs[("conditioned", 1)]
+    assert (got["stage"], got["unit"], got["last"], got["total"]) == ("fake", "iteration", 10, 10)
+    assert got["evaluation"] == {"at": 10, "score": score("conditioned", 1, 10)}
+    table = subprocess.run([sys.executable, "-m", "condinit_det.commands.status", str(exp)], capture_output=True,
+                           text=True, timeout=300).stdout
+    assert f"score {score('default', 0, 10):.2f} @it 10" in table
+    # condinit-compare, likewise: the stage's title, table, curves and paired statistics
+    compare = subprocess.run([sys.executable, "-m", "condinit_det.commands.compare", str(exp), "--bootstrap", "0"],
+                             capture_output=True, text=True, timeout=300)
+    assert compare.returncode == 0, compare.stderr[-2000:]
+    assert "## Fake: a score" in compare.stdout
+    rows = list(csv.DictReader((exp / "report" / "stats.csv").open()))
+    row = next(r for r in rows if r["arm"] == "conditioned" and r["metric"] == "score")
+    assert row["stage"] == "fake" and float(row["mean_difference"]) == pytest.approx(5.0)
+    assert (exp / "report" / "score.png").is_file()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,11 +271,11 @@ def test_a_second_process_is_refused_and_the_first_owns_the_run(tmp_path):
     other = subprocess.run(_fake_command("--resume", "--arm", "default,conditioned", f"output_dir={tmp_path / 'exp'}"),
                            capture_output=True, text=True, timeout=300)
     assert other.returncode == 1 and "conditioned seed 0: not trained here:" in other.stderr
-    assert ResultsFile(RunSpec("default", 0).path(str(tmp_path / "exp"))).records("ap")
+    assert ResultsFile(RunSpec("default", 0).path(str(tmp_path / "exp"))).records("fake")
     hold.write_text("")
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err[-2000:]
-    assert [r["iteration"] for r in ResultsFile(run_dir).records("ap")] == [10]
+    assert [r["iteration"] for r in ResultsFile(run_dir).records("fake")] == [5, 10]
     assert read_owner(run_dir) is None  # released: the record is emptied
 
 
@@ -337,7 +371,7 @@ def test_experiment_with_a_diverging_lr(tmp_path, stage, unit, total, evaluation
     assert f"{diverged[0].arm} seed 0 lr scale 1e+08: diverged at iteration {first['iteration']}" in err
     md = (exp / "report" / "report.md").read_text()
     assert f"diverged at iteration {first['iteration']}" in md.split("### Learning-rate sensitivity")[1]
-    assert "| scale_matched |" in md  # the control arm is compared like any arm
+    assert "| scale_matched |" in unpadded(md)  # the control arm is compared like any arm
     assert "Traceback" in (Path(diverged[0].path(str(exp))) / "log.txt").read_text()
 
     # --resume: nothing is retrained; the diverged runs are named and still fail the command.

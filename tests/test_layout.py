@@ -1,10 +1,10 @@
 """The package's layers, checked on its import statements (docs/development.md: the layout).
 
-Bottom to top: ``utils`` (the ground) -> ``init``, ``records`` -> ``modeling``, ``evaluation``, ``analysis``,
-``data``, ``model_zoo`` -> the stages ``engine`` and ``pretrain`` -> ``launch`` and ``report`` -> ``commands``. A module
-imports its own layer or lower ones; the stages take the stage interface (``launch.stage``) and nothing else from the
-launcher, and never each other; the report reads records (no training code); no import cycle; no ``_private`` name
-imported from another module.
+Bottom to top: ``utils`` (the ground) -> ``init``, ``records``, ``stage`` -> ``modeling``, ``evaluation``,
+``analysis``, ``data``, ``model_zoo``, ``tracking`` -> the stages ``engine`` and ``pretrain`` -> ``launch`` and
+``report`` -> ``commands``. A module imports its own layer or lower ones (the stage interface sits below the stages
+that implement it); the stages import nothing from the launcher and never each other; the report reads records (no
+training code); no import cycle; no ``_private`` name imported from another module.
 """
 import ast
 import os
@@ -16,14 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "condinit_det")
 LAYERS = {
     "utils": 0,
-    "init": 1, "records": 1,
-    "modeling": 2, "evaluation": 2, "analysis": 2, "data": 2, "model_zoo": 2,
+    "init": 1, "records": 1, "stage": 1,
+    "modeling": 2, "evaluation": 2, "analysis": 2, "data": 2, "model_zoo": 2, "tracking": 2,
     "engine": 3, "pretrain": 3,
     "launch": 4, "report": 4,
     "commands": 5,
 }
 STAGES = ("engine", "pretrain")
-REPORT_READS = ("utils", "init", "records", "evaluation", "report")
+REPORT_READS = ("utils", "init", "records", "stage", "evaluation", "report")
 
 
 def _module_name(path):
@@ -84,8 +84,6 @@ def test_every_import_goes_down_or_sideways():
             there = _package(target)
             if there is None or there == here:
                 continue
-            if here in STAGES and target == "condinit_det.launch.stage":
-                continue  # the interface a stage implements
             if LAYERS[there] > LAYERS[here] or (here in STAGES and there in STAGES):
                 wrong.append(f"{module} imports {target}")
             elif here == "report" and there not in REPORT_READS:
@@ -121,11 +119,16 @@ def test_no_private_name_crosses_a_module():
 
 
 @pytest.mark.parametrize("module, target, ok", [
-    ("condinit_det.engine.stage", "condinit_det.launch.stage", True),
+    ("condinit_det.engine.stage", "condinit_det.stage.interface", True),
+    ("condinit_det.engine.stage", "condinit_det.launch.experiment", False),
     ("condinit_det.engine.train", "condinit_det.launch.experiment", False),
     ("condinit_det.pretrain.trainer", "condinit_det.engine.config", False),
     ("condinit_det.records.results", "condinit_det.engine.hooks", False),
     ("condinit_det.report.paired", "condinit_det.modeling.arm", False),
+    ("condinit_det.launch.experiment", "condinit_det.tracking.runs", True),
+    ("condinit_det.pretrain.trainer", "condinit_det.tracking.events", True),
+    ("condinit_det.tracking.runs", "condinit_det.launch.experiment", False),
+    ("condinit_det.tracking.runs", "condinit_det.report.compare", False),
 ])
 def test_the_rules_themselves(module, target, ok, monkeypatch):
     monkeypatch.setitem(IMPORTS, module, [(target, None)])

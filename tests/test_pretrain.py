@@ -21,7 +21,6 @@ from condinit_det.pretrain import (
     PretrainStage,
     create_classifier,
     load_config,
-    load_final,
     node,
     resolve_lr,
     train_run,
@@ -32,6 +31,7 @@ from condinit_det.pretrain.trainer import seed_all
 from condinit_det.records.identity import write_arm_report
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
+from condinit_det.utils.checkpoint_io import load_checkpoint
 from condinit_det.utils.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -270,7 +270,8 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     assert "Resumed from" in resumed.stdout
 
     run_a = RunSpec("mimetic", 0).path(a)
-    fa, fb = load_final(os.path.join(run_a, "model_final.pth")), load_final(os.path.join(run_b, "model_final.pth"))
+    fa = load_checkpoint(os.path.join(run_a, "model_final.pth"))
+    fb = load_checkpoint(os.path.join(run_b, "model_final.pth"))
     assert fa["format"] == FINAL_FORMAT and fa["weights"] == "model" and fa["timm_model"] == "vit_tiny_patch16_224"
     assert fa["model_kwargs"]["patch_size"] == 8 and fa["num_classes"] == 8 and fa["epoch"] == epochs
     assert fa["arm"] == "mimetic" and fa["seed"] == 0 and fa["img_size"] == 32
@@ -295,7 +296,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     # Every file loads weights-only; model_final.safetensors holds the same weights, the rest as metadata.
     last = torch.load(os.path.join(run_b, "checkpoint_epoch0005.pth"), map_location="cpu", weights_only=True)
     assert all(isinstance(last["rng"][k], torch.Tensor) for k in ("python", "numpy", "torch"))
-    shared = load_final(os.path.join(run_b, "model_final.safetensors"))
+    shared = load_checkpoint(os.path.join(run_b, "model_final.safetensors"))
     assert shared.keys() == fb.keys() and all(shared[k] == fb[k] for k in fb if k != "model")
     assert all(torch.equal(shared["model"][k], fb["model"][k]) for k in fb["model"])
     # A finished run is skipped on --resume.

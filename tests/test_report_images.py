@@ -4,10 +4,12 @@ import os
 
 import numpy as np
 import pytest
+from coco_bootstrap_helpers import coco_ap
 from pycocotools import mask as mask_utils
+from table_text import unpadded
 
 from condinit_det.commands.compare import main as compare_main
-from condinit_det.evaluation.bootstrap import coco_ap, match_predictions, save_matches
+from condinit_det.evaluation.bootstrap import match_predictions, save_matches
 from condinit_det.records.per_image import (
     PER_IMAGE_DIRNAME,
     classification_eval_path,
@@ -34,11 +36,14 @@ def _cls_run(root, arm, seed, accuracies, labels, rng, per_image=True):
     for epoch, acc in zip(EPOCHS, accuracies):
         correct = np.zeros(labels.size, dtype=bool)
         correct[rng.permutation(labels.size)[: int(round(acc / 100 * labels.size))]] = True
+        record = {"kind": "cls", "stage": "pretrain", "iteration": 10 * epoch, "epoch": epoch,
+                  "top1": 100 * correct.mean(), "top5": 90.0, "arm": arm, "seed": seed}
         if per_image:
-            write_classification_eval(run, epoch, labels=labels, top1=np.where(correct, labels, (labels + 1) % 7),
-                                      top5_hit=correct | (rng.uniform(size=labels.size) < 0.5))
-        records.append({"kind": "cls", "iteration": 10 * epoch, "epoch": epoch, "top1": 100 * correct.mean(),
-                        "top5": 90.0, "arm": arm, "seed": seed})
+            top1 = np.where(correct, labels, (labels + 1) % 7)
+            path = write_classification_eval(run, epoch, labels=labels, top1=top1,
+                                             top5_hit=correct | (rng.uniform(size=labels.size) < 0.5))
+            record["per_image"] = os.path.relpath(path, run)
+        records.append(record)
     ResultsFile(run).extend(records)
     return run
 
@@ -79,7 +84,7 @@ def test_classification_per_image_file_round_trip(tmp_path):
 
 def test_several_seeds_with_per_image_data_get_the_two_level_interval(cls_experiment):
     report, text = compare_arms([str(cls_experiment)], bootstrap=300, seed=1)
-    stats = {(s.arm, s.metric): s for s in report.stage("classification").stats}
+    stats = {(s.arm, s.metric): s for s in report.stage("pretrain").stats}
     row = stats[("conditioned", "top-1")]
     diffs = [58 - 50, 60 - 52, 45 - 48]
     assert row.differences == pytest.approx(diffs, abs=1e-9)
@@ -95,7 +100,7 @@ def test_several_seeds_with_per_image_data_get_the_two_level_interval(cls_experi
     assert iv.high - iv.low >= t.high - t.low - 1e-9
     assert row.p_holm == pytest.approx(iv.p_value)  # a family of one
     assert row.improvement.estimate == pytest.approx(2 / 3)
-    assert "| conditioned | top-1 | 54.3 ± 8.1 | 3 | +4.3 |" in text
+    assert "| conditioned | top-1 | 54.3 ± 8.1 | 3 | +4.3 |" in unpadded(text)
     assert "both (training runs: 3 seeds; evaluation images)" in text
 
     # speed-up: seed 0 reaches its default's 50 at epoch 4 (50 %), seed 1 its 52 at epoch 6 (25 %); seed 2
@@ -107,11 +112,11 @@ def test_several_seeds_with_per_image_data_get_the_two_level_interval(cls_experi
     assert sp.speedup.low.below and sp.speedup.low.value == 0.0 and sp.speedup.high.value == pytest.approx(50.0)
     assert sp.speedup.coverage == pytest.approx(0.75)
     assert "not reached (censored at the last evaluation) for seed 2" in sp.note
-    assert "| conditioned | speed-up top-1 (%) | 2/3 | 25.0 | [< 0.0, 50.0] | 0.750 |" in text
+    assert "| conditioned | speed-up top-1 (%) | 2/3 | 25.0 | [< 0.0, 50.0] | 0.750 |" in unpadded(text)
 
     # the same runs without image resampling: the t over seeds, saying why the images are left out
     report, text = compare_arms([str(cls_experiment)], bootstrap=0)
-    row = next(s for s in report.stage("classification").stats if s.key == "top1" and s.arm == "conditioned")
+    row = next(s for s in report.stage("pretrain").stats if s.key == "top1" and s.arm == "conditioned")
     assert row.interval.replication == "runs" and row.note == "evaluation-image variance not included: bootstrap off"
 
 
@@ -119,10 +124,10 @@ def test_missing_per_image_data_falls_back_and_says_why(cls_experiment):
     for path in find_classification_evals(str(cls_experiment / "default" / "seed1")).values():
         os.remove(path)
     report, text = compare_arms([str(cls_experiment)], bootstrap=200)
-    row = next(s for s in report.stage("classification").stats if s.key == "top1" and s.arm == "conditioned")
+    row = next(s for s in report.stage("pretrain").stats if s.key == "top1" and s.arm == "conditioned")
     assert row.interval.replication == "runs"
-    assert row.note == ("evaluation-image variance not included: default seed 1 kept no per-image data "
-                        "(no per_image/ files, no eval_predictions.json)")
+    assert row.note == ("evaluation-image variance not included: default seed 1 kept no per-image data of its "
+                        f"epoch {EPOCHS[-1]}")
     assert f"- conditioned, top-1: {row.note}" in text
 
 
@@ -132,7 +137,7 @@ def test_one_seed_speedup_gets_an_image_bootstrap(tmp_path):
     _cls_run(str(tmp_path), "default", 0, [20, 30, 40, 50], labels, rng)
     _cls_run(str(tmp_path), "conditioned", 0, [30, 45, 60, 70], labels, rng)
     report, text = compare_arms([str(tmp_path)], bootstrap=400, seed=2)
-    stats = {s.metric: s for s in report.stage("classification").stats if s.arm == "conditioned"}
+    stats = {s.metric: s for s in report.stage("pretrain").stats if s.arm == "conditioned"}
     top1 = stats["top-1"]
     assert top1.interval.replication == "images" and top1.verdict.startswith("this one trained model scores higher")
     sp = stats["speed-up top-1 (%)"]
@@ -185,7 +190,8 @@ def _det_run(root, arm, seed, jitters, gt, rng, iterations=(100, 200, 300)):
         path = detection_eval_path(run, it)
         save_matches(path, match_predictions(gt, preds))
         relpath = os.path.relpath(path, run)
-        records.append({"kind": "ap", "iteration": it, "arm": arm, "seed": seed, "per_image": relpath,
+        records.append({"kind": "ap", "stage": "detection",
+                        "iteration": it, "arm": arm, "seed": seed, "per_image": relpath,
                         "bbox": {"AP": ap["bbox"]}, "segm": {"AP": ap["segm"]}})
     ResultsFile(run).extend(records)
     return run
@@ -255,15 +261,15 @@ def test_plan_seeds_command(capsys):
 def test_delta_and_std_options_reach_the_report(cls_experiment, capsys):
     out_dir = cls_experiment.parent / "r"
     assert compare_main([str(cls_experiment), "--bootstrap", "0", "--delta", "top1=2", "--output", str(out_dir)]) == 0
-    assert "to detect Δ = 2 top-1 (given) with std 6.35 of the paired differences (observed over 3 seeds)" in \
-        capsys.readouterr().out
+    needed = seeds_needed(2.0, float(np.std([8, 8, -3], ddof=1)))
+    assert f"| conditioned | top-1 | 2 (given) | 6.35 (observed over 3 seeds) | {needed} | 3 |" in \
+        unpadded(capsys.readouterr().out)
     stats = (out_dir / "stats.csv").read_text().splitlines()
     header = stats[0].split(",")
     assert header[:5] == ["stage", "arm", "lr_scale", "kind", "metric"]
-    row = next(r.split(",") for r in stats if r.startswith("classification,conditioned,1,metric,top-1"))
+    row = next(r.split(",") for r in stats if r.startswith("pretrain,conditioned,1,metric,top-1"))
     assert row[header.index("plan_delta")] == "2.0" and row[header.index("replication")] == "runs"
     assert row[header.index("plan_seeds_needed")] == str(seeds_needed(2.0, float(np.std([8, 8, -3], ddof=1))))
     # a std given for planning replaces the observed one; without --delta the plan is for the observed difference
     assert compare_main([str(cls_experiment), "--bootstrap", "0", "--std", "1.5", "--output", str(out_dir)]) == 0
-    assert "to detect Δ = 4.33 top-1 (the observed difference) with std 1.5 of the paired differences (given)" in \
-        capsys.readouterr().out
+    assert "| conditioned | top-1 | 4.33 (the observed difference) | 1.5 (given) |" in unpadded(capsys.readouterr().out)

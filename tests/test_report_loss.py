@@ -3,6 +3,7 @@ import os
 
 import numpy as np
 import pytest
+from table_text import unpadded
 
 from condinit_det.records.results import ResultsFile
 from condinit_det.report import compare_arms, read_training_loss, smooth
@@ -53,7 +54,8 @@ def test_smoothing_is_a_trailing_median():
 
 def _run(path, arm, losses, its):
     os.makedirs(path)
-    ResultsFile(str(path)).add({"kind": "ap", "iteration": int(its[-1]) + 1, "arm": arm, "seed": 0,
+    ResultsFile(str(path)).add({"kind": "ap", "stage": "detection",
+                                "iteration": int(its[-1]) + 1, "arm": arm, "seed": 0,
                                 "bbox": {"AP": 30.0}, "segm": {"AP": 25.0}})
     with open(os.path.join(path, "metrics.json"), "w") as f:
         for it, loss in zip(its, losses):
@@ -74,6 +76,6 @@ def test_loss_convergence_known_answer(tmp_path):
     assert c.speedup["loss"] == pytest.approx((1 - 419 / 799) * 100)  # 47.6 %
     assert det.arm("default").reach["loss"] == 19
     assert det.arm("default").speedup["loss"] == pytest.approx((1 - 19 / 799) * 100)
-    assert "| LOSS | 1 at iteration 799 | 19 (97.6%) | 419 (47.6%) |" in text
+    assert "| LOSS | 1 at iteration 799 | 19 (97.6%) | 419 (47.6%) |" in unpadded(text)
     loss_row = [s for s in det.stats if s.arm == "conditioned" and s.key == "loss_speedup"][0]
     assert loss_row.values == {0: pytest.approx(47.559, abs=1e-3)} and loss_row.n == 1

@@ -23,16 +23,20 @@ from condinit_det.records.lock import (
     read_owner,
     slurm_job_id,
 )
+from condinit_det.utils.squeue import squeue_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The lock module is plain Python: the helper processes load it from its file, without importing the package
-# (which imports torch and detectron2 and would take seconds per process).
-LOCK_MODULE = os.path.join(REPO, "condinit_det", "records", "lock.py")
+# The lock module and the squeue query it uses are plain Python: the helper processes import them through bare
+# package modules, without running the package's __init__ (which imports torch and detectron2 and would take seconds
+# per process).
+PACKAGE = os.path.join(REPO, "condinit_det")
 HOLDER = textwrap.dedent("""
-    import importlib.util, os, subprocess, sys, time
-    spec = importlib.util.spec_from_file_location("run_lock", sys.argv[1])
-    run_lock = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run_lock)
+    import os, subprocess, sys, time, types
+    for name in ("condinit_det", "condinit_det.utils", "condinit_det.records"):
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(sys.argv[1], *name.split(".")[1:])]
+        sys.modules[name] = package
+    import condinit_det.records.lock as run_lock
     run_dir, mode = sys.argv[2], sys.argv[3]
 
     def say(*words):
@@ -94,7 +98,7 @@ def log():
 
 def start(helper, run_dir, mode, **kwargs):
     """A helper process in ``mode``; for the holding modes, returns once it holds the lock (and its first line)."""
-    proc = subprocess.Popen([sys.executable, helper, LOCK_MODULE, str(run_dir), mode], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, helper, PACKAGE, str(run_dir), mode], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     line = proc.stdout.readline().split()
     assert line and line[0] == "held", proc.stderr.read()
@@ -102,7 +106,7 @@ def start(helper, run_dir, mode, **kwargs):
 
 
 def try_acquire(helper, run_dir):
-    done = subprocess.run([sys.executable, helper, LOCK_MODULE, str(run_dir), "try"], capture_output=True,
+    done = subprocess.run([sys.executable, helper, PACKAGE, str(run_dir), "try"], capture_output=True,
                           text=True, timeout=60)
     return done.returncode, done.stdout.strip()
 
@@ -314,7 +318,7 @@ def test_slurm_job_id_of_plain_jobs_and_array_elements():
 
 
 def test_same_slurm_job_takes_its_run_back(tmp_path, log, caplog, fake_squeue):
-    calls = fake_squeue(out="RUNNING\n")
+    calls = fake_squeue(out="805_7|RUNNING\n")
     run_dir = tmp_path / "run"
     write_record(run_dir, host="node-b", pid=4321, slurm_job="805_7")
     element = {"SLURM_JOB_ID": "812", "SLURM_ARRAY_JOB_ID": "805", "SLURM_ARRAY_TASK_ID": "7"}
@@ -329,7 +333,7 @@ def test_same_slurm_job_takes_its_run_back(tmp_path, log, caplog, fake_squeue):
 def test_same_slurm_job_takes_its_run_back_from_a_lingering_lock(tmp_path, log, caplog, fake_squeue):
     # The previous instance's node crashed and its lock lingers on the file server (here: a process holding the
     # flock under the previous instance's record); the requeued element owns the run, another job does not.
-    fake_squeue(out="RUNNING\n")
+    fake_squeue(out="805_7|RUNNING\n")
     run_dir = tmp_path / "run"
     write_record(run_dir, host="node-b", pid=4321, slurm_job="805_7")
     locker = hold_flock(run_dir)
@@ -348,25 +352,25 @@ def test_same_slurm_job_takes_its_run_back_from_a_lingering_lock(tmp_path, log, 
 
 
 def test_foreign_running_slurm_job_is_refused_even_when_the_flock_is_free(tmp_path, fake_squeue):
-    calls = fake_squeue(out="RUNNING\n")
+    calls = fake_squeue(out="805_7|RUNNING\n")
     run_dir = tmp_path / "run"
     record = write_record(run_dir, host="node-b", pid=4321, slurm_job="805_7", started="2026-12-01T12:03:04+00:00")
     assert flock_free(run_dir)
     with pytest.raises(RunInUse) as refused:
         RunLock(str(run_dir), environ={"SLURM_JOB_ID": "900"}).acquire()
     assert str(refused.value).startswith(f"{run_dir} is in use by pid 4321 on host node-b (Slurm job 805_7) since ")
-    assert calls.read_text().split() == ["-h", "-j", "805_7", "-o", "%T"]
+    assert calls.read_text().split() == squeue_command(["805_7"])[1:]
     assert read_owner(str(run_dir)) == record  # untouched
     for state in ("PENDING", "REQUEUED", "COMPLETING", "SUSPENDED"):
-        fake_squeue(out=state + "\n")
+        fake_squeue(out=f"805_7|{state}\n")
         with pytest.raises(RunInUse):
             RunLock(str(run_dir)).acquire()
 
 
 @pytest.mark.parametrize("answer", [
     dict(out=""),
-    dict(out="COMPLETED\n"),
-    dict(out="CANCELLED\n"),
+    dict(out="805_7|COMPLETED\n"),
+    dict(out="805_7|CANCELLED\n"),
     dict(out="", rc=1, err="slurm_load_jobs error: Invalid job id specified"),
     None,  # no squeue on PATH
 ], ids=["empty", "completed", "cancelled", "unknown-job", "no-squeue"])

@@ -410,3 +410,33 @@ def test_rendezvous_inside_a_job(slurm_env):
     host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
     assert (machines, rank, per_machine) == (1, 0, 2)  # one node, no GPU: the CPU processes asked for
     assert url == f"tcp://{host}:{10000 + int(job_id) % 20000}"
+
+
+@pytest.mark.slurm
+def test_status_names_queued_and_running_elements(slurm_env):
+    """More elements than the node has CPUs: squeue lists the waiting elements one per line, and condinit-status
+    calls them queued and the one on the CPUs running."""
+    from condinit_det.launch.status import experiment_status
+    from condinit_det.records.jobs import record_jobs
+    from condinit_det.records.layout import plan_runs, write_plan
+    from condinit_det.stage import DETECTION
+
+    sinfo = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True)
+    cpus = int(sinfo.stdout.split()[0])
+    out, exp = slurm_env / "out", slurm_env / "exp"
+    out.mkdir()
+    runs = plan_runs(["default"], [0, 1, 2])
+    write_plan(str(exp), runs, stage=DETECTION, config=None, length=100)
+    ex = _executor(slurm_env / "slurm", "wide", "--cpus-per-task", str(cpus))  # one element fills the node
+    jobs = slurm.submit(ex, [_Element(out, i, 20.0) for i in range(3)])
+    record_jobs(str(exp), {f"default/seed{i}": job.job_id for i, job in enumerate(jobs)})
+    try:
+        deadline = time.time() + 60
+        while not os.path.exists(out / "start0") and time.time() < deadline:
+            time.sleep(0.2)
+        states = {s.seed: (s.state, s.job["id"]) for s in experiment_status(str(exp))}
+        assert states == {0: ("running", jobs[0].job_id), 1: ("queued", jobs[1].job_id),
+                          2: ("queued", jobs[2].job_id)}
+    finally:
+        for job in jobs:
+            job.cancel(check=False)

@@ -211,7 +211,7 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
     import torch
 
     from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
-    from condinit_det.pretrain import load_final
+    from condinit_det.utils.checkpoint_io import load_checkpoint
 
     spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
     data = generate_classification_dataset(slurm_env / "shapes", num_train=96, num_val=8, spec=spec)
@@ -236,7 +236,7 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
     assert list(_wait(job, timeout=1200).values()) == ["COMPLETED"]
     assert "Resumed from" in (run_dir / "log.txt").read_text()
     local = Path(RunSpec("mimetic", 0).path(str(slurm_env / "local")))
-    a, b = load_final(str(local / "model_final.pth")), load_final(str(run_dir / "model_final.pth"))
+    a, b = load_checkpoint(str(local / "model_final.pth")), load_checkpoint(str(run_dir / "model_final.pth"))
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     epochs = [r["epoch"] for r in ResultsFile(str(run_dir)).records("cls")]

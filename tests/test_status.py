@@ -11,6 +11,7 @@ from condinit_det.commands.status import main
 from condinit_det.launch.status import experiment_status, format_table, summary_line
 from condinit_det.records.layout import RunSpec, plan_runs, write_plan
 from condinit_det.records.results import ResultsFile
+from condinit_det.stage import DETECTION, PRETRAIN
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOW = time.time()
@@ -42,7 +43,8 @@ def det_run(base, spec, *, evals=(), lines=(), failed=None, when=OLD):
             f.write(json.dumps({"bbox/AP": 1.0, "iteration": it, "segm/AP": 1.0}) + "\n")
     rf = ResultsFile(run_dir)
     for it, box, mask in evals:
-        rf.add({"kind": "ap", "iteration": it, **_meta(spec), "bbox": {"AP": box}, "segm": {"AP": mask}})
+        rf.add({"kind": "ap", "stage": "detection", "iteration": it, **_meta(spec), "bbox": {"AP": box},
+                "segm": {"AP": mask}})
     if failed is not None:
         rf.add({"kind": "failed", **_meta(spec), **failed})
     _touch(run_dir, when)
@@ -61,7 +63,8 @@ def pre_run(base, spec, *, evals=(), lines=(), failed=None, final=False, when=OL
                                 "time": sec, "data_time": 0.01}) + "\n")
     rf = ResultsFile(run_dir)
     for epoch, top1 in evals:
-        rf.add({"kind": "cls", "iteration": epoch * steps, "epoch": epoch, **_meta(spec), "top1": top1,
+        rf.add({"kind": "cls", "stage": "pretrain", "iteration": epoch * steps, "epoch": epoch, **_meta(spec),
+                "top1": top1,
                 "top5": 90.0, "train_loss": 1.0, "eval_loss": 1.0, "lr": 1e-3})
     if failed is not None:
         rf.add({"kind": "failed", **_meta(spec), **failed})
@@ -81,7 +84,7 @@ def half_finished(tmp_path):
     last line, written 5 s ago), conditioned stopped at 40 an hour ago, the lr-2 runs not started."""
     base = str(tmp_path / "exp")
     runs = plan_runs(["default", "mimetic", "conditioned"], [0], [1.0, 2.0])
-    write_plan(base, runs, stage="detection", config="c.py", length={"unit": "iteration", "total": 100})
+    write_plan(base, runs, stage=DETECTION, config="c.py", length=100)
     det_run(base, runs[0], evals=[(50, 10.0, 9.0), (100, 20.0, 18.0)], lines=[(49, 0.5, 25.0), (99, 0.5, 0.0)])
     det_run(base, runs[1], evals=[(50, 12.0, 11.0)], lines=[(39, 0.5, 30.0), (59, 0.5, 20.0)], when=RECENT)
     det_run(base, runs[2], lines=[(19, 0.7, 56.0), (39, 0.7, 42.0)], when=OLD)
@@ -126,7 +129,7 @@ def test_stale_after_decides_running_or_stopped(half_finished):
 def test_failed_and_diverged_runs(tmp_path):
     base = str(tmp_path / "exp")
     runs = plan_runs(["default", "mimetic", "conditioned"], [0], [1.0, 1e6])
-    write_plan(base, runs, stage="detection", config="c.py", length={"unit": "iteration", "total": 12})
+    write_plan(base, runs, stage=DETECTION, config="c.py", length=12)
     for spec in runs[:3]:
         det_run(base, spec, evals=[(12, 5.0, 4.0)], lines=[(11, 0.5, 0.0)])
     det_run(base, runs[3], lines=[(1, 0.5, 5.0)], failed={"reason": "diverged", "iteration": 4, "message":
@@ -151,7 +154,7 @@ def test_pretraining_experiment(tmp_path):
     """6 epochs of 12 steps: finished, running in epoch 3 (step 30), diverged in epoch 2, not started."""
     base = str(tmp_path / "pre")
     runs = [RunSpec(a, s) for s in (0, 1) for a in ("default", "conditioned")]
-    write_plan(base, runs, stage="pretrain", config="p.py", length={"unit": "epoch", "total": 6})
+    write_plan(base, runs, stage=PRETRAIN, config="p.py", length=6)
     pre_run(base, runs[0], evals=[(e, 10.0 * e) for e in range(1, 7)], lines=[(s, 0.2) for s in (24, 48, 72)],
             final=True)
     pre_run(base, runs[1], evals=[(1, 12.0), (2, 25.0)], lines=[(24, 0.2), (30, 0.25)], when=RECENT)
@@ -172,39 +175,10 @@ def test_pretraining_experiment(tmp_path):
     assert "  default seed 1: diverged at iteration 17" in lines
 
 
-def test_plan_without_length_falls_back_on_what_runs_show(tmp_path):
-    # Detection: detectron2 logs the last iteration with an ETA of 0, so default shows the length (12).
-    base = str(tmp_path / "det")
-    runs = plan_runs(["default", "mimetic", "conditioned"], [0])
-    write_plan(base, runs, stage="detection", config="c.py")
-    det_run(base, runs[0], evals=[(6, 1.0, 1.0), (12, 2.0, 2.0)], lines=[(5, 0.5, 3.0), (11, 0.5, 0.0)])
-    det_run(base, runs[1], evals=[(6, 1.0, 1.0), (12, 2.0, 2.0)], lines=[(5, 0.5, 3.0)])  # no last line logged
-    det_run(base, runs[2], evals=[(6, 1.0, 1.0)], lines=[(5, 0.5, 3.0)])
-    got = experiment_status(base, now=NOW)
-    assert [(s.state, s.total) for s in got] == [("finished", 12), ("finished", 12), ("stopped", 12)]
-
-    # Runs that all stopped at the same evaluation, none at its end: nobody is called finished.
-    base = str(tmp_path / "det2")
-    write_plan(base, runs, stage="detection", config="c.py")
-    for spec in runs:
-        det_run(base, spec, evals=[(6, 1.0, 1.0)], lines=[(5, 0.5, 3.0)])
-    assert [(s.state, s.total) for s in experiment_status(base, now=NOW)] == [("stopped", None)] * 3
-
-    # Pretraining: model_final.pth is written after the final evaluation.
-    base = str(tmp_path / "pre")
-    runs = [RunSpec("default", 0), RunSpec("mimetic", 0)]
-    write_plan(base, runs, stage="pretrain", config="p.py")
-    pre_run(base, runs[0], evals=[(1, 10.0), (2, 20.0)], lines=[(24, 0.2)], final=True)
-    pre_run(base, runs[1], evals=[(1, 10.0)], lines=[(18, 2.0)], when=RECENT)
-    d, m = experiment_status(base, now=NOW)
-    assert (d.state, d.total, m.state, m.total) == ("finished", 2, "running", 2)
-    assert m.eta_seconds == pytest.approx(0.5 * 12 * 2.0 - 5, abs=0.5)
-
-
 def test_runs_without_plan_and_set_aside_runs(tmp_path):
     base = str(tmp_path / "exp")
     runs = plan_runs(["default", "conditioned"], [0])
-    write_plan(base, runs, stage="detection", config="c.py", length={"unit": "iteration", "total": 12})
+    write_plan(base, runs, stage=DETECTION, config="c.py", length=12)
     det_run(base, runs[0], evals=[(12, 2.0, 1.0)], lines=[(11, 0.5, 0.0)])
     det_run(base, runs[1], lines=[(5, 0.5, 3.0)])
     os.rename(runs[1].path(base), runs[1].path(base) + ".failed0")  # moved aside by --retry-failed
@@ -214,9 +188,18 @@ def test_runs_without_plan_and_set_aside_runs(tmp_path):
         ("default", 0, "finished", True), ("conditioned", 0, "not started", True), ("mimetic", 3, "stopped", False)]
     assert "1 run(s) listed in no plan: " + os.path.join(base, "mimetic", "seed3") in format_table(statuses)
 
-    # One run directory on its own: identity from its records, stage from their kind.
+    # One run directory: its plan lies two levels up.
     (only,) = experiment_status(runs[0].path(base), now=NOW)
-    assert (only.arm, only.seed, only.stage, only.last, only.planned) == ("default", 0, "detection", 12, False)
+    assert (only.arm, only.seed, only.stage, only.last, only.planned, only.state) == \
+        ("default", 0, "detection", 12, True, "finished")
+    # A run directory outside any plan: identity and stage from its records, its length from its final file.
+    alone = tmp_path / "alone"
+    os.makedirs(alone)
+    os.replace(runs[0].path(base), alone / "run")
+    open(alone / "run" / "model_final.pth", "wb").close()
+    (found,) = experiment_status(str(alone / "run"), now=NOW)
+    assert (found.arm, found.stage, found.total, found.state, found.planned) == ("default", "detection", 12,
+                                                                                  "finished", False)
 
 
 def test_json_output(half_finished, capsys):

@@ -4,6 +4,7 @@ Compare initialization arms across training runs (classification pretraining and
 the installed command is ``condinit-compare``.
 
     python tools/compare_arms.py DIR [DIR ...] [--output DIR] [--bootstrap B] [--seed S] [--delta D] [--std S]
+                                 [--contrast A:B]
     python tools/compare_arms.py --plan-seeds --delta D --std S [--arms A] [--metrics M]     (seeds needed)
 
 DIR is a run directory (with results.json) or an experiment directory containing runs. Prints

@@ -153,8 +153,9 @@ online_setup() {
   quiet_pip "${pip[@]}" install torch torchvision
   "$py" -c "import torch, torchvision" || fail "torch/torchvision did not install; see pip's output above"
 
-  # The package and its dependencies (fvcore, pycocotools, timm, faster-coco-eval, ...).
-  quiet_pip "${pip[@]}" install -e "$ROOT[test]"
+  # The package and its dependencies (fvcore, pycocotools, timm, faster-coco-eval, ...), the test tools and the
+  # optional trackers (W&B, MLflow), whose tests need them.
+  quiet_pip "${pip[@]}" install -e "$ROOT[test,wandb,mlflow]"
   "$py" -c "import condinit_det" || fail "installing condinit_det failed; see pip's output above"
 
   # detectron2: keep an installed build (e.g. from source), else install the registry's wheel, rewritten.

@@ -22,7 +22,8 @@
 #   --torchvision-version V  against (default: those installed for PYTHON)
 #   --print-target           print the options pip gets for the target, then exit
 #
-# PYTHON (default python3) runs pip (>= 22.2) and the builds; this side needs the network.
+# PYTHON (default python3) runs pip (>= 22.2) and the builds; this side needs the network. CONDINIT_WHEEL_CACHE,
+# when set, is a folder that keeps the downloaded wheels between runs: a wheel found there is not downloaded again.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -194,6 +195,16 @@ def sdists(report):
             print(url)
 
 
+def wheel_names(report):
+    """File names of the wheels in a resolution report."""
+    for item in installs(report):
+        from urllib.parse import unquote
+
+        name = unquote(item["download_info"]["url"].split("#")[0].rsplit("/", 1)[-1])
+        if name.endswith(".whl"):
+            print(name)
+
+
 def versions(report, *names):
     """name==version of the resolved projects among ``names``; names not resolved go to stderr."""
     resolved = {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in installs(report)}
@@ -308,8 +319,24 @@ if ((${#EXCLUDES[@]})); then
   done <<< "$EXCLUDED"
 fi
 echo "wheelhouse: downloading for ${TARGET[*]:-this interpreter}" >&2
+# CONDINIT_WHEEL_CACHE: a folder of wheels downloaded by earlier runs; pip takes a file already in its download
+# folder instead of fetching it again. Wheels built here (the package, detectron2, source-only projects) are
+# never cached.
+if [[ -n "${CONDINIT_WHEEL_CACHE:-}" ]]; then
+  mkdir -p "$CONDINIT_WHEEL_CACHE"
+  [[ -f "$WORK/target.json" ]] || resolve_target "$WORK/target.json"
+  while read -r name; do
+    [[ -n "$name" && -f "$CONDINIT_WHEEL_CACHE/$name" ]] && cp "$CONDINIT_WHEEL_CACHE/$name" "$WORK/download/"
+  done < <(helper wheel_names "$WORK/target.json")
+fi
 "${PIP[@]}" download --only-binary=:all: ${TARGET[@]+"${TARGET[@]}"} -d "$WORK/download" "${SOURCES[@]}" \
   "${REQUIREMENTS[@]}" >&2 || fail "pip could not download the wheels for the target (see above)"
+if [[ -n "${CONDINIT_WHEEL_CACHE:-}" ]]; then
+  for wheel in "$WORK"/download/*.whl; do
+    name="$(basename "$wheel")"
+    [[ -e "$WORK/built/$name" || -e "$CONDINIT_WHEEL_CACHE/$name" ]] || cp "$wheel" "$CONDINIT_WHEEL_CACHE/"
+  done
+fi
 WHEEL_LIST="$(helper move_into "$WORK/download" "$OUT" "${STAND_INS[@]}")" || fail "could not fill $OUT"
 mapfile -t WHEELS <<< "$WHEEL_LIST"
 

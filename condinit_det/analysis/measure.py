@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from tabulate import tabulate
 from torch import nn
 
 from ..utils.fileio import atomic_write
@@ -179,10 +180,8 @@ def _fmt(value) -> str:
 
 def format_markdown(rows: Sequence[dict], columns: Sequence[str]) -> str:
     """A Markdown table of ``rows`` (dicts) over ``columns``."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
-    return "\n".join(lines) + "\n"
+    body = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
+    return tabulate(body, list(columns), tablefmt="pipe", disable_numparse=True) + "\n"
 
 
 def write_table(rows: Sequence[dict], output_dir: str, *, name: str = "attention_conditioning",

@@ -1,10 +1,11 @@
-"""Datasets generated on first use into a folder, atomically, for both embedded datasets.
+"""Datasets generated on first use into a folder, atomically, for every embedded dataset.
 
-A generated dataset root holds its files and ``manifest.json`` (the generator's parameters, written
-last). It is built in a temporary sibling folder ``.<root name>.tmp-<host>-<pid>-*`` and renamed
-into place, so an interrupted run never leaves half a dataset, concurrent first uses are safe (the
-loser of the rename keeps the winner's copy), and a temporary folder whose process is gone is
-removed by the next generation on that host.
+A dataset ``<version>`` lives in ``$CONDINIT_DATA/<version>`` (default ``~/.cache/condinit_det/<version>``,
+:func:`cache_root`) unless a root is passed. A generated dataset root holds its files and ``manifest.json``
+(the generator's parameters, written last). It is built in a temporary sibling folder
+``.<root name>.tmp-<host>-<pid>-*`` and renamed into place, so an interrupted run never leaves half a
+dataset, concurrent first uses are safe (the loser of the rename keeps the winner's copy), and a temporary
+folder whose process is gone is removed by the next generation on that host.
 """
 from __future__ import annotations
 
@@ -17,12 +18,31 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
-__all__ = ["generate_atomically", "read_manifest", "same_generator"]
+import cv2
+import numpy as np
+
+__all__ = ["EMBEDDED_PREFIX", "cache_root", "generate_atomically", "read_manifest", "same_generator", "write_png"]
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 _KEYS = ("version", "seed", "num_images", "spec", "classes")
+# Embedded datasets are named "embedded:<name>" where a path is expected (e.g. a pretraining data.root).
+EMBEDDED_PREFIX = "embedded:"
+
+
+def cache_root(version: str) -> Path:
+    """``$CONDINIT_DATA/<version>`` if the variable is set (and not empty), else ``~/.cache/condinit_det/<version>``."""
+    base = os.environ.get("CONDINIT_DATA")
+    return Path(base or "~/.cache/condinit_det").expanduser() / version
+
+
+def write_png(path: Path, img: np.ndarray) -> None:
+    """Write an HxW or HxWx3 (BGR) uint8 image as PNG; fast compression, and the same bytes for the same pixels."""
+    ok, buf = cv2.imencode(".png", img, [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    if not ok:
+        raise RuntimeError(f"OpenCV failed to encode {path}")
+    Path(path).write_bytes(buf.tobytes())
 
 
 def read_manifest(root: Path) -> Optional[dict]:

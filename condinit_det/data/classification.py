@@ -18,7 +18,8 @@ a cue, and the outline decides the rest. Image ``i`` of a split has class
 Generation happens on first use, in a temporary sibling directory renamed into place, so readers
 never see half a dataset; a dataset made with other parameters (or an incomplete one) in the cache
 is regenerated. The dataset is registered by name: a config's ``data.root`` takes either an
-ImageFolder path or ``"embedded:shapes-cls"`` (:func:`resolve_classification_root`).
+ImageFolder path or an embedded name, ``"embedded:shapes-cls"`` or ``"embedded:digits-cls"`` (real
+handwritten digits, :mod:`condinit_det.data.digits`), resolved by :func:`resolve_classification_root`.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 import cv2
 import numpy as np
 
-from .cache import generate_atomically, read_manifest
+from .cache import EMBEDDED_PREFIX, cache_root, generate_atomically, read_manifest, write_png
 from .shapes import (
     AREA_RATIO,
     background,
@@ -60,7 +61,6 @@ __all__ = [
 
 
 DATASET_VERSION = "shapes-cls-v1"
-EMBEDDED_PREFIX = "embedded:"
 DEFAULT_SEED = 2026
 DEFAULT_NUM_IMAGES = {"train": 5000, "val": 1000}
 # Sorted, so that the folder order (timm and torchvision sort class folders by name) is the label order.
@@ -170,8 +170,7 @@ def render_classification_image(seed: int, split: str, index: int,
 # ---------------------------------------------------------------------------------------------
 def default_root() -> Path:
     """``$CONDINIT_DATA/shapes-cls-v1`` if the variable is set, else ``~/.cache/condinit_det/shapes-cls-v1``."""
-    base = os.environ.get("CONDINIT_DATA")
-    return Path(base or "~/.cache/condinit_det").expanduser() / DATASET_VERSION
+    return cache_root(DATASET_VERSION)
 
 
 def _expected_manifest(seed: int, num_images: Dict[str, int], spec: ShapesClsSpec) -> dict:
@@ -184,10 +183,7 @@ def _write_split(tmp: Path, split: str, num: int, seed: int, spec: ShapesClsSpec
         (tmp / split / name).mkdir(parents=True)
     for idx in range(num):
         img, label = render_classification_image(seed, split, idx, spec)
-        ok, buf = cv2.imencode(".png", img, [cv2.IMWRITE_PNG_COMPRESSION, 1])
-        if not ok:
-            raise RuntimeError(f"OpenCV failed to encode {split} image {idx}")
-        (tmp / split / CLASSES[label] / f"{idx:06d}.png").write_bytes(buf.tobytes())
+        write_png(tmp / split / CLASSES[label] / f"{idx:06d}.png", img)
 
 
 def generate_classification_dataset(
@@ -248,8 +244,8 @@ def register_classification_dataset(name: str, builder: Callable[[], PathLike]) 
 
 
 def embedded_classification_names() -> Tuple[str, ...]:
-    """Every ``"embedded:<name>"`` accepted by :func:`resolve_classification_root`."""
-    return tuple(EMBEDDED_PREFIX + n for n in sorted(_REGISTRY))
+    """Every ``"embedded:<name>"`` accepted by :func:`resolve_classification_root`, in the order registered."""
+    return tuple(EMBEDDED_PREFIX + n for n in _REGISTRY)
 
 
 def resolve_classification_root(root: PathLike) -> str:
@@ -264,4 +260,12 @@ def resolve_classification_root(root: PathLike) -> str:
     return str(_REGISTRY[name]())
 
 
+def _digits_cls_root() -> Path:
+    # Imported on use: the digits module reads scikit-learn's copy of the data when it generates.
+    from .digits import generate_digits_cls_dataset
+
+    return generate_digits_cls_dataset(None)
+
+
 register_classification_dataset("shapes-cls", lambda: generate_classification_dataset(None))
+register_classification_dataset("digits-cls", _digits_cls_root)

@@ -10,6 +10,7 @@ from detectron2.utils import comm
 
 from condinit_det.records.per_image import detection_eval_path
 from condinit_det.records.results import ResultsFile
+from condinit_det.stage import DETECTION
 
 __all__ = ["AP_METRICS", "ap_record", "APHook", "build_best_checkpointer"]
 
@@ -56,6 +57,7 @@ def ap_record(
         results = next(iter(results.values()))
     record: Dict[str, Any] = {
         "kind": kind,
+        "stage": DETECTION.name,
         "iteration": int(iteration),
         "arm": arm,
         "seed": seed,

@@ -1,12 +1,11 @@
 """The detection stage: detectron2 detectors (Mask R-CNN, DETR-style) trained with an arm, box / mask AP recorded."""
 from __future__ import annotations
 
-import argparse
 from typing import List, Optional, Sequence, Tuple
 
-from ..launch.stage import ConfigDefaults, Stage
 from ..records.layout import RunSpec
 from ..records.per_image import find_detection_evals
+from ..stage import DETECTION, ConfigDefaults, RunOptions, Stage
 from ..utils.errors import UsageError
 from .config import (
     DEFAULT_SEED,
@@ -57,8 +56,7 @@ class DetectionStage(Stage):
     """Detection with detectron2: lazy ``.py`` configs (and yacs ``.yaml`` ones); the length is
     ``train.max_iter`` iterations; each evaluation adds an ``"ap"`` record."""
 
-    name = "detection"
-    unit = "iteration"
+    descriptor = DETECTION
     description = "Train or evaluate a detectron2 detector with an attention-initialization arm."
     examples = EXAMPLES
     config_help = (
@@ -93,17 +91,17 @@ class DetectionStage(Stage):
     def identity(self, cfg) -> dict:
         return run_identity(cfg)
 
-    def check(self, args: argparse.Namespace, runs: List[Tuple[RunSpec, object]],
+    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]],
               *, upstream: Optional[str] = None) -> None:
-        if args.eval_only and len(runs) > 1:
+        if options.eval_only and len(runs) > 1:
             raise UsageError("--eval-only evaluates one checkpoint; it cannot be combined with several arms, --seeds "
                              "or --lr-scale")
         if not is_yacs(runs[0][1]):
             check_arm_sites(runs[0][1])  # the runs differ in arm, seed and lr only: the same sites
         for _, cfg in runs:
-            check_run(cfg, resume=args.resume, eval_only=args.eval_only, trust_pickle=args.trust_pickle,
-                      allow_shared_checkpoint=args.allow_shared_checkpoint, upstream=upstream)
-        check_shared_checkpoints(runs, allow_shared_checkpoint=args.allow_shared_checkpoint)
+            check_run(cfg, resume=options.resume, eval_only=options.eval_only, trust_pickle=options.trust_pickle,
+                      allow_shared_checkpoint=options.allow_shared_checkpoint, upstream=upstream)
+        check_shared_checkpoints(runs, allow_shared_checkpoint=options.allow_shared_checkpoint)
 
     def loader_workers(self, cfg) -> Optional[int]:
         if is_yacs(cfg):
@@ -130,12 +128,12 @@ class DetectionStage(Stage):
 
         return final_recorded(run_dir, length)
 
-    def train(self, args: argparse.Namespace, cfg, run_dir: str) -> None:
+    def train(self, options: RunOptions, cfg, run_dir: str) -> None:
         from .train import run
 
-        run(args, cfg)
+        run(options, cfg)
 
-    def evaluate(self, args: argparse.Namespace, cfg, run_dir: str) -> None:
+    def evaluate(self, options: RunOptions, cfg, run_dir: str) -> None:
         from .train import run
 
-        run(args, cfg)
+        run(options, cfg)

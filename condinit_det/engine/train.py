@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 
@@ -22,6 +23,8 @@ from ..modeling.arm import rank0_computes_arm
 from ..records.failures import note_failure
 from ..records.identity import read_arm_report
 from ..records.results import ResultsFile
+from ..stage import RunOptions
+from ..tracking.events import tracker_writers
 from ..utils.distributed import check_replicas, sync_buffers
 from ..utils.logs import run_logging
 from ..utils.preemption import Preempted
@@ -35,11 +38,12 @@ __all__ = ["build_model", "do_eval_only", "do_test", "do_train", "final_recorded
 logger = logging.getLogger("detectron2")
 
 
-def _setup_logging(cfg, args):
+def _setup_logging(cfg, options: RunOptions):
     run_logging(get_output_dir(cfg), rank=comm.get_rank())
-    if getattr(args, "config_file", ""):  # default_setup prints the file: the one behind a zoo:<name>
-        args = argparse.Namespace(**{**vars(args), "config_file": resolve_config_file(args.config_file)})
-    default_setup(cfg, args)  # also seeds every RNG from train.seed (+ the rank)
+    # detectron2's default_setup reads a namespace; it prints the config file: the one behind a zoo:<name>.
+    config_file = resolve_config_file(options.config_file) if options.config_file else ""
+    default_setup(cfg, argparse.Namespace(**{**dataclasses.asdict(options), "config_file": config_file}))
+    # default_setup also seeds every RNG from train.seed (+ the rank)
 
 
 def build_model(cfg):
@@ -113,11 +117,11 @@ def _prediction_files(cfg):
     return os.path.join(out, "coco_instances_results.json"), MetadataCatalog.get(name).get("json_file", None)
 
 
-def do_train(args, cfg):
+def do_train(options: RunOptions, cfg):
     """Train one arm as configured (lazy config). Returns the last evaluation results."""
     output_dir = cfg.train.output_dir
     max_iter = int(cfg.train.max_iter)
-    metadata = _metadata(cfg, args.config_file)
+    metadata = _metadata(cfg, options.config_file)
     identity = run_identity(cfg)
     results_file = ResultsFile(output_dir)
     main_process = comm.is_main_process()
@@ -134,7 +138,7 @@ def do_train(args, cfg):
     ddp_model = _create_ddp(model, cfg)
     trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, train_loader, optim)
     checkpointer = RunCheckpointer(ddp_model, output_dir, optimizer=optim, trainer=trainer,
-                                   trust_pickle=getattr(args, "trust_pickle", False), metadata=metadata)
+                                   trust_pickle=options.trust_pickle, metadata=metadata)
     eval_period = int(cfg.train.eval_period)
     last_results = {}
 
@@ -153,16 +157,19 @@ def do_train(args, cfg):
                    predictions_file=predictions, ground_truth=ground_truth),
             build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main_process else None,
             PreemptionHook(checkpointer, output_dir),
-            _build_analysis_hook(cfg, args.config_file),
-            hooks.PeriodicWriter(default_writers(output_dir, max_iter), period=cfg.train.log_period)
+            _build_analysis_hook(cfg, options.config_file),
+            # + the W&B / MLflow runs of this run (main process; the storage counts from iteration 0)
+            hooks.PeriodicWriter(default_writers(output_dir, max_iter) + tracker_writers(step_offset=1,
+                                                                                         max_step=max_iter),
+                                 period=cfg.train.log_period)
             if main_process else None,
         ]
     )
 
     init = pretrain_checkpoint_file(cfg.train.init_checkpoint) if cfg.train.init_checkpoint else ""
-    will_resume = args.resume and checkpointer.has_checkpoint()
+    will_resume = options.resume and checkpointer.has_checkpoint()
     snapshot = AttentionSnapshot(model) if init and not will_resume else None
-    checkpointer.resume_or_load(init, resume=args.resume)
+    checkpointer.resume_or_load(init, resume=options.resume)
     provenance = None
     if snapshot is not None:
         overwritten = snapshot.overwritten(model)
@@ -199,7 +206,7 @@ def do_train(args, cfg):
     return last_results
 
 
-def do_eval_only(args, cfg):
+def do_eval_only(options: RunOptions, cfg):
     """
     Evaluate ``train.init_checkpoint`` (or, with --resume, the run's last checkpoint) and add an
     ``"eval"`` record. The checkpoint supplies every weight; the record names the arm of the run
@@ -208,8 +215,8 @@ def do_eval_only(args, cfg):
     model, _ = build_model(cfg)
     model.to(cfg.train.device)
     model = _create_ddp(model, cfg)
-    checkpointer = RunCheckpointer(model, cfg.train.output_dir, trust_pickle=getattr(args, "trust_pickle", False))
-    path = checkpointer.get_checkpoint_file() if args.resume and checkpointer.has_checkpoint() \
+    checkpointer = RunCheckpointer(model, cfg.train.output_dir, trust_pickle=options.trust_pickle)
+    path = checkpointer.get_checkpoint_file() if options.resume and checkpointer.has_checkpoint() \
         else cfg.train.init_checkpoint
     if not path:
         raise ValueError("--eval-only needs train.init_checkpoint=PATH (or --resume in a run directory).")
@@ -217,7 +224,7 @@ def do_eval_only(args, cfg):
     results = do_test(cfg, model)
     if comm.is_main_process() and results:
         it = extra.get("iteration") if isinstance(extra, dict) else None
-        metadata = _metadata(cfg, args.config_file)
+        metadata = _metadata(cfg, options.config_file)
         previous = (read_arm_report(cfg.train.output_dir) or {}).get("run") or {}
         metadata["arm"] = previous.get("arm", metadata["arm"])
         record = ap_record(results, iteration=0 if it is None else int(it) + 1, kind="eval", **metadata)
@@ -226,14 +233,14 @@ def do_eval_only(args, cfg):
     return results
 
 
-def run(args, cfg) -> dict:
-    """Train (or with ``args.eval_only`` evaluate) one run as ``cfg`` says, in this process (every process of the
-    run calls it). Returns the last evaluation's results (yacs training: None)."""
-    _setup_logging(cfg, args)
+def run(options: RunOptions, cfg) -> dict:
+    """Train (or with ``options.eval_only`` evaluate) one run as ``cfg`` says, in this process (every process of
+    the run calls it). Returns the last evaluation's results (yacs training: None)."""
+    _setup_logging(cfg, options)
     if is_yacs(cfg):
         from .yacs_trainer import run_yacs
 
-        return run_yacs(args, cfg, run_identity(cfg))
-    if args.eval_only:
-        return do_eval_only(args, cfg)
-    return do_train(args, cfg)
+        return run_yacs(options, cfg, run_identity(cfg))
+    if options.eval_only:
+        return do_eval_only(options, cfg)
+    return do_train(options, cfg)

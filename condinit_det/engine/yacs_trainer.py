@@ -8,6 +8,7 @@ from detectron2.utils import comm
 
 from condinit_det.evaluation import FastCOCOEvaluator
 from condinit_det.records.results import ResultsFile
+from condinit_det.tracking.events import tracker_writers
 from condinit_det.utils.distributed import sync_buffers
 
 from .arm_report import log_arm_report, save_arm_report
@@ -55,6 +56,10 @@ class CondinitTrainer(DefaultTrainer):
         sync_buffers(model.module if hasattr(model, "module") else model)
         return super().test(cfg, model, evaluators)
 
+    def build_writers(self):
+        """detectron2's writers and the run's W&B / MLflow runs (main process)."""
+        return super().build_writers() + tracker_writers(step_offset=1, max_step=self.max_iter)
+
     @classmethod
     def build_optimizer(cls, cfg, model):
         from condinit_det.modeling.yacs_config import build_optimizer
@@ -95,20 +100,20 @@ def _register_embedded(cfg):
         register_embedded_datasets()
 
 
-def run_yacs(args, cfg, identity):
-    """Train (or with --eval-only evaluate) one arm from a yacs config; ``identity``: the run's identity."""
+def run_yacs(options, cfg, identity):
+    """Train (or with ``options.eval_only`` evaluate) one arm from a yacs config (``options``:
+    :class:`condinit_det.stage.RunOptions`); ``identity``: the run's identity."""
     _register_embedded(cfg)
-    if args.eval_only:
+    if options.eval_only:
         model = CondinitTrainer.build_model(cfg)
-        RunCheckpointer(model, save_dir=cfg.OUTPUT_DIR, trust_pickle=getattr(args, "trust_pickle", False)
-                        ).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
+        RunCheckpointer(model, save_dir=cfg.OUTPUT_DIR, trust_pickle=options.trust_pickle
+                        ).resume_or_load(cfg.MODEL.WEIGHTS, resume=options.resume)
         return CondinitTrainer.test(cfg, model)
-    trainer = CondinitTrainer(cfg, config_file=args.config_file or None,
-                              trust_pickle=getattr(args, "trust_pickle", False))
-    will_resume = args.resume and trainer.checkpointer.has_checkpoint()
+    trainer = CondinitTrainer(cfg, config_file=options.config_file or None, trust_pickle=options.trust_pickle)
+    will_resume = options.resume and trainer.checkpointer.has_checkpoint()
     model = trainer.model.module if hasattr(trainer.model, "module") else trainer.model
     report = getattr(model.backbone, "condinit_report", None)
-    trainer.resume_or_load(resume=args.resume)
+    trainer.resume_or_load(resume=options.resume)
     if report is not None and comm.is_main_process() and not will_resume:
         save_arm_report(cfg.OUTPUT_DIR, report, identity, init_checkpoint=cfg.MODEL.WEIGHTS or None)
     if trainer.start_iter >= trainer.max_iter:

@@ -4,6 +4,6 @@ import importlib.util
 
 __all__ = []
 if importlib.util.find_spec("detectron2") is not None:
-    from .coco_evaluation import FastCOCOEvaluator, fast_coco_eval_available, to_fast_evaluator
+    from .coco_evaluation import FastCOCOEvaluator, to_fast_evaluator
 
-    __all__ = ["FastCOCOEvaluator", "fast_coco_eval_available", "to_fast_evaluator"]
+    __all__ = ["FastCOCOEvaluator", "to_fast_evaluator"]

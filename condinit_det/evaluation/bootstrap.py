@@ -9,9 +9,9 @@ For COCO detection, a resample is scored as if it were a new COCO dataset whose 
 j-th draw (a fresh image id, in draw order) and AP were re-evaluated on it. That evaluation does
 not have to be run: COCO's per-image matching (which detection matches which ground truth at each
 IoU threshold, which are ignored) does not depend on the resample, only its accumulation does. So
-each model and task is matched once, with faster-coco-eval's per-image results (``COCOeval_faster``)
-or pycocotools' ``evalImgs`` when faster-coco-eval is not installed, and every resample's AP, AP50
-and AP75 is COCO's accumulation with per-image multiplicities: cumulative true / false positives
+each model and task is matched once, with faster-coco-eval's per-image results (``COCOeval_faster``;
+its versions that keep them in the layout read here are the range ``setup.py`` declares), and every
+resample's AP, AP50 and AP75 is COCO's accumulation with per-image multiplicities: cumulative true / false positives
 over the detections of all images sorted by score, each weighted by how often its image was drawn,
 over ground-truth counts weighted the same way; 101-point interpolated precision envelope; -1 (left
 out of the mean) for a category without a non-ignored ground truth in the resample. Detections of
@@ -42,8 +42,6 @@ __all__ = [
     "AP_METRICS",
     "CocoMatches",
     "MATCHES_FORMAT",
-    "classification_correctness",
-    "coco_ap",
     "image_counts",
     "image_draws",
     "image_ids_digest",
@@ -51,8 +49,6 @@ __all__ = [
     "load_matches",
     "match_images",
     "match_predictions",
-    "paired_accuracy_bootstrap",
-    "paired_coco_bootstrap",
     "resampled_ap",
     "resampled_mean",
     "save_matches",
@@ -72,19 +68,6 @@ def load_json(path: Union[str, os.PathLike]):
         return json.load(f)
 
 
-def _coco_api():
-    """(COCO, COCOeval) classes: faster-coco-eval when installed, else pycocotools."""
-    try:
-        from faster_coco_eval import COCO, COCOeval_faster
-
-        return COCO, COCOeval_faster, True
-    except ImportError:
-        from pycocotools.coco import COCO
-        from pycocotools.cocoeval import COCOeval
-
-        return COCO, COCOeval, False
-
-
 def _quiet(*_args, **_kwargs):
     pass
 
@@ -98,49 +81,23 @@ def _copy_dataset(dataset: Mapping) -> dict:
 
 
 def _build_gt(dataset: dict):
-    coco_cls, _, fast = _coco_api()
-    if fast:
-        return coco_cls(dataset, print_function=_quiet)
-    gt = coco_cls()
-    gt.dataset = dataset
-    gt.createIndex()
-    return gt
+    from faster_coco_eval import COCO  # imported when used: the report imports this module for its resampling
+
+    return COCO(dataset, print_function=_quiet)
 
 
 def _load_results(coco_gt, predictions: Sequence[dict], iou_type: str):
     """COCO results object of ``predictions`` (copied: loadRes sets "id"/"area" on the records)."""
     # For masks drop "bbox" so the instance area is the mask area, as detectron2's evaluator does.
     drop = "bbox" if iou_type == "segm" else None
-    dets = [{k: v for k, v in p.items() if k != drop} for p in predictions]
-    if dets or _coco_api()[2]:
-        return coco_gt.loadRes(dets)
-    # pycocotools' loadRes fails on an empty list: an empty results object instead.
-    return _build_gt({"images": list(coco_gt.dataset["images"]), "annotations": [],
-                      "categories": list(coco_gt.dataset.get("categories", []))})
+    return coco_gt.loadRes([{k: v for k, v in p.items() if k != drop} for p in predictions])
 
 
 def _evaluator(coco_gt, coco_dt, iou_type: str):
-    _, eval_cls, fast = _coco_api()
-    if fast:
-        return eval_cls(coco_gt, coco_dt, iou_type, print_function=_quiet, separate_eval=True)
-    return eval_cls(coco_gt, coco_dt, iou_type)
+    from faster_coco_eval import COCOeval_faster
 
-
-def coco_ap(ground_truth: Union[str, dict], predictions: Sequence[dict],
-            iou_types: Sequence[str] = IOU_TYPES) -> Dict[str, float]:
-    """Box / mask AP (percent) of COCO results on a COCO annotation json (path or dict)."""
-    dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
-    gt = _build_gt(_copy_dataset(dataset))
-    out = {}
-    for t in iou_types:
-        ev = _evaluator(gt, _load_results(gt, list(predictions), t), t)
-        with contextlib.redirect_stdout(io.StringIO()):
-            ev.evaluate()
-            ev.accumulate()
-            ev.summarize()
-        ap = float(ev.stats[0])
-        out[t] = float("nan") if ap < 0 else 100.0 * ap
-    return out
+    # separate_eval keeps the per-image results (``_evalImgs_cpp``) that the matching reads.
+    return COCOeval_faster(coco_gt, coco_dt, iou_type, print_function=_quiet, separate_eval=True)
 
 
 @dataclass
@@ -177,30 +134,32 @@ def image_ids_digest(dataset: Mapping) -> str:
     return hashlib.sha1(ids.tobytes()).hexdigest()
 
 
-def _fast_per_image(ev, num_t: int):
-    """(k, i, scores, matched [T, D], dt_ignore [T, D], gt_ignore) from faster-coco-eval's results."""
+def _unknown_layout() -> RuntimeError:
+    from faster_coco_eval import __version__
+
+    return RuntimeError(f"faster-coco-eval {__version__}'s per-image results have an unknown layout; install "
+                        "the faster-coco-eval version range that condinit-det declares (setup.py)")
+
+
+def _per_image(ev, num_t: int):
+    """(n, scores, matched [T, D], dt_ignore [T, D], gt_ignore) per non-empty evaluation, n in [K, A=1, I] order.
+
+    faster-coco-eval has no public per-image results: they are ``_evalImgs_cpp``, whose elements'
+    pickled state is (dt matches [T*D], gt matches [T*G], dt scores [D], gt ignore [G], dt ignore
+    [T*D], matched pairs), as its own distributed merge uses them (versions 1.6.5 to 1.8).
+    """
     for n, e in enumerate(ev._evalImgs_cpp):
-        # The per-image result's pickled state, as faster-coco-eval's own distributed merge uses it:
-        # (dt matches [T*D], gt matches [T*G], dt scores [D], gt ignore [G], dt ignore [T*D], ...).
         state = e.__getstate__()
-        dt_m, _, scores, gt_ig, dt_ig = state[:5]
+        if not isinstance(state, tuple) or len(state) != 6:
+            raise _unknown_layout()
+        dt_m, _, scores, gt_ig, dt_ig, _ = state
         d = len(scores)
         if len(dt_m) != num_t * d or len(dt_ig) != num_t * d:
-            raise RuntimeError("faster-coco-eval's per-image results have an unknown layout; "
-                               "uninstall faster-coco-eval to use pycocotools' evalImgs instead")
+            raise _unknown_layout()
         if d == 0 and len(gt_ig) == 0:
             continue
         yield (n, scores, np.asarray(dt_m, dtype=np.int64).reshape(num_t, d) > 0,
                np.asarray(dt_ig, dtype=bool).reshape(num_t, d), np.asarray(gt_ig, dtype=bool))
-
-
-def _pycocotools_per_image(ev, num_t: int):
-    for n, e in enumerate(ev.evalImgs):
-        if e is None:
-            continue
-        d = len(e["dtScores"])
-        yield (n, e["dtScores"], np.asarray(e["dtMatches"]).reshape(num_t, d) > 0,
-               np.asarray(e["dtIgnore"], dtype=bool).reshape(num_t, d), np.asarray(e["gtIgnore"], dtype=bool))
 
 
 def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], iou_type: str) -> CocoMatches:
@@ -225,8 +184,7 @@ def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], io
 
     gt_count = np.zeros((len(cat_ids), len(dataset["images"])), dtype=np.int64)
     cat, img, rank, score, tp, fp = [], [], [], [], [], []
-    per_image = _fast_per_image if hasattr(ev, "_evalImgs_cpp") else _pycocotools_per_image
-    for n, scores, matched, dt_ig, gt_ig in per_image(ev, num_t):
+    for n, scores, matched, dt_ig, gt_ig in _per_image(ev, num_t):
         k, i = divmod(n, num_i)  # evalImgs are [K, A=1, I]
         gt_count[k, image_pos[i]] = np.count_nonzero(~gt_ig)
         d = len(scores)
@@ -549,48 +507,3 @@ def resampled_mean(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
     draws = np.asarray(draws)
     counts = image_counts(draws, values.shape[-1]).astype(np.float64)
     return np.matmul(counts, values[..., None])[..., 0] / draws.shape[-1]
-
-
-def paired_coco_bootstrap(ground_truth: Union[str, dict], predictions_a: Sequence[dict],
-                          predictions_b: Sequence[dict], rng: np.random.Generator,
-                          num_resamples: int = 1000, iou_types: Sequence[str] = IOU_TYPES
-                          ) -> Dict[str, Dict[str, np.ndarray]]:
-    """
-    AP(a) - AP(b) in percent on ``num_resamples`` bootstrap resamples of the evaluation images
-    (the same resample for both prediction lists; resample b is ``rng.integers(0, n, size=n)``,
-    the b-th such draw). Returns iou type -> metric ("AP", "AP50", "AP75") -> array [num_resamples].
-    """
-    dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
-    n = len(dataset["images"])
-    if n == 0:
-        raise ValueError("the ground truth has no images to resample")
-    draws = rng.integers(0, n, size=(num_resamples, n))  # the same stream as num_resamples draws of n
-    out: Dict[str, Dict[str, np.ndarray]] = {}
-    for t in iou_types:
-        a = resampled_ap(match_images(dataset, predictions_a, t), draws)
-        b = resampled_ap(match_images(dataset, predictions_b, t), draws)
-        out[t] = {k: a[k] - b[k] for k in AP_METRICS}
-    return out
-
-
-def paired_accuracy_bootstrap(correct_a: Sequence[float], correct_b: Sequence[float],
-                              rng: np.random.Generator, num_resamples: int = 1000) -> np.ndarray:
-    """
-    Accuracy(a) - accuracy(b) in percent on bootstrap resamples of the evaluation images, from
-    per-image correctness (0/1, same image order for both). Returns an array [num_resamples].
-    """
-    a = np.asarray(correct_a, dtype=np.float64)
-    b = np.asarray(correct_b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
-        raise ValueError(f"per-image correctness of both models must be equal-length vectors; got {a.shape} and "
-                         f"{b.shape}")
-    return resampled_mean(100.0 * (a - b), image_draws(rng, a.size, num_resamples))
-
-
-def classification_correctness(eval_predictions: Mapping) -> Dict[str, np.ndarray]:
-    """Per-image top-1 / top-5 correctness (0/1) from an ``eval_predictions.json`` payload."""
-    labels = np.asarray(eval_predictions["labels"])
-    out = {"top1": (np.asarray(eval_predictions["top1"]) == labels).astype(np.float64)}
-    if eval_predictions.get("top5_hit") is not None:
-        out["top5"] = np.asarray(eval_predictions["top5_hit"], dtype=np.float64)
-    return out

@@ -21,32 +21,18 @@ import os
 from detectron2.evaluation import COCOEvaluator
 from detectron2.evaluation.coco_evaluation import _evaluate_predictions_on_coco
 from detectron2.utils.file_io import PathManager
+from faster_coco_eval import COCO as FastCOCO
+from faster_coco_eval import COCOeval_faster
 from pycocotools.cocoeval import COCOeval
 
 from ..utils.fileio import atomic_write
 
-__all__ = ["FastCOCOEvaluator", "fast_coco_eval_available", "to_fast_evaluator"]
+__all__ = ["FastCOCOEvaluator", "to_fast_evaluator"]
 
 logger = logging.getLogger(__name__)
 
 
-def _import_faster_coco_eval():
-    """Returns (COCO, COCOeval_faster) from faster-coco-eval, or None when it is not installed."""
-    try:
-        from faster_coco_eval import COCO, COCOeval_faster
-    except ImportError:
-        return None
-    return COCO, COCOeval_faster
-
-
-def fast_coco_eval_available() -> bool:
-    """True when faster-coco-eval can be imported."""
-    return _import_faster_coco_eval() is not None
-
-
-def _evaluate_fast(
-    coco_gt, coco_results, iou_type, *, cocoeval_cls, max_dets_per_image, img_ids=None
-):
+def _evaluate_fast(coco_gt, coco_results, iou_type, *, max_dets_per_image, img_ids=None):
     """
     Box or mask COCOeval with faster-coco-eval; mirrors detectron2's
     ``_evaluate_predictions_on_coco`` for iou_type in {"bbox", "segm"}.
@@ -62,7 +48,7 @@ def _evaluate_fast(
         # would cost about as much as the mask evaluation itself.
         coco_results = [{k: v for k, v in r.items() if k != "bbox"} for r in coco_results]
     coco_dt = coco_gt.loadRes(coco_results)
-    coco_eval = cocoeval_cls(coco_gt, coco_dt, iou_type, print_function=logger.debug)
+    coco_eval = COCOeval_faster(coco_gt, coco_dt, iou_type, print_function=logger.debug)
     coco_eval.params.maxDets = list(max_dets_per_image)
     if img_ids is not None:
         coco_eval.params.imgIds = img_ids
@@ -85,8 +71,7 @@ class FastCOCOEvaluator(COCOEvaluator):
     detectron2 ``COCOEvaluator`` whose box and mask AP come from faster-coco-eval.
 
     Results are identical to ``COCOEvaluator(..., use_fast_impl=False)`` (pycocotools), only
-    computed several times faster. When faster-coco-eval is not installed it logs one line and
-    evaluates with pycocotools. Works in lazy configs:
+    computed several times faster. Works in lazy configs:
     ``L(FastCOCOEvaluator)(dataset_name="${..test.dataset.names}")``.
 
     Args:
@@ -129,23 +114,11 @@ class FastCOCOEvaluator(COCOEvaluator):
             kpt_oks_sigmas=kpt_oks_sigmas,
             allow_cached_coco=allow_cached_coco,
         )
-        faster = _import_faster_coco_eval()
-        if faster is None:
-            logger.info(
-                "faster-coco-eval is not installed: FastCOCOEvaluator falls back to pycocotools "
-                "(same results, slower). `pip install faster-coco-eval` to speed it up."
-            )
-            self._cocoeval_fast = None
-            return
-        fast_coco_cls, self._cocoeval_fast = faster
         # Re-index the annotation dicts pycocotools already parsed (no second json load).
         # self._coco_api stays the pycocotools index for detectron2's keypoint/proposal paths.
-        self._fast_coco_api = fast_coco_cls(self._coco_api.dataset, print_function=logger.debug)
+        self._fast_coco_api = FastCOCO(self._coco_api.dataset, print_function=logger.debug)
 
     def _eval_predictions(self, predictions, img_ids=None):
-        if self._cocoeval_fast is None:
-            return super()._eval_predictions(predictions, img_ids=img_ids)
-
         coco_results = list(itertools.chain(*[x["instances"] for x in predictions]))
         tasks = self._tasks or self._tasks_from_predictions(coco_results)
         self._unmap_category_ids(coco_results)
@@ -180,7 +153,6 @@ class FastCOCOEvaluator(COCOEvaluator):
                     self._fast_coco_api,
                     coco_results,
                     task,
-                    cocoeval_cls=self._cocoeval_fast,
                     max_dets_per_image=self._max_dets_per_image,
                     img_ids=img_ids,
                 )

@@ -217,10 +217,11 @@ def apply_init(
     workers = _worker_count(sites, arm)
     if arm == "mimetic":
         import scipy.linalg  # noqa: F401  (load its OpenBLAS now, so that single_threaded() limits it)
-    # Each site runs on one thread (see condinit_det.init._threads: on a busy machine the
+    # Each site runs on one thread (see condinit_det.init.lapack: on a busy machine the
     # OpenMP/OpenBLAS threads of these medium-sized operations spin-wait for each other); the
-    # cores are used by working on up to `workers` sites at once instead. A site's values depend
-    # only on its own generator, so the result is the same for any worker count.
+    # cores are used by working on up to `workers` sites at once instead, which pays because the
+    # torch and NumPy kernels release the GIL (mimetic's subset eigensolver, scipy's, takes turns).
+    # A site's values depend only on its own generator, so the result is the same for any worker count.
     with single_threaded():
         if workers > 1:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="condinit-init") as pool:

@@ -266,8 +266,8 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
     solver:
     - ``"dense"``: ``torch.linalg.svd`` in float64 (the reference), cast to m's dtype.
     - ``"subspace"`` (CPU): only the top singular subspace is computed. The float32 Gram matrix
-      of the smaller side is handed to LAPACK's subset eigensolver (``?syevr``, called without
-      the GIL where possible, see :mod:`condinit_det.init.lapack`) for its top ``k + oversample``
+      of the smaller side is handed to LAPACK's subset eigensolver (``?syevr`` through
+      ``scipy.linalg.eigh``, see :mod:`condinit_det.init.lapack`) for its top ``k + oversample``
       eigenvectors (tridiagonalization plus the wanted eigenvectors only). That block is orthonormalized and
       a Rayleigh–Ritz step in m's dtype (``Y = m Q``, eigen-decomposition of ``Y^T Y``) gives the
       triplets: the step resolves close singular values inside the block to the working
@@ -402,8 +402,8 @@ def mimetic_qk(z: torch.Tensor, *, alpha: float, beta: float, head_dim: int,
 def _gram_eigenvectors(side: torch.Tensor) -> torch.Tensor:
     """Eigenvectors of ``side^T side`` (float32 or float64) by descending eigenvalue (all of them).
 
-    On the CPU through LAPACK (``?syrk``, then divide and conquer ``?syevd``; measured about 1.4x
-    faster than ``torch.linalg.eigh`` here at these sizes); elsewhere ``torch.linalg.eigh``.
+    On the CPU the Gram product is NumPy's ``?syrk`` (half the work of a general product); the
+    eigen-decomposition is ``torch.linalg.eigh`` on every device.
     """
     if side.device.type != "cpu":
         return torch.linalg.eigh(side.mT @ side)[1].flip(-1)

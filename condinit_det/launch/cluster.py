@@ -8,24 +8,15 @@ environment (:func:`condinit_det.launch.slurm.slurm_rendezvous`) and runs the ex
 killed or submitted again continues from its last checkpoint; a finished run is skipped; failures are recorded as
 in :func:`condinit_det.launch.experiment.execute`).
 
-Time limit and preemption: Slurm sends USR2 ``--signal-delay`` seconds before the limit to every
-process of the element. The training processes (:class:`condinit_det.utils.preemption.PreemptionWatch`)
-agree at the next step boundary to stop: detection writes a checkpoint of that iteration, pretraining
-stops at its last epoch checkpoint (epochs are its unit of exact resume); both leave ``<run>/preempted``.
-The element's ``checkpoint()`` (submitit's handler) waits for that file, then submitit requeues the
-element. A job killed without warning (node failure, ``scontrol requeue``, ``scancel``) resumes from its last
-checkpoint when it is requeued or the same command is submitted again.
-
-Submitting again knows what is in flight: ``<base>/slurm.json`` keeps every job each run directory ever had (its
-history; the last one is the current one, shown by ``condinit-status``). A run whose current job is still pending
-or running (``squeue``) is in flight: it is not submitted again, and the new report job waits for it too
-(``afterany``), so that extending a running experiment (more seeds, arms or lr scales) submits only the new runs and
-one final report covers them all. This module imports no training stage: an experiment carries its own.
+On the time-limit signal the training processes stop at the next step boundary (detection writes a checkpoint,
+pretraining stops at its last epoch checkpoint) and the element requeues itself; a job killed without warning
+resumes from its last checkpoint when it is requeued or submitted again. Submitting again knows what is in flight
+(``<base>/slurm.json``, :mod:`condinit_det.records.jobs`): a run whose current job may still run is not submitted
+again, and the new report job waits for it too. The operational detail: docs/slurm.md.
 """
 from __future__ import annotations
 
 import copy
-import json
 import multiprocessing
 import os
 import signal
@@ -37,19 +28,15 @@ from typing import Dict, List, Optional, Sequence
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from ..records.failures import failure_of
+from ..records.jobs import read_jobs, read_report_jobs, record_jobs
 from ..records.layout import REPORT_DIRNAME, RunSpec
-from ..utils.fileio import atomic_write
 from ..utils.preemption import PREEMPTED_FILENAME, PREEMPTIBLE_ENV, Preempted
+from ..utils.squeue import is_pending, query_jobs, still_runs
 from .experiment import Experiment, execute
 
-__all__ = ["IN_FLIGHT_STATES", "JOBS_FILENAME", "ReportJob", "RunElement", "Submission", "describe_submission",
-           "read_job_history", "read_jobs", "replace_report", "submission_plan", "submit_experiment", "submit_report",
-           "submit_runs"]
+__all__ = ["ReportJob", "RunElement", "Submission", "describe_submission", "replace_report", "submission_plan",
+           "submit_experiment", "submit_report", "submit_runs"]
 
-JOBS_FILENAME = "slurm.json"
-# squeue states of a job that will still run or is running: its run is in flight.
-IN_FLIGHT_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
-                              "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"})
 _PREEMPTED_EXIT = 75
 
 
@@ -114,68 +101,33 @@ class RunElement(Checkpointable):
 
 
 class ReportJob:
-    """The comparison of an experiment (or of both stages of a protocol), written after its runs."""
+    """The comparison of an experiment (or of both stages of a protocol), written after its runs; with
+    ``trackers`` enabling one, attached to a tracker run of its own in the group of ``experiment`` (the experiment
+    directory; for a protocol, its fine-tuning stage's)."""
 
-    def __init__(self, paths: Sequence[str], output_dir: str, bootstrap: int):
+    def __init__(self, paths: Sequence[str], output_dir: str, bootstrap: int, *, trackers: Optional[dict] = None,
+                 experiment: Optional[str] = None):
         self.paths, self.output_dir, self.bootstrap = list(paths), output_dir, int(bootstrap)
+        self.trackers, self.experiment = trackers, experiment or (self.paths[-1] if self.paths else output_dir)
 
     def __call__(self) -> str:
         from ..report import compare_arms
+        from ..tracking import attach_report
 
         _, text = compare_arms(self.paths, output_dir=self.output_dir, bootstrap=self.bootstrap)
         print(text, flush=True)
+        attach_report(self.trackers, self.experiment, self.output_dir)
         return text
-
-
-# ---------------------------------------------------------------------------------------------
-# slurm.json: every job each run ever had
-# ---------------------------------------------------------------------------------------------
-def _read_jobs_file(base: str) -> dict:
-    path = os.path.join(base, JOBS_FILENAME)
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); move it aside to submit afresh") from None
-    return data if isinstance(data, dict) else {}
-
-
-def _history(value) -> List[str]:
-    # Older files held one job id per run (a string).
-    return [str(v) for v in value] if isinstance(value, list) else ([str(value)] if value else [])
-
-
-def read_job_history(base: str) -> Dict[str, List[str]]:
-    """``<base>/slurm.json``: run directory (relative to ``base``) -> every job id it had, oldest first."""
-    return {run: _history(jobs) for run, jobs in _read_jobs_file(base).get("runs", {}).items()}
-
-
-def read_jobs(base: str) -> Dict[str, str]:
-    """Run directory (relative to ``base``) -> its current (latest) Slurm job id; {} without ``slurm.json``."""
-    return {run: jobs[-1] for run, jobs in read_job_history(base).items() if jobs}
-
-
-def _record_jobs(base: str, jobs: Dict[str, str], report: Optional[str]) -> None:
-    data = _read_jobs_file(base)
-    runs = {run: _history(v) for run, v in data.get("runs", {}).items()}
-    for run, job in jobs.items():
-        runs.setdefault(run, []).append(str(job))
-    reports = _history(data.get("report"))
-    if report:
-        reports.append(str(report))
-    atomic_write(os.path.join(base, JOBS_FILENAME), json.dumps({"runs": runs, "report": reports}, indent=1))
 
 
 def replace_report(base: str, job_id: str, *, log=print) -> None:
     """Record ``job_id`` as the report job of ``base`` and cancel the previous one if it is still pending: the new
     one waits for every run the old one waited for, so one report covers them all and no two write at once."""
-    from .slurm import cancel_job, job_states
+    from .slurm import cancel_job
 
-    earlier = _history(_read_jobs_file(base).get("report"))
-    _record_jobs(base, {}, job_id)
-    if earlier and job_states([earlier[-1]]).get(earlier[-1]) == "PENDING":
+    earlier = read_report_jobs(base)
+    record_jobs(base, {}, job_id)
+    if earlier and is_pending(query_jobs([earlier[-1]]).get(earlier[-1])):
         cancel_job(earlier[-1])
         log(f"Report job {earlier[-1]} (pending) is replaced by report job {job_id}")
 
@@ -196,15 +148,13 @@ def submission_plan(experiment: Experiment, *, states: Optional[Dict[str, str]] 
     """Sort the planned runs into the ones to submit, the ones in flight (their current job is pending or
     running) and the ones that need nothing (finished, or diverged and not ``--retry-failed``). ``states``: job id
     -> squeue state (default: asked from ``squeue``)."""
-    from .slurm import job_states
-
     current = read_jobs(experiment.base)
     if states is None:
-        states = job_states([current[s.dir] for s in experiment.runs if s.dir in current])
+        states = query_jobs([current[s.dir] for s in experiment.runs if s.dir in current]).states
     plan = Submission()
     for spec in experiment.runs:
         job = current.get(spec.dir)
-        if job is not None and states.get(job) in IN_FLIGHT_STATES:
+        if job is not None and still_runs(states.get(job)):
             plan.in_flight[spec] = job
             continue
         failure = failure_of(experiment.run_dir(spec))
@@ -228,7 +178,7 @@ def submit_runs(experiment: Experiment, specs: Sequence[RunSpec], *, name: str, 
         return []
     executor = make_executor(experiment.args, slurm_folder(experiment.args, experiment.base), name)
     jobs = submit(executor, [RunElement(experiment, spec) for spec in specs], dependency=dependency)
-    _record_jobs(experiment.base, {s.dir: str(j.job_id) for s, j in zip(specs, jobs)}, None)
+    record_jobs(experiment.base, {s.dir: str(j.job_id) for s, j in zip(specs, jobs)})
     what = f"job array {str(jobs[0].job_id).split('_')[0]}" if len(jobs) > 1 else f"job {jobs[0].job_id}"
     log(f"Submitted {len(jobs)} run(s) of {experiment.base} as {what}" + (f" after {dependency}" if dependency else ""))
     for spec, job in zip(specs, jobs):
@@ -262,7 +212,7 @@ def submit_experiment(experiment: Experiment, *, name: str, report: bool = True,
         report_job = submit_report(experiment.args, [experiment.base],
                                    os.path.join(experiment.base, REPORT_DIRNAME), jobs=waits,
                                    folder=slurm_folder(experiment.args, experiment.base), name=f"{name}-report",
-                                   log=log)
+                                   log=log, trackers=experiment.trackers)
         replace_report(experiment.base, str(report_job.job_id), log=log)
     log(f"Watch it with: condinit-status {experiment.base}   (submitit logs: "
         f"{slurm_folder(experiment.args, experiment.base)})")
@@ -270,14 +220,15 @@ def submit_experiment(experiment: Experiment, *, name: str, report: bool = True,
 
 
 def submit_report(args, paths: Sequence[str], output_dir: str, *, jobs: Sequence[str], folder: str, name: str,
-                  log=print):
+                  log=print, trackers: Optional[dict] = None):
     """A one-node, CPU-only job writing the comparison of ``paths`` once every job in ``jobs`` (ids) ended in any
-    way (none: at once)."""
+    way (none: at once); ``trackers``: see :class:`ReportJob` (the last of ``paths`` is the experiment)."""
     from .slurm import after, make_executor, submit
 
     report_args = copy.copy(args)
     report_args.nodes, report_args.gpus_per_node, report_args.max_parallel = 1, 0, None
-    (job,) = submit(make_executor(report_args, folder, name), [ReportJob(paths, output_dir, args.bootstrap)],
+    report = ReportJob(paths, output_dir, args.bootstrap, trackers=trackers)
+    (job,) = submit(make_executor(report_args, folder, name), [report],
                     dependency=after("afterany", jobs) if jobs else None)
     log(f"Report job {job.job_id} writes {output_dir} after them")
     return job

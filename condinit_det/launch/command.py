@@ -4,9 +4,9 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
+from ..stage import Stage
 from ..utils.errors import UsageError
 from .arguments import build_parser
-from .stage import Stage
 
 __all__ = ["run_command"]
 

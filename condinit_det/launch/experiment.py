@@ -16,7 +16,9 @@ processes of one Slurm element, :mod:`.cluster`):
   diverged one (the same seed and settings diverge again); ``--retry-failed`` moves a failed or diverged run aside
   to ``<run>.failed<n>/`` and trains it afresh; a run started without ``--resume`` sets the previous run's
   ``results.json`` and ``metrics.json`` aside (``*.<n>.json.bak``) and deletes its checkpoints;
-- with several runs, the comparison is written into ``<base>/report/`` at the end.
+- with several runs, the comparison is written into ``<base>/report/`` at the end;
+- the trackers the config enables (W&B, MLflow: :mod:`condinit_det.tracking`) get one tracker run per run, opened
+  in its main process, continued on resume and marked failed with it, and the report on a tracker run of its own.
 """
 from __future__ import annotations
 
@@ -52,12 +54,23 @@ from ..records.layout import (
 )
 from ..records.lock import RunInUse, RunLock
 from ..records.results import FAILED_KIND, ResultsFile
+from ..stage import RunOptions, Stage
+from ..tracking import (
+    RunInfo,
+    attach_report,
+    check_trackers,
+    enabled_trackers,
+    forget_runs,
+    mark_unfinished,
+    tracked_run,
+    tracker_settings,
+)
 from ..utils.distributed import launch, rank
 from ..utils.errors import UsageError
+from ..utils.fileio import move_aside
 from ..utils.logs import console_logging, run_logging
 from ..utils.preemption import PREEMPTED_FILENAME, Preempted
 from ..utils.threads import apply_thread_settings
-from .stage import Stage
 
 __all__ = [
     "Experiment",
@@ -97,6 +110,16 @@ class Experiment:
     device: str
     upstream: Optional[str] = None
     element: bool = False
+    trackers: Optional[dict] = None  # the config's W&B / MLflow settings (condinit_det.tracking)
+
+    @property
+    def options(self) -> RunOptions:
+        """What the stage gets of the command line."""
+        args = self.args
+        return RunOptions(config_file=args.config_file or "", resume=bool(args.resume), eval_only=bool(args.eval_only),
+                          trust_pickle=bool(args.trust_pickle),
+                          allow_shared_checkpoint=bool(args.allow_shared_checkpoint),
+                          processes=int(args.num_gpus) * int(args.num_machines), submitted=bool(args.slurm))
 
     def run_dir(self, spec: RunSpec) -> str:
         return spec.path(self.base)
@@ -121,8 +144,8 @@ class Experiment:
 
     def write_plan(self) -> str:
         """``<base>/experiment.json``: the runs the report and the status command expect."""
-        return write_plan(self.base, self.runs, stage=self.stage.name, config=self.args.config_file or None,
-                          length={"unit": self.stage.unit, "total": self.length})
+        return write_plan(self.base, self.runs, stage=self.stage.descriptor, config=self.args.config_file or None,
+                          length=self.length)
 
 
 def plan_experiment(stage: Stage, args: argparse.Namespace, *, output_dir: Optional[str] = None,
@@ -166,10 +189,12 @@ def _plan(stage: Stage, args, *, output_dir, upstream, check) -> Experiment:
         args.num_gpus = args.gpus_per_node or args.num_gpus
     experiment = Experiment(stage=stage, args=args, base=base, runs=plan_runs(arms, seeds, scales),
                             length=stage.length(cfg), device=stage.device(cfg),
-                            upstream=upstream)
+                            upstream=upstream, trackers=tracker_settings(cfg))
     if check:
         configured = [(spec, experiment.config(spec)) for spec in experiment.runs]
-        stage.check(args, configured, upstream=upstream)
+        stage.check(experiment.options, configured, upstream=upstream)
+        if not args.eval_only:
+            check_trackers(experiment.trackers, base)
         if args.resume and not args.eval_only:
             for spec, run_cfg in configured:
                 run_dir = experiment.run_dir(spec)
@@ -192,15 +217,28 @@ def run_worker(experiment: Experiment, spec: RunSpec) -> None:
     _size_threads(experiment, cfg)
     try:
         if args.eval_only:
-            stage.evaluate(args, cfg, run_dir)
+            stage.evaluate(experiment.options, cfg, run_dir)
         else:
-            stage.train(args, cfg, run_dir)
+            with _tracking(experiment, spec, cfg):
+                stage.train(experiment.options, cfg, run_dir)
     except Preempted:
         raise
     except Exception as e:
         if not args.eval_only and os.path.isdir(run_dir) and note_failure(run_dir, e, rank=rank()):
             logger.exception(f"Run {run_dir} failed:")
         raise
+
+
+def _tracking(experiment: Experiment, spec: RunSpec, cfg):
+    """The run's tracker runs (W&B, MLflow) while it trains, in its main process only (:mod:`condinit_det.tracking`;
+    the stages' writers send to them)."""
+    if rank() != 0 or not enabled_trackers(experiment.trackers):
+        return contextlib.nullcontext()
+    stage = experiment.stage
+    info = RunInfo(name=spec.dir, run_dir=experiment.run_dir(spec), experiment_dir=experiment.base, stage=stage.name,
+                   arm=spec.arm, seed=spec.seed, lr_scale=spec.lr_scale, config=experiment.args.config_file or None,
+                   identity=stage.identity(cfg))
+    return tracked_run(experiment.trackers, info)
 
 
 def _size_threads(experiment: Experiment, cfg) -> None:
@@ -225,12 +263,8 @@ def start_fresh(stage: Stage, run_dir: str) -> None:
     old = ResultsFile(run_dir).archive()
     if old:
         logger.warning(f"Fresh (non --resume) run: previous results moved to {old}")
-    metrics = os.path.join(run_dir, "metrics.json")
-    if os.path.isfile(metrics):
-        n = 0
-        while os.path.exists(os.path.join(run_dir, f"metrics.{n}.json.bak")):
-            n += 1
-        os.replace(metrics, os.path.join(run_dir, f"metrics.{n}.json.bak"))
+    move_aside(os.path.join(run_dir, "metrics.json"))
+    forget_runs(run_dir)  # new tracker runs
     stale = [p for p in stage.stale_files(run_dir) if os.path.isfile(p)]
     for path in stale:
         os.remove(path)
@@ -327,10 +361,12 @@ def _train_one(experiment: Experiment, spec: RunSpec, *, main: bool, owned: cont
             if main:
                 discard_notes(run_dir)  # the processes stopped by the requeue signal are not failures
             raise Preempted(f"run {name} stopped for a requeue; it resumes from its last checkpoint") from e
-        metadata = {"arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale,
+        metadata = {"stage": experiment.stage.name, "arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale,
                     "config": experiment.args.config_file or None}
         record = record_failure(run_dir, e, metadata) if main else {
             "kind": FAILED_KIND, "reason": failure_reason(e), "iteration": 0, "message": one_line(e), **metadata}
+        if main:
+            mark_unfinished(run_dir)  # the tracker runs of a process killed before it could mark them failed
         logger.error(f"Run {name} {describe_failure(record)} (traceback in {run_dir}/log*); going on with the "
                      "next run")
         return Outcome(spec, run_dir, record)
@@ -357,7 +393,8 @@ def execute(experiment: Experiment) -> int:
         experiment.write_plan()
     outcomes = [_run_one(experiment, spec, main=main) for spec in experiment.runs]
     report = len(experiment.runs) > 1 and main and not experiment.element
-    return finish_experiment(experiment.base, outcomes, report=report, bootstrap=args.bootstrap)
+    return finish_experiment(experiment.base, outcomes, report=report, bootstrap=args.bootstrap,
+                             trackers=experiment.trackers)
 
 
 def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
@@ -373,9 +410,11 @@ def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
     return lines
 
 
-def finish_experiment(base: str, outcomes: Sequence[Outcome], *, report: bool, bootstrap: int = 1000) -> int:
-    """The end of an experiment: with ``report``, write and print the comparison into ``<base>/report/``; then
-    name the runs that failed or diverged. Returns the exit status (1 when one did)."""
+def finish_experiment(base: str, outcomes: Sequence[Outcome], *, report: bool, bootstrap: int = 1000,
+                      trackers: Optional[dict] = None) -> int:
+    """The end of an experiment: with ``report``, write and print the comparison into ``<base>/report/`` (and
+    attach it to a tracker run of its own when ``trackers`` enables one); then name the runs that failed or
+    diverged. Returns the exit status (1 when one did)."""
     if report:
         from ..report import compare_arms
 
@@ -383,6 +422,7 @@ def finish_experiment(base: str, outcomes: Sequence[Outcome], *, report: bool, b
         try:
             _, text = compare_arms([base], output_dir=report_dir, bootstrap=bootstrap)
             print(text + f"\nReport written to {report_dir}", flush=True)
+            attach_report(trackers, base, report_dir)
         except ValueError as e:  # e.g. no run finished: the failures below say why
             print(f"No report: {e}", file=sys.stderr, flush=True)
     lines = failure_summary(outcomes)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from typing import List, Tuple
 
+from tabulate import tabulate
+
 from ..records.failures import describe_failure, failure_of
 from ..records.layout import RunSpec
 from ..records.lock import LOCK_FILENAME
 from ..records.results import RESULTS_FILENAME
-from .cost import RunCost, StepTime, estimate, format_cost, resolve_step_time
+from .cost import RunCost, StepTime, format_cost, resolve_step_time
 from .experiment import Experiment
 
 __all__ = ["describe_plan", "plan_costs", "run_actions"]
@@ -55,8 +57,8 @@ def plan_costs(experiment: Experiment, step_time: StepTime) -> List[RunCost]:
     processes = int(args.num_gpus) * int(args.num_machines)
     trains = [spec for spec, _, trains in run_actions(experiment) if trains]
     steps = experiment.stage.steps(experiment.config(experiment.runs[0])) if trains else 0
-    return [RunCost.with_step_time(stage=experiment.stage.name, name=spec.dir, steps=steps,
-                                   processes=processes, step_time=step_time) for spec in trains]
+    return [RunCost(stage=experiment.stage.name, name=spec.dir, steps=steps, processes=processes, step=step_time)
+            for spec in trains]
 
 
 def step_time_of(experiment: Experiment, seconds=None) -> StepTime:
@@ -78,12 +80,11 @@ def describe_plan(experiment: Experiment, *, cost: bool = True) -> str:
     lines = [f"Plan of {experiment.base} ({stage.name}, {args.config_file}): {len(experiment.runs)} run(s) of "
              f"{experiment.length} {stage.unit}s ({steps} optimizer steps) each; {where}"]
     actions = run_actions(experiment)
-    width = max(len(s.dir) for s, _, _ in actions)
-    for spec, action, _ in actions:
-        lines.append(f"  {spec.dir:<{width}}  {action}")
+    table = tabulate([(spec.dir, action) for spec, action, _ in actions], tablefmt="plain", disable_numparse=True)
+    lines += ["  " + line.rstrip() for line in table.splitlines()]
     to_train = sum(trains for _, _, trains in actions)
     lines.append(f"{to_train} of {len(actions)} run(s) would train; nothing was written"
                  + (" or submitted" if args.slurm else ""))
     if cost and to_train:
-        lines += ["", format_cost(estimate(plan_costs(experiment, step_time_of(experiment))))]
+        lines += ["", format_cost(plan_costs(experiment, step_time_of(experiment)))]
     return "\n".join(lines)

@@ -17,11 +17,11 @@ import os
 from typing import Dict, List
 
 from ..records.layout import REPORT_DIRNAME, RunSpec
+from ..stage import Stage
 from .arguments import add_cost_arguments, add_experiment_arguments, build_parser, experiment_namespace
 from .cluster import describe_submission, replace_report, submission_plan, submit_report, submit_runs
 from .experiment import Experiment, plan_experiment
 from .slurm import add_slurm_arguments, after, after_each, slurm_folder
-from .stage import Stage
 
 __all__ = ["build_protocol_parser", "plan_protocol", "submit_protocol"]
 
@@ -82,14 +82,14 @@ def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: St
     """Plan and check both stages, then submit them and the report (module docstring); returns 0."""
     pre, fine = plan_protocol(args, upstream=upstream, downstream=downstream)
     if args.dry_run:
-        from .cost import estimate, format_cost
+        from .cost import format_cost
         from .plan import describe_plan, plan_costs, step_time_of
 
         costs = []
         for experiment, seconds in ((pre, args.pretrain_step_time), (fine, args.finetune_step_time)):
             log(describe_plan(experiment, cost=False))
             costs += plan_costs(experiment, step_time_of(experiment, seconds))
-        log("\n" + format_cost(estimate(costs)))
+        log("\n" + format_cost(costs))
         return 0
     pre.write_plan()
     fine.write_plan()
@@ -103,7 +103,8 @@ def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: St
     jobs += _submit_downstream(pre, fine, fine_plan.todo, pre_jobs, pre_plan.in_flight, log)
     if jobs:
         job = submit_report(args, [pre.base, fine.base], os.path.join(args.output, REPORT_DIRNAME), jobs=jobs,
-                            folder=slurm_folder(args, args.output), name="condinit-protocol-report", log=log)
+                            folder=slurm_folder(args, args.output), name="condinit-protocol-report", log=log,
+                            trackers=fine.trackers)
         replace_report(args.output, str(job.job_id), log=log)
     return 0
 

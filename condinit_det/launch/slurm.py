@@ -8,59 +8,11 @@
   listed job) or :func:`after_each` (element ``i`` of the new array waits for element ``i`` of an
   earlier array to succeed: Slurm's ``aftercorr:``).
 - :func:`slurm_rendezvous`: ``(num_machines, machine_rank, num_gpus_per_machine, dist_url)`` for
-  detectron2's ``launch`` inside an allocation; :func:`restart_count`: how often this job was requeued;
-  :func:`job_states`: what ``squeue`` says of some jobs (in flight or not).
+  detectron2's ``launch`` inside an allocation; :func:`restart_count`: how often this job was requeued.
 
-Job states come from ``squeue --states=all`` (:class:`SqueueWatcher`), not ``sacct``: clusters
-without accounting (the one-node cluster of ``tools/slurm_local.sh``) have no ``sacct``. A finished
-job stays in ``squeue --states=all`` for the cluster's ``MinJobAge`` (300 s by default); the
-watcher polls at most every 10 s, so it sees every job end. A job whose callable returned or
-raised is done as soon as submitit's result file exists, whatever ``squeue`` says.
-
-Signals, requeue and child processes: observed with submitit 1.5.4 on Slurm 22.05
-(``tools/slurm_local.sh``; ``ProctrackType=proctrack/linuxproc``, ``KillWait=5``). submitit runs the
-callable in ``srun`` (job step 0) in a Python process that installs three handlers: USR2 ->
-checkpoint and requeue, SIGTERM and SIGCONT -> log "Bypassing signal" and carry on. Slurm delivers
-step signals to *every* process of the step, so processes the callable starts (detectron2's
-``launch`` workers, dataloader workers, ``subprocess``) receive them too, with their own handlers
-(by default USR2 and SIGTERM terminate a process).
-
-- **Time limit** (``--signal=USR2@N``: N seconds before the limit; observed with ``--time 2``,
-  ``--signal-delay 100``: SIGCONT + USR2 about 7 s later than due, as Slurm checks time limits
-  periodically, so keep N well above what a checkpoint takes) and ``scancel --signal=USR2``: the
-  main process calls the callable's ``checkpoint()`` (a :class:`submitit.helpers.Checkpointable`
-  returns a ``DelayedSubmission`` of the callable *as it is now*; submitit pickles it over the
-  submitted one), runs ``scontrol requeue <job id>`` and exits. The requeue sends SIGCONT + SIGTERM
-  to whatever is left of the step and SIGKILL ``KillWait`` seconds later; the main process itself
-  was seen ending by that SIGTERM or SIGKILL before its own exit finished, so nothing may be left to
-  do after ``checkpoint()`` returns. From submitit's code (not exercised here): without a
-  ``checkpoint`` method the job is not requeued when submitit counts the signal as a time-out, and is
-  requeued unchanged when it counts it as a preemption; it counts a time-out once the job has run
-  ``min(0.8 * time, time - 10 min)``, so with ``--time`` of 10 minutes or less *every* USR2 is a
-  time-out (observed: "this job is timed-out"); after ``max_num_timeout`` (3) time-outs it stops
-  requeueing.
-- **scancel / preemption**: ``scancel`` sends SIGCONT + SIGTERM to every process of the step,
-  ``scancel --signal=TERM`` only SIGTERM. The main process ignores them (submitit's bypass),
-  children die of SIGTERM unless they handle it, and the main process is SIGKILLed ``KillWait``
-  seconds later. ``checkpoint()`` is *not* called. ``scancel`` ends the job (state ``CANCELLED``, no
-  result file). A preemption with ``PreemptMode=REQUEUE`` is a SIGTERM and a requeue (not configured
-  on the one-node cluster: expect the ``scontrol requeue`` case below); submitit's own preemption
-  test (``job._interrupt()``) sends SIGTERM then USR2, which checkpoints and requeues as above.
-- **``scontrol requeue <job id>``** from outside: the same SIGCONT + SIGTERM, then SIGKILL after
-  ``KillWait``; ``checkpoint()`` is *not* called, and the rerun starts from the pickle last written,
-  which is the original submission unless an earlier USR2 checkpointed. So the rerun must resume
-  from what the run itself saved on disk (its last checkpoint), never from state held in memory.
-- **Workers** (``launch``'s processes) get USR2 themselves, at the same moment as the main process
-  (which cannot ask them for anything first), and the requeue tears the step down right after
-  ``checkpoint()`` returns. So a run whose state lives in its workers checkpoints like this (tested):
-  each worker sets a flag on USR2 (:func:`condinit_det.utils.preemption.requeue_flag`), and at its
-  next step boundary writes its checkpoint and exits; the main process's ``checkpoint()`` waits for
-  that checkpoint file (bounded well below the signal delay) before returning, and the rerun resumes
-  from the file.
-- **The rerun**: same job id (``<array id>_<index>`` for an element), same submitit folder and log
-  files (appended), ``SLURM_RESTART_COUNT`` = number of requeues so far (:func:`restart_count`; unset
-  on the first run). A requeued job pends with reason ``BeginTime`` until the job credential expires
-  (``AuthInfo=cred_expire``, 120 s by default; 10 s on the one-node cluster) before it runs again.
+Job states come from ``squeue`` (:mod:`condinit_det.utils.squeue`), not ``sacct``: clusters without accounting
+have none. What a job sees on the time-limit signal, on ``scancel`` and on ``scontrol requeue``, as observed with
+submitit 1.5 on Slurm 22.05, and why the elements checkpoint the way they do: docs/slurm.md.
 """
 import argparse
 import os
@@ -71,6 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
+
+from ..utils.squeue import squeue_command
 
 __all__ = [
     "add_slurm_arguments",
@@ -84,7 +38,6 @@ __all__ = [
     "first_hostname",
     "restart_count",
     "cancel_job",
-    "job_states",
     "parse_time_minutes",
 ]
 
@@ -269,26 +222,6 @@ def cancel_job(job_id: str) -> None:
         raise RuntimeError(f"scancel {job_id} failed: {proc.stderr.strip()}")
 
 
-def job_states(job_ids: Sequence[str]) -> Dict[str, str]:
-    """Job id -> squeue state (``PENDING``, ``RUNNING``, ``COMPLETED``, ...) of the jobs Slurm still remembers;
-    array elements one by one (a pending range ``12_[3-5]`` is expanded). Jobs squeue does not list (ended more
-    than ``MinJobAge`` ago, or unknown) are absent. {} without squeue or ids."""
-    ids = sorted({str(j) for j in job_ids if j})
-    if not ids or shutil.which("squeue") is None:
-        return {}
-    try:
-        out = subprocess.run(["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T",
-                              "--jobs=" + ",".join(ids)], capture_output=True, text=True, timeout=60).stdout
-    except (subprocess.SubprocessError, OSError):
-        return {}
-    states = {}
-    for line in out.splitlines():
-        job, _, state = line.strip().partition("|")
-        if job and state:
-            states[job] = state.strip()
-    return states
-
-
 def after_each(jobs: Sequence[submitit.Job]) -> str:
     """Per-element dependency on the array ``jobs`` (as returned by :func:`submit`): element ``i`` of
     the next array starts once element ``i`` of ``jobs`` succeeded (Slurm's ``aftercorr``). An element
@@ -302,12 +235,12 @@ def after_each(jobs: Sequence[submitit.Job]) -> str:
 
 
 class SqueueWatcher(SlurmInfoWatcher):
-    """submitit's job-state watcher reading ``squeue --me --states=all`` instead of ``sacct``."""
+    """submitit's job-state watcher reading this user's jobs from ``squeue`` instead of ``sacct``."""
 
     def _make_command(self) -> Optional[List[str]]:
         if not self._registered - self._finished:
             return None
-        return ["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T|%N"]
+        return squeue_command(fields="%i|%T|%N")
 
     def read_info(self, string) -> Dict[str, Dict[str, str]]:
         if not isinstance(string, str):

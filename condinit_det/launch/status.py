@@ -1,34 +1,11 @@
-"""Where an experiment stands, read from its directory alone (both training stages).
+"""Where an experiment stands, read from its directory alone, for any stage (``condinit-status``).
 
-    python tools/experiment_status.py DIR [--json] [--stale-after S]     (condinit_det.commands.status)
-
-One entry per planned run (the plan ``experiment.json``, :mod:`condinit_det.records.layout`), then the run
-directories found under DIR that no plan lists (a single run directory works too). Like the report,
-this reads files only: ``results.json``, ``metrics.json``, ``log.txt`` and the plan; it imports no
-training code and can watch an experiment another machine is writing.
-
-States, in the order they are decided:
-
-- ``not started``: the run directory holds none of ``results.json``, ``metrics.json``, ``log.txt``.
-- ``diverged`` / ``failed``: ``results.json`` holds a ``"failed"`` record (the iteration and message
-  come from it).
-- ``finished``: an evaluation is recorded at the run's full length (iterations for detection, epochs
-  for pretraining). The length is the plan's ``"length"``; plans without one fall back on what the
-  runs show: a detection run reached its end when detectron2's last ``metrics.json`` line has an ETA
-  of 0 (the writer always logs the last iteration), a pretraining run when its ``model_final.pth``
-  exists (written after the final evaluation); the other runs of the experiment take the longest such
-  length. Without any of these no run is called finished.
-- ``running``: ``log.txt`` or ``metrics.json`` was written within ``stale_after`` seconds.
-- ``stopped``: anything else (killed, or waiting to be resumed); the entry keeps its last iteration.
-
-Runs submitted with ``--slurm`` (``<base>/slurm.json``) also show their job id and Slurm state (from
-``squeue``, while Slurm remembers the job); a run that has not finished or failed is ``queued`` while
-its job is pending and ``cancelled`` when its job was cancelled.
-
-Progress counts completed optimizer steps (detectron2's ``metrics.json`` numbers them from 0; the
-pretraining writer from 1) and, for pretraining, the epoch as a fraction. The time per iteration is the
-last logged median step time; the ETA (running runs only) is detectron2's own estimate for detection
-and the remaining steps times the step time for pretraining, both without evaluation time.
+One entry per planned run (the plan ``experiment.json``), then the run directories under the path that no plan
+lists. Each run is read through its stage's descriptor (:class:`condinit_det.stage.StageDescriptor`), looked up by
+the plan's ``stage`` field (or, outside any plan, its records' ``"stage"`` field): progress, the last evaluation's
+headline metrics, the finished rule and the ETA. Slurm runs also show their job and what ``squeue`` says of it.
+Reads files only (``results.json``, ``metrics.json``, ``log.txt``, the plan, ``slurm.json``). The states and how
+each is decided: docs/training.md.
 """
 from __future__ import annotations
 
@@ -40,28 +17,31 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tabulate import tabulate
+
 from ..records.failures import describe_failure
 from ..records.identity import ARM_REPORT_FILENAME
-from ..records.layout import PLAN_FILENAME, is_set_aside, read_plan
+from ..records.jobs import read_jobs
+from ..records.layout import find_plans, is_set_aside, read_plan
 from ..records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
+from ..stage import StageDescriptor, stage_of
+from ..stage.descriptor import UNITS
+from ..utils.squeue import is_pending, query_jobs, still_runs
 
 __all__ = ["STALE_AFTER", "STATES", "RunStatus", "experiment_status", "format_table", "summary_line"]
 
 STATES = ("not started", "queued", "running", "stopped", "cancelled", "finished", "failed", "diverged")
 STALE_AFTER = 600.0  # seconds without a log or metrics write after which a run counts as stopped
-DETECTION, PRETRAIN = "detection", "pretrain"
 METRICS_FILENAME = "metrics.json"
 LOG_FILENAME = "log.txt"
-FINAL_FILENAME = "model_final.pth"  # both stages write it when training ends
-_EVAL_KIND = {DETECTION: "ap", PRETRAIN: "cls"}
-_UNIT = {DETECTION: "iteration", PRETRAIN: "epoch"}
+_ENDED = ("finished", "failed", "diverged")
 _TAIL_BYTES = 1 << 16  # the last training line of metrics.json lies in its tail
 
 
 @dataclass
 class RunStatus:
-    """One run's state. ``last`` counts iterations (detection) or epochs (pretraining, a fraction while in
-    an epoch); ``evaluation`` is the latest evaluation record's x (``"at"``) and headline numbers."""
+    """One run's state. ``last`` is the progress in ``unit`` (a fraction while inside an epoch); ``evaluation`` is
+    the latest evaluation's x (``"at"``) and headline metrics; ``iteration`` counts completed optimizer steps."""
 
     arm: str
     seed: Optional[int]
@@ -69,19 +49,20 @@ class RunStatus:
     path: str  # the run directory
     planned: bool  # listed in an experiment plan (else found on disk only)
     state: str = "not started"
-    stage: Optional[str] = None  # "detection" / "pretrain"; None when nothing tells
-    unit: Optional[str] = None  # "iteration" / "epoch"
+    stage: Optional[str] = None  # the stage's name; None when nothing tells
+    unit: Optional[str] = None
     last: Optional[float] = None
     total: Optional[int] = None  # the run's length in ``unit``; None when unknown
-    iteration: Optional[int] = None  # completed optimizer steps
+    iteration: Optional[int] = None
     evaluation: Optional[Dict[str, Optional[float]]] = None
     sec_per_iter: Optional[float] = None
     eta_seconds: Optional[float] = None
     updated: Optional[float] = None  # last write of log.txt / metrics.json (seconds since the epoch)
     log: Optional[str] = None
     failure: Optional[Dict] = None  # {"reason", "message", "iteration"[, "epoch"]}
-    job: Optional[Dict] = None  # reserved for a scheduler's view of the run (job id, queue state)
-    _end: Optional[int] = field(default=None, repr=False)  # the length this run itself shows (fallback)
+    job: Optional[Dict] = None  # {"id", "state"}: the run's current Slurm job and what squeue says of it
+    descriptor: Optional[StageDescriptor] = field(default=None, repr=False)
+    _end: Optional[int] = field(default=None, repr=False)  # the length this run itself shows (outside a plan)
     _line: Optional[dict] = field(default=None, repr=False)  # the last training line of metrics.json
     _line_time: Optional[float] = field(default=None, repr=False)  # when it was written
 
@@ -92,7 +73,7 @@ class RunStatus:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for key in ("_end", "_line", "_line_time"):
+        for key in ("descriptor", "_end", "_line", "_line_time"):
             d.pop(key)
         return d
 
@@ -108,13 +89,12 @@ def _mtime(path: str) -> Optional[float]:
 
 
 def _last_training_line(path: str) -> Optional[dict]:
-    """The last ``metrics.json`` line of a training step (it has ``"time"``); evaluation lines and lines
-    torn by a killed writer are skipped."""
+    """The last ``metrics.json`` line of a training step (it has ``"time"``); evaluation lines and lines torn by a
+    killed writer are skipped."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(size - _TAIL_BYTES, 0))
+            f.seek(max(f.tell() - _TAIL_BYTES, 0))
             tail = f.read().decode("utf-8", errors="replace")
     except OSError:
         return None
@@ -136,22 +116,9 @@ def _number(value) -> Optional[float]:
     return v if math.isfinite(v) else None
 
 
-def _headline(stage: str, record: dict) -> Dict[str, Optional[float]]:
-    if stage == DETECTION:
-        return {"at": record["iteration"], "bbox": _number((record.get("bbox") or {}).get("AP")),
-                "segm": _number((record.get("segm") or {}).get("AP"))}
-    return {"at": record.get("epoch"), "top1": _number(record.get("top1")), "top5": _number(record.get("top5"))}
-
-
-def _stage_of(records: Sequence[dict], line: Optional[dict]) -> Optional[str]:
-    kinds = {r["kind"] for r in records}
-    if "cls" in kinds or "cls_eval" in kinds:
-        return PRETRAIN
-    if "ap" in kinds or "eval" in kinds:
-        return DETECTION
-    if line is not None:  # only the pretraining writer logs a fractional epoch
-        return PRETRAIN if "epoch" in line else DETECTION
-    return None
+def _stage_in_records(records: Sequence[dict]) -> Optional[StageDescriptor]:
+    names = [r["stage"] for r in records if r.get("stage")]
+    return stage_of(names[-1]) if names else None
 
 
 def _identity(path: str, records: Sequence[dict]) -> Tuple[Optional[str], Optional[int], float]:
@@ -172,213 +139,170 @@ def _identity(path: str, records: Sequence[dict]) -> Tuple[Optional[str], Option
     return arm, None if seed is None else int(seed), 1.0 if scale is None else float(scale)
 
 
-def _read_run(status: RunStatus, stage: Optional[str], now: float, stale_after: float) -> RunStatus:
-    """Fill ``status`` from its directory; ``state`` is left for :func:`experiment_status` to settle
-    between finished / running / stopped."""
-    path = status.path
+def _read_run(status: RunStatus, records: Sequence[dict], now: float, stale_after: float) -> RunStatus:
+    """Fill ``status`` from its directory; finished or not is settled once the run's length is known."""
+    path, d = status.path, status.descriptor
     log, metrics = os.path.join(path, LOG_FILENAME), os.path.join(path, METRICS_FILENAME)
-    rf = ResultsFile(path)
-    status.stage, status.unit = stage, _UNIT.get(stage)
-    if not any(os.path.isfile(p) for p in (log, metrics, rf.path)):
+    if d is not None:
+        status.stage, status.unit = d.name, d.unit
+    if not any(os.path.isfile(p) for p in (log, metrics, os.path.join(path, RESULTS_FILENAME))):
         status.state = "not started"
         return status
-    records = rf.records() if rf.exists() else []
     line = _last_training_line(metrics) if os.path.isfile(metrics) else None
-    stage = stage or _stage_of(records, line)
-    status.stage, status.unit = stage, _UNIT.get(stage)
     status._line, status._line_time = line, _mtime(metrics)
     status.log = log if os.path.isfile(log) else None
     times = [t for t in (_mtime(log), _mtime(metrics)) if t is not None]
     status.updated = max(times) if times else None
+    status.state = "running" if status.updated is not None and now - status.updated <= stale_after else "stopped"
 
     # Progress: the last training line, then the evaluations and a failure (whichever is furthest).
-    iteration, epoch = None, None
-    if line is not None:
-        iteration = int(line["iteration"]) + (1 if stage == DETECTION else 0)
-        epoch = _number(line.get("epoch"))
+    steps, x = None, None
+    if line is not None and d is not None:
+        steps = int(line["iteration"]) + d.metrics_step_offset
+        x = steps if d.unit == "iteration" else _number(line.get(d.unit))
         status.sec_per_iter = _number(line.get("time"))
-    evals = [r for r in records if stage is not None and r["kind"] == _EVAL_KIND[stage]
-             and r.get(status.unit) is not None]
+    evals = [r for r in records if d is not None and r["kind"] == d.eval_kind and r.get(d.unit) is not None]
     if evals:
-        last = max(evals, key=lambda r: (r[status.unit], r["iteration"]))
-        status.evaluation = _headline(stage, last)
-        iteration = max(iteration or 0, int(last["iteration"]))
-        if stage == PRETRAIN:
-            epoch = max(epoch or 0.0, float(last["epoch"]))
+        last = max(evals, key=lambda r: (r[d.unit], r["iteration"]))
+        status.evaluation = {"at": last[d.unit], **{m.key: _number(m.value(last)) for m in d.headline}}
+        steps = max(steps or 0, int(last["iteration"]))
+        x = max(x or 0, last[d.unit])
     failed = [r for r in records if r["kind"] == FAILED_KIND]
     if failed:
-        rec = failed[-1]
-        status.failure = {k: rec.get(k) for k in ("reason", "message", "iteration", "epoch") if k in rec}
-        status.state = "diverged" if rec.get("reason") == "diverged" else "failed"
-        iteration = int(rec["iteration"])
-        if epoch is None and rec.get("epoch") is not None:
-            epoch = float(rec["epoch"])  # the (0-based) epoch it failed in: all of it unfinished
-    status.iteration = iteration
-    status.last = epoch if stage == PRETRAIN else iteration
-
-    # What the run itself shows about its length (used when the plan does not give it).
-    if stage == DETECTION and line is not None and _number(line.get("eta_seconds")) == 0.0:
-        status._end = int(line["iteration"]) + 1
-    elif stage == PRETRAIN and evals and os.path.isfile(os.path.join(path, FINAL_FILENAME)):
+        record = failed[-1]
+        status.failure = {k: record.get(k) for k in ("reason", "message", "iteration", "epoch") if k in record}
+        status.state = "diverged" if record.get("reason") == "diverged" else "failed"
+        steps = int(record["iteration"])
+        if x is None and d is not None:  # the (0-based) epoch it failed in: all of it unfinished
+            x = _number(record.get(d.unit))
+    status.iteration = steps
+    status.last = steps if d is not None and d.unit == "iteration" else x
+    if d is not None and d.final_file and evals and os.path.isfile(os.path.join(path, d.final_file)):
         status._end = int(status.evaluation["at"])
-    status.state = status.state if failed else (
-        "running" if status.updated is not None and now - status.updated <= stale_after else "stopped")
     return status
 
 
 def _settle(status: RunStatus, total: Optional[int], now: float) -> None:
-    """Finished or not, and the ETA (running runs only), once the run's length is known."""
+    """The stage's finished rule (an evaluation at the run's full length), then the ETA of a running run."""
     status.total = total
-    done = status.evaluation is not None and status.evaluation.get("at") is not None and \
-        total is not None and status.evaluation["at"] >= total
-    if status.state in ("running", "stopped") and done:
+    at = (status.evaluation or {}).get("at")
+    if status.state in ("running", "stopped") and at is not None and total is not None and at >= total:
         status.state = "finished"
-    status.eta_seconds = _eta(status, total, now) if status.state == "running" else None
+    status.eta_seconds = _eta(status, now) if status.state == "running" else None
 
 
-def _eta(status: RunStatus, total: Optional[int], now: float) -> Optional[float]:
-    """Seconds left as of now: the estimate at the last training line, less the time since it was written.
-
-    Detection: detectron2's own ``eta_seconds``. Pretraining: the epochs left times the steps per epoch
-    (the line's step over its fractional epoch) times the line's seconds per step.
-    """
-    line = status._line
-    if line is None:
+def _eta(status: RunStatus, now: float) -> Optional[float]:
+    """Seconds left as of now: the estimate at the last training line less the time since it was written. The
+    writer's own estimate where the stage names one, else the units left x the steps per unit x the step time."""
+    line, d = status._line, status.descriptor
+    if line is None or d is None:
         return None
-    if status.stage == DETECTION:
-        eta = _number(line.get("eta_seconds"))
+    if d.eta_key:
+        eta = _number(line.get(d.eta_key))
     else:
-        epoch, per_step = _number(line.get("epoch")), _number(line.get("time"))
-        if total is None or not epoch or per_step is None:
+        steps = int(line["iteration"]) + d.metrics_step_offset
+        x = steps if d.unit == "iteration" else _number(line.get(d.unit))
+        per_step = _number(line.get("time"))
+        if status.total is None or not x or per_step is None:
             return None
-        eta = max(total - epoch, 0.0) * (int(line["iteration"]) / epoch) * per_step
+        eta = max(status.total - x, 0.0) * (steps / x) * per_step
     if eta is None:
         return None
     return max(eta - max(now - (status._line_time or now), 0.0), 0.0)
 
 
-# ---------------------------------------------------------------------------------------------
-# An experiment directory
-# ---------------------------------------------------------------------------------------------
-def _read_plan_file(base: str) -> dict:
-    path = os.path.join(base, PLAN_FILENAME)
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-        raise ValueError(f"{path} is not an experiment plan: expected an object with a 'runs' list")
-    return data
-
-
-def _plan_stage(name: Optional[str]) -> Optional[str]:
-    return {"detection": DETECTION, "pretrain": PRETRAIN, "classification": PRETRAIN}.get(name or "")
-
-
-def _plan_length(plan: dict, stage: Optional[str]) -> Optional[int]:
-    length = plan.get("length")
-    if not isinstance(length, dict) or stage is None or length.get("unit") != _UNIT[stage]:
-        return None
-    try:
-        return int(length["total"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _walk(root: str):
-    """Directories under ``root`` (sorted, depth first), skipping run directories set aside by
-    --retry-failed and the report folder."""
-    for here, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not is_set_aside(d) and d != "report")
-        yield here, set(files)
-
-
-def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optional[float] = None) -> List[RunStatus]:
-    """Every run under ``path`` (an experiment directory, a folder of experiments or one run directory):
-    the planned runs in plan order, then the runs no plan lists. Raises ValueError for a path that is not
-    a directory, holds neither a plan nor a run, or has an unreadable plan or results file."""
-    if not os.path.isdir(path):
-        raise ValueError(f"{path} is not a directory; expected an experiment directory (with {PLAN_FILENAME}) "
-                         "or a run directory")
-    now = time.time() if now is None else float(now)
-    bases, run_dirs = [], []
-    for here, files in _walk(path):
-        if PLAN_FILENAME in files:
-            bases.append(here)
-        if RESULTS_FILENAME in files or METRICS_FILENAME in files:
-            run_dirs.append(here)
-    if not bases and not run_dirs:
-        raise ValueError(f"{path} holds no experiment plan ({PLAN_FILENAME}) and no run directory (with "
-                         f"{RESULTS_FILENAME} or {METRICS_FILENAME})")
-
-    groups: List[Tuple[List[RunStatus], Optional[int]]] = []  # (runs of one experiment, plan length)
-    seen = set()
-    for base in bases:
-        plan, specs = _read_plan_file(base), read_plan(base) or []
-        stage = _plan_stage(plan.get("stage"))
-        runs = []
-        for spec in specs:
-            run_path = spec.path(base)
-            seen.add(os.path.realpath(run_path))
-            runs.append(_read_run(RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True), stage, now,
-                                  stale_after))
-        groups.append((runs, _plan_length(plan, stage)))
-        _add_jobs(base, runs)
-    found = []
-    for run_path in run_dirs:
-        if os.path.realpath(run_path) in seen:
-            continue
-        rf = ResultsFile(run_path)
-        arm, seed, scale = _identity(run_path, rf.records() if rf.exists() else [])
-        found.append(_read_run(RunStatus(arm or "?", seed, scale, run_path, False), None, now, stale_after))
-    if found:
-        groups.append((found, None))
-
-    out = []
-    for runs, length in groups:
-        for stage in {r.stage for r in runs}:
-            same = [r for r in runs if r.stage == stage]
-            shown = max((r._end for r in same if r._end is not None), default=None)
-            for r in same:
-                _settle(r, length if length is not None else (r._end if r._end is not None else shown), now)
-        out.extend(runs)
-    return out
-
-
-def _squeue_states(job_ids: Sequence[str]) -> Dict[str, str]:
-    """Slurm's state of each job id it still remembers (``squeue --states=all``); {} without Slurm."""
-    import shutil
-    import subprocess
-
-    if not job_ids or shutil.which("squeue") is None:
-        return {}
-    try:
-        out = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T", "-j", ",".join(job_ids)],
-                             capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return dict(line.strip().split("|", 1) for line in out.splitlines() if "|" in line)
-
-
-def _add_jobs(base: str, runs: List[RunStatus]) -> None:
-    from .cluster import read_jobs
-
+def _add_jobs(base: str, runs: List[RunStatus], now: float) -> None:
+    """The current Slurm job of each run and what squeue says of it: a run that has not ended is queued while its
+    job waits, running while it runs, cancelled when it was cancelled."""
     jobs = read_jobs(base)
     if not jobs:
         return
-    states = _squeue_states(sorted(set(jobs.values())))
+    states = query_jobs(sorted(set(jobs.values()))).states
     for r in runs:
         job = jobs.get(os.path.relpath(r.path, base))
         if job is None:
             continue
-        r.job = {"id": job, "state": states.get(job)}
-        if r.state in ("finished", "failed", "diverged"):
+        state = states.get(job)
+        r.job = {"id": job, "state": state}
+        if r.state in _ENDED:
             continue
-        if states.get(job) == "PENDING":
-            r.state = "queued"
-        elif states.get(job) == "CANCELLED":
+        if is_pending(state):
+            r.state, r.eta_seconds = "queued", None
+        elif state == "CANCELLED":
             r.state, r.eta_seconds = "cancelled", None
+        elif still_runs(state) and r.state != "running":
+            r.state = "running"
+            r.eta_seconds = _eta(r, now)
+
+
+# ---------------------------------------------------------------------------------------------
+# An experiment directory
+# ---------------------------------------------------------------------------------------------
+def _within(path: str, root: str) -> bool:
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _run_dirs(root: str) -> List[str]:
+    """Run directories under ``root`` (sorted, depth first), skipping runs set aside by --retry-failed and the
+    report folder."""
+    found = []
+    for here, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not is_set_aside(d) and d != "report")
+        if RESULTS_FILENAME in files or METRICS_FILENAME in files:
+            found.append(here)
+    return found
+
+
+def _records(path: str) -> List[dict]:
+    rf = ResultsFile(path)
+    return rf.records() if rf.exists() else []
+
+
+def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optional[float] = None) -> List[RunStatus]:
+    """Every run under ``path`` (an experiment directory, a folder of experiments or one run directory): the planned
+    runs in plan order, then the runs no plan lists. Raises ValueError for a path that is not a directory, holds
+    neither a plan nor a run, or has an unreadable plan or results file."""
+    if not os.path.isdir(path):
+        raise ValueError(f"{path} is not a directory; expected an experiment directory (with experiment.json) "
+                         "or a run directory")
+    now = time.time() if now is None else float(now)
+    bases, run_dirs = find_plans(path), _run_dirs(path)
+    if not bases and not run_dirs:
+        raise ValueError(f"{path} holds no experiment plan (experiment.json) and no run directory (with "
+                         f"{RESULTS_FILENAME} or {METRICS_FILENAME})")
+
+    out, seen = [], set()
+    for base in bases:
+        plan = read_plan(base)
+        descriptor = stage_of(plan.stage, plan.stage_description)
+        if descriptor is None:
+            raise ValueError(f"{base}/experiment.json: stage {plan.stage!r} is not described in the plan and no "
+                             "stage of that name is known")
+        runs = []
+        for spec in plan.runs:
+            run_path = spec.path(base)
+            if not _within(run_path, path) and not _within(path, run_path):
+                continue
+            seen.add(os.path.realpath(run_path))
+            status = RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True, descriptor=descriptor)
+            runs.append(_read_run(status, _records(run_path), now, stale_after))
+        for r in runs:
+            _settle(r, plan.length if plan.unit == descriptor.unit else None, now)
+        _add_jobs(base, runs, now)
+        out.extend(runs)
+    found = []
+    for run_path in run_dirs:
+        if os.path.realpath(run_path) in seen:
+            continue
+        records = _records(run_path)
+        arm, seed, scale = _identity(run_path, records)
+        status = RunStatus(arm or "?", seed, scale, run_path, False, descriptor=_stage_in_records(records))
+        found.append(_read_run(status, records, now, stale_after))
+    for r in found:  # outside a plan the length is what the run itself shows, else the longest of its stage's runs
+        shown = max((f._end for f in found if f._end is not None and f.stage == r.stage), default=None)
+        _settle(r, r._end if r._end is not None else shown, now)
+    return out + found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,42 +322,36 @@ def _progress(s: RunStatus) -> str:
     if s.last is None:
         return "-"
     total = "?" if s.total is None else s.total
-    if s.unit == "epoch":
-        epoch = f"{s.last:g}" if float(s.last).is_integer() else f"{s.last:.2f}"
-        return f"epoch {epoch}/{total}" + ("" if s.iteration is None else f" (it {s.iteration})")
-    return f"it {s.last}/{total}"
-
-
-def _metric(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.2f}"
+    if s.unit == "iteration":
+        return f"it {s.last}/{total}"
+    last = f"{s.last:g}" if float(s.last).is_integer() else f"{s.last:.2f}"
+    return f"{s.unit} {last}/{total}" + ("" if s.iteration is None else f" (it {s.iteration})")
 
 
 def _evaluation(s: RunStatus) -> str:
-    e = s.evaluation
-    if e is None:
+    if s.evaluation is None or s.descriptor is None:
         return "-"
-    if s.stage == DETECTION:
-        return f"box {_metric(e['bbox'])} mask {_metric(e['segm'])} @it {e['at']}"
-    return f"top-1 {_metric(e['top1'])} @ep {e['at']}"
+    values = [(m.short or m.header, s.evaluation.get(m.key)) for m in s.descriptor.headline]
+    metrics = " ".join(f"{name} {'-' if v is None else format(v, '.2f')}" for name, v in values)
+    return f"{metrics} @{UNITS[s.unit]} {s.evaluation['at']}"
 
 
 def format_table(statuses: Sequence[RunStatus], base: str = "") -> str:
     """One line per run: arm, seed, lr scale, state, progress, latest evaluation, s/it, ETA, log."""
-    header = ("arm", "seed", "lr", "state", "progress", "last evaluation", "s/it", "ETA", "log")
-    rows = [header]
+    rows = []
     for s in statuses:
         log = s.log or os.path.join(s.path, LOG_FILENAME) + " (none yet)"
         state = s.state + (f" (job {s.job['id']})" if s.job else "")
         rows.append((s.arm, "?" if s.seed is None else str(s.seed), f"{s.lr_scale:g}", state, _progress(s),
                      _evaluation(s), "-" if s.sec_per_iter is None else f"{s.sec_per_iter:.3g}",
                      _duration(s.eta_seconds), os.path.relpath(log, base) if base else log))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    header = ("arm", "seed", "lr", "state", "progress", "last evaluation", "s/it", "ETA", "log")
+    table = tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, stralign="left")
     notes = [f"  {s.name}: {describe_failure(s.failure)}" for s in statuses if s.failure is not None]
     unplanned = [s for s in statuses if not s.planned]
     if unplanned and len(unplanned) < len(statuses):
         notes.append(f"  {len(unplanned)} run(s) listed in no plan: " + ", ".join(s.path for s in unplanned))
-    return "\n".join([line.rstrip() for line in lines] + notes)
+    return "\n".join([line.rstrip() for line in table.splitlines()] + notes)
 
 
 def summary_line(statuses: Sequence[RunStatus]) -> str:

@@ -35,7 +35,7 @@ from torch import nn
 from ..init import InitReport
 from ..init.spec import ArmSpec, apply_arm_spec, plain, resolve_arm_node
 
-__all__ = ["ARM_NODE_REF", "arm_spec_of", "armed", "armed_nodes", "build_armed", "check_arm_agrees", "is_armed",
+__all__ = ["ARM_NODE_REF", "armed", "armed_nodes", "build_armed", "check_arm_agrees", "is_armed",
            "rank0_computes_arm", "sites_only", "unarmed"]
 
 _logger = logging.getLogger(__name__)
@@ -193,11 +193,3 @@ def build_armed(*, condinit=None, **kwargs) -> nn.Module:
     setattr(module, _REPORT_ATTR, report)
     module.condinit_spec = spec
     return module
-
-
-def arm_spec_of(model: nn.Module) -> ArmSpec:
-    """The :class:`ArmSpec` a model was built with (raises when it was not built armed)."""
-    spec = getattr(model, "condinit_spec", None)
-    if spec is None:
-        raise ValueError(f"{type(model).__name__} was not built through an armed config node")
-    return spec

@@ -31,7 +31,7 @@ import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed
 from torch import nn
 
 from ..utils.checkpoint_io import load_checkpoint
@@ -45,7 +45,6 @@ __all__ = [
     "convert_timm_vit",
     "convert_timm_xcit_checkpoint",
     "find_trunk",
-    "resize_pos_grid",
     "unwrap_state_dict",
 ]
 
@@ -138,6 +137,8 @@ def unwrap_state_dict(state_dict: Checkpoint, *, trust_pickle: bool = False) -> 
     return tensors
 
 
+
+
 def _shapes(target: Target) -> Dict[str, torch.Size]:
     sd = target.state_dict() if isinstance(target, nn.Module) else target
     return {k: (v.shape if isinstance(v, torch.Tensor) else torch.Size(v)) for k, v in sd.items()}
@@ -153,33 +154,83 @@ def _square_side(n: int) -> Optional[int]:
     return s if s * s == n else None
 
 
-class _Arch:
-    """An architecture description: a kind and its size fields, printable for error messages."""
+# ----------------------------------------------------------------------------------------------
+# Architectures: the size fields an error message names
+# ----------------------------------------------------------------------------------------------
 
-    def __init__(self, name: str, kind: str, **fields):
+_KIND_NAMES = {"vit": "ViT / DeiT", "swin": "Swin", "xcit": "XCiT"}
+_TARGET_NAMES = {"vit": "detectron2 ViT", "swin": "detectron2 SwinTransformer", "xcit": "condinit_det XCiT"}
+# The first MLP layer, whose output width is the MLP's hidden size.
+_FC1 = {"vit": "blocks.0.mlp.fc1.weight", "swin": "layers.0.blocks.0.mlp.fc1.weight", "xcit": "blocks.0.mlp.fc1.weight"}
+
+
+class _Arch:
+    """A trunk's kind and size fields, printed ``name (field=value, ...)`` (unknown fields left out)."""
+
+    def __init__(self, name: str, kind: str, fields: Dict[str, Any]):
         self.name, self.kind, self.fields = name, kind, fields
 
-    def __getitem__(self, key):
-        return self.fields[key]
-
-    def get(self, key, default=None):
-        return self.fields.get(key, default)
-
     def __str__(self) -> str:
-        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in self.fields.items() if not k.startswith("_") and v is not None)
-        return f"{self.name} ({shown})"
+        return f"{self.name} ({', '.join(f'{k}={v}' for k, v in self.fields.items() if v is not None)})"
 
 
-def _fmt(v):
-    return tuple(v) if isinstance(v, list) else v
+def _size_fields(kind: str, shapes: Mapping[str, torch.Size], num_heads: Optional[int] = None) -> Dict[str, Any]:
+    """Width, depth, heads, window, patch size and MLP width of a trunk, read from its parameter shapes.
+
+    timm and detectron2 give these parameters the same names. A ViT's head count is not in its
+    shapes: it is ``num_heads`` when the caller knows it.
+    """
+    fc1 = shapes.get(_FC1[kind])
+    mlp_hidden = fc1[0] if fc1 is not None else None
+    if kind == "xcit":
+        convs = _indices(shapes, r"patch_embed\.proj\.(\d+)\.0\.weight")
+        qkv, temperature = shapes.get("blocks.0.attn.qkv.weight"), shapes.get("blocks.0.attn.temperature")
+        return {"embed_dim": qkv[1] if qkv is not None else None, "depth": len(_indices(shapes, r"blocks\.(\d+)\.")),
+                "num_heads": temperature[0] if temperature is not None else None,
+                "patch_size": {4: 16, 3: 8}.get(len(convs)), "mlp_hidden": mlp_hidden}
+    w = shapes["patch_embed.proj.weight"]
+    fields: Dict[str, Any] = {"embed_dim": w[0]}
+    if kind == "vit":
+        fields.update(depth=len(_indices(shapes, r"blocks\.(\d+)\.")), num_heads=num_heads)
+    else:
+        depths, heads, windows = [], [], []
+        for stage in _indices(shapes, r"layers\.(\d+)\.blocks\."):
+            blocks = _indices(shapes, rf"layers\.{stage}\.blocks\.(\d+)\.")
+            table = shapes[f"layers.{stage}.blocks.{blocks[0]}.attn.relative_position_bias_table"]  # ((2w-1)^2, heads)
+            side = _square_side(table[0])
+            depths.append(len(blocks))
+            heads.append(table[1])
+            windows.append((side + 1) // 2 if side else -1)
+        fields.update(depths=tuple(depths), num_heads=tuple(heads),
+                      window_size=windows[0] if len(set(windows)) == 1 else tuple(windows))
+    fields.update(patch_size=w[2] if w[2] == w[3] else tuple(w[2:]), in_chans=w[1], mlp_hidden=mlp_hidden)
+    return fields
 
 
-_SIZE_FIELDS = {
-    "vit": ("embed_dim", "depth", "num_heads", "patch_size", "in_chans", "mlp_hidden"),
-    "swin": ("embed_dim", "depths", "num_heads", "window_size", "patch_size", "in_chans", "mlp_hidden"),
-    "xcit": ("embed_dim", "depth", "num_heads", "patch_size", "mlp_hidden"),
-}
-_KIND_NAMES = {"vit": "ViT / DeiT", "swin": "Swin", "xcit": "XCiT"}
+def _swin_layout(keys: Iterable[str]) -> str:
+    # Official Swin (and detectron2) put PatchMerging at the end of stage i (layers.0 has one);
+    # timm >= 0.9 at the start of stage i + 1 (layers.0 has none).
+    return "official" if any(k.startswith("layers.0.downsample.") for k in keys) else "timm"
+
+
+def _source(sd: StateDict, kind: str, num_heads: Optional[int] = None) -> _Arch:
+    """The checkpoint's architecture."""
+    shapes = _shapes(sd)
+    official = kind == "swin" and _swin_layout(shapes) == "official"
+    name = "official-layout Swin" if official else f"timm {_KIND_NAMES[kind]}"
+    return _Arch(name, kind, _size_fields(kind, shapes, num_heads))
+
+
+def _target(target: Target, kind: str) -> Tuple[_Arch, Dict[str, torch.Size]]:
+    """The trunk's architecture and its ``{key: shape}``."""
+    shapes = _shapes(target)
+    num_heads = None
+    if kind == "vit":
+        if isinstance(target, nn.Module) and len(getattr(target, "blocks", [])):
+            num_heads = target.blocks[0].attn.num_heads
+        elif "blocks.0.attn.rel_pos_h" in shapes:  # rel_pos_h is (2S - 1, head_dim)
+            num_heads = shapes["patch_embed.proj.weight"][0] // shapes["blocks.0.attn.rel_pos_h"][1]
+    return _Arch(_TARGET_NAMES[kind], kind, _size_fields(kind, shapes, num_heads)), shapes
 
 
 def _check_same_architecture(src: _Arch, tgt: _Arch, where: str = "") -> None:
@@ -191,10 +242,7 @@ def _check_same_architecture(src: _Arch, tgt: _Arch, where: str = "") -> None:
             f"convert a {_KIND_NAMES[tgt.kind]} checkpoint for this config, or use the config of the "
             f"checkpoint's architecture"
         )
-    differ = [
-        f for f in _SIZE_FIELDS[src.kind]
-        if src.get(f) is not None and tgt.get(f) is not None and _fmt(src.get(f)) != _fmt(tgt.get(f))
-    ]
+    differ = [f for f, v in src.fields.items() if v is not None and tgt.fields.get(f) not in (None, v)]
     if differ:
         raise ValueError(
             f"checkpoint/model mismatch in {', '.join(differ)}: the checkpoint is a {src} but the model's "
@@ -203,6 +251,7 @@ def _check_same_architecture(src: _Arch, tgt: _Arch, where: str = "") -> None:
 
 
 def _check_into_target(out: Mapping[str, torch.Tensor], shapes: Mapping[str, torch.Size], what: str) -> None:
+    """Every converted tensor has a key of the target, with the target's shape."""
     extra = sorted(k for k in out if k not in shapes)
     if extra:
         raise ValueError(f"{what}: converted keys absent from the target: {_abbrev(extra)}")
@@ -212,7 +261,7 @@ def _check_into_target(out: Mapping[str, torch.Tensor], shapes: Mapping[str, tor
 
 
 # ----------------------------------------------------------------------------------------------
-# Recognizing checkpoints
+# Recognizing checkpoints, finding the trunk
 # ----------------------------------------------------------------------------------------------
 
 
@@ -228,112 +277,6 @@ def checkpoint_architecture(state_dict: Mapping[str, Any]) -> Optional[str]:
         return "vit"
     return None
 
-
-def _describe_timm_vit(sd: StateDict, num_heads: Optional[int] = None) -> _Arch:
-    w = sd["patch_embed.proj.weight"]
-    n_prefix = int("cls_token" in sd) + int("dist_token" in sd) + (sd["reg_token"].shape[1] if "reg_token" in sd else 0)
-    pos = sd.get("pos_embed")
-    grid, pos_prefix = None, 0
-    if pos is not None:
-        length = pos.shape[1]
-        if n_prefix and _square_side(length - n_prefix):
-            grid, pos_prefix = _square_side(length - n_prefix), n_prefix
-        elif _square_side(length):  # no_embed_class (e.g. DeiT-3): no position slot for prefix tokens
-            grid = _square_side(length)
-        else:
-            raise ValueError(
-                f"timm ViT pos_embed of shape {tuple(pos.shape)} is not a square grid (+{n_prefix} prefix slots)"
-            )
-    return _Arch(
-        "timm ViT / DeiT", "vit",
-        embed_dim=w.shape[0], depth=len(_indices(sd, r"blocks\.(\d+)\.")), num_heads=num_heads,
-        patch_size=w.shape[2] if w.shape[2] == w.shape[3] else tuple(w.shape[2:]), in_chans=w.shape[1],
-        mlp_hidden=sd["blocks.0.mlp.fc1.weight"].shape[0] if "blocks.0.mlp.fc1.weight" in sd else None,
-        pos_grid=grid, class_token="cls_token" in sd, dist_token="dist_token" in sd,
-        _pos_prefix=pos_prefix,
-    )
-
-
-def _describe_d2_vit(shapes: Mapping[str, torch.Size], module: Optional[nn.Module]) -> _Arch:
-    w = shapes["patch_embed.proj.weight"]
-    D = w[0]
-    num_heads = None
-    if module is not None and len(getattr(module, "blocks", [])):
-        num_heads = module.blocks[0].attn.num_heads
-    elif "blocks.0.attn.rel_pos_h" in shapes:  # rel_pos_h is (2S - 1, head_dim)
-        num_heads = D // shapes["blocks.0.attn.rel_pos_h"][1]
-    pos = shapes.get("pos_embed")
-    grid, cls_slot = None, False
-    if pos is not None:
-        if _square_side(pos[1]):
-            grid = _square_side(pos[1])
-        else:
-            grid, cls_slot = _square_side(pos[1] - 1), True
-    return _Arch(
-        "detectron2 ViT", "vit",
-        embed_dim=D, depth=len(_indices(shapes, r"blocks\.(\d+)\.")), num_heads=num_heads,
-        patch_size=w[2] if w[2] == w[3] else tuple(w[2:]), in_chans=w[1],
-        mlp_hidden=shapes["blocks.0.mlp.fc1.weight"][0] if "blocks.0.mlp.fc1.weight" in shapes else None,
-        pos_grid=grid, _cls_slot=cls_slot,
-    )
-
-
-def _window_of(table_shape) -> int:
-    side = _square_side(table_shape[0])  # (2w - 1)^2 rows
-    return (side + 1) // 2 if side else -1
-
-
-def _describe_swin(shapes: Mapping[str, torch.Size], name: str, layout: str) -> _Arch:
-    w = shapes["patch_embed.proj.weight"]
-    stages = _indices(shapes, r"layers\.(\d+)\.blocks\.")
-    depths, heads, windows = [], [], []
-    for s in stages:
-        blocks = _indices(shapes, rf"layers\.{s}\.blocks\.(\d+)\.")
-        depths.append(len(blocks))
-        table = shapes[f"layers.{s}.blocks.{blocks[0]}.attn.relative_position_bias_table"]
-        heads.append(table[1])
-        windows.append(_window_of(table))
-    window = windows[0] if len(set(windows)) == 1 else windows
-    return _Arch(
-        name, "swin",
-        embed_dim=w[0], depths=depths, num_heads=heads, window_size=window,
-        patch_size=w[2] if w[2] == w[3] else tuple(w[2:]), in_chans=w[1],
-        mlp_hidden=shapes.get("layers.0.blocks.0.mlp.fc1.weight", (None,))[0],
-        _layout=layout,
-    )
-
-
-def _describe_xcit(shapes: Mapping[str, torch.Size], name: str) -> _Arch:
-    convs = _indices(shapes, r"patch_embed\.proj\.(\d+)\.0\.weight")
-    patch = {4: 16, 3: 8}.get(len(convs))
-    qkv = shapes.get("blocks.0.attn.qkv.weight")
-    temp = shapes.get("blocks.0.attn.temperature")
-    return _Arch(
-        name, "xcit",
-        embed_dim=qkv[1] if qkv is not None else None, depth=len(_indices(shapes, r"blocks\.(\d+)\.")),
-        num_heads=temp[0] if temp is not None else None, patch_size=patch,
-        mlp_hidden=shapes["blocks.0.mlp.fc1.weight"][0] if "blocks.0.mlp.fc1.weight" in shapes else None,
-    )
-
-
-def _swin_layout(keys: Iterable[str]) -> str:
-    # Official Swin (and detectron2) put PatchMerging at the end of stage i (layers.0 has one);
-    # timm >= 0.9 at the start of stage i + 1 (layers.0 has none).
-    return "official" if any(k.startswith("layers.0.downsample.") for k in keys) else "timm"
-
-
-def _describe_checkpoint(sd: StateDict, kind: str, num_heads: Optional[int] = None) -> _Arch:
-    if kind == "vit":
-        return _describe_timm_vit(sd, num_heads)
-    if kind == "swin":
-        layout = _swin_layout(sd)
-        return _describe_swin(_shapes(sd), "timm Swin" if layout == "timm" else "official-layout Swin", layout)
-    return _describe_xcit(_shapes(sd), "timm XCiT")
-
-
-# ----------------------------------------------------------------------------------------------
-# Finding the trunk
-# ----------------------------------------------------------------------------------------------
 
 
 def _trunk_kind(module: nn.Module) -> Optional[str]:
@@ -364,16 +307,6 @@ def find_trunk(model: nn.Module) -> Tuple[str, nn.Module, str]:
         raise ValueError(f"several transformer trunks in {type(model).__name__} ({where}); convert into one of them "
                          f"with convert_timm_vit / convert_timm_swin / convert_timm_xcit_checkpoint")
     return found[0]
-
-
-def _describe_target(target: Target, kind: str) -> Tuple[_Arch, Dict[str, torch.Size]]:
-    shapes = _shapes(target)
-    module = target if isinstance(target, nn.Module) else None
-    if kind == "vit":
-        return _describe_d2_vit(shapes, module), shapes
-    if kind == "swin":
-        return _describe_swin(shapes, "detectron2 SwinTransformer", "official"), shapes
-    return _describe_xcit(shapes, "condinit_det XCiT"), shapes
 
 
 def _timm_reference(name: str, sd: StateDict, kind: str, kwargs: Optional[Mapping[str, Any]] = None) -> Optional[int]:
@@ -411,19 +344,6 @@ _VIT_CLASSIFIER = ("cls_token", "dist_token", "norm.", "fc_norm.", "head.", "hea
 _VIT_BLOCK_PARTS = ("norm1.", "attn.qkv.", "attn.proj.", "norm2.", "mlp.fc1.", "mlp.fc2.")
 
 
-def resize_pos_grid(grid: torch.Tensor, new_side: int) -> torch.Tensor:
-    """(1, s*s, D) position embeddings of an s x s grid -> (1, n*n, D) for an n x n grid, bicubic
-    (align_corners=False, no antialiasing: what detectron2's ViT does to its own table at run time)."""
-    side = _square_side(grid.shape[1])
-    if side is None:
-        raise ValueError(f"position grid of {grid.shape[1]} tokens is not square")
-    if side == new_side:
-        return grid
-    x = grid.reshape(1, side, side, -1).permute(0, 3, 1, 2).float()
-    x = F.interpolate(x, size=(new_side, new_side), mode="bicubic", align_corners=False)
-    return x.permute(0, 2, 3, 1).reshape(1, new_side * new_side, -1).to(grid.dtype)
-
-
 def convert_timm_vit(
     state_dict: Checkpoint,
     *,
@@ -458,8 +378,8 @@ def convert_timm_vit(
     sd = unwrap_state_dict(state_dict, trust_pickle=trust_pickle)
     if checkpoint_architecture(sd) != "vit":
         raise ValueError(f"not a timm ViT / DeiT state dict (first keys: {_abbrev(list(sd), 5)})")
-    src = _describe_timm_vit(sd, num_heads)
-    tgt, shapes = _describe_target(target, "vit")
+    src = _source(sd, "vit", num_heads)
+    tgt, shapes = _target(target, "vit")
     _check_same_architecture(src, tgt, where)
 
     ls = sorted(k for k in sd if re.match(r"blocks\.\d+\.ls[12]\.", k))
@@ -497,13 +417,21 @@ def convert_timm_vit(
     elif pos is None:
         notes.append("the checkpoint has no pos_embed; the target's keeps its init")
     else:
-        n_prefix = src["_pos_prefix"]
+        tokens = int("cls_token" in sd) + int("dist_token" in sd)
+        # Tables without slots for the prefix tokens (timm's no_embed_class, e.g. DeiT-3) are the grid alone.
+        n_prefix = tokens if tokens and _square_side(pos.shape[1] - tokens) else 0
+        side = _square_side(pos.shape[1] - n_prefix)
+        if side is None:
+            raise ValueError(f"timm ViT pos_embed of shape {tuple(pos.shape)} is not a square grid "
+                             f"(+{tokens} prefix slots)")
+        cls_slot = _square_side(shapes["pos_embed"][1]) is None
+        new_side = _square_side(shapes["pos_embed"][1] - cls_slot)
         grid = pos[:, n_prefix:]
-        side, new_side = src["pos_grid"], tgt["pos_grid"]
         if side != new_side:
-            grid = resize_pos_grid(grid, new_side)
+            # No antialiasing: the kernel detectron2's ViT resizes its own table with at run time.
+            grid = resample_abs_pos_embed(grid, [new_side, new_side], num_prefix_tokens=0, antialias=False)
             notes.append(f"pos_embed grid interpolated (bicubic) from {side}x{side} to {new_side}x{new_side}")
-        if tgt["_cls_slot"]:
+        if cls_slot:
             cls_slot = pos[:, :1] if n_prefix else torch.zeros_like(pos[:, :1])
             grid = torch.cat([cls_slot, grid], dim=1)
             if not n_prefix:
@@ -571,10 +499,10 @@ def convert_timm_swin(
     if checkpoint_architecture(sd) != "swin":
         raise ValueError(f"not a timm Swin state dict (first keys: {_abbrev(list(sd), 5)})")
     layout = _swin_layout(sd)
-    src = _describe_checkpoint(sd, "swin")
-    tgt, shapes = _describe_target(target, "swin")
+    src = _source(sd, "swin")
+    tgt, shapes = _target(target, "swin")
     _check_same_architecture(src, tgt, where)
-    last = len(tgt["depths"]) - 1
+    last = len(tgt.fields["depths"]) - 1
     has_last_norm = f"norm{last}.weight" in shapes
 
     out: Dict[str, torch.Tensor] = {}
@@ -664,11 +592,11 @@ def convert_timm_xcit_checkpoint(
         out[key] = value
     if not out:
         raise ValueError("no XCiT trunk parameters (patch_embed.*, pos_embed.*, blocks.*) in the checkpoint")
-    src = _describe_xcit(_shapes(out), "timm XCiT")
+    src = _source(out, "xcit")
     if target is None:
         return ConvertedCheckpoint({prefix + k: v for k, v in out.items()}, source=str(src), target="(not checked)",
                                    prefix=prefix, dropped=sorted(dropped))
-    tgt, shapes = _describe_target(target, "xcit")
+    tgt, shapes = _target(target, "xcit")
     _check_same_architecture(src, tgt, where)
     _check_into_target(out, shapes, "convert_timm_xcit_checkpoint")
     return _finish(out, shapes, src, tgt, prefix, dropped, [], where)
@@ -729,15 +657,14 @@ def convert_timm_checkpoint(
     where, trunk, kind = find_trunk(model)
     src_kind = checkpoint_architecture(sd)
     if src_kind is None:
-        tgt, _ = _describe_target(trunk, kind)
+        tgt, _ = _target(trunk, kind)
         raise ValueError(
             f"checkpoint/model mismatch: the checkpoint is not a timm ViT / DeiT, Swin or XCiT state dict "
             f"(first keys: {_abbrev(list(sd), 5)}) but the model's trunk at {where or '<root>'} is a {tgt}"
         )
     num_heads = _timm_reference(timm_model_name, sd, src_kind, timm_model_kwargs) if timm_model_name else None
     if src_kind != kind:
-        tgt, _ = _describe_target(trunk, kind)
-        _check_same_architecture(_describe_checkpoint(sd, src_kind, num_heads), tgt, where or "<root>")
+        _check_same_architecture(_source(sd, src_kind, num_heads), _target(trunk, kind)[0], where or "<root>")
     prefix = f"{where}." if where else ""
     if kind == "vit":
         converted = convert_timm_vit(sd, target=trunk, prefix=prefix, num_heads=num_heads, where=where or "<root>")

@@ -17,10 +17,14 @@ Keys added:
 - ``MODEL.SIMPLE_FPN``: the simple feature pyramid put on the single-scale ViT / XCiT output.
 - ``SOLVER.OPTIMIZER`` ("SGD" | "ADAMW"), ``SOLVER.BETAS`` and ``SOLVER.NO_WEIGHT_DECAY_KEYS``, read
   by :func:`build_optimizer` (detectron2's yacs trainer only builds SGD).
+- ``TRACKERS.WANDB`` (ENABLED, PROJECT, ENTITY, MODE, GROUP) and ``TRACKERS.MLFLOW`` (ENABLED, TRACKING_URI,
+  EXPERIMENT): the experiment trackers (:mod:`condinit_det.tracking.settings`), off by default.
 """
 import torch
 from detectron2.config import CfgNode as CN
 from detectron2.solver.build import get_default_optimizer_params, maybe_add_gradient_clipping
+
+from ..tracking.settings import DEFAULTS as TRACKER_DEFAULTS
 
 __all__ = ["add_condinit_config", "build_optimizer", "condinit_options"]
 
@@ -124,6 +128,14 @@ def add_condinit_config(cfg: CN) -> CN:
     _C.SOLVER.BETAS = (0.9, 0.999)  # ADAMW only
     # Parameter names (last component, e.g. "relative_position_bias_table") without weight decay.
     _C.SOLVER.NO_WEIGHT_DECAY_KEYS = []
+
+    # W&B and MLflow (condinit_det.tracking; the lazy configs' train.trackers), off by default.
+    _C.TRACKERS = CN()
+    for name, defaults in TRACKER_DEFAULTS.items():
+        node = CN()
+        for key, value in defaults.items():
+            setattr(node, key.upper(), value)
+        setattr(_C.TRACKERS, name.upper(), node)
     return cfg
 
 

@@ -15,10 +15,10 @@ The arm acts where the paper applies it: on the randomly initialized classifier,
 
 This package does not import :mod:`condinit_det.engine` or :mod:`condinit_det.modeling`.
 """
-from .checkpoint import FINAL_FILENAME, FINAL_FORMAT, load_final
+from .checkpoint import FINAL_FILENAME, FINAL_FORMAT
 from .config import DEFAULTS, load_config, node, resolve_lr
 from .evaluate import EvalResult, evaluate
-from .model import build_armed_model, check_model_name, create_classifier, state_digest
+from .model import build_armed_model, check_model_name, create_classifier
 from .stage import PretrainStage
 from .trainer import PREDICTIONS_FILENAME, PretrainRun, evaluate_checkpoint, run_finished, train_run
 
@@ -36,10 +36,8 @@ __all__ = [
     "evaluate",
     "evaluate_checkpoint",
     "load_config",
-    "load_final",
     "node",
     "resolve_lr",
     "run_finished",
-    "state_digest",
     "train_run",
 ]

@@ -31,7 +31,6 @@ __all__ = [
     "checkpoint_path",
     "find_checkpoints",
     "last_checkpoint",
-    "load_final",
     "periodic_checkpointer",
     "save_final",
 ]
@@ -124,11 +123,3 @@ def save_final(payload: Dict[str, Any], run_dir: str) -> None:
     meta = {k: v for k, v in payload.items() if k != "model"}
     save_safetensors(payload["model"], os.path.join(run_dir, FINAL_SAFETENSORS), meta)
     atomic_torch_save(payload, os.path.join(run_dir, FINAL_FILENAME))
-
-
-def load_final(path: str, *, trust_pickle: bool = False) -> Dict[str, Any]:
-    """Read a ``model_final.pth`` or ``.safetensors`` written by :mod:`condinit_det.pretrain`; checks its format tag."""
-    data = load_checkpoint(path, trust_pickle=trust_pickle)
-    if not isinstance(data, dict) or data.get("format") != FINAL_FORMAT or "model" not in data:
-        raise ValueError(f"{path} is not a {FINAL_FORMAT} file (a dict with 'format' and 'model')")
-    return data

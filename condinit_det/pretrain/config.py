@@ -102,6 +102,8 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
         "eval_batch_size": None,  # per process; None: 1.5 x the training batch per process
         # --eval-only: checkpoint to evaluate (default: the run's model_final.safetensors or .pth)
         "init_checkpoint": None,
+        # W&B / MLflow switches (configs/common/trackers.py), read and checked by condinit_det.tracking
+        "trackers": None,
     },
 }
 _NESTED = {("train", "ema")}

@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import difflib
-import hashlib
 from typing import Dict, List, Tuple
 
-import torch
 from torch import nn
 
 from ..init import InitReport, find_attention, select_sites
 from ..init.spec import ArmSpec, apply_arm_spec
 from ..utils.errors import UsageError
 
-__all__ = ["build_armed_model", "check_arm_sites", "check_model_name", "create_classifier", "state_digest"]
+__all__ = ["build_armed_model", "check_arm_sites", "check_model_name", "create_classifier"]
 
 
 def check_model_name(name) -> None:
@@ -68,14 +66,3 @@ def build_armed_model(model: Dict, num_classes: int, spec: ArmSpec) -> Tuple[nn.
     check_arm_sites(net, spec)
     report = apply_arm_spec(net, spec)
     return net, report
-
-
-def state_digest(module: nn.Module) -> str:
-    """SHA-1 of every parameter and buffer (names, dtypes, bytes): equal digests mean bitwise-equal weights."""
-    h = hashlib.sha1()
-    for name, value in module.state_dict().items():
-        t = value.detach().cpu().contiguous().reshape(-1)
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()

@@ -1,16 +1,15 @@
 """The pretraining stage: timm classifiers trained with an arm from random weights, top-1 / top-5 recorded."""
 from __future__ import annotations
 
-import argparse
 import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from ..init.spec import plain
-from ..launch.stage import ConfigDefaults, Stage
 from ..records.layout import RunSpec
 from ..records.per_image import find_classification_evals
+from ..stage import PRETRAIN, ConfigDefaults, RunOptions, Stage
 from ..utils.checkpoint_io import check_loadable, final_weights_file
 from ..utils.errors import UsageError
 from .checkpoint import FINAL_FILENAME, FINAL_SAFETENSORS, find_checkpoints, last_checkpoint
@@ -56,8 +55,7 @@ class PretrainStage(Stage):
     length is the epochs timm's scheduler runs; each evaluated epoch adds a ``"cls"`` record; a finished run
     leaves ``model_final.{safetensors,pth}``, the backbone a detector fine-tunes from."""
 
-    name = "pretrain"
-    unit = "epoch"
+    descriptor = PRETRAIN
     description = "Classification pretraining of a timm model with an attention-initialization arm."
     examples = EXAMPLES
     config_help = "a lazy .py config: a path, or a model-zoo name zoo:NAME (NAME = its path under configs/)"
@@ -102,12 +100,12 @@ class PretrainStage(Stage):
         return run_identity(arm_spec(cfg, int(train["seed"])), seed=int(train["seed"]),
                             lr_scale=float(train["lr_scale"]))
 
-    def check(self, args: argparse.Namespace, runs: List[Tuple[RunSpec, object]], *,
+    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *,
               upstream: Optional[str] = None) -> None:
         cfg = runs[0][1]
         nodes = {name: node(cfg, name) for name in ("model", "data", "augment", "train")}
         train, data = nodes["train"], nodes["data"]
-        world = int(args.num_gpus) * int(args.num_machines)
+        world = options.processes
         batch = int(train["batch_size"])
         if world < 1 or batch % world:
             raise UsageError(f"train.batch_size={batch} does not split over {world} process(es); use a multiple of "
@@ -115,7 +113,7 @@ class PretrainStage(Stage):
         if build_mixup(nodes["augment"], 2) is not None and (batch // world) % 2:
             raise UsageError(f"mixup/cutmix need an even batch per process; train.batch_size={batch} over {world} "
                              f"process(es) gives {batch // world}")
-        if str(train["device"]).startswith("cuda") and not args.slurm:  # a login node may have no GPU
+        if str(train["device"]).startswith("cuda") and not options.submitted:  # a login node may have no GPU
             if not torch.cuda.is_available():
                 raise UsageError("train.device='cuda' but no CUDA device is available; pass train.device=cpu")
         if data.get("num_classes") is None:
@@ -129,16 +127,16 @@ class PretrainStage(Stage):
         for spec, run_cfg in runs:
             check_arm_sites(model, arm_spec(run_cfg, spec.seed))
             run_dir = node(run_cfg, "train")["output_dir"]
-            if args.resume and not args.eval_only:
+            if options.resume and not options.eval_only:
                 last = last_checkpoint(run_dir)
                 if last:
-                    check_loadable(last, trust_pickle=args.trust_pickle)
-            if args.eval_only:
+                    check_loadable(last, trust_pickle=options.trust_pickle)
+            if options.eval_only:
                 path = eval_checkpoint(node(run_cfg, "train"), run_dir)
                 if not os.path.isfile(path):
                     raise UsageError(f"--eval-only: {path} does not exist; train the run first or pass "
                                      "train.init_checkpoint=PATH")
-                check_loadable(path, trust_pickle=args.trust_pickle)
+                check_loadable(path, trust_pickle=options.trust_pickle)
 
     def loader_workers(self, cfg) -> Optional[int]:
         return int(node(cfg, "train")["workers"])
@@ -152,13 +150,13 @@ class PretrainStage(Stage):
     def finished(self, run_dir: str, length: int) -> bool:
         return run_finished(run_dir, length)
 
-    def train(self, args: argparse.Namespace, cfg, run_dir: str) -> None:
-        train_run(cfg, run_dir=run_dir, config_file=args.config_file, resume=args.resume,
-                  trust_pickle=args.trust_pickle)
+    def train(self, options: RunOptions, cfg, run_dir: str) -> None:
+        train_run(cfg, run_dir=run_dir, config_file=options.config_file, resume=options.resume,
+                  trust_pickle=options.trust_pickle)
 
-    def evaluate(self, args: argparse.Namespace, cfg, run_dir: str) -> None:
+    def evaluate(self, options: RunOptions, cfg, run_dir: str) -> None:
         evaluate_checkpoint(cfg, run_dir=run_dir, checkpoint=eval_checkpoint(node(cfg, "train"), run_dir),
-                            config_file=args.config_file, trust_pickle=args.trust_pickle)
+                            config_file=options.config_file, trust_pickle=options.trust_pickle)
 
     def stale_files(self, run_dir: str) -> List[str]:
         names = (FINAL_FILENAME, FINAL_SAFETENSORS, PREDICTIONS_FILENAME)

@@ -45,6 +45,9 @@ import torch.nn as nn
 from ..records.identity import write_arm_report
 from ..records.per_image import write_classification_eval
 from ..records.results import ResultsFile
+from ..stage import PRETRAIN
+from ..tracking import active_run
+from ..tracking.events import tracker_writers
 from ..utils.checkpoint_io import load_checkpoint
 from ..utils.distributed import check_replicas, rank
 from ..utils.errors import UsageError
@@ -126,6 +129,17 @@ def _amp_dtype(train: Dict, device: torch.device) -> Optional[torch.dtype]:
     return dtypes[train["amp_dtype"]]
 
 
+def _track_evaluation(record: dict, epoch: int) -> None:
+    """An evaluation to the run's W&B / MLflow runs (when it has any), with the epoch as its step."""
+    tracking = active_run()
+    if not tracking:
+        return
+    keys = ("top1", "top5", "eval_loss")
+    metrics = {f"eval/{k}": record.get(k) for k in keys + ("train_loss",)}
+    metrics.update({f"eval/ema_{k}": v for k, v in (record.get("ema") or {}).items() if k in keys})
+    tracking.log_metrics(metrics, epoch, "epoch")
+
+
 def total_epochs(cfg) -> int:
     """Epochs the run trains: ``train.epochs`` + cooldown (+ warmup when it is a prefix), as timm's scheduler counts."""
     train, sched = node(cfg, "train"), node(cfg, "scheduler")
@@ -201,7 +215,8 @@ class PretrainRun:
         self.main = self.rank == 0
         self.device = _device(self.train_node)
         self.amp_dtype = _amp_dtype(self.train_node, self.device)
-        self.meta = {"arm": self.spec.arm, "seed": self.seed, "lr_scale": self.lr_scale, "config": config_file}
+        self.meta = {"stage": PRETRAIN.name, "arm": self.spec.arm, "seed": self.seed, "lr_scale": self.lr_scale,
+                     "config": config_file}
         self.epoch, self.step = 0, 0  # completed epochs and optimizer steps
 
     # ------------------------------------------------------------------ setup
@@ -277,6 +292,7 @@ class PretrainRun:
             self.writers = [CommonMetricPrinter(max_iter=total + 1),
                             JSONWriter(os.path.join(self.run_dir, METRICS_FILENAME)),
                             TensorboardXWriter(self.run_dir, purge_step=self.step)]
+            self.writers += tracker_writers(exclude=("eval/",))  # W&B / MLflow; evaluations go per epoch
         self.results = ResultsFile(self.run_dir)
         self.watch = PreemptionWatch()
         last_record = None
@@ -370,6 +386,7 @@ class PretrainRun:
             self.results.add(record)
             self.storage.put_scalars(**{f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")},
                                      smoothing_hint=False)
+            _track_evaluation(record, done)
             if done == self.num_epochs:
                 atomic_write(os.path.join(self.run_dir, PREDICTIONS_FILENAME), json.dumps(result.predictions(done)))
         return record
@@ -446,7 +463,8 @@ def evaluate_checkpoint(cfg, *, run_dir: str, checkpoint: str, config_file: Opti
     # A final file counts its steps in "iteration"; an epoch checkpoint in "step" (its "iteration" is fvcore's
     # epoch index).
     steps = state.get("step", state.get("iteration", 0))
-    record = {"kind": "cls_eval", "iteration": int(steps), "epoch": int(state.get("epoch", 0)), **result.summary(),
+    record = {"kind": "cls_eval", "stage": PRETRAIN.name, "iteration": int(steps), "epoch": int(state.get("epoch", 0)),
+              **result.summary(),
               "checkpoint": os.path.abspath(checkpoint), "weights": state.get("weights", "model"),
               "arm": state.get("arm", arm_spec(cfg, seed).arm), "seed": int(state.get("seed", seed)),
               "lr_scale": float(train["lr_scale"]), "config": config_file}

@@ -2,7 +2,7 @@
 
 Both training stages lay their runs out the same way and the report reads them back::
 
-    <base>/experiment.json                 the plan: stage, arms, seeds, lr scales, every run's directory
+    <base>/experiment.json                 the plan: the stage and its description, the config, the length, every run
     <base>/<arm>/seed<k>/                  one run (seed k, the config's learning rate)
     <base>/<arm>/seed<k>-lr<s>/            one run of a learning-rate scan (s x the config's lr)
     <base>/<arm>/seed<k>.failed<n>/        a failed run moved aside by ``--retry-failed``
@@ -17,7 +17,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from ..init import ARMS, PAPER_ARMS
 from ..utils.fileio import atomic_write
@@ -25,7 +25,9 @@ from ..utils.fileio import atomic_write
 __all__ = [
     "PLAN_FILENAME",
     "REPORT_DIRNAME",
+    "Plan",
     "RunSpec",
+    "find_plans",
     "is_set_aside",
     "parse_arms",
     "parse_lr_scales",
@@ -36,7 +38,6 @@ __all__ = [
     "write_plan",
 ]
 
-ARM_CHOICES = tuple(ARMS) + ("all",)
 PLAN_FILENAME = "experiment.json"
 REPORT_DIRNAME = "report"
 _SET_ASIDE = re.compile(r"\.failed\d+$")
@@ -133,23 +134,41 @@ def plan_runs(arms: Sequence[str], seeds: Sequence[int], lr_scales: Sequence[flo
     return runs
 
 
-def write_plan(base: str, runs: Sequence[RunSpec], *, stage: str, config: Optional[str],
-               length: Optional[Mapping] = None) -> str:
-    """Write ``<base>/experiment.json`` (the runs the report expects); returns its path.
+@dataclass(frozen=True)
+class Plan:
+    """An experiment plan ``<base>/experiment.json``: the stage, the config and every run the report expects.
 
-    ``length``: how long each run trains, ``{"unit": "iteration" | "epoch", "total": N}`` (read by the
-    status command to tell finished runs and estimate the time left).
+    ``stage`` is the stage's name and ``stage_description`` the stage's descriptor as the plan stores it
+    (:meth:`condinit_det.stage.StageDescriptor.to_dict`); ``length`` is how long each run trains, in ``unit``."""
+
+    base: str
+    runs: Tuple[RunSpec, ...]
+    stage: Optional[str]
+    stage_description: Optional[dict]
+    config: Optional[str]
+    length: Optional[int]
+    unit: Optional[str]
+
+
+def write_plan(base: str, runs: Sequence[RunSpec], *, stage, config: Optional[str], length: int) -> str:
+    """Write ``<base>/experiment.json``; returns its path.
+
+    Args:
+        stage: the stage's descriptor (:class:`condinit_det.stage.StageDescriptor`); the plan stores it, so that
+            the status command and the report read any stage's runs.
+        config: the config file the runs train with.
+        length: how long each run trains, in the stage's unit.
     """
     path = os.path.join(base, PLAN_FILENAME)
-    payload = {"version": 1, "stage": stage, "config": config, "runs": [r.to_dict() for r in runs]}
-    if length is not None:
-        payload["length"] = {"unit": str(length["unit"]), "total": int(length["total"])}
+    payload = {"version": 1, "stage": stage.name, "stage_description": stage.to_dict(), "config": config,
+               "length": {"unit": stage.unit, "total": int(length)}, "runs": [r.to_dict() for r in runs]}
     atomic_write(path, json.dumps(payload, indent=1))
     return path
 
 
-def read_plan(base: str) -> Optional[List[RunSpec]]:
-    """The runs listed in ``<base>/experiment.json``, or None when there is no plan file."""
+def read_plan(base: str) -> Optional[Plan]:
+    """The plan in ``<base>/experiment.json``, or None when there is none; raises ValueError for a file that is not
+    a plan."""
     path = os.path.join(base, PLAN_FILENAME)
     if not os.path.isfile(path):
         return None
@@ -158,7 +177,33 @@ def read_plan(base: str) -> Optional[List[RunSpec]]:
             data = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON ({e})") from None
-    return [RunSpec(r["arm"], int(r["seed"]), float(r.get("lr_scale", 1.0))) for r in data.get("runs", [])]
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise ValueError(f"{path} is not an experiment plan: expected an object with a 'runs' list")
+    length = data.get("length") if isinstance(data.get("length"), dict) else {}
+    try:
+        runs = tuple(RunSpec(r["arm"], int(r["seed"]), float(r.get("lr_scale", 1.0))) for r in data["runs"])
+        total = None if length.get("total") is None else int(length["total"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path} is not an experiment plan ({type(e).__name__}: {e})") from None
+    return Plan(base=base, runs=runs, stage=data.get("stage"), stage_description=data.get("stage_description"),
+                config=data.get("config"), length=total, unit=length.get("unit"))
+
+
+def find_plans(path: str) -> List[str]:
+    """The experiment directories (holding a plan) that ``path`` belongs to: the nearest one at ``path`` or up to
+    two levels above it (``path`` is a run directory ``<base>/<arm>/seed<k>``), then every one below it."""
+    bases = []
+    up = os.path.abspath(path)
+    for _ in range(3):
+        if os.path.isfile(os.path.join(up, PLAN_FILENAME)):
+            bases.append(up)
+            break
+        up = os.path.dirname(up)
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not is_set_aside(d))
+        if PLAN_FILENAME in files and os.path.abspath(root) not in bases:
+            bases.append(os.path.abspath(root))
+    return bases
 
 
 def is_set_aside(name: str) -> bool:

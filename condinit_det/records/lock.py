@@ -2,59 +2,13 @@
 
 The launcher takes a :class:`RunLock` before a run touches its directory (training, ``--eval-only``, resume,
 retry) and releases it on every exit path; a second process that tries to own the same run gets
-:class:`RunInUse` (one line naming the owner). The rule for users is in ``docs/run_ownership.md``.
-
-How it works:
-
-- the lock file is opened read-write (``O_CLOEXEC``) and locked with ``flock(LOCK_EX | LOCK_NB)``; the
-  descriptor stays open for the lock's lifetime. Then the owner's record (one JSON line: host, pid, the pid's
-  start time, boot id and pid namespace, the Slurm job id, start time, user, command line) is written into it in
-  place, with one ``pwrite`` and a ``ftruncate``, and flushed with ``fsync``;
-- whether the ``flock`` was granted, the record already in the file is judged as well (below), because
-  ``flock`` does not protect on every file system;
-- on release the record is emptied while the lock is still held, then the lock is dropped and the descriptor
-  closed. The file itself is never deleted: a process that opened it just before a deletion would lock the
-  unlinked file while a third one creates and locks a new file of the same name, and both would own the run.
-  An empty record means "nobody".
-
-What ``flock`` guarantees (flock(2), nfs(5), mount.lustre(8)):
-
-- local file systems (ext4, xfs, tmpfs, ...): the lock belongs to the open file description; the kernel drops it
-  when the last descriptor referring to it is closed, so also when the owner dies, however it dies (SIGKILL
-  included). A held lock on this host therefore means a live owner;
-- NFS: since Linux 2.6.12 the client emulates ``flock`` with a POSIX byte-range lock on the whole file, which the
-  server sees (NFSv4: part of the protocol; NFSv2/3: only with the NLM lock manager, lockd/statd, running), so
-  locks are coherent across clients; an exclusive lock needs the file open for writing (done here). Not
-  guaranteed: with ``nolock`` or ``local_lock=flock|all`` (Linux >= 2.6.37) locks only exclude processes on the
-  same client. When a client crashes its locks stay on the server until NFSv4's lease expires or, with NLM, until
-  the client reboots and its statd notifies the server;
-- Lustre: ``-o flock`` makes ``flock`` coherent across all clients (the default since Lustre 2.13); with
-  ``localflock`` it is per node only; with ``noflock`` (the default of old releases) ``flock`` fails;
-- other network or FUSE file systems may grant every ``flock`` (a no-op) or keep it per node.
-
-So the record decides where ``flock`` cannot:
-
-- the record's owner is on this host (same host name, boot id and pid namespace): its pid must be alive and
-  started at the recorded time (a reused pid is not the owner). Alive: refused, even when the ``flock`` was free;
-  gone: stale, taken over;
-- the record names a Slurm job other than ours: ``squeue -h -j <id> -o %T``; a job still pending, running,
-  completing, suspended or requeued owns the run (refused even when the ``flock`` was free, the cross-host case);
-  no ``squeue``, no answer, an empty answer or an ended state: stale, taken over (a controller that does not
-  answer therefore leaves only the ``flock`` to protect the run);
-- the record names *our* Slurm job id (``SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID`` for an array element, else
-  ``SLURM_JOB_ID``): a requeued or preempted element takes its own run back, even while a crashed node's lock
-  lingers on the server (Slurm runs one instance of a job at a time);
-- the record names another host and no job: nothing can be checked from here; the ``flock`` decides (free:
-  taken over with a warning).
-
-While another process holds the ``flock`` the run is refused, except to our own Slurm job's requeue. A held
-``flock`` under no record, or under the record of a dead process on this host, is a new owner about to write its
-record: it is awaited for up to 2 s so that the refusal names it. A take-over is logged with the former owner.
-
-Processes the owner starts: ``spawn`` and ``exec`` do not inherit the descriptor (close-on-exec); a ``fork``
-child would (it shares the open file description, and a ``LOCK_UN`` from it would release the parent's lock), so
-forked children close their copy at once (``os.register_at_fork``) and a :meth:`RunLock.release` outside the
-acquiring process never unlocks. Workers neither hold nor release the lock.
+:class:`RunInUse` (one line naming the owner). The lock is ``flock(LOCK_EX | LOCK_NB)`` on the file, held for
+the run's whole duration, plus the owner's record (host, pid and its start time, boot id, pid namespace, Slurm job,
+start, user, command) written into it; the record decides where ``flock`` cannot (a file system whose ``flock`` is
+per node or a no-op): a live process on this host or a live foreign Slurm job owns the run, a dead owner or an ended
+job is taken over with a log line, a requeued Slurm job takes its own run back. The file is never deleted (an empty
+record means nobody owns the run); forked children close their copy of the descriptor. The rules, what each file
+system guarantees and what to do by hand: docs/run_ownership.md.
 """
 from __future__ import annotations
 
@@ -66,18 +20,16 @@ import getpass
 import json
 import logging
 import os
-import re
 import shlex
-import shutil
 import socket
-import subprocess
 import sys
 import time
 import weakref
-from typing import List, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
+
+from ..utils.squeue import query_jobs, still_runs
 
 __all__ = [
-    "ENDED_JOB_STATES",
     "LOCK_FILENAME",
     "RunInUse",
     "RunLock",
@@ -85,18 +37,9 @@ __all__ = [
     "owner_record",
     "read_owner",
     "slurm_job_id",
-    "slurm_job_states",
 ]
 
 LOCK_FILENAME = ".owner.lock"
-# squeue's final states: a job in any other state (pending, running, completing, suspended, requeued, held...)
-# may still run and so still owns its run.
-ENDED_JOB_STATES = frozenset({
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-    "REVOKED", "TIMEOUT",
-})
-_JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
-_SQUEUE_TIMEOUT_S = 30
 # How long a reader waits for a record being written, and a locker for the record of an owner that has just taken
 # the flock (its record follows within milliseconds).
 _RECORD_WAIT_S = 2.0
@@ -203,36 +146,15 @@ def _process_alive(record: dict) -> bool:
     return recorded is None or _process_start(pid) in (None, recorded)
 
 
-def slurm_job_states(job_id: str) -> Tuple[Optional[List[str]], str]:
-    """The states ``squeue -h -j <job_id> -o %T`` reports, and what was asked: ``(states, note)``.
-
-    ``states`` is None when there is no answer (no ``squeue`` on PATH, an error, a time-out; ``note`` says which),
-    an empty list when squeue knows no such job any more.
-    """
-    if not _JOB_ID.match(str(job_id)):
-        return None, f"{job_id!r} is not a Slurm job id"
-    squeue = shutil.which("squeue")
-    if squeue is None:
-        return None, "squeue is not on PATH"
-    try:
-        done = subprocess.run([squeue, "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                              timeout=_SQUEUE_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"squeue failed: {e}"
-    if done.returncode != 0:
-        # A job purged from the controller is "Invalid job id specified": gone, like no answer.
-        message = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        return None, f"squeue: {message}"
-    return [line.strip().upper() for line in done.stdout.splitlines() if line.strip()], "squeue"
-
-
 def _job_alive(job_id: str) -> Tuple[bool, str]:
     """Whether the Slurm job may still run, and the evidence (for the log line)."""
-    states, note = slurm_job_states(job_id)
-    if not states:
-        return False, note if states is None else "squeue no longer lists it"
-    alive = [s for s in states if s not in ENDED_JOB_STATES]
-    return bool(alive), f"squeue says {', '.join(alive or states)}"
+    answer = query_jobs([job_id])
+    if answer.error:
+        return False, answer.error
+    state = answer.get(job_id)
+    if state is None:
+        return False, "squeue no longer lists it"
+    return still_runs(state), f"squeue says {state}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import os
 import threading
 from typing import Any, Dict, Iterable, List, Optional
 
-from ..utils.fileio import atomic_write
+from ..utils.fileio import atomic_write, move_aside
 
 __all__ = ["FAILED_KIND", "ResultsFile", "RESULTS_FILENAME"]
 
@@ -177,11 +177,4 @@ class ResultsFile:
         Move an existing file aside to ``results.<n>.json.bak`` (a fresh, non-resumed run into
         an old directory must not mix its points with the old run's). Returns the new path.
         """
-        if not self.exists() or not _is_main_process():
-            return None
-        n = 0
-        while os.path.exists(os.path.join(self.output_dir, f"results.{n}.json.bak")):
-            n += 1
-        dst = os.path.join(self.output_dir, f"results.{n}.json.bak")
-        os.replace(self.path, dst)
-        return dst
+        return move_aside(self.path) if _is_main_process() else None

@@ -5,16 +5,18 @@ Runs are read from their results files only (no detectron2): ``"cls"`` records o
 classification pretraining and ``"ap"`` records of detection go through the same path, with the
 per-image data a run keeps of its evaluations (:mod:`condinit_det.records.per_image`). Runs are
 grouped by (stage, arm, learning-rate scale) with seeds as replicates; the report gives, per stage,
-the paper-layout table, the convergence metric, paired statistics against the default arm (each
-interval naming its unit of replication: training runs, evaluation images or both; verdicts under
-Holm–Bonferroni), the probability of improvement, censoring-aware speed-ups, the seeds each question
-needs, the learning-rate sensitivity, and the planned runs that are missing or unfinished. The
-statistics' calibration on simulated experiments: :mod:`.calibration` and docs/statistics.md.
+the paper-layout table, the convergence metric, paired statistics against the default arm and
+planned contrasts between two other arms (each interval naming its unit of replication: training
+runs, evaluation images or both; verdicts under Holm–Bonferroni), the probability of improvement,
+censoring-aware speed-ups, the seeds each question needs, the learning-rate sensitivity, and the
+planned runs that are missing or unfinished. The
+statistics' calibration on simulated experiments: ``bench/calibration.py`` and docs/statistics.md.
 
     from condinit_det.report import compare_arms
     report, markdown = compare_arms(["output/pretrain", "output/finetune"], output_dir="output/report")
 """
 from .compare import compare_arms, write_report
+from .contrasts import DEFAULT_CONTRASTS, parse_contrast
 from .curves import Curve, first_reach, seed_mean, speedup
 from .discovery import ExpectedRun, Missing, Run, find_expected, find_runs, load_run
 from .improvement import Improvement, probability_of_improvement
@@ -25,7 +27,6 @@ from .paired import PairedStat, paired_statistics
 from .planning import SeedPlan, plan_seeds, power, seeds_needed
 from .plots import ARM_COLORS
 from .speedup import Reach, SpeedupSummary, summarize_reaches
-from .stages import CLASSIFICATION, DETECTION, STAGES, Metric, Stage
 from .statistics import Interval, report_method, t_interval, two_level_bootstrap, verdict
 from .summary import ARM_ORDER, ArmsReport, ArmSummary, StageReport, summarize_runs
 from .tables import format_curves_csv, format_stats_csv, format_summary_csv
@@ -33,23 +34,19 @@ from .tables import format_curves_csv, format_stats_csv, format_summary_csv
 __all__ = [
     "ARM_COLORS",
     "ARM_ORDER",
-    "CLASSIFICATION",
-    "DETECTION",
-    "STAGES",
+    "DEFAULT_CONTRASTS",
     "ArmSummary",
     "ArmsReport",
     "Curve",
     "ExpectedRun",
     "Improvement",
     "Interval",
-    "Metric",
     "Missing",
     "PairedStat",
     "Reach",
     "Run",
     "SeedPlan",
     "SpeedupSummary",
-    "Stage",
     "StageReport",
     "compare_arms",
     "find_expected",
@@ -62,6 +59,7 @@ __all__ = [
     "holm_adjust",
     "load_run",
     "paired_statistics",
+    "parse_contrast",
     "plan_seeds",
     "power",
     "probability_of_improvement",

@@ -39,7 +39,8 @@ def write_report(report: ArmsReport, output_dir: str) -> Dict[str, str]:
 
 def compare_arms(paths: Sequence[str], output_dir: Optional[str] = None, *, bootstrap: int = 1000,
                  seed: int = 0, delta: Union[None, float, Mapping[str, float]] = None,
-                 std: Union[None, float, Mapping[str, float]] = None) -> Tuple[ArmsReport, str]:
+                 std: Union[None, float, Mapping[str, float]] = None,
+                 contrasts: Sequence[Tuple[str, str]] = ()) -> Tuple[ArmsReport, str]:
     """
     Find runs (and experiment plans) under ``paths``, compare the arms and, with ``output_dir``,
     write the report files. Returns the report and its Markdown text.
@@ -52,11 +53,15 @@ def compare_arms(paths: Sequence[str], output_dir: Optional[str] = None, *, boot
             default: the paper's claimed gain (AP^b 0.6, AP^m 0.5), else the observed difference.
         std: the std of the per-seed paired differences the seed plans assume (same forms); default: the
             observed one.
+        contrasts: (A, B) pairs of arms other than default to compare directly (A minus B, paired by seed, in
+            the same Holm family), beside the default contrasts: conditioned vs scale_matched and conditioned vs
+            mimetic wherever both ran (:mod:`condinit_det.report.contrasts`).
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     runs = find_runs(paths)
-    report = summarize_runs(runs, find_expected(paths), bootstrap=bootstrap, seed=seed, delta=delta, std=std)
+    report = summarize_runs(runs, find_expected(paths), bootstrap=bootstrap, seed=seed, delta=delta, std=std,
+                            contrasts=contrasts)
     if output_dir is not None:
         write_report(report, output_dir)
     return report, format_markdown(report)

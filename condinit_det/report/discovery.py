@@ -2,9 +2,9 @@
 
 A *run directory* holds ``results.json``; its arm, training seed and learning-rate scale come
 from the records (``"arm"``, ``"seed"``, ``"lr_scale"``; absent scale = 1) and otherwise from
-``condinit_arm_report.json``. An *experiment directory* holds run directories at any depth and
-may hold the plan ``experiment.json`` (:mod:`condinit_det.records.layout`): a planned run without results
-is reported as missing, never averaged away.
+``condinit_arm_report.json``. Its stage is its plan's (``experiment.json``, :mod:`condinit_det.records.layout`),
+else the one its records name (``"stage"``). An *experiment directory* holds run directories at any depth and
+may hold the plan: a planned run without results is reported as missing, never averaged away.
 """
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from condinit_det.records.identity import ARM_REPORT_FILENAME
-from condinit_det.records.layout import PLAN_FILENAME, RunSpec, is_set_aside, read_plan
+from condinit_det.records.layout import Plan, RunSpec, find_plans, is_set_aside, read_plan
 from condinit_det.records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
+from condinit_det.stage import Metric, StageDescriptor, stage_of
 
 from .loss import METRICS_FILENAME, read_training_loss, smooth
-from .stages import CLASSIFICATION, DETECTION, Metric, Stage
 
-__all__ = ["ExpectedRun", "Missing", "Run", "find_expected", "find_runs", "load_run", "run_name"]
+__all__ = ["ExpectedRun", "Missing", "Run", "find_expected", "find_runs", "load_run", "plan_stage", "run_name"]
 
 
 def run_name(arm: str, seed: Optional[int], lr_scale: float = 1.0) -> str:
@@ -40,7 +40,7 @@ class Run:
     seed: Optional[int]
     lr_scale: float
     records: List[dict]
-    stage: Optional[Stage]  # None: no evaluation recorded yet
+    stage: Optional[StageDescriptor]  # None: neither a plan nor a record names it
     root: str = ""  # runs under one root share a schedule (an experiment or an input directory)
     _loss: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default=None, repr=False, compare=False)
 
@@ -49,11 +49,11 @@ class Run:
         return run_name(self.arm, self.seed, self.lr_scale)
 
     def evaluations(self) -> List[dict]:
-        """The stage's evaluation records ("ap" / "cls"), in increasing x."""
+        """The evaluations made while training (the stage's ``eval_kind``), in increasing x."""
         if self.stage is None:
             return []
-        recs = [r for r in self.records if r["kind"] == self.stage.kind and r.get(self.stage.x) is not None]
-        return sorted(recs, key=lambda r: r[self.stage.x])
+        recs = [r for r in self.records if r["kind"] == self.stage.eval_kind and r.get(self.stage.unit) is not None]
+        return sorted(recs, key=lambda r: r[self.stage.unit])
 
     @property
     def final(self) -> Optional[dict]:
@@ -69,12 +69,12 @@ class Run:
     @property
     def final_x(self) -> Optional[int]:
         final = self.final
-        return None if final is None else int(final[self.stage.x])
+        return None if final is None else int(final[self.stage.unit])
 
     def curve(self, metric: Metric) -> Tuple[np.ndarray, np.ndarray]:
         """(x [N], values [N]) of one metric over the evaluations; NaN where missing."""
         evals = self.evaluations()
-        x = np.asarray([r[self.stage.x] for r in evals], dtype=np.int64)
+        x = np.asarray([r[self.stage.unit] for r in evals], dtype=np.int64)
         return x, np.asarray([metric.value(r) for r in evals], dtype=np.float64)
 
     def loss(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,7 +93,7 @@ class ExpectedRun:
     spec: RunSpec
     path: str
     base: str
-    stage_hint: Optional[str]  # the plan's "stage" field
+    stage: StageDescriptor
 
 
 @dataclass
@@ -105,7 +105,7 @@ class Missing:
     lr_scale: float
     path: str
     reason: str
-    stage: Optional[Stage] = None
+    stage: Optional[StageDescriptor] = None
     run: Optional[Run] = None  # the run's records when it failed (its curves stop where it stopped)
     failure: Optional[dict] = None  # its "failed" record
 
@@ -121,16 +121,23 @@ def _read_json(path: str):
             raise ValueError(f"{path} is not valid JSON ({e})") from None
 
 
-def _stage_of(records: List[dict]) -> Optional[Stage]:
-    kinds = {r["kind"] for r in records}
-    for stage in (CLASSIFICATION, DETECTION):
-        if stage.kind in kinds:
-            return stage
-    return None
+def plan_stage(plan: Plan) -> StageDescriptor:
+    """The stage of a plan's runs; raises ValueError when the plan neither describes nor names a known stage."""
+    stage = stage_of(plan.stage, plan.stage_description)
+    if stage is None:
+        raise ValueError(f"{plan.base}/experiment.json: stage {plan.stage!r} is not described in the plan and no "
+                         "stage of that name is known")
+    return stage
 
 
-def load_run(path: str) -> Run:
-    """Read one run directory. Raises ValueError when its files are unreadable or its arm unknown."""
+def _stage_in_records(records: List[dict]) -> Optional[StageDescriptor]:
+    names = [r["stage"] for r in records if r.get("stage")]
+    return stage_of(names[-1]) if names else None
+
+
+def load_run(path: str, stage: Optional[StageDescriptor] = None) -> Run:
+    """Read one run directory; ``stage``: its plan's stage (default: the one its records name). Raises ValueError
+    when its files are unreadable or its arm unknown."""
     records = ResultsFile(path).records()
     arm_report_path = os.path.join(path, ARM_REPORT_FILENAME)
     arm_report = _read_json(arm_report_path) if os.path.isfile(arm_report_path) else {}
@@ -139,11 +146,11 @@ def load_run(path: str) -> Run:
     # Without a "run" section (older arm reports) the top-level seed is the run's seed.
     seed = ident.get("seed") if ident is not None else arm_report.get("seed")
     lr_scale = (ident or {}).get("lr_scale")
-    stage = _stage_of(records)
+    stage = stage or _stage_in_records(records)
     # The evaluation records' training seed identifies the repetition (data order and every
     # non-attention weight); they are read last so that they win.
-    ordered = [r for r in records if stage is None or r["kind"] != stage.kind]
-    ordered += [r for r in records if stage is not None and r["kind"] == stage.kind]
+    ordered = [r for r in records if stage is None or r["kind"] != stage.eval_kind]
+    ordered += [r for r in records if stage is not None and r["kind"] == stage.eval_kind]
     for r in ordered:
         arm = r["arm"] if r.get("arm") is not None else arm
         seed = r["seed"] if r.get("seed") is not None else seed
@@ -166,32 +173,16 @@ def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _plan_bases(path: str) -> List[str]:
-    """Experiment directories (with a plan) at or below ``path``, or up to two levels above it."""
-    bases = []
-    up = os.path.abspath(path)
-    for _ in range(3):
-        if os.path.isfile(os.path.join(up, PLAN_FILENAME)):
-            bases.append(up)
-            break
-        up = os.path.dirname(up)
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        if PLAN_FILENAME in files and os.path.abspath(root) not in bases:
-            bases.append(os.path.abspath(root))
-    return bases
-
-
 def find_expected(paths: Sequence[str]) -> List[ExpectedRun]:
     """The planned runs whose directories lie under ``paths`` (from every plan found there)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     out, seen = [], set()
     for p in map(os.fspath, paths):
-        for base in _plan_bases(p):
-            specs = read_plan(base) or []
-            stage = _read_json(os.path.join(base, PLAN_FILENAME)).get("stage")
-            for spec in specs:
+        for base in find_plans(p):
+            plan = read_plan(base)
+            stage = plan_stage(plan)
+            for spec in plan.runs:
                 run_path = spec.path(base)
                 real = os.path.realpath(run_path)
                 if _within(run_path, p) and real not in seen:
@@ -211,7 +202,8 @@ def find_runs(paths: Sequence[str]) -> List[Run]:
     for p in map(os.fspath, paths):
         if not os.path.isdir(p):
             raise ValueError(f"{p} is not a directory; expected a run or experiment directory.")
-        bases = _plan_bases(p)
+        bases = find_plans(p)
+        stages = {base: plan_stage(read_plan(base)) for base in bases}
         found = []
         for root, dirs, _files in os.walk(p):
             dirs[:] = sorted(d for d in dirs if not is_set_aside(d))
@@ -227,8 +219,9 @@ def find_runs(paths: Sequence[str]) -> List[Run]:
             if real in seen:
                 continue
             seen.add(real)
-            run = load_run(path)
             owners = [b for b in bases if _within(path, b)]
-            run.root = os.path.realpath(max(owners, key=len) if owners else p)
+            owner = max(owners, key=len) if owners else None
+            run = load_run(path, stages[owner] if owner else None)
+            run.root = os.path.realpath(owner or p)
             runs.append(run)
     return runs

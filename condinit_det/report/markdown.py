@@ -6,11 +6,13 @@ import io
 import math
 from typing import List, Optional
 
+from tabulate import tabulate
+
+from .contrasts import contrast_meaning
 from .loss import SMOOTHING_WINDOW
 from .paired import ALPHA, METRIC, SPEEDUP, PairedStat
 from .speedup import Bound
-from .stages import DETECTION
-from .statistics import IMAGES, NOT_DISTINGUISHABLE
+from .statistics import IMAGES
 from .summary import LOSS, ArmsReport, StageReport, arm_sort_key
 
 __all__ = ["format_markdown"]
@@ -34,11 +36,8 @@ def _scale(s: float) -> str:
 def _table(out: io.StringIO, header: List[str], rows: List[List[str]], align: Optional[str] = None) -> None:
     """A Markdown table; ``align`` has one letter per column, "l" or "r" (default: text first column, numbers after)."""
     align = align or "l" + "r" * (len(header) - 1)
-    out.write("| " + " | ".join(header) + " |\n")
-    out.write("|" + "|".join("---" if a == "l" else "---:" for a in align) + "|\n")
-    for r in rows:
-        out.write("| " + " | ".join(r) + " |\n")
-    out.write("\n")
+    out.write(tabulate(rows, header, tablefmt="pipe", disable_numparse=True,
+                       colalign=["left" if a == "l" else "right" for a in align]) + "\n\n")
 
 
 def _seeds(seeds) -> str:
@@ -53,11 +52,12 @@ def _span(xs: List[int]) -> str:
 def _main_table(out, sr: StageReport) -> None:
     st = sr.stage
     multi = any(len(g.runs) > 1 for g in sr.arms)
-    out.write(f"Final-{st.x} {', '.join(m.header for m in st.table)} (%)"
+    out.write(f"Final-{st.unit} {', '.join(m.header for m in st.table)} (%)"
               + (", mean ± sample std over seeds" if multi else "")
               + f", learning-rate scale {_scale(sr.scale)}"
               + (" (no runs at the config's learning rate)" if sr.scale != 1.0 else "") + ".\n\n")
-    header = ["arm"] + [m.header for m in st.table] + ["seeds", "final iter" if st is DETECTION else f"final {st.x}"]
+    final = "final iter" if st.unit == "iteration" else f"final {st.unit}"
+    header = ["arm"] + [m.header for m in st.table] + ["seeds", final]
     rows = []
     for arm in _arms_shown(sr):
         groups = [g for g in sr.arms if g.arm == arm]
@@ -86,8 +86,8 @@ def _convergence(out, sr: StageReport) -> None:
     if not sr.target:
         out.write("No runs of the default arm: the speed-up needs one as the reference.\n\n")
         return
-    out.write(f"First {st.x} at which an arm's seed-mean curve reaches the default arm's final value, and the "
-              f"speed-up (1 - {st.x} / {st.x}_default_final) x 100 %. LOSS: first iteration at which the "
+    out.write(f"First {st.unit} at which an arm's seed-mean curve reaches the default arm's final value, and the "
+              f"speed-up (1 - {st.unit} / {st.unit}_default_final) x 100 %. LOSS: first iteration at which the "
               "smoothed training loss falls to or below the default arm's final smoothed loss.\n\n")
     arms = _arms_shown(sr)
     groups = {g.arm: g for g in sr.arms}
@@ -106,7 +106,7 @@ def _convergence(out, sr: StageReport) -> None:
         x_final, value = sr.target[m.key]
         if x_final is None or not math.isfinite(value):
             continue
-        rows.append([m.header, f"{value:.1f} at {st.x} {x_final}"] + [cell(a, m.key) for a in arms])
+        rows.append([m.header, f"{value:.1f} at {st.unit} {x_final}"] + [cell(a, m.key) for a in arms])
     x_final, value = sr.target.get(LOSS, (None, float("nan")))
     if x_final is not None:
         rows.append(["LOSS", f"{value:.4g} at iteration {x_final}"] + [cell(a, LOSS, loss=True) for a in arms])
@@ -140,12 +140,18 @@ def _more_seeds(s: PairedStat) -> str:
 
 
 def verdict_line(s: PairedStat) -> str:
-    """``"- conditioned, AP^b: better than default (Δ +0.6, 95% interval [+0.2, +1.0], <unit>; Holm p = ...)"``."""
+    """``"- conditioned, AP^b: better than default (Δ +0.6, 95% interval [+0.2, +1.0], <unit>; Holm p = ...)"``;
+    a contrast: ``"- conditioned vs scale_matched, AP^b: better than scale_matched (...): the conditioning adds to
+    the scale's effect"``."""
     iv = s.interval
     if iv is None:
-        return f"- {s.arm}, {s.metric}: no verdict ({s.method})"
-    text = (f"- {s.arm}, {s.metric}: {s.verdict} (Δ {_signed(s.mean_difference)}, 95% interval {_interval_text(iv)}, "
-            f"{iv.unit}; p = {_p(iv.p_value)}, Holm-adjusted p = {_p(s.p_holm)})")
+        return f"- {s.label}, {s.metric}: no verdict ({s.method})"
+    text = (f"- {s.label}, {s.metric}: {s.verdict} (Δ {_signed(s.mean_difference)}, 95% interval "
+            f"{_interval_text(iv)}, {iv.unit}; p = {_p(iv.p_value)}, Holm-adjusted p = {_p(s.p_holm)})")
+    meaning = contrast_meaning(s.arm, s.reference, s.verdict, iv.replication, len(s.differences)) \
+        if s.is_contrast else None
+    if meaning:
+        text += f": {meaning}"
     if iv.replication == IMAGES:
         text += f" — {_more_seeds(s)}"
     elif s.note and iv.replication != "both":
@@ -154,12 +160,22 @@ def verdict_line(s: PairedStat) -> str:
 
 
 def _family_text(sr: StageReport) -> str:
+    """``"mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m} (4 comparisons against default)"``; with contrasts
+    ``"...; conditioned vs scale_matched × {AP^b, AP^m} (6 comparisons: 4 against default, 2 in contrasts between
+    arms)"``."""
     fam = sr.family
-    by_arm = {}
+    by_label = {}
     for s in fam:
-        by_arm.setdefault(s.arm, []).append(s.metric)
-    parts = [f"{arm} × {{{', '.join(ms)}}}" for arm, ms in by_arm.items()]
-    return f"{'; '.join(parts)} ({len(fam)} comparison{'s' * (len(fam) != 1)} against default)"
+        by_label.setdefault(s.label, []).append(s.metric)
+    parts = [f"{label} × {{{', '.join(ms)}}}" for label, ms in by_label.items()]
+    contrasts = sum(s.is_contrast for s in fam)
+    size = f"{len(fam)} comparison{'s' * (len(fam) != 1)}"
+    if not contrasts:
+        return f"{'; '.join(parts)} ({size} against default)"
+    against = len(fam) - contrasts
+    if not against:
+        return f"{'; '.join(parts)} ({size}, all in contrasts between arms)"
+    return f"{'; '.join(parts)} ({size}: {against} against default, {contrasts} in contrasts between arms)"
 
 
 def _improvement_cell(s: PairedStat) -> str:
@@ -174,12 +190,28 @@ def _bound(b: Optional[Bound]) -> str:
     return "" if b is None else b.text()
 
 
-def speedup_line(s: PairedStat) -> str:
-    """``"conditioned, speed-up AP^b (%): reached in 3/3 seeds, estimate 25.0 [20.0, 30.0] (coverage 0.750, ...)"``."""
+def _nothing_reached(s: PairedStat) -> bool:
+    """No seed (and, for one seed's image bootstrap, no bound of the interval) reached the reference's final value."""
     sp = s.speedup
+    return sp.reached == 0 and all(b is None or b.below for b in (sp.estimate, sp.low, sp.high))
+
+
+def _ends_short(s: PairedStat) -> str:
+    """``"every run ends below default's final value"`` (the training loss: above)."""
+    side = "above" if s.key.startswith(LOSS) else "below"
+    return f"{'every run ends' if s.speedup.n > 1 else 'the run ends'} {side} {s.reference}'s final value"
+
+
+def speedup_line(s: PairedStat) -> str:
+    """``"conditioned, speed-up AP^b (%): reached in 3/3 seeds, estimate 25.0 [20.0, 30.0] (coverage 0.750, ...)"``;
+    when no seed reached it: ``"conditioned, speed-up AP^b (%): not reached in 0/3 seeds: every run ends below
+    default's final value"``."""
+    sp = s.speedup
+    if _nothing_reached(s):
+        return f"{s.label}, {s.metric}: not reached in 0/{sp.n} seeds: {_ends_short(s)}"
     interval = f" [{_bound(sp.low)}, {_bound(sp.high)}]" if sp.low is not None else ""
     coverage = f"coverage {sp.coverage:.3f}, " if math.isfinite(sp.coverage) else ""
-    return (f"{s.arm}, {s.metric}: reached in {sp.reached}/{sp.n} seeds, estimate {sp.estimate.text()}{interval} "
+    return (f"{s.label}, {s.metric}: reached in {sp.reached}/{sp.n} seeds, estimate {sp.estimate.text()}{interval} "
             f"({coverage}{sp.unit})")
 
 
@@ -189,24 +221,65 @@ def _speedups(out, sr: StageReport) -> None:
         return
     st = sr.stage
     out.write("### Speed-up to the default's final value\n\n")
-    out.write(f"Per seed, the first {st.x} at which the arm reaches the same seed's default final value; speed-up "
-              f"(1 - {st.x} / {st.x}_default_final) x 100 %. A run that never reaches it is censored at its last "
+    out.write(f"Per seed, the first {st.unit} at which the arm reaches the same seed's default final value; speed-up "
+              f"(1 - {st.unit} / {st.unit}_default_final) x 100 %. A run that never reaches it is censored at its last "
               "evaluation (its speed-up lies below the bound shown as \"< b\"), never dropped. Estimate: "
               "Kaplan–Meier median over seeds, interval from order statistics (its coverage stated); one seed: "
               "image bootstrap of that seed. Descriptive: speed-ups are not in the verdicts' family.\n\n")
+    if any(s.is_contrast for s in rows_in):
+        out.write("Rows \"A vs B\" (contrasts between arms): A's runs to the same seed's B final value, "
+                  f"(1 - {st.unit} / {st.unit}_B_final) x 100 %.\n\n")
     rows = []
     for s in rows_in:
         sp = s.speedup
         if sp is None:
-            rows.append([s.arm, s.metric, "", "", "", "", "", "", s.note or s.method])
+            rows.append([s.label, s.metric, "", "", "", "", "", "", s.note or s.method])
+            continue
+        if _nothing_reached(s):
+            rows.append([s.label, s.metric, f"0/{sp.n}", "not reached", "", "", sp.unit, "",
+                         f"{_ends_short(s)} (censored at its last evaluation)"])
             continue
         interval = f"[{_bound(sp.low)}, {_bound(sp.high)}]" if sp.low is not None else "none"
         coverage = f"{sp.coverage:.3f}" if math.isfinite(sp.coverage) else ""
         mean = fmt_value(sp.mean, sp.std, sp.n) if math.isfinite(sp.mean) else ""
-        rows.append([s.arm, s.metric, f"{sp.reached}/{sp.n}", sp.estimate.text(), interval, coverage, sp.unit, mean,
+        rows.append([s.label, s.metric, f"{sp.reached}/{sp.n}", sp.estimate.text(), interval, coverage, sp.unit, mean,
                      "; ".join(filter(None, [s.note, sp.method]))])
     _table(out, ["arm", "speed-up", "reached", "estimate (%)", "interval (%)", "coverage", "unit", "mean ± std",
                  "method"], rows, align="llrrrrlrl")
+
+
+def _beside(out, rows_in: List[PairedStat], who: str, reference: str) -> None:
+    """The intervals shown beside the verdict's, and P(arm run > reference run with the same seed)."""
+    beside = [s for s in rows_in if s.others or s.improvement is not None]
+    if not beside:
+        return
+    out.write("Beside the verdict's interval: the paired t-interval over seeds (evaluation set held fixed), the "
+              f"two-level percentile interval, and P({who} run > {reference} run with the same seed).\n\n")
+    rows = []
+    for s in beside:
+        by_kind = {("t" if "t-interval" in o.method else "percentile"): o for o in s.others}
+        if s.interval is not None and "t-interval" in s.interval.method:
+            by_kind["t"] = s.interval
+        rows.append([s.label, s.metric, _interval_text(by_kind.get("t")), _interval_text(by_kind.get("percentile")),
+                     _improvement_cell(s)])
+    _table(out, ["arm" if reference == "default" else "contrast", "metric", "t over seeds", "two-level percentile",
+                 f"P({who} > {reference})"], rows, align="llrrl")
+
+
+def _contrasts(out, sr: StageReport, rows_in: List[PairedStat]) -> None:
+    """The contrasts between two arms other than default: A minus B, in the stage's family."""
+    out.write("Contrasts between arms: A minus B, paired by training seed exactly as the comparisons with default "
+              "(same data order and non-attention weights, same evaluation images), with the same intervals; their "
+              f"verdicts are in the same Holm family ({len(sr.family)} comparisons).\n\n")
+    rows = []
+    for s in rows_in:
+        iv = s.interval
+        rows.append([s.label, s.metric, str(len(s.differences)), _signed(s.mean_difference) if s.differences else "",
+                     _interval_text(iv), iv.unit if iv is not None else "", _p(iv.p_value) if iv is not None else "",
+                     _p(s.p_holm), s.verdict, s.method])
+    _table(out, ["contrast", "metric", "paired seeds", "Δ (A - B)", "95% interval", "unit", "p", "Holm p", "verdict",
+                 "method"], rows, align="llrrrlrrll")
+    _beside(out, rows_in, "A", "B")
 
 
 def _stats(out, sr: StageReport) -> None:
@@ -214,16 +287,19 @@ def _stats(out, sr: StageReport) -> None:
     if not sr.stats:
         out.write("No runs to compare.\n\n")
         return
+    metric_rows = [s for s in sr.stats if s.kind == METRIC]
+    contrast_rows = [s for s in metric_rows if s.is_contrast]
     if not sr.target:
-        out.write("No runs of the default arm: nothing to pair with; mean ± std over seeds only.\n\n")
+        out.write("No runs of the default arm: nothing to pair with; mean ± std over seeds only"
+                  + (" (the contrasts between arms below)" if contrast_rows else "") + ".\n\n")
     else:
         out.write("Arm minus default, paired by training seed (same data order and non-attention weights, same "
                   "evaluation images). The unit column says what each interval replicates: training runs (seeds), "
                   "evaluation images (one trained model per arm), or both. Verdicts: Holm-adjusted p at most "
                   f"{ALPHA:g} within the family {_family_text(sr)}; the 95% intervals shown are unadjusted.\n\n")
     rows = []
-    for s in sr.stats:
-        if s.kind != METRIC:
+    for s in metric_rows:
+        if s.is_contrast:
             continue
         iv = s.interval
         rows.append([s.arm, s.metric, fmt_value(s.mean, s.std, s.n), str(s.n),
@@ -232,34 +308,47 @@ def _stats(out, sr: StageReport) -> None:
                      s.verdict, s.method])
     _table(out, ["arm", "metric", "mean ± std", "n", "Δ vs default", "95% interval", "unit", "p", "Holm p", "verdict",
                  "method"], rows, align="llrrrrlrrll")
-    beside = [s for s in sr.stats if s.kind == METRIC and (s.others or s.improvement is not None)]
-    if beside:
-        out.write("Beside the verdict's interval: the paired t-interval over seeds (evaluation set held fixed), the "
-                  "two-level percentile interval, and P(arm run > default run with the same seed).\n\n")
-        rows = []
-        for s in beside:
-            by_kind = {("t" if "t-interval" in o.method else "percentile"): o for o in s.others}
-            if s.interval is not None and "t-interval" in s.interval.method:
-                by_kind["t"] = s.interval
-            rows.append([s.arm, s.metric, _interval_text(by_kind.get("t")), _interval_text(by_kind.get("percentile")),
-                         _improvement_cell(s)])
-        _table(out, ["arm", "metric", "t over seeds", "two-level percentile", "P(arm > default)"], rows, align="llrrl")
-    notes = [s for s in sr.stats if s.kind == METRIC and s.note]
+    _beside(out, [s for s in metric_rows if not s.is_contrast], "arm", "default")
+    if contrast_rows:
+        _contrasts(out, sr, contrast_rows)
+    notes = [s for s in metric_rows if s.note]
     for s in notes:
-        out.write(f"- {s.arm}, {s.metric}: {s.note}\n")
+        out.write(f"- {s.label}, {s.metric}: {s.note}\n")
     dropped = {}
     for s in sr.stats:
         if s.dropped:
-            dropped.setdefault(s.arm, s.dropped)
-    for arm, d in dropped.items():
-        out.write(f"- {arm}: dropped from the pairing: {', '.join(d)}\n")
+            dropped.setdefault(s.label, s.dropped)
+    for label, d in dropped.items():
+        out.write(f"- {label}: dropped from the pairing: {', '.join(d)}\n")
     unpaired = [a for a in _arms_shown(sr) if a not in {g.arm for g in sr.arms}]
     for arm in unpaired:
         out.write(f"- {arm}: no finished run to pair: "
                   + ", ".join(f"seed {m.seed} {m.reason}" for m in sr.failed_at(arm, sr.scale)) + "\n")
-    if notes or dropped or unpaired:
+    for note in sr.contrast_notes:
+        out.write(f"- {note}\n")
+    if notes or dropped or unpaired or sr.contrast_notes:
         out.write("\n")
     _speedups(out, sr)
+
+
+def _seed_plans(out, sr: StageReport) -> None:
+    """One table: per comparison of the family, the seeds its question needs."""
+    planned = [s for s in sr.family if s.plan is not None]
+    if not planned:
+        return
+    first = planned[0].plan
+    holm = f" Holm-adjusted over {first.comparisons} comparisons" if first.comparisons > 1 else ""
+    out.write(f"Seeds per arm for {first.power:.0%} power (two-sided paired t-test over seeds, level "
+              f"{first.level:g}{holm}):\n\n")
+    rows = []
+    for s in planned:
+        p = s.plan
+        needed = str(p.needed) if p.needed is not None else \
+            "none suffices (the image variance every run shares: more evaluation images needed)"
+        rows.append([s.label, s.metric, f"{p.delta:.3g} ({p.delta_source})", f"{p.std:.3g} ({p.std_source})", needed,
+                     str(len(s.differences))])
+    _table(out, ["arm", "metric", "effect Δ", "std of the paired differences", "seeds needed", "seeds now"], rows,
+           align="llllrr")
 
 
 def _summary(out, report: ArmsReport) -> None:
@@ -272,15 +361,15 @@ def _summary(out, report: ArmsReport) -> None:
         seeds = ", ".join(f"{arm} {n}" for arm, n in sr.seeds_per_arm.items())
         out.write(f"**{sr.stage.name.capitalize()}** — seeds per arm: {seeds}; family (Holm, family-wise error "
                   f"{ALPHA:g}): {_family_text(sr)}.\n\n")
+        for note in sr.contrast_notes:
+            out.write(f"- {note}\n")
         for s in sr.family:
             out.write(verdict_line(s) + "\n")
         for s in sr.stats:
             if s.kind == SPEEDUP and s.speedup is not None and not s.key.startswith(LOSS):
                 out.write("- " + speedup_line(s) + "\n")
-        for s in sr.family:
-            if s.plan is not None:
-                out.write(f"- seeds for {s.arm}, {s.metric}: {s.plan.text(s.metric)} (now {len(s.differences)})\n")
         out.write("\n")
+        _seed_plans(out, sr)
 
 
 def _lr(out, sr: StageReport) -> None:
@@ -338,7 +427,7 @@ def _runs(out, report: ArmsReport) -> None:
     for sr in report.stages:
         for g in sr.groups:
             for r in g.runs:
-                out.write(f"- {sr.stage.name}: {r.name}, final {sr.stage.x} {r.final_x} — {r.path}\n")
+                out.write(f"- {sr.stage.name}: {r.name}, final {sr.stage.unit} {r.final_x} — {r.path}\n")
     other = [m for m in report.missing if m.stage is None]
     for m in other:
         out.write(f"- {m.describe()} — {m.path}\n")
@@ -346,48 +435,20 @@ def _runs(out, report: ArmsReport) -> None:
 
 
 def _method(out, report: ArmsReport) -> None:
+    """This report's settings; the methods themselves are written once, in docs/statistics.md."""
     boot = report.bootstrap
-    images = (f"B = {boot} resamples of the evaluation images (with replacement, a repeated image counted each "
-              "time; the same resample for every seed and both arms: seeds and images are crossed), generator seed "
-              f"{report.seed}; detection AP of a resample is COCO's accumulation over the saved per-image matches "
-              "(equal to re-evaluating COCO on the resampled images), classification the mean per-image "
-              f"correctness; an image-bootstrap p-value is at least 2 / (B + 1) = {2 / (boot + 1):.3g}"
-              if boot > 0 else "image resampling off (--bootstrap 0): intervals over seeds only")
+    images = (f"B = {boot} resamples of the evaluation images, generator seed {report.seed} (an image-bootstrap "
+              f"p-value is at least 2 / (B + 1) = {2 / (boot + 1):.3g})" if boot > 0
+              else "off (--bootstrap 0): intervals over seeds only")
     out.write("## Method\n\n")
     out.write(
-        "- Tables: value at the final evaluation; mean ± sample standard deviation (ddof=1) over seeds. "
-        "Only runs at the main learning-rate scale enter the tables, curves and statistics; the scan is in "
-        "the learning-rate table.\n"
-        "- Curves: seed mean at the evaluations every seed has; the band is ± one sample std.\n"
-        f"- Training loss: detectron2's logged total_loss (itself a median over the last 20 iterations), "
-        f"smoothed by a trailing median over {SMOOTHING_WINDOW} logged points (as HistoryBuffer.median"
-        f"({SMOOTHING_WINDOW})); raw points are drawn faint. A resumed run's later lines replace the earlier "
-        "ones from the restart on.\n"
-        "- Convergence: first evaluation at which the seed-mean curve reaches the default arm's final value; "
-        "speed-up (1 - x / x_default_final) x 100 %.\n"
-        "- Paired statistics: a run and the default run with the same training seed share data order and every "
-        "non-attention weight; differences are arm minus default per seed, over the seeds both ran (others "
-        f"are dropped and named). Image resampling: {images}. "
-        "Intervals by unit of replication: one paired seed — image bootstrap, percentile interval: it covers "
-        "evaluation-image sampling of one trained model per arm, so it is never a verdict on the initialization; "
-        "two or more paired seeds with per-image data — two-level bootstrap (seeds resampled, and the images once per "
-        "replicate), t-scaled: estimate ± the 97.5% point of |Z| sqrt(s²/n (n-1)/χ²(n-1) + v), s the std of the "
-        "per-seed differences, v the image variance shared by every training run (the mean covariance of two "
-        "seeds' image-resampled differences); without per-image data — Student t-interval over seeds (n - 1 "
-        "degrees of freedom), the evaluation set held fixed. Coverage measured on simulated experiments: "
-        "docs/statistics.md.\n"
-        f"- Verdicts: better / worse than default when the Holm-adjusted p-value is at most {ALPHA:g} "
-        "(Holm–Bonferroni over each stage's family of arm × headline-metric comparisons; family-wise error "
-        f"{ALPHA:g}), else \"{NOT_DISTINGUISHABLE}\"; one seed: \"this one trained model scores higher / lower than "
-        "default's on these images\". The 95% intervals shown are unadjusted.\n"
-        "- P(arm > default): fraction of paired seeds where the arm's run beats the default's (a tie counts half), "
-        "with the percentile interval of a seed bootstrap and the exact Clopper–Pearson interval.\n"
-        "- Speed-ups: per seed, censored at the last evaluation when the default's final value is never reached; "
-        "Kaplan–Meier median and order-statistic interval over seeds (coverage stated); one seed: image "
-        "bootstrap (every evaluation's per-image data). Not in the verdicts' family.\n"
-        "- Seeds needed: smallest n with 80% power for a two-sided paired t-test at 0.05 / (family size) "
-        "(Holm's strictest threshold), std of the paired differences observed (or assumed where stated), the "
-        "shared image variance added when measured.\n"
+        f"- Image resampling: {images}.\n"
+        f"- Verdicts: Holm over each stage's family, family-wise error {ALPHA:g}; the 95% intervals shown are "
+        "unadjusted.\n"
+        "- Only runs at the main learning-rate scale enter the tables, curves and statistics; training loss "
+        f"smoothed by a trailing median over {SMOOTHING_WINDOW} logged points.\n"
+        "- How every number here is computed, and the measured coverage of each interval: docs/statistics.md and "
+        "docs/comparing_arms.md of condinit-det.\n\n"
     )
 
 

@@ -12,19 +12,25 @@ differences over the seeds both ran. Per headline metric (:mod:`.statistics` def
 - two or more without per-image data: the paired t-interval over seeds (training runs, the evaluation
   set held fixed), saying why the images are not included.
 
-Verdicts are Holm-adjusted over the stage's family of (arm x headline metric) comparisons
-(:mod:`.multiplicity`). Each comparison also gets the probability of improvement over its seeds
-(:mod:`.improvement`) and a seed plan (:mod:`.planning`). Speed-ups (headline metrics and the training
-loss) keep runs that never reach the default's final value as censored (:mod:`.speedup`); they are
-descriptive and not in the family.
+Planned contrasts between two other arms (A vs B, :mod:`.contrasts`) get the same machinery with B in
+the default arm's place: A minus B per seed over the seeds both ran, the same intervals, P(A > B) and the
+speed-up of A to B's final value. Each row names its reference (:attr:`PairedStat.reference`).
+
+Verdicts are Holm-adjusted over the stage's family of (arm x headline metric) comparisons with default
+and (contrast x headline metric) comparisons (:mod:`.multiplicity`). Each comparison also gets the
+probability of improvement over its seeds (:mod:`.improvement`) and a seed plan (:mod:`.planning`).
+Speed-ups (headline metrics and the training loss) keep runs that never reach the reference's final
+value as censored (:mod:`.speedup`); they are descriptive and not in the family.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from condinit_det.stage import Metric, StageDescriptor
 
 from .discovery import Run
 from .image_data import NoImageData, RunImages, paired_images
@@ -32,7 +38,6 @@ from .improvement import Improvement, probability_of_improvement
 from .multiplicity import holm_adjust
 from .planning import PAPER_DELTA, PRIOR_DIFFERENCE_STD, SeedPlan, plan_seeds
 from .speedup import SpeedupSummary, image_bootstrap_speedup, reach_of, summarize_reaches
-from .stages import Metric, Stage
 from .statistics import (
     BOTH,
     IMAGE_BOOTSTRAP,
@@ -47,16 +52,18 @@ from .statistics import (
     verdict,
 )
 
-__all__ = ["ALPHA", "METRIC", "REFERENCE", "SPEEDUP", "PairedStat", "family_of", "paired_statistics"]
+__all__ = ["ALPHA", "DEFAULT", "METRIC", "REFERENCE", "SPEEDUP", "PairedStat", "family_of", "paired_statistics"]
 
 ALPHA = 0.05  # family-wise error of the verdicts
+DEFAULT = "default"  # the arm every other arm is compared with
 REFERENCE = "reference"
 METRIC, SPEEDUP = "metric", "speedup"
 
 
 @dataclass
 class PairedStat:
-    """One arm x one metric (or speed-up): spread over seeds and the paired comparison with the default arm."""
+    """One arm x one metric (or speed-up): spread over seeds and the paired comparison with the reference arm
+    (``reference``: "default", or the other arm of a contrast ``arm`` vs ``reference``)."""
 
     arm: str
     metric: str  # display name
@@ -81,6 +88,17 @@ class PairedStat:
     improvement: Optional[Improvement] = None
     plan: Optional[SeedPlan] = None
     speedup: Optional[SpeedupSummary] = None
+    reference: str = DEFAULT
+
+    @property
+    def is_contrast(self) -> bool:
+        """A comparison between two arms other than default."""
+        return self.reference != DEFAULT
+
+    @property
+    def label(self) -> str:
+        """``"conditioned"`` (against default) or ``"conditioned vs scale_matched"`` (a contrast)."""
+        return f"{self.arm} vs {self.reference}" if self.is_contrast else self.arm
 
     @property
     def mean_difference(self) -> float:
@@ -110,7 +128,7 @@ def _pair(arm_runs: Dict[int, Run], ref_runs: Dict[int, Run], ref_name: str, arm
 class _Context:
     """What every comparison of one stage shares: per-image data of the runs and the image resamples."""
 
-    def __init__(self, stage: Stage, bootstrap: int, seed: int):
+    def __init__(self, stage: StageDescriptor, bootstrap: int, seed: int):
         self.stage, self.bootstrap, self.seed = stage, int(bootstrap), int(seed)
         self._images: Dict[str, RunImages] = {}
         self._draws: Dict[int, np.ndarray] = {}
@@ -251,14 +269,14 @@ def _image_speedup(ctx: _Context, run: Run, ref: Run, metric: Metric, reach) -> 
             return None, "the runs were evaluated on different images"
         draws = ctx.draws(num_images)
         targets = ctx.resampled(ref, ref.final_x, metric)
-        x = [int(r[ctx.stage.x]) for r in run.evaluations()]
+        x = [int(r[ctx.stage.unit]) for r in run.evaluations()]
         summary = image_bootstrap_speedup(reach, x, lambda e, rows: a.resampled(x[e], metric, draws[rows]), targets)
     except NoImageData as e:
         return None, str(e)
     return summary, ""
 
 
-def _speedup_rows(ctx, g, runs, refs, paired, dropped, metrics) -> List[PairedStat]:
+def _speedup_rows(ctx, g, runs, refs, paired, dropped, metrics, reference: str = DEFAULT) -> List[PairedStat]:
     conv: List[Tuple[Optional[Metric], str, str]] = [(m, f"{m.key}_speedup", f"speed-up {m.header} (%)")
                                                      for m in metrics]
     if g.loss is not None and all(len(refs[s].loss()[0]) for s in paired) and paired:
@@ -270,9 +288,9 @@ def _speedup_rows(ctx, g, runs, refs, paired, dropped, metrics) -> List[PairedSt
         reached = {r.seed: r.speedup for r in defined if not r.censored}
         mean, std = mean_std(list(reached.values()))
         row = PairedStat(g.arm, name, key, g.lr_scale, reached, mean, std, len(reached), paired_seeds=paired,
-                         dropped=dropped, kind=SPEEDUP)
+                         dropped=dropped, kind=SPEEDUP, reference=reference)
         if not defined:
-            row.method = "no paired seeds" if not paired else "no default final value to reach"
+            row.method = "no paired seeds" if not paired else f"no {reference} final value to reach"
         else:
             row.speedup = summarize_reaches(defined)
             row.method = row.speedup.method
@@ -293,15 +311,44 @@ def _speedup_rows(ctx, g, runs, refs, paired, dropped, metrics) -> List[PairedSt
 
 
 def family_of(rows: List[PairedStat]) -> List[PairedStat]:
-    """The comparisons of a stage's Holm family (arm x headline metric against default)."""
+    """The comparisons of a stage's Holm family: arm x headline metric against default, and contrast x headline
+    metric."""
     return [r for r in rows if r.in_family]
+
+
+def _comparison_rows(ctx: _Context, g, ref, why, metrics: List[Metric], start: int) -> List[PairedStat]:
+    """Arm ``g`` against the reference group ``ref`` (default, or the other arm of a contrast), paired by seed:
+    a row per headline metric (in the family), then the speed-up rows. ``start``: the rows' first index in the
+    stage's list (keys of their generators)."""
+    runs, refs = _by_seed(g.runs), _by_seed(ref.runs)
+    paired, dropped = _pair(runs, refs, ref.arm, g.arm, why)
+    image_reason = "bootstrap off" if ctx.bootstrap <= 0 else None
+    if image_reason is None and paired:
+        image_reason = paired_images({s: ctx.images(runs[s]) for s in paired},
+                                     {s: ctx.images(refs[s]) for s in paired}, paired)
+    rows: List[PairedStat] = []
+    for m in metrics:
+        finals = [m.value(r.final) for r in g.runs]
+        values = {r.seed: v for r, v in zip(g.runs, finals) if r.seed is not None}
+        mean, std = mean_std(finals)
+        row = PairedStat(g.arm, m.header, m.key, g.lr_scale, values, mean, std, len(finals), reference=ref.arm)
+        row.paired_seeds, row.dropped, row.in_family = paired, dropped, True
+        row.differences = [values[s] - m.value(refs[s].final) for s in paired]
+        key = start + len(rows)
+        _fill_metric(row, ctx, runs, refs, m, image_reason, key=key)
+        if len(row.differences) >= 2:
+            row.improvement = probability_of_improvement(row.differences, ctx.rng(2, key), ctx.bootstrap)
+        rows.append(row)
+    return rows + _speedup_rows(ctx, g, runs, refs, paired, dropped, metrics, reference=ref.arm)
 
 
 def paired_statistics(stage_report, *, bootstrap: int = 1000, seed: int = 0,
                       delta: Union[None, float, Mapping[str, float]] = None,
-                      std: Union[None, float, Mapping[str, float]] = None) -> List[PairedStat]:
+                      std: Union[None, float, Mapping[str, float]] = None,
+                      contrasts: Sequence[Tuple[str, str]] = ()) -> List[PairedStat]:
     """
-    Rows of the paired-statistics table of one stage's main comparison (see module doc).
+    Rows of the paired-statistics table of one stage's main comparison (see module doc): per arm its
+    headline metrics (against default) and speed-ups, then per contrast the same for A against B.
 
     Args:
         stage_report: the stage's :class:`~condinit_det.report.summary.StageReport` (groups, failures).
@@ -311,53 +358,48 @@ def paired_statistics(stage_report, *, bootstrap: int = 1000, seed: int = 0,
             the paper's claimed gain where there is one, else the observed difference.
         std: standard deviation of the per-seed paired differences the plans assume (same forms); default:
             the observed one (one seed: an assumed one for detection, none for classification).
+        contrasts: (A, B) pairs of arms to compare, A minus B, in the same family
+            (:func:`~condinit_det.report.contrasts.resolve_contrasts` gives a stage's); a pair with an arm
+            that has no finished run in the stage is skipped.
     """
-    stage: Stage = stage_report.stage
+    stage: StageDescriptor = stage_report.stage
     groups = stage_report.arms
-    default = next((g for g in groups if g.arm == "default"), None)
+    default = next((g for g in groups if g.arm == DEFAULT), None)
     why = {(m.arm, m.seed): m.reason for m in stage_report.failed if m.lr_scale == stage_report.scale}
     ctx = _Context(stage, bootstrap, seed)
-    plan_std = std  # the loop below names each group's spread std
     rows: List[PairedStat] = []
     for g in groups:
-        runs = _by_seed(g.runs)
-        refs = _by_seed(default.runs) if default is not None else {}
-        paired, dropped = _pair(runs, refs, "default", g.arm, why) if default is not None else ([], [])
         metrics = [m for m in stage.headline if math.isfinite(g.value(m.header))]
-        image_reason = "bootstrap off" if bootstrap <= 0 else None
-        if image_reason is None and g is not default and paired:
-            image_reason = paired_images({s: ctx.images(runs[s]) for s in paired},
-                                         {s: ctx.images(refs[s]) for s in paired}, paired)
+        if default is not None and g is not default:
+            rows += _comparison_rows(ctx, g, default, why, metrics, len(rows))
+            continue
         for m in metrics:
             finals = [m.value(r.final) for r in g.runs]
-            values = {r.seed: v for r, v in zip(g.runs, finals) if r.seed is not None}
-            mean, std = mean_std(finals)
-            row = PairedStat(g.arm, m.header, m.key, g.lr_scale, values, mean, std, len(finals))
-            if default is None:
-                row.method, row.verdict = "no default arm", ""
-            elif g is default:
-                row.method, row.verdict = REFERENCE, REFERENCE
-            else:
-                row.paired_seeds, row.dropped, row.in_family = paired, dropped, True
-                row.differences = [values[s] - m.value(refs[s].final) for s in paired]
-                _fill_metric(row, ctx, runs, refs, m, image_reason, key=len(rows))
-                if len(row.differences) >= 2:
-                    row.improvement = probability_of_improvement(row.differences, ctx.rng(2, len(rows)), bootstrap)
+            mean, spread = mean_std(finals)
+            row = PairedStat(g.arm, m.header, m.key, g.lr_scale,
+                             {r.seed: v for r, v in zip(g.runs, finals) if r.seed is not None}, mean, spread,
+                             len(finals))
+            row.method, row.verdict = ("no default arm", "") if default is None else (REFERENCE, REFERENCE)
             rows.append(row)
-        if default is not None and g is not default:
-            rows += _speedup_rows(ctx, g, runs, refs, paired, dropped, metrics)
-    _holm_verdicts(rows, stage, delta, plan_std)
+    by_arm = {g.arm: g for g in groups}
+    for a, b in contrasts:
+        if a not in by_arm or b not in by_arm or a == b:
+            continue
+        metrics = [m for m in stage.headline
+                   if math.isfinite(by_arm[a].value(m.header)) and math.isfinite(by_arm[b].value(m.header))]
+        rows += _comparison_rows(ctx, by_arm[a], by_arm[b], why, metrics, len(rows))
+    _holm_verdicts(rows, stage, delta, std)
     return rows
 
 
-def _holm_verdicts(rows: List[PairedStat], stage: Stage, delta, std) -> None:
+def _holm_verdicts(rows: List[PairedStat], stage: StageDescriptor, delta, std) -> None:
     family = family_of(rows)
     if not family:
         return
     p = [r.interval.p_value if r.interval is not None else float("nan") for r in family]
     for row, p_holm in zip(family, holm_adjust(p)):
         row.p_holm = float(p_holm)
-        row.verdict = verdict(row.interval, row.higher_is_better, p_adjusted=row.p_holm, alpha=ALPHA) \
-            if row.interval is not None else "no interval"
+        row.verdict = verdict(row.interval, row.higher_is_better, p_adjusted=row.p_holm, alpha=ALPHA,
+                              reference=row.reference) if row.interval is not None else "no interval"
         metric = next(m for m in stage.headline if m.key == row.key)
         row.plan = _plan(row, metric, delta, std, len(family))

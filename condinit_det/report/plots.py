@@ -6,9 +6,9 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
+from condinit_det.stage import Metric
 from condinit_det.utils.fileio import atomic_write
 
-from .stages import Metric
 from .summary import StageReport
 
 __all__ = ["ARM_COLORS", "arm_color", "plot_stage"]
@@ -71,8 +71,8 @@ def _metric_plot(path: str, sr: StageReport, metric: Metric) -> bool:
             ax.axhline(value, color=arm_color("default"), ls="--", lw=1, label="default final")
 
     name = metric.label.split(" (")[0]
-    title = f"{name[0].upper() + name[1:]} vs {sr.stage.x} ({_band_note(sr)})"
-    _save(path, draw, title, sr.stage.x_label, metric.label)
+    title = f"{name[0].upper() + name[1:]} vs {sr.stage.unit} ({_band_note(sr)})"
+    _save(path, draw, title, sr.stage.unit, metric.label)
     return True
 
 
@@ -110,13 +110,17 @@ def _kappa_plot(path: str, sr: StageReport) -> bool:
     def draw(ax):
         for arm, (its, med, lo, hi) in sr.kappa.items():
             color = arm_color(arm)
-            ax.plot(its, med, marker="o", ms=3, color=color, label=f"{arm} (median over sites)")
+            # the count in the label: two measured points joined by a line are not a trajectory
+            ax.plot(its, med, marker="o", ms=4, color=color,
+                    label=f"{arm} (median over sites, {len(its)} measured point{'s' if len(its) != 1 else ''})")
             ax.fill_between(its, lo, hi, color=color, alpha=0.15, lw=0)
         for arm, (its, med) in sr.kappa_heads.items():
-            ax.plot(its, med, ls="--", marker="x", ms=3, color=arm_color(arm), label=f"{arm} (median over heads)")
+            ax.plot(its, med, ls="--", marker="x", ms=4, color=arm_color(arm),
+                    label=f"{arm} (median over heads, {len(its)} measured point{'s' if len(its) != 1 else ''})")
         ax.set_yscale("log")
 
-    _save(path, draw, f"Attention conditioning vs iteration (lr scale {sr.scale:g}; band: min-max over sites)",
+    _save(path, draw, f"Attention conditioning vs iteration (lr scale {sr.scale:g}; markers: measured points; "
+                      "band: min-max over sites)",
           "iteration", "κ (condition number, log scale)")
     return True
 

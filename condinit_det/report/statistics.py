@@ -14,11 +14,12 @@ interval here says which of them it covers (:attr:`Interval.replication`):
   interval built from the two variance components (see the function).
 
 All functions that take arrays accept leading batch dimensions, so the calibration simulations
-(:mod:`condinit_det.report.calibration`) run the same code as the report, vectorized.
+(``bench/calibration.py``) run the same code as the report, vectorized.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -52,23 +53,46 @@ __all__ = [
     "t_interval",
     "two_level_bootstrap",
     "verdict",
+    "verdict_text",
 ]
 
 RUNS, IMAGES, BOTH = "runs", "images", "both"
 
-BETTER = "better than default"
-WORSE = "worse than default"
-NOT_DISTINGUISHABLE = "not distinguishable from default at 95%"
-NOT_DISTINGUISHABLE_FAMILY = "not distinguishable from default at family-wise 95%"
-# One trained model per arm: a statement about these images, never about the initialization.
-IMAGES_HIGHER = "this one trained model scores higher than default's on these images"
-IMAGES_LOWER = "this one trained model scores lower than default's on these images"
-IMAGES_SAME = "this one trained model is not distinguishable from default's on these images at 95%"
-IMAGES_SAME_FAMILY = "this one trained model is not distinguishable from default's on these images at family-wise 95%"
+# The verdicts' wording, for a comparison with ``{reference}`` (the default arm, or the other arm of a contrast).
+_WORDING = {
+    "better": "better than {reference}",
+    "worse": "worse than {reference}",
+    "same": "not distinguishable from {reference} at 95%",
+    "same_family": "not distinguishable from {reference} at family-wise 95%",
+    # One trained model per arm: a statement about these images, never about the initialization.
+    "images_higher": "this one trained model scores higher than {reference}'s on these images",
+    "images_lower": "this one trained model scores lower than {reference}'s on these images",
+    "images_same": "this one trained model is not distinguishable from {reference}'s on these images at 95%",
+    "images_same_family": "this one trained model is not distinguishable from {reference}'s on these images at "
+                          "family-wise 95%",
+}
+
+
+def verdict_text(kind: str, reference: str = "default") -> str:
+    """A verdict's wording against ``reference``; ``kind``: better, worse, same, same_family, images_higher,
+    images_lower, images_same or images_same_family."""
+    if kind not in _WORDING:
+        raise ValueError(f"kind must be one of {sorted(_WORDING)}; got {kind!r}")
+    return _WORDING[kind].format(reference=reference)
+
+
+BETTER = verdict_text("better")
+WORSE = verdict_text("worse")
+NOT_DISTINGUISHABLE = verdict_text("same")
+NOT_DISTINGUISHABLE_FAMILY = verdict_text("same_family")
+IMAGES_HIGHER = verdict_text("images_higher")
+IMAGES_LOWER = verdict_text("images_lower")
+IMAGES_SAME = verdict_text("images_same")
+IMAGES_SAME_FAMILY = verdict_text("images_same_family")
 
 
 # The interval methods, and what each one's 95% covers (the truth its calibration scores it against,
-# :mod:`condinit_det.report.calibration`).
+# ``bench/calibration.py``).
 IMAGE_BOOTSTRAP = "image bootstrap"
 PAIRED_T = "paired t"
 TWO_LEVEL_PERCENTILE = "two-level percentile"
@@ -148,30 +172,27 @@ def _t_quantile(level: float, df):
     return stats.t.ppf(0.5 + level / 2, df)
 
 
-def _t_p_value(estimate, se, df):
-    """Two-sided p of estimate / se under Student t(df); a zero standard error gives 0 (or 1 at 0)."""
-    from scipy import stats
-
-    estimate, se = np.asarray(estimate, dtype=np.float64), np.asarray(se, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.abs(estimate) / se
-    p = 2.0 * stats.t.sf(t, df)
-    return np.where(se > 0, p, np.where(estimate == 0, 1.0, 0.0))
-
-
 def paired_t(differences, level: float = 0.95):
     """
-    Student t-interval of the mean of paired differences [..., n] (n - 1 degrees of freedom, n >= 2).
-    Returns arrays [...]: (mean, low, high, p-value, standard error).
+    Student t-interval of the mean of paired differences [..., n] (n - 1 degrees of freedom, n >= 2):
+    ``scipy.stats.ttest_1samp`` against 0 and its confidence interval. Returns arrays [...]: (mean, low,
+    high, two-sided p-value, standard error). Identical differences (standard error 0) give a zero-width
+    interval and p = 0, or p = 1 when they are all 0 (scipy's p is undefined there).
     """
+    from scipy import stats
+
     d = np.asarray(differences, dtype=np.float64)
     n = d.shape[-1]
     if n < 2:
         raise ValueError(f"a t-interval needs at least 2 paired differences, got {n}")
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # scipy's precision-loss note on identical differences
+        test = stats.ttest_1samp(d, 0.0, axis=-1)
+        interval = test.confidence_interval(level)
     mean = d.mean(axis=-1)
     se = d.std(axis=-1, ddof=1) / math.sqrt(n)
-    half = _t_quantile(level, n - 1) * se
-    return mean, mean - half, mean + half, _t_p_value(mean, se, n - 1), se
+    p = np.where(se > 0, test.pvalue, np.where(mean == 0, 1.0, 0.0))
+    return mean, interval.low, interval.high, p, se
 
 
 def t_interval(differences: Sequence[float], level: float = 0.95) -> Interval:
@@ -348,13 +369,15 @@ def two_level_bootstrap(estimates, replicates, rng: np.random.Generator, *, num_
 
 
 def verdict(interval: Optional[Interval], higher_is_better: bool = True, *,
-            p_adjusted: Optional[float] = None, alpha: float = 0.05) -> str:
+            p_adjusted: Optional[float] = None, alpha: float = 0.05, reference: str = "default") -> str:
     """
-    The verdict of an interval: "no interval"; with ``p_adjusted`` (Holm) significant when it is at most
-    ``alpha``, otherwise when the interval excludes 0. Runs or both: :data:`BETTER` / :data:`WORSE` /
-    :data:`NOT_DISTINGUISHABLE` (:data:`NOT_DISTINGUISHABLE_FAMILY` with ``p_adjusted``); images only:
-    :data:`IMAGES_HIGHER` / :data:`IMAGES_LOWER` / :data:`IMAGES_SAME` (:data:`IMAGES_SAME_FAMILY`): one
-    trained model per arm says nothing about the initialization.
+    The verdict of an interval of an arm minus ``reference``: "no interval"; with ``p_adjusted`` (Holm)
+    significant when it is at most ``alpha``, otherwise when the interval excludes 0. Runs or both:
+    :data:`BETTER` / :data:`WORSE` / :data:`NOT_DISTINGUISHABLE` (:data:`NOT_DISTINGUISHABLE_FAMILY` with
+    ``p_adjusted``); images only: :data:`IMAGES_HIGHER` / :data:`IMAGES_LOWER` / :data:`IMAGES_SAME`
+    (:data:`IMAGES_SAME_FAMILY`): one trained model per arm says nothing about the initialization. Against
+    another reference than the default arm (a contrast between two arms) the same wording names it
+    (:func:`verdict_text`), e.g. "better than scale_matched".
     """
     if interval is None or not (math.isfinite(interval.low) and math.isfinite(interval.high)):
         return "no interval"
@@ -365,10 +388,9 @@ def verdict(interval: Optional[Interval], higher_is_better: bool = True, *,
     up = interval.estimate > 0 if p_adjusted is not None else interval.low > 0
     images = interval.replication == IMAGES
     if not significant:
-        if p_adjusted is not None:
-            return IMAGES_SAME_FAMILY if images else NOT_DISTINGUISHABLE_FAMILY
-        return IMAGES_SAME if images else NOT_DISTINGUISHABLE
-    good = up == higher_is_better
-    if images:
-        return IMAGES_HIGHER if up else IMAGES_LOWER
-    return BETTER if good else WORSE
+        kind = "same_family" if p_adjusted is not None else "same"
+    elif images:
+        kind = "higher" if up else "lower"
+    else:
+        kind = "better" if up == higher_is_better else "worse"
+    return verdict_text(("images_" if images else "") + kind, reference)

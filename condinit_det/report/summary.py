@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from condinit_det.records.failures import describe_failure
-from condinit_det.report.statistics import mean_std
+from condinit_det.stage import DETECTION, StageDescriptor, known_stages
 
+from .contrasts import resolve_contrasts
 from .curves import Curve, first_reach, kappa_curve, kappa_heads_curve, seed_mean, speedup
 from .discovery import ExpectedRun, Missing, Run
 from .paired import PairedStat, paired_statistics
-from .stages import CLASSIFICATION, DETECTION, STAGES, Stage
+from .statistics import mean_std
 
 __all__ = ["ARM_ORDER", "LOSS", "ArmSummary", "ArmsReport", "StageReport", "summarize_runs"]
 
@@ -29,7 +30,7 @@ def arm_sort_key(arm: str):
 class ArmSummary:
     """One arm at one learning-rate scale in one stage, aggregated over its seeds."""
 
-    stage: Stage
+    stage: StageDescriptor
     arm: str
     lr_scale: float
     runs: List[Run]
@@ -57,7 +58,7 @@ class ArmSummary:
 class StageReport:
     """Every group of one stage, the main comparison at one lr scale, and what is missing."""
 
-    stage: Stage
+    stage: StageDescriptor
     groups: List[ArmSummary]
     scale: float  # learning-rate scale of the main comparison (1 unless there is no such run)
     target: Dict[str, Tuple[Optional[int], float]] = field(default_factory=dict)  # default's final (x, value)
@@ -66,10 +67,13 @@ class StageReport:
     kappa_heads: Dict[str, tuple] = field(default_factory=dict)  # arm -> (iterations, median over heads)
     stats: List[PairedStat] = field(default_factory=list)
     has_plan: bool = False
+    contrasts: List[Tuple[str, str]] = field(default_factory=list)  # (A, B) compared as A minus B
+    contrast_notes: List[str] = field(default_factory=list)  # requested contrasts not made here, and why
 
     @property
     def family(self) -> List[PairedStat]:
-        """The comparisons whose verdicts share the stage's Holm–Bonferroni family."""
+        """The comparisons whose verdicts share the stage's Holm–Bonferroni family (with default, then the
+        contrasts)."""
         return [s for s in self.stats if s.in_family]
 
     @property
@@ -146,7 +150,7 @@ class ArmsReport:
         return s.arm(name)
 
 
-def _summarize_group(stage: Stage, arm: str, scale: float, runs: List[Run]) -> ArmSummary:
+def _summarize_group(stage: StageDescriptor, arm: str, scale: float, runs: List[Run]) -> ArmSummary:
     runs = sorted(runs, key=lambda r: (r.seed is None, r.seed if r.seed is not None else 0, r.path))
     seeds = [r.seed for r in runs]
     dup = sorted({s for s in seeds if s is not None and seeds.count(s) > 1})
@@ -165,7 +169,7 @@ def _summarize_group(stage: Stage, arm: str, scale: float, runs: List[Run]) -> A
     return g
 
 
-def _convergence(groups: List[ArmSummary], stage: Stage) -> Dict[str, Tuple[Optional[int], float]]:
+def _convergence(groups: List[ArmSummary], stage: StageDescriptor) -> Dict[str, Tuple[Optional[int], float]]:
     """Fill reach / speed-up of every group against the default arm's final values; returns the targets."""
     default = next((g for g in groups if g.arm == "default"), None)
     if default is None:
@@ -193,11 +197,6 @@ def _main_scale(groups: List[ArmSummary]) -> float:
     return max(scales, key=lambda s: (sum(g.lr_scale == s for g in groups), -abs(math.log(s)), -s))
 
 
-def _stage_hint(hint: Optional[str]) -> Stage:
-    text = (hint or "").lower()
-    return CLASSIFICATION if any(w in text for w in ("pretrain", "cls", "classif", "imagenet")) else DETECTION
-
-
 def _collect_missing(expected: Sequence[ExpectedRun], runs: List[Run]) -> Tuple[List[Missing], set]:
     """
     Planned runs without results, runs without any evaluation, and runs whose last evaluation
@@ -205,58 +204,65 @@ def _collect_missing(expected: Sequence[ExpectedRun], runs: List[Run]) -> Tuple[
     the names of the stages that have a plan.
     """
     by_path = {os.path.realpath(r.path): r for r in runs}
-    stage_by_base: Dict[str, Stage] = {}
-    for e in expected:
-        r = by_path.get(os.path.realpath(e.path))
-        if r is not None and r.stage is not None:
-            stage_by_base.setdefault(e.base, r.stage)
     out, planned_stage = [], {}
     for e in expected:
-        stage = stage_by_base.get(e.base) or _stage_hint(e.stage_hint)
-        planned_stage[os.path.realpath(e.path)] = stage
+        planned_stage[os.path.realpath(e.path)] = e.stage
         if os.path.realpath(e.path) not in by_path:
             out.append(Missing(e.spec.arm, e.spec.seed, e.spec.lr_scale, e.path, "no results (failed or not run)",
-                               stage))
+                               e.stage))
     end: Dict[Tuple[str, str], int] = {}
     for r in runs:
-        if r.stage is not None and r.failure is None:
+        if r.final_x is not None and r.failure is None:
             key = (r.root, r.stage.name)
             end[key] = max(end.get(key, r.final_x), r.final_x)
     for r in runs:
         failure = r.failure
         if failure is not None:
-            stage = r.stage or planned_stage.get(os.path.realpath(r.path)) or _stage_hint(failure.get("config"))
+            stage = r.stage or planned_stage.get(os.path.realpath(r.path))
             out.append(Missing(r.arm, r.seed, r.lr_scale, r.path, describe_failure(failure), stage, r, failure))
-        elif r.stage is None:
+        elif r.stage is None or not r.evaluations():
             out.append(Missing(r.arm, r.seed, r.lr_scale, r.path, "no evaluation recorded (unfinished or failed)",
-                               planned_stage.get(os.path.realpath(r.path))))
+                               r.stage or planned_stage.get(os.path.realpath(r.path))))
         elif r.final_x < end.get((r.root, r.stage.name), r.final_x):
             out.append(Missing(r.arm, r.seed, r.lr_scale, r.path,
-                               f"unfinished (last evaluation at {r.stage.x} {r.final_x}; "
+                               f"unfinished (last evaluation at {r.stage.unit} {r.final_x}; "
                                f"other runs reach {end[(r.root, r.stage.name)]})", r.stage))
     return out, {s.name for s in planned_stage.values()}
 
 
+def report_stages(present) -> List[StageDescriptor]:
+    """The stages among ``present`` (None left out), in report order: the registered ones first (pretraining,
+    then detection: the order of the paper's protocol), then any other by name."""
+    present = {s.name: s for s in present if s is not None}
+    order = [s.name for s in known_stages()]
+    return [present[n] for n in sorted(present, key=lambda n: (order.index(n) if n in order else len(order), n))]
+
+
 def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *, bootstrap: int = 1000,
-                   seed: int = 0, delta=None, std=None) -> ArmsReport:
+                   seed: int = 0, delta=None, std=None, contrasts: Sequence[Tuple[str, str]] = ()) -> ArmsReport:
     """
     Group finished runs by (stage, arm, lr scale), aggregate them over seeds, compute the
     convergence metric and the paired statistics, and collect missing or unfinished runs.
     ``bootstrap`` / ``seed``: image resamples and generator seed; ``delta`` / ``std``: the difference the
     seed plans are for and the std of paired differences they assume
-    (:func:`condinit_det.report.paired.paired_statistics`).
+    (:func:`condinit_det.report.paired.paired_statistics`); ``contrasts``: (A, B) pairs of arms other than
+    default compared as A minus B, beside the default contrasts
+    (:func:`condinit_det.report.contrasts.resolve_contrasts`; ValueError for a pair that is not two different
+    arms other than default).
     """
     runs = list(runs)
     if not runs:
         raise ValueError("No runs to compare.")
+    contrasts = list(contrasts)
+    resolve_contrasts((), contrasts)  # a malformed pair fails before any work
     missing, planned = _collect_missing(expected, runs)
     bad = {os.path.realpath(m.path) for m in missing}
-    finished = [r for r in runs if r.stage is not None and os.path.realpath(r.path) not in bad]
+    finished = [r for r in runs if r.final_x is not None and os.path.realpath(r.path) not in bad]
 
     stages = []
-    for stage in STAGES:
-        stage_runs = [r for r in finished if r.stage is stage]
-        stage_missing = [m for m in missing if m.stage is stage]
+    for stage in report_stages([r.stage for r in runs] + [m.stage for m in missing]):
+        stage_runs = [r for r in finished if r.stage == stage]
+        stage_missing = [m for m in missing if m.stage == stage]
         if not stage_runs and not stage_missing:
             continue
         by_group: Dict[Tuple[str, float], List[Run]] = {}
@@ -274,7 +280,9 @@ def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *,
         sr.kappa = {a: k for a, k in kappa.items() if len(k[0])}
         heads = {g.arm: kappa_heads_curve([r.records for r in g.runs]) for g in sr.arms}
         sr.kappa_heads = {a: k for a, k in heads.items() if len(k[0])}
-        sr.stats = paired_statistics(sr, bootstrap=bootstrap, seed=seed, delta=delta, std=std)
+        sr.contrasts, sr.contrast_notes = resolve_contrasts([g.arm for g in sr.arms], contrasts)
+        sr.stats = paired_statistics(sr, bootstrap=bootstrap, seed=seed, delta=delta, std=std,
+                                     contrasts=sr.contrasts)
         stages.append(sr)
     if not any(s.groups or s.failed for s in stages):
         raise ValueError("No finished runs to compare: " + "; ".join(m.describe() for m in missing))

@@ -30,6 +30,7 @@ from condinit_det.modeling.detr.optim import AdamWFullModelClip, backbone_lr_fac
 from ..common.coco_loader_multiscale_crop import dataloader
 from ..common.coco_schedule_epochs import multistep_epochs
 from ..common.condinit import condinit, condinit_analysis
+from ..common.trackers import trackers
 from ..common.models.detr import model
 
 embed_dim, depth, num_heads, dp = 768, 12, 12, 0.1
@@ -79,6 +80,7 @@ optimizer = L(AdamWFullModelClip)(
 
 train = model_zoo.get_config("common/train.py").train
 train.output_dir = "./output/COCO/detr_vitdet_b"
+train.trackers = trackers  # W&B / MLflow switches, off
 train.max_iter, lr_multiplier = multistep_epochs(
     epochs=500,
     milestone_epochs=(400,),

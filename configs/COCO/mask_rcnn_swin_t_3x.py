@@ -18,6 +18,7 @@ from condinit_det.modeling import armed
 from ..common.coco_loader_multiscale_crop import dataloader
 from ..common.coco_schedule_epochs import multistep_epochs
 from ..common.condinit import condinit, condinit_analysis
+from ..common.trackers import trackers
 
 model = armed(model_zoo.get_config("common/models/mask_rcnn_fpn.py").model)
 model.backbone.bottom_up = L(SwinTransformer)(
@@ -44,6 +45,7 @@ train = model_zoo.get_config("common/train.py").train
 train.amp.enabled = True
 train.init_checkpoint = ""
 train.output_dir = "./output/COCO/mask_rcnn_swin_t_3x"
+train.trackers = trackers  # W&B / MLflow switches, off
 train.max_iter, lr_multiplier = multistep_epochs(
     epochs=36, milestone_epochs=(27, 33), images_per_batch=dataloader.train.total_batch_size, warmup_iters=500
 )

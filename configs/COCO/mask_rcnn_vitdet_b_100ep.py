@@ -20,6 +20,7 @@ from condinit_det.modeling import armed
 
 from ..common.coco_loader_lsj import dataloader
 from ..common.condinit import condinit, condinit_analysis
+from ..common.trackers import trackers
 
 model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
 
@@ -32,6 +33,7 @@ train.amp.enabled = True
 train.ddp.fp16_compression = True
 train.init_checkpoint = ""
 train.output_dir = "./output/COCO/mask_rcnn_vitdet_b_100ep"
+train.trackers = trackers  # W&B / MLflow switches, off
 
 # 100 epochs = 184375 iterations x 64 images / 118k images per epoch.
 train.max_iter = 184375

@@ -27,6 +27,7 @@
 import os
 
 from ..common.condinit import condinit
+from ..common.trackers import trackers
 
 model = dict(name="deit_base_patch16_224", kwargs=dict(drop_path_rate=0.1, drop_rate=0.0))
 
@@ -79,6 +80,7 @@ train = dict(
     eval_period=1,
     workers=10,
     eval_batch_size=None,
+    trackers=trackers,  # W&B / MLflow switches, off
 )
 
 # Every attention block (blocks.N.attn, timm Attention) gets the arm.

@@ -32,9 +32,10 @@ from detectron2.solver.build import get_default_optimizer_params
 from condinit_det.modeling.detr import PositionEmbeddingSine
 from condinit_det.modeling.detr.optim import AdamWFullModelClip
 
-from ..common.condinit import condinit
+from ..common.condinit import condinit, condinit_analysis
 from ..common.data_embedded import NUM_CLASSES, dataloader
 from ..common.models.detr import model
+from ..common.trackers import trackers
 from .mask_rcnn_vit_tiny import model as _mask_rcnn_vit
 
 # ---------------------------------------------------------------------------------------------
@@ -82,6 +83,13 @@ train.log_period = 50
 train.checkpointer = dict(period=4000, max_to_keep=1)
 train.device = "cpu"
 train.output_dir = "./output/demo/detr_vit_tiny"
+train.trackers = trackers  # W&B / MLflow switches, off
+
+# kappa of the attention Jacobian at the first, middle and last site, at initialization and every 400
+# iterations (11 measured points), on a 3x3 token grid, exact (condinit_det.analysis; docs/demos.md has its cost).
+condinit_analysis.period = 400
+condinit_analysis.max_tokens = 8
+condinit_analysis.method = "exact"
 
 lr_multiplier = L(WarmupParamScheduler)(
     scheduler=L(CosineParamScheduler)(start_value=1.0, end_value=0.02),

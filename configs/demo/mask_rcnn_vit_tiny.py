@@ -21,6 +21,7 @@ from condinit_det.modeling import armed
 
 from ..common.condinit import condinit, condinit_analysis
 from ..common.data_embedded import IMAGE_SIZE, NUM_CLASSES, dataloader
+from ..common.trackers import trackers
 
 # ---------------------------------------------------------------------------------------------
 # Model
@@ -107,16 +108,18 @@ train.log_period = 10
 train.checkpointer = dict(period=400, max_to_keep=1)
 train.device = "cpu"
 train.output_dir = "./output/demo/mask_rcnn_vit_tiny"
+train.trackers = trackers  # W&B / MLflow switches, off
 
 # Scenes hold at most 5 objects: keeping the 30 best detections instead of 100 leaves AP as it is
 # and spares the CPU most of the mask pasting at evaluation.
 model.roi_heads.box_predictor.test_topk_per_image = 30
 
 # Track the attention-Jacobian condition number of the first, middle and last attention block at
-# initialization and after training (condinit_det.analysis; results.json and the report's kappa
-# plot). max_tokens=8 keeps a 3x3 token grid (stride 3 in an 8x8 window, 6 in the 16x16 global
-# grid): a 864 x 27648 Jacobian (9 tokens x width 96 rows), whose exact SVD takes a few seconds.
-condinit_analysis.period = 400
+# initialization and every 100 iterations, 5 measured points (condinit_det.analysis; results.json and
+# the report's kappa plot), at about 2% of the training time (docs/demos.md). max_tokens=8 keeps a 3x3
+# token grid (stride 3 in an 8x8 window, 6 in the 16x16 global grid): a 864 x 27648 Jacobian (9 tokens
+# x width 96 rows), whose exact SVD takes about a second.
+condinit_analysis.period = 100
 condinit_analysis.max_tokens = 8
 condinit_analysis.method = "exact"
 

@@ -23,5 +23,5 @@ train.output_dir = "./output/demo_paper/finetune"
 train.max_iter = 300
 train.eval_period = 60
 train.checkpointer = dict(period=300, max_to_keep=1)
-condinit_analysis.period = 300
+condinit_analysis.period = 100  # 4 measured points of kappa
 lr_multiplier.warmup_length = 40 / train.max_iter

@@ -9,6 +9,7 @@
 # Default arm: "default" (condinit.arm). Train another with `--arm conditioned` / `--arm mimetic`,
 # or all three with `--arm all`.
 from ..common.condinit import condinit
+from ..common.trackers import trackers
 
 model = dict(
     name="vit_tiny_patch16_224",
@@ -57,6 +58,7 @@ train = dict(
     eval_period=1,
     workers=1,
     eval_batch_size=250,
+    trackers=trackers,  # W&B / MLflow switches, off
 )
 
 condinit.arm = "default"

@@ -22,25 +22,29 @@ Truths an interval can be scored against, per simulated experiment:
 - ``images``: effect + the seed part of seed 0 (this one trained model pair on the image population:
   what a one-seed image bootstrap covers).
 
+A contrast between two arms (:func:`contrast_coverage`) simulates two arms beside the default with
+different effects, sharing the default runs, and scores the interval of their per-seed difference
+against the known difference of the effects.
+
 Every interval is computed by the report's own functions (:mod:`condinit_det.report.statistics`,
 :func:`condinit_det.evaluation.bootstrap.resampled_mean`, :mod:`condinit_det.report.multiplicity`), on
-arrays of simulated experiments at once. Run ``python -m condinit_det.report.calibration`` for the
-table of docs/statistics.md.
+arrays of simulated experiments at once. Run ``python bench/calibration.py`` for the table of
+docs/statistics.md; tests/test_calibration.py runs its cells with fewer experiments.
 """
 from __future__ import annotations
 
 import argparse
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
+from tabulate import tabulate
 
 from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
-
-from .improvement import probability_of_improvement_batch
-from .multiplicity import holm_adjust
-from .statistics import (
+from condinit_det.report.improvement import probability_of_improvement_batch
+from condinit_det.report.multiplicity import holm_adjust
+from condinit_det.report.statistics import (
     IMAGE_BOOTSTRAP,
     METHOD_TRUTH,
     PAIRED_T,
@@ -51,8 +55,8 @@ from .statistics import (
     two_level_bootstrap,
 )
 
-__all__ = ["SATTERTHWAITE", "SCENARIOS", "Scenario", "calibrate", "coverage", "family_wise_error", "format_table",
-           "key", "main", "poi_coverage", "report_coverage", "simulate"]
+__all__ = ["SATTERTHWAITE", "SCENARIOS", "Scenario", "calibrate", "contrast_coverage", "coverage", "family_wise_error",
+           "format_table", "key", "main", "poi_coverage", "report_coverage", "simulate"]
 
 # The two-level interval with Welch–Satterthwaite degrees of freedom: calibrated for comparison only.
 SATTERTHWAITE = "two-level Satterthwaite"
@@ -104,25 +108,28 @@ class Simulated:
 
 
 def simulate(scenario: Scenario, num_seeds: int, num_sims: int, rng: np.random.Generator,
-             num_arms: int = 1) -> Simulated:
+             num_arms: int = 1, effects: Optional[Sequence[float]] = None) -> Simulated:
     """``num_sims`` experiments of ``num_seeds`` paired seeds on ``scenario.num_images`` images; every arm
-    beside the default has the scenario's effect."""
+    beside the default has the scenario's effect, or its own from ``effects`` (one per arm)."""
     sc, half = scenario, np.sqrt(0.5)
     shape = (num_sims, num_seeds, sc.num_images)
     sigma_shared = sc.image_shared_se * np.sqrt(sc.num_images) * half
     sigma_noise = sc.image_seed_se * np.sqrt(sc.num_images) * half
     common = (rng.normal(50.0, sc.image_spread, size=(num_sims, 1, sc.num_images))
               + rng.normal(0.0, 1.0, size=(num_sims, num_seeds, 1)))
+    effects = [sc.effect] * num_arms if effects is None else [float(e) for e in effects]
+    if len(effects) != num_arms:
+        raise ValueError(f"effects: one per arm beside the default ({num_arms}); got {len(effects)}")
     seed_parts, image_parts, scores = [], [], []
     for a in range(num_arms + 1):  # the default first
         seed_parts.append(rng.normal(0.0, sc.seed_std * half, size=(num_sims, num_seeds, 1)))
         image_parts.append(rng.normal(0.0, sigma_shared, size=(num_sims, 1, sc.num_images)))
         scores.append(common + seed_parts[-1] + image_parts[-1] + rng.normal(0.0, sigma_noise, size=shape)
-                      + (sc.effect if a else 0.0))
+                      + (effects[a - 1] if a else 0.0))
     seed_diff = (seed_parts[1] - seed_parts[0])[:, :, 0]
     image_diff = (image_parts[1] - image_parts[0])[:, 0, :]
-    return Simulated(scores[0], np.stack(scores[1:]), sc.effect, sc.effect + image_diff.mean(axis=-1),
-                     sc.effect + seed_diff[:, 0])
+    return Simulated(scores[0], np.stack(scores[1:]), effects[0], effects[0] + image_diff.mean(axis=-1),
+                     effects[0] + seed_diff[:, 0])
 
 
 def _replicates(sim: Simulated, rng: np.random.Generator, bootstrap: int) -> np.ndarray:
@@ -177,6 +184,37 @@ def coverage(scenario: Scenario, num_seeds: int, *, num_sims: int = 1000, bootst
         for k, v in found.items():
             hits[k] = hits.get(k, 0.0) + v * size
         done += size
+    return {k: v / num_sims for k, v in hits.items()}
+
+
+def contrast_coverage(scenario: Scenario, num_seeds: int, *, effects: Tuple[float, float] = (0.5, 0.2),
+                      num_sims: int = 1000, bootstrap: int = 400, rng: Optional[np.random.Generator] = None,
+                      chunk: int = 100) -> Dict[str, float]:
+    """
+    Coverage of a contrast between two arms A and B (n >= 2 seeds): both share the default runs (image
+    difficulties and seed shifts), A has effect ``effects[0]`` and B ``effects[1]`` over default, and the
+    interval is of A minus B per seed, on the same image resamples for every run (the report's pairing of a
+    contrast), against the known population difference ``effects[0] - effects[1]``. Keys as :func:`coverage`:
+    the paired t over seeds and the two-level bootstrap (percentile and t-scaled, the report's).
+    """
+    if num_seeds < 2:
+        raise ValueError(f"a contrast's calibration needs >= 2 seeds; got {num_seeds}")
+    rng = np.random.default_rng(3) if rng is None else rng
+    truth = float(effects[0] - effects[1])
+    hits: Dict[str, float] = {}
+    for done in range(0, num_sims, chunk):
+        size = min(chunk, num_sims - done)
+        sim = simulate(scenario, num_seeds, size, rng, num_arms=2, effects=effects)
+        rep = _replicates(sim, rng, bootstrap)  # [2, S, n, B] each arm minus default
+        contrast_rep = rep[0] - rep[1]  # A minus B: the default's scores cancel
+        per_seed = sim.arms[0].mean(axis=-1) - sim.arms[1].mean(axis=-1)  # [S, n]
+        _, low, high, _, _ = paired_t(per_seed)
+        two = two_level_bootstrap(per_seed, contrast_rep, rng, num_images=scenario.num_images)
+        found = {key(PAIRED_T, "population"): _covered(low, high, truth),
+                 key(TWO_LEVEL_PERCENTILE, "population"): _covered(two.percentile_low, two.percentile_high, truth),
+                 key(TWO_LEVEL_T, "population"): _covered(two.low, two.high, truth)}
+        for k, v in found.items():
+            hits[k] = hits.get(k, 0.0) + v * size
     return {k: v / num_sims for k, v in hits.items()}
 
 
@@ -243,7 +281,7 @@ COLUMNS = (key(IMAGE_BOOTSTRAP, "images"), key(IMAGE_BOOTSTRAP, "population"), k
 
 def format_table(results: Dict[str, Dict[int, Dict[str, float]]], seeds: Sequence[int]) -> str:
     """Markdown: one row per scenario and n, one column per method/truth; the report's interval in bold."""
-    lines = ["| scenario | n | " + " | ".join(COLUMNS) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
+    rows = []
     for name, by_n in results.items():
         for n in seeds:
             row, used = by_n[n], report_method(n, True)
@@ -251,8 +289,9 @@ def format_table(results: Dict[str, Dict[int, Dict[str, float]]], seeds: Sequenc
             for k in COLUMNS:
                 text = f"{row[k]:.3f}" if k in row else ""
                 cells.append(f"**{text}**" if used and k == key(used, METHOD_TRUTH[used]) else text)
-            lines.append(f"| {name} | {n} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows.append([name, str(n), *cells])
+    return tabulate(rows, ["scenario", "n", *COLUMNS], tablefmt="pipe", disable_numparse=True,
+                    colalign=["left"] + ["right"] * (len(COLUMNS) + 1))
 
 
 def calibrate(*, num_sims: int = 1000, bootstrap: int = 400, one_seed_bootstrap: int = 1000,
@@ -286,6 +325,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for n in (2, 3, 5, 10):
         fwe = family_wise_error(n, num_sims=args.sims, rng=np.random.default_rng([7, n]))
         print(f"family-wise error, 2 arms x 2 metrics, n = {n}: without Holm {fwe['raw']:.3f}, Holm {fwe['holm']:.3f}")
+    print()
+    for k, sc in enumerate(SCENARIOS[:2]):
+        for n in (3, 10):
+            con = contrast_coverage(sc, n, num_sims=args.sims, rng=np.random.default_rng([11, k, n]))
+            print(f"contrast A - B (effects 0.5, 0.2), {sc.name}, n = {n}: two-level t "
+                  f"{con[key(TWO_LEVEL_T, 'population')]:.3f}, two-level percentile "
+                  f"{con[key(TWO_LEVEL_PERCENTILE, 'population')]:.3f}, "
+                  f"paired t {con[key(PAIRED_T, 'population')]:.3f}")
     print()
     for n in (3, 5, 10):
         poi = poi_coverage(n, num_sims=args.sims, rng=np.random.default_rng([9, n]))

@@ -1,29 +1,22 @@
-"""The interface a training stage implements, so that the launcher can plan, run, resume and submit its runs.
+"""The interface a training stage implements, so that one launcher plans, runs, resumes and submits its runs.
 
-A stage knows its configs and how to train or evaluate one run; the launcher (:mod:`.experiment`,
-:mod:`.cluster`, :mod:`.protocol`) owns everything else, once for every stage: the command line, the arm x seed x
-lr-scale plan, one launch per run with failure records, resume and retry, the run's ownership, Slurm arrays and
-elements, preemption, the report at the end. The two stages are :class:`condinit_det.engine.DetectionStage`
-(detectron2 detectors) and :class:`condinit_det.pretrain.PretrainStage` (timm classification pretraining); a third
-(e.g. DETR pretraining, segmentation) is one more subclass, with nothing to change in the launcher.
-
-Stages import this module and nothing else of the launcher. A stage object holds no state: it is pickled into every
-training process and Slurm element. Configs are loaded again in every process (:meth:`Stage.load_config`, then
-:meth:`Stage.configure_run`), never sent.
-
+A stage knows its configs and how to train or evaluate one run; the launcher (:mod:`condinit_det.launch`) owns the
+rest once for every stage. A stage object holds no state: it is pickled into every training process and Slurm
+element, and configs are loaded again in each process (:meth:`Stage.load_config`, then :meth:`Stage.configure_run`).
 Bad input found by a stage raises :class:`~condinit_det.utils.errors.UsageError` (or ``ValueError`` /
-``FileNotFoundError``, which the launcher reports the same way: one line, exit status 2).
+``FileNotFoundError``): the launcher reports it in one line with exit status 2. How to add a stage:
+docs/development.md.
 """
 from __future__ import annotations
 
 import abc
-import argparse
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from ..records.layout import RunSpec
+from .descriptor import StageDescriptor
 
-__all__ = ["ConfigDefaults", "Stage"]
+__all__ = ["ConfigDefaults", "RunOptions", "Stage"]
 
 
 @dataclass(frozen=True)
@@ -35,22 +28,51 @@ class ConfigDefaults:
     seed: int
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What a stage needs to know of the command line to check, train or evaluate a run.
+
+    Args:
+        config_file: the config as given (a path or ``zoo:<name>``), recorded with the results.
+        resume: continue the run from its last checkpoint.
+        eval_only: evaluate a checkpoint instead of training.
+        trust_pickle: load checkpoints that need full unpickling.
+        allow_shared_checkpoint: let several arms start from the same weights (detection).
+        processes: training processes of one run, on all its machines together.
+        submitted: the runs go to a cluster (the devices are checked where they run, not here).
+    """
+
+    config_file: str = ""
+    resume: bool = False
+    eval_only: bool = False
+    trust_pickle: bool = False
+    allow_shared_checkpoint: bool = False
+    processes: int = 1
+    submitted: bool = False
+
+
 class Stage(abc.ABC):
-    """One training stage. Subclasses set the class attributes and implement the methods.
+    """One training stage. Subclasses set :attr:`descriptor` and the command's texts, and implement the methods.
 
     Attributes:
-        name: the stage's name in plans and reports (``"detection"``, ``"pretrain"``).
-        unit: what :meth:`length` counts: ``"iteration"`` or ``"epoch"``.
+        descriptor: what the stage's runs record and how they are read (its name and unit among them).
         description: the command's one-line description.
         examples: the command's ``--help`` epilog.
         config_help: what ``--config-file`` accepts.
     """
 
-    name: str = ""
-    unit: str = "iteration"
+    descriptor: StageDescriptor
     description: str = ""
     examples: str = ""
     config_help: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.descriptor.name
+
+    @property
+    def unit(self) -> str:
+        return self.descriptor.unit
 
     # ------------------------------------------------------------------ configs
     @abc.abstractmethod
@@ -68,7 +90,7 @@ class Stage(abc.ABC):
 
     @abc.abstractmethod
     def length(self, cfg) -> int:
-        """How long one run trains, in :attr:`unit` (iterations / epochs, warm-up and cool-down included)."""
+        """How long one run trains, in the descriptor's unit (warm-up and cool-down included)."""
 
     @abc.abstractmethod
     def steps(self, cfg) -> int:
@@ -85,12 +107,11 @@ class Stage(abc.ABC):
 
     # ------------------------------------------------------------------ checks
     @abc.abstractmethod
-    def check(self, args: argparse.Namespace, runs: List[Tuple[RunSpec, object]], *,
+    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *,
               upstream: Optional[str] = None) -> None:
         """Everything that can be checked before a process starts (datasets, checkpoints, the arm's attention
-        sites, batch splits, ...) for the planned ``(spec, configured cfg)`` runs; nothing is written. The launcher
-        checks the run identities of a resume itself. ``upstream``: the earlier stage's experiment directory the
-        runs start from (its runs may not have finished yet)."""
+        sites, batch splits, ...) for the planned ``(spec, configured cfg)`` runs; nothing is written. ``upstream``:
+        the earlier stage's experiment directory the runs start from (its runs may not have finished yet)."""
 
     # ------------------------------------------------------------------ runs
     @abc.abstractmethod
@@ -98,12 +119,12 @@ class Stage(abc.ABC):
         """Whether the run in ``run_dir`` trained ``length`` units and recorded its final evaluation."""
 
     @abc.abstractmethod
-    def train(self, args: argparse.Namespace, cfg, run_dir: str) -> None:
-        """Train (or resume, with ``args.resume``) one run; called in every process of the run. A failure
+    def train(self, options: RunOptions, cfg, run_dir: str) -> None:
+        """Train (or resume, with ``options.resume``) one run; called in every process of the run. A failure
         raises; a requeue raises :class:`~condinit_det.utils.preemption.Preempted`."""
 
     @abc.abstractmethod
-    def evaluate(self, args: argparse.Namespace, cfg, run_dir: str) -> None:
+    def evaluate(self, options: RunOptions, cfg, run_dir: str) -> None:
         """``--eval-only``: evaluate a checkpoint of the run and record it; called in every process."""
 
     def loader_workers(self, cfg) -> Optional[int]:
@@ -111,10 +132,8 @@ class Stage(abc.ABC):
         return None
 
     def set_loader_workers(self, cfg, workers: int) -> None:
-        """Set the data-loader workers per training process (the launcher's share of a job's CPUs).
-
-        The default does nothing: a stage that cannot set its loader workers keeps the config's own.
-        """
+        """Set the data-loader workers per training process (the launcher's share of a job's CPUs); a stage that
+        cannot keeps the config's own."""
         return None
 
     def stale_files(self, run_dir: str) -> List[str]:

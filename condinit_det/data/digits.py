@@ -1,0 +1,400 @@
+"""Two embedded datasets of real handwritten digits: ``digits-cls`` (classification) and ``digits-det`` (detection).
+
+Source: the 1,797 digits (8x8 block counts 0..16, 10 classes) of UCI's "Optical Recognition of Handwritten
+Digits" (E. Alpaydin and C. Kaynak, 1998; CC BY 4.0) that scikit-learn ships in its wheel
+(``sklearn.datasets.load_digits``): nothing is downloaded. scikit-learn is imported only to generate.
+The digits are split once, per class, into train (80%) and val (20%) from a fixed seed (:func:`split_digits`);
+both datasets record the split in their manifest, and no val digit appears in a train image of either.
+
+- ``digits-cls-v1`` (``data.root="embedded:digits-cls"``): every digit upscaled (bicubic, one blank source
+  pixel around it) to a 64x64 grey RGB image, white ink on black, in the ImageFolder layout
+  ``<root>/{train,val}/<digit>/<source index>.png``.
+- ``digits-det-v1`` (detectron2 ``condinit_digits_train`` / ``condinit_digits_val``, COCO layout as
+  :mod:`.embedded`): 128x128 scenes of 1 to 5 digits of the split's own digits, their 8x8 cells 20 to 48 px
+  tall (the ink reaches a little beyond), inked in a contrasting colour on a plain or textured canvas. A
+  digit's mask is its upscaled ink above ``mask_threshold``; masks never touch and boxes overlap by at most
+  ``max_box_overlap``, so every mask is the whole visible digit. Category ids are digit + 1
+  (``"0"``..``"9"``); each annotation names its source digit (``digit_index``).
+
+Both are generated on first use into ``$CONDINIT_DATA/<version>`` (:mod:`.cache`: atomic, reused when the
+manifest matches, the same bytes every time); a changed source (its checksum) stops generation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+import cv2
+import numpy as np
+
+from .cache import cache_root, generate_atomically, read_manifest, write_png
+from .embedded import PathLike, write_coco_split
+from .shapes import background, desaturate, image_rng, random_color
+
+__all__ = [
+    "CLASSES",
+    "CLS_VERSION",
+    "DET_DATASET_NAMES",
+    "DET_VERSION",
+    "DigitsClsSpec",
+    "DigitsDetSpec",
+    "PlacedDigit",
+    "SOURCE",
+    "default_cls_root",
+    "default_det_root",
+    "digit_ink",
+    "existing_or_generated_det",
+    "generate_digits_cls_dataset",
+    "generate_digits_det_dataset",
+    "load_source_digits",
+    "render_digit_image",
+    "render_digits_scene",
+    "split_digits",
+]
+
+CLS_VERSION = "digits-cls-v1"
+DET_VERSION = "digits-det-v1"
+DET_DATASET_NAMES = ("condinit_digits_train", "condinit_digits_val")
+# One character each, so that sorted class folders (timm, torchvision) are in label order.
+CLASSES = tuple(str(d) for d in range(10))
+DEFAULT_SEED = 2026
+DEFAULT_NUM_SCENES = {"train": 512, "val": 64}
+DEFAULT_VAL_FRACTION = 0.2
+
+# The data the datasets are made from, as load_digits returns it: the sha256 of its pixels (uint8, 1797x8x8)
+# followed by its labels (uint8), and the digits per class. Generation checks the first; the second gives the
+# split sizes a manifest must record without importing scikit-learn.
+_SOURCE_SHA256 = "87ff0c9e40dc7e2c0e34e7257799c2e3f3aec1a016363bb11cad869ec428a826"
+_SOURCE_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
+
+SOURCE = {
+    "name": "Optical Recognition of Handwritten Digits",
+    "creators": "E. Alpaydin and C. Kaynak",
+    "year": 1998,
+    "repository": "UCI Machine Learning Repository",
+    "url": "https://archive.ics.uci.edu/dataset/80/optical+recognition+of+handwritten+digits",
+    "doi": "10.24432/C50P49",
+    "citation": "E. Alpaydin and C. Kaynak (1998). Optical Recognition of Handwritten Digits. "
+                "UCI Machine Learning Repository. https://doi.org/10.24432/C50P49",
+    "license": "CC BY 4.0",
+    "license_url": "https://creativecommons.org/licenses/by/4.0/",
+    "carrier": "scikit-learn's sklearn.datasets.load_digits (UCI's optdigits test set: 1,797 digits of 13 writers, "
+               "8x8 counts 0..16 of 4x4 blocks of 32x32 bitmaps)",
+    "changes": "each 8x8 digit upscaled bicubically; digits-cls: grey images; digits-det: digits inked on "
+               "generated canvases, masks by thresholding the upscaled digit",
+    "sha256": _SOURCE_SHA256,
+    "num_digits": sum(_SOURCE_CLASS_COUNTS),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DigitsClsSpec:
+    """Knobs of ``digits-cls``; the manifest records them so that stale data is detected."""
+
+    image_size: int = 64  # a tiny ViT with patch 8 sees an 8x8 token grid
+    margin: int = 1  # blank source pixels around the 8x8 digit before upscaling
+    val_fraction: float = DEFAULT_VAL_FRACTION
+
+
+@dataclasses.dataclass(frozen=True)
+class DigitsDetSpec:
+    """Knobs of ``digits-det``; the manifest records them so that stale data is detected."""
+
+    image_size: int = 128
+    min_objects: int = 1
+    max_objects: int = 5
+    # Height of the digit's 8x8 cell, pixels. Bicubic upscaling spreads the ink a little into the blank margin
+    # around the cell, so a box is at most (8 + 2 * margin) / 8 of that tall (its frame).
+    min_size: float = 20.0
+    max_size: float = 48.0
+    aspect_jitter: float = 0.15  # frame width = height * U(1 - j, 1 + j)
+    margin: int = 1
+    # Ink at or below this fraction of a full source pixel is anti-aliasing, not stroke: 0.5 cuts thin strokes.
+    mask_threshold: float = 0.3
+    min_mask_pixels: int = 40
+    max_box_overlap: float = 0.1  # intersection over the smaller box's area
+    min_gap: int = 2  # pixels between the masks of two digits
+    place_attempts: int = 20
+    plain_prob: float = 0.3  # else one of the shapes backgrounds (gradient, blotches, stripes)
+    background_saturation: float = 0.35
+    noise_std: Tuple[float, float] = (2.0, 8.0)
+    split_seed: int = DEFAULT_SEED  # the split of :func:`split_digits`, the one digits-cls uses by default
+    val_fraction: float = DEFAULT_VAL_FRACTION
+
+
+class PlacedDigit(NamedTuple):
+    label: int  # the digit, 0..9
+    mask: np.ndarray  # HxW bool, the whole digit (digits never overlap)
+    digit_index: int  # index into the source digits
+
+
+# ---------------------------------------------------------------------------------------------
+# Source and split
+# ---------------------------------------------------------------------------------------------
+def _digest(pixels: np.ndarray, labels: np.ndarray) -> str:
+    return hashlib.sha256(pixels.astype(np.uint8).tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def load_source_digits() -> Tuple[np.ndarray, np.ndarray]:
+    """The 1,797 source digits: (pixels uint8 [N, 8, 8] in 0..16, labels int64 [N]), read-only.
+
+    Raises RuntimeError when scikit-learn's copy is not the one the datasets were made from (checksum).
+    """
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise ImportError("the digits datasets are generated from scikit-learn's copy of the UCI digits: "
+                          "pip install scikit-learn") from e
+    bunch = load_digits()
+    pixels = np.asarray(bunch.images)
+    labels = np.asarray(bunch.target)
+    if pixels.shape != (SOURCE["num_digits"], 8, 8) or not np.array_equal(pixels, np.round(pixels)):
+        raise RuntimeError(f"load_digits returned {pixels.shape} images, expected {SOURCE['num_digits']} of 8x8 "
+                           "integer counts")
+    pixels, labels = pixels.astype(np.uint8), labels.astype(np.int64)
+    digest = _digest(pixels, labels)
+    if digest != _SOURCE_SHA256:
+        raise RuntimeError(f"scikit-learn's load_digits data has sha256 {digest}, not {_SOURCE_SHA256} of the "
+                           f"data {CLS_VERSION} and {DET_VERSION} are made from; install a scikit-learn whose "
+                           "digits are UCI's optdigits test set unchanged")
+    pixels.setflags(write=False)
+    labels.setflags(write=False)
+    return pixels, labels
+
+
+def _val_count(n: int, val_fraction: float) -> int:
+    return int(round(val_fraction * n))
+
+
+def _check_val_fraction(val_fraction: float) -> None:
+    smallest = min(_SOURCE_CLASS_COUNTS)
+    if not isinstance(val_fraction, float) or not 0 < _val_count(smallest, val_fraction) < smallest:
+        raise ValueError(f"val_fraction must be a float that leaves every class digits in both splits "
+                         f"(0 < val_fraction * {smallest} rounds to 1..{smallest - 1}), got {val_fraction!r}")
+
+
+def _split_sizes(val_fraction: float) -> Dict[str, int]:
+    val = sum(_val_count(n, val_fraction) for n in _SOURCE_CLASS_COUNTS)
+    return {"train": sum(_SOURCE_CLASS_COUNTS) - val, "val": val}
+
+
+def split_digits(labels: np.ndarray, seed: int = DEFAULT_SEED,
+                 val_fraction: float = DEFAULT_VAL_FRACTION) -> Dict[str, np.ndarray]:
+    """Stratified split: per class, ``round(val_fraction * n)`` digits drawn from ``(seed, class)`` go to val,
+    the rest to train. Returns sorted index arrays ``{"train": ..., "val": ...}``."""
+    _check_val_fraction(val_fraction)
+    labels = np.asarray(labels)
+    train: List[np.ndarray] = []
+    val: List[np.ndarray] = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        order = np.random.default_rng(np.random.SeedSequence([int(seed), int(c)])).permutation(members)
+        n_val = _val_count(len(members), val_fraction)
+        val.append(order[:n_val])
+        train.append(order[n_val:])
+    return {"train": np.sort(np.concatenate(train)), "val": np.sort(np.concatenate(val))}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------------------------
+def digit_ink(pixels: np.ndarray, width: int, height: int, margin: int = 1) -> np.ndarray:
+    """A digit's ink in [0, 1] as a float32 ``height x width`` array: the 8x8 counts with ``margin`` blank
+    pixels around them, upscaled bicubically (the blank border lets the strokes fade out instead of being cut)."""
+    padded = np.pad(np.asarray(pixels, np.float32), int(margin))
+    up = cv2.resize(padded, (int(width), int(height)), interpolation=cv2.INTER_CUBIC)
+    return np.clip(up / 16.0, 0.0, 1.0)
+
+
+def render_digit_image(pixels: np.ndarray, spec: DigitsClsSpec = DigitsClsSpec()) -> np.ndarray:
+    """One ``digits-cls`` image: HxWx3 uint8, white ink on black, the same in all three channels."""
+    ink = digit_ink(pixels, spec.image_size, spec.image_size, spec.margin)
+    grey = np.round(ink * 255.0).astype(np.uint8)
+    return np.repeat(grey[:, :, None], 3, axis=2)
+
+
+def _canvas(rng: np.random.Generator, spec: DigitsDetSpec) -> np.ndarray:
+    size = spec.image_size
+    if rng.random() < spec.plain_prob:
+        return np.broadcast_to(rng.uniform(0, 255, 3).astype(np.float32), (size, size, 3)).copy()
+    return desaturate(background(rng, size), spec.background_saturation)
+
+
+def _box(mask: np.ndarray) -> Tuple[int, int, int, int]:
+    ys, xs = np.nonzero(mask)
+    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+
+
+def _box_overlap(a: Tuple[int, int, int, int], b: Tuple[int, int, int, int]) -> float:
+    """Intersection of two boxes over the smaller one's area."""
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    if w <= 0 or h <= 0:
+        return 0.0
+    smaller = min((a[2] - a[0]) * (a[3] - a[1]), (b[2] - b[0]) * (b[3] - b[1]))
+    return w * h / smaller
+
+
+def _scene(rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, pool: np.ndarray,
+           spec: DigitsDetSpec) -> Tuple[np.ndarray, List[PlacedDigit]]:
+    size = spec.image_size
+    img = _canvas(rng, spec)
+    taken = np.zeros((size, size), np.uint8)  # masks placed so far, grown by min_gap
+    grow = cv2.getStructuringElement(cv2.MORPH_RECT, (2 * spec.min_gap + 1, 2 * spec.min_gap + 1))
+    boxes: List[Tuple[int, int, int, int]] = []
+    placed: List[PlacedDigit] = []
+    frame = 8 + 2 * spec.margin
+    for _ in range(int(rng.integers(spec.min_objects, spec.max_objects + 1))):
+        digit = int(pool[rng.integers(len(pool))])
+        height = rng.uniform(spec.min_size, spec.max_size)
+        width = height * rng.uniform(1 - spec.aspect_jitter, 1 + spec.aspect_jitter)
+        ph, pw = int(round(height * frame / 8)), int(round(width * frame / 8))
+        ink = digit_ink(pixels[digit], pw, ph, spec.margin)
+        stroke = ink > spec.mask_threshold
+        if int(stroke.sum()) < spec.min_mask_pixels:
+            continue
+        # Rejection sampling of the position: the whole digit in the frame, apart from the others.
+        for _attempt in range(spec.place_attempts):
+            y0, x0 = int(rng.integers(0, size - ph + 1)), int(rng.integers(0, size - pw + 1))
+            mask = np.zeros((size, size), bool)
+            mask[y0:y0 + ph, x0:x0 + pw] = stroke
+            box = _box(mask)
+            if taken[mask].any() or any(_box_overlap(box, b) > spec.max_box_overlap for b in boxes):
+                continue
+            region = img[y0:y0 + ph, x0:x0 + pw]
+            color = random_color(rng, region[stroke].mean(0))
+            alpha = ink[:, :, None]
+            img[y0:y0 + ph, x0:x0 + pw] = region * (1 - alpha) + color[None, None, :] * alpha
+            taken |= cv2.dilate(mask.astype(np.uint8), grow)
+            boxes.append(box)
+            placed.append(PlacedDigit(int(labels[digit]), mask, digit))
+            break
+    img = img + rng.normal(0.0, rng.uniform(*spec.noise_std), img.shape).astype(np.float32)
+    return np.clip(np.round(img), 0, 255).astype(np.uint8), placed
+
+
+def render_digits_scene(seed: int, split: str, index: int,
+                        spec: DigitsDetSpec = DigitsDetSpec()) -> Tuple[np.ndarray, List[PlacedDigit]]:
+    """Scene ``index`` of ``split``: (HxWx3 uint8 BGR image, its digits), drawn from its own generator seeded by
+    ``(seed, split, index)`` and using only the digits of ``split`` (:func:`split_digits` of the spec)."""
+    pixels, labels = load_source_digits()
+    pool = split_digits(labels, spec.split_seed, spec.val_fraction)[split]
+    return _scene(image_rng(seed, split, index), pixels, labels, pool, spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------
+def default_cls_root() -> Path:
+    """``$CONDINIT_DATA/digits-cls-v1`` if the variable is set, else ``~/.cache/condinit_det/digits-cls-v1``."""
+    return cache_root(CLS_VERSION)
+
+
+def default_det_root() -> Path:
+    """``$CONDINIT_DATA/digits-det-v1`` if the variable is set, else ``~/.cache/condinit_det/digits-det-v1``."""
+    return cache_root(DET_VERSION)
+
+
+def _split_manifest(split: Dict[str, np.ndarray]) -> Dict[str, List[int]]:
+    return {k: [int(i) for i in v] for k, v in split.items()}
+
+
+def generate_digits_cls_dataset(
+    root: Optional[PathLike] = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    spec: DigitsClsSpec = DigitsClsSpec(),
+    replace_stale: Optional[bool] = None,
+) -> Path:
+    """Make sure ``digits-cls`` made with ``seed`` (the split's) and ``spec`` exists at ``root``; return the root.
+
+    root: default :func:`default_cls_root` (a cache). The manifest records the source, the split sizes
+    (``num_images``) and the source indices of each split (``split``). A dataset made with other parameters,
+    or a folder without a manifest, is replaced when ``replace_stale`` (default: True for the default root,
+    else False); otherwise a ValueError says what was found.
+    """
+    _check_val_fraction(spec.val_fraction)
+    if replace_stale is None:
+        replace_stale = root is None
+    root = Path(root).expanduser() if root is not None else default_cls_root()
+
+    def write(tmp: Path) -> dict:
+        pixels, labels = load_source_digits()
+        split = split_digits(labels, seed, spec.val_fraction)
+        for name, indices in split.items():
+            for c in CLASSES:
+                (tmp / name / c).mkdir(parents=True)
+            for i in indices:
+                write_png(tmp / name / CLASSES[labels[i]] / f"{int(i):04d}.png", render_digit_image(pixels[i], spec))
+        return {"image_size": spec.image_size, "source": SOURCE, "split": _split_manifest(split)}
+
+    expected = {"version": CLS_VERSION, "seed": int(seed), "num_images": _split_sizes(spec.val_fraction),
+                "spec": dataclasses.asdict(spec), "classes": list(CLASSES)}
+    return generate_atomically(root, expected, write, replace_stale=replace_stale)
+
+
+def generate_digits_det_dataset(
+    root: Optional[PathLike] = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    num_train: int = DEFAULT_NUM_SCENES["train"],
+    num_val: int = DEFAULT_NUM_SCENES["val"],
+    spec: DigitsDetSpec = DigitsDetSpec(),
+    replace_stale: Optional[bool] = None,
+) -> Path:
+    """Make sure ``digits-det`` with these parameters exists at ``root``; return the root.
+
+    root: default :func:`default_det_root` (a cache). ``seed`` draws the scenes; ``spec.split_seed`` and
+    ``spec.val_fraction`` choose the digits each split may use (recorded as ``split`` in the manifest). Stale
+    data is handled as by :func:`generate_digits_cls_dataset`.
+    """
+    _check_val_fraction(spec.val_fraction)
+    for name, n in (("num_train", num_train), ("num_val", num_val)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    if not 1 <= spec.min_objects <= spec.max_objects:
+        raise ValueError(f"need 1 <= min_objects <= max_objects, got {spec.min_objects}, {spec.max_objects}")
+    if not 8 <= spec.min_size <= spec.max_size <= spec.image_size * 8 / (8 + 2 * spec.margin) / (
+            1 + spec.aspect_jitter):
+        raise ValueError(f"digit sizes {spec.min_size}..{spec.max_size} px do not fit a {spec.image_size} px image")
+    if replace_stale is None:
+        replace_stale = root is None
+    root = Path(root).expanduser() if root is not None else default_det_root()
+
+    def write(tmp: Path) -> dict:
+        pixels, labels = load_source_digits()
+        split = split_digits(labels, spec.split_seed, spec.val_fraction)
+
+        def scenes(name: str, num: int):
+            for idx in range(num):
+                img, digits = _scene(image_rng(seed, name, idx), pixels, labels, split[name], spec)
+                yield img, [(d.label + 1, d.mask, {"digit_index": d.digit_index}) for d in digits]
+
+        counts = {name: write_coco_split(tmp, name, scenes(name, num), classes=CLASSES, version=DET_VERSION,
+                                         supercategory="digit")
+                  for name, num in (("train", num_train), ("val", num_val))}
+        return {"num_instances": counts, "image_size": spec.image_size, "source": SOURCE,
+                "split": _split_manifest(split)}
+
+    expected = {"version": DET_VERSION, "seed": int(seed), "num_images": {"train": num_train, "val": num_val},
+                "spec": dataclasses.asdict(spec), "classes": list(CLASSES)}
+    return generate_atomically(root, expected, write, replace_stale=replace_stale)
+
+
+def existing_or_generated_det(root: Optional[PathLike]) -> Path:
+    """The default cache (regenerated if stale), a ``digits-det`` dataset at ``root`` whatever its parameters,
+    else a default one generated there; a root holding another dataset raises ValueError."""
+    if root is None:
+        return generate_digits_det_dataset(None)
+    root = Path(root).expanduser()
+    manifest = read_manifest(root)
+    if manifest is None:
+        return generate_digits_det_dataset(root)
+    if manifest.get("version") != DET_VERSION:
+        raise ValueError(f"{root} holds the {manifest.get('version')} dataset, not {DET_VERSION}")
+    return root
+

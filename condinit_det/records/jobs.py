@@ -1,0 +1,53 @@
+"""Which Slurm jobs an experiment's runs had: ``<base>/slurm.json``.
+
+    {"runs": {"<arm>/seed<k>": ["805_0", "811_2"], ...}, "report": ["806", "812"]}
+
+Every job each run directory ever had, oldest first (the last one is the current one), and the report jobs.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Mapping, Optional
+
+from ..utils.fileio import atomic_write
+
+__all__ = ["JOBS_FILENAME", "read_job_history", "read_jobs", "read_report_jobs", "record_jobs"]
+
+JOBS_FILENAME = "slurm.json"
+
+
+def _read(base: str) -> dict:
+    path = os.path.join(base, JOBS_FILENAME)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); move it aside to submit afresh") from None
+    return data if isinstance(data, dict) else {}
+
+
+def read_job_history(base: str) -> Dict[str, List[str]]:
+    """Run directory (relative to ``base``) -> every job id it had, oldest first; {} without ``slurm.json``."""
+    return {run: [str(j) for j in jobs] for run, jobs in _read(base).get("runs", {}).items()}
+
+
+def read_jobs(base: str) -> Dict[str, str]:
+    """Run directory (relative to ``base``) -> its current (latest) Slurm job id; {} without ``slurm.json``."""
+    return {run: jobs[-1] for run, jobs in read_job_history(base).items() if jobs}
+
+
+def read_report_jobs(base: str) -> List[str]:
+    """The report jobs submitted for ``base``, oldest first."""
+    return [str(j) for j in _read(base).get("report", [])]
+
+
+def record_jobs(base: str, jobs: Mapping[str, str], report: Optional[str] = None) -> None:
+    """Add each run's new job (run directory relative to ``base`` -> job id) and a new report job."""
+    runs = read_job_history(base)
+    for run, job in jobs.items():
+        runs.setdefault(run, []).append(str(job))
+    reports = read_report_jobs(base) + ([str(report)] if report else [])
+    atomic_write(os.path.join(base, JOBS_FILENAME), json.dumps({"runs": runs, "report": reports}, indent=1))

@@ -1,0 +1,211 @@
+"""What a training stage records and how its records are read: one :class:`StageDescriptor` per stage.
+
+A descriptor is plain data, defined once per stage and read everywhere: the stage's command and launcher (its
+name, its unit), the plan ``experiment.json`` (which stores it, so that a plan describes its own runs), the status
+command (progress, the finished rule, the ETA) and the report (tables, curves, statistics, plots). The two stages
+of this package are :data:`DETECTION` and :data:`PRETRAIN`; a third stage defines its own and needs no change in
+the launcher, the status command or the report.
+
+A run's stage is looked up, never guessed: by its plan's ``stage`` field, else by the ``"stage"`` field of its
+records (:func:`stage_of`). No torch, detectron2 or timm import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Dict, Mapping, Optional, Tuple
+
+__all__ = ["DETECTION", "PRETRAIN", "UNITS", "Metric", "StageDescriptor", "known_stages", "register_stage",
+           "stage_of"]
+
+# The units a run's length can count, and how the status table abbreviates them.
+UNITS = {"iteration": "it", "epoch": "ep"}
+_PER_IMAGE = (None, "coco", "labels")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One number of an evaluation record: ``record[section][name]`` (or ``record[name]`` without a section).
+
+    Args:
+        key: identifier in CSV columns, file names and ``--delta bbox=0.6``: ``"bbox"``, ``"top1"``.
+        header: table header: ``"AP^b"``, ``"top-1"``.
+        label: axis label with its unit: ``"box AP (%)"``.
+        name: the field's name in the record (section).
+        section: the record's sub-object holding it (``"bbox"``), or None.
+        short: the word the status table shows before it (``"box"``, ``"top-1"``).
+    """
+
+    key: str
+    header: str
+    label: str
+    name: str
+    section: Optional[str] = None
+    short: str = ""
+
+    def value(self, record: Mapping) -> float:
+        """The metric in ``record`` as a float; NaN when absent, null or not finite."""
+        source = record.get(self.section) if self.section else record
+        try:
+            value = float((source or {}).get(self.name))
+        except (TypeError, ValueError):
+            return float("nan")
+        return value if math.isfinite(value) else float("nan")
+
+
+@dataclass(frozen=True)
+class StageDescriptor:
+    """Everything the launcher, the status command and the report need to know of a stage's runs.
+
+    Args:
+        name: the stage's one name in plans, records, reports, status and the docs (``"detection"``).
+        title: the report's heading of the stage.
+        unit: what a run's length and its curves' x axis count, and the record field holding it: ``"iteration"``
+            or ``"epoch"`` (:data:`UNITS`).
+        eval_kind: the results-record kind of the evaluations made while training (``"ap"``).
+        eval_only_kind: the kind ``--eval-only`` records (``"eval"``).
+        table: the report's columns, in the paper's layout.
+        headline: the metrics the statistics compare and the status table shows (a subset of ``table``).
+        plots: (metric, file name) of the report's curves.
+        loss_plot / kappa_plot: file names of the report's training-loss and κ plots.
+        metrics_step_offset: added to a ``metrics.json`` line's ``"iteration"`` to give the optimizer steps
+            completed (detectron2's writer numbers steps from 0: 1; a writer numbering from 1: 0).
+        eta_key: a ``metrics.json`` field holding the writer's own estimate of the seconds left (detectron2's
+            ``"eta_seconds"``), or None: the remaining units times the steps per unit times the step time.
+        final_file: a file a run writes once its training ended; a run listed in no plan (so of unknown length)
+            is finished when it has this file and an evaluation. None: such a run is never called finished.
+        per_image: what the per-image file an evaluation record names holds (``"per_image"``, for the report's
+            image bootstrap): ``"coco"`` (COCO matches of box and mask), ``"labels"`` (each image's top-1 / top-5
+            correctness), or None (the stage keeps none).
+    """
+
+    name: str
+    title: str
+    unit: str
+    eval_kind: str
+    eval_only_kind: str
+    table: Tuple[Metric, ...]
+    headline: Tuple[Metric, ...]
+    plots: Tuple[Tuple[Metric, str], ...] = ()
+    loss_plot: str = "loss.png"
+    kappa_plot: str = "kappa.png"
+    metrics_step_offset: int = 0
+    eta_key: Optional[str] = None
+    final_file: Optional[str] = None
+    per_image: Optional[str] = None
+
+    def __post_init__(self):
+        if not self.name or self.unit not in UNITS:
+            raise ValueError(f"stage {self.name!r}: unit {self.unit!r} is not one of {', '.join(UNITS)}")
+        if self.per_image not in _PER_IMAGE:
+            raise ValueError(f"stage {self.name!r}: per_image {self.per_image!r} is not one of {_PER_IMAGE}")
+        keys = {m.key for m in self.table}
+        missing = [m.key for m in self.headline if m.key not in keys] + [m.key for m, _ in self.plots
+                                                                          if m.key not in keys]
+        if missing or not self.headline:
+            raise ValueError(f"stage {self.name!r}: headline and plotted metrics must be table columns; "
+                             f"not in the table: {missing}")
+
+    @property
+    def evaluation_kinds(self) -> Tuple[str, str]:
+        """Every record kind that holds an evaluation of this stage."""
+        return (self.eval_kind, self.eval_only_kind)
+
+    def to_dict(self) -> dict:
+        """Plain JSON data (the plan stores it); :meth:`from_dict` reads it back."""
+        data = asdict(self)
+        data["table"] = list(data["table"])
+        data["plots"] = [{"metric": m["key"], "file": name} for m, name in data["plots"]]
+        data["headline"] = [m["key"] for m in data["headline"]]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "StageDescriptor":
+        """The descriptor :meth:`to_dict` wrote; raises ValueError naming what is wrong."""
+        try:
+            table = tuple(Metric(**m) for m in data["table"])
+            by_key = {m.key: m for m in table}
+            values = {k: v for k, v in data.items() if k in _FIELDS}
+            values["table"] = table
+            values["headline"] = tuple(by_key[k] for k in data["headline"])
+            values["plots"] = tuple((by_key[p["metric"]], p["file"]) for p in data.get("plots", ()))
+            return cls(**values)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a stage description ({type(e).__name__}: {e})") from None
+
+
+_FIELDS = {f.name for f in fields(StageDescriptor)}
+
+_BOX = Metric("bbox", "AP^b", "box AP (%)", "AP", "bbox", short="box")
+_MASK = Metric("segm", "AP^m", "mask AP (%)", "AP", "segm", short="mask")
+_TOP1 = Metric("top1", "top-1", "top-1 accuracy (%)", "top1", short="top-1")
+_TOP5 = Metric("top5", "top-5", "top-5 accuracy (%)", "top5", short="top-5")
+
+DETECTION = StageDescriptor(
+    name="detection",
+    title="Detection: COCO box / mask AP",
+    unit="iteration",
+    eval_kind="ap",
+    eval_only_kind="eval",
+    table=(
+        _BOX,
+        Metric("bbox_AP50", "AP^b_50", "box AP50 (%)", "AP50", "bbox"),
+        Metric("bbox_AP75", "AP^b_75", "box AP75 (%)", "AP75", "bbox"),
+        _MASK,
+        Metric("segm_AP50", "AP^m_50", "mask AP50 (%)", "AP50", "segm"),
+        Metric("segm_AP75", "AP^m_75", "mask AP75 (%)", "AP75", "segm"),
+    ),
+    headline=(_BOX, _MASK),
+    plots=((_BOX, "bbox_ap.png"), (_MASK, "segm_ap.png")),
+    loss_plot="loss.png",
+    kappa_plot="kappa.png",
+    metrics_step_offset=1,
+    eta_key="eta_seconds",
+    final_file="model_final.pth",
+    per_image="coco",
+)
+
+PRETRAIN = StageDescriptor(
+    name="pretrain",
+    title="Classification pretraining: top-1 / top-5 accuracy",
+    unit="epoch",
+    eval_kind="cls",
+    eval_only_kind="cls_eval",
+    table=(_TOP1, _TOP5),
+    headline=(_TOP1,),
+    plots=((_TOP1, "top1.png"), (_TOP5, "top5.png")),
+    loss_plot="cls_loss.png",
+    kappa_plot="cls_kappa.png",
+    metrics_step_offset=0,
+    final_file="model_final.pth",
+    per_image="labels",
+)
+
+_REGISTRY: Dict[str, StageDescriptor] = {}
+
+
+def register_stage(descriptor: StageDescriptor) -> StageDescriptor:
+    """Make ``descriptor`` known by its name to runs whose plan does not describe them; returns it. A second,
+    different descriptor under a known name raises ValueError."""
+    known = _REGISTRY.get(descriptor.name)
+    if known is not None and known != descriptor:
+        raise ValueError(f"a different stage named {descriptor.name!r} is registered already")
+    _REGISTRY[descriptor.name] = descriptor
+    return descriptor
+
+
+def known_stages() -> Tuple[StageDescriptor, ...]:
+    """The registered descriptors, pretraining before detection (the order of the paper's protocol)."""
+    return tuple(_REGISTRY.values())
+
+
+def stage_of(name: Optional[str], described: Optional[Mapping] = None) -> Optional[StageDescriptor]:
+    """The stage named ``name``: the plan's own description ``described`` when given, else the registered stage
+    of that name; None when neither knows it."""
+    if described:
+        return StageDescriptor.from_dict(described)
+    return _REGISTRY.get(name) if name else None
+
+
+register_stage(PRETRAIN)
+register_stage(DETECTION)

@@ -1,0 +1,348 @@
+"""Contrasts between two arms other than default (A vs B, paired by seed, in the stage's Holm family), and the
+report's wording for them, for speed-ups no seed reached and for the seeds each question needs."""
+import csv
+import importlib.util
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+from table_text import unpadded
+
+from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
+from condinit_det.records.per_image import write_classification_eval
+from condinit_det.records.results import ResultsFile
+from condinit_det.report import DEFAULT_CONTRASTS, compare_arms, find_runs, holm_adjust, summarize_runs
+from condinit_det.report.contrasts import contrast_meaning, parse_contrast, resolve_contrasts
+from condinit_det.report.statistics import two_level_bootstrap, verdict_text
+
+T_975_2 = 4.302652729911275  # Student t quantile 0.975, 2 degrees of freedom
+ITERS = (100, 200, 300, 400)
+
+# Final box AP per arm and seed; mask AP is box AP - 2 + MASK_SHIFT[arm][seed]
+BOX = {"default": [40.0, 41.0, 42.0],
+       "mimetic": [39.0, 40.0, 41.0],  # 1 below default in every seed: never reaches its final value
+       "conditioned": [42.0, 43.5, 44.0],  # default + 2, 2.5, 2
+       "scale_matched": [41.5, 43.0, 44.2]}  # conditioned - scale_matched: 0.5, 0.5, -0.2
+MASK_SHIFT = {"default": [0.0, 0.0, 0.0], "mimetic": [0.0, 0.5, 0.0], "conditioned": [0.3, 0.0, 0.0],
+              "scale_matched": [0.0, 0.0, 0.6]}
+
+
+def _write_run(path, arm, seed, final_box, final_mask):
+    """A detection run whose AP climbs to its final value: v - 15, v - 8, v - 1, v at ITERS."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "condinit_arm_report.json"), "w") as f:
+        json.dump({"run": {"arm": arm, "seed": seed, "arm_seed": seed, "lr_scale": 1.0}, "arm": arm, "sites": []}, f)
+    rf = ResultsFile(path)
+    for it, step in zip(ITERS, (15.0, 8.0, 1.0, 0.0)):
+        b, m = final_box - step, final_mask - step
+        rf.add({"kind": "ap", "stage": "detection", "iteration": it, "arm": arm, "seed": seed, "config": "cfg.py",
+                "bbox": {"AP": b, "AP50": b + 20, "AP75": b + 5, "APs": b, "APm": b, "APl": b},
+                "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5, "APs": m, "APm": m, "APl": m}})
+
+
+def _experiment(root, box=BOX, mask_shift=MASK_SHIFT):
+    for arm, values in box.items():
+        for seed, v in enumerate(values):
+            _write_run(str(root / arm / f"seed{seed}"), arm, seed, v, v - 2.0 + mask_shift[arm][seed])
+    return root
+
+
+def _mask(arm):
+    return [v - 2.0 + s for v, s in zip(BOX[arm], MASK_SHIFT[arm])]
+
+
+def _row(report, arm, metric, reference="default"):
+    return next(s for s in report.primary.stats if (s.arm, s.metric, s.reference) == (arm, metric, reference))
+
+
+def test_contrast_interval_p_and_holm_family_known_answer(tmp_path):
+    report, text = compare_arms([str(_experiment(tmp_path / "exp"))], bootstrap=0)
+    det = report.primary
+    assert det.contrasts == [("conditioned", "scale_matched"), ("conditioned", "mimetic")]
+    c = _row(report, "conditioned", "AP^b", "scale_matched")
+    assert c.is_contrast and c.label == "conditioned vs scale_matched" and c.in_family
+    assert c.paired_seeds == [0, 1, 2] and c.differences == pytest.approx([0.5, 0.5, -0.2])
+    d = np.array([0.5, 0.5, -0.2])
+    half = T_975_2 * d.std(ddof=1) / math.sqrt(3)
+    assert (c.interval.low, c.interval.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert c.interval.unit == "training runs (3 seeds)" and c.method == "paired t-interval over 3 seeds"
+    assert c.interval.p_value == pytest.approx(scipy_stats.ttest_1samp(d, 0.0).pvalue)
+    # P(conditioned run > scale_matched run, same seed): 2 of 3 seeds
+    assert c.improvement.estimate == pytest.approx(2 / 3)
+
+    # the family: 3 arms x {AP^b, AP^m} against default, then 2 contrasts x {AP^b, AP^m}; Holm over all 10
+    assert [(f.label, f.metric) for f in det.family] == [
+        ("mimetic", "AP^b"), ("mimetic", "AP^m"), ("conditioned", "AP^b"), ("conditioned", "AP^m"),
+        ("scale_matched", "AP^b"), ("scale_matched", "AP^m"),
+        ("conditioned vs scale_matched", "AP^b"), ("conditioned vs scale_matched", "AP^m"),
+        ("conditioned vs mimetic", "AP^b"), ("conditioned vs mimetic", "AP^m")]
+    by_hand = []
+    for f in det.family:
+        ref = f.reference
+        a = BOX[f.arm] if f.metric == "AP^b" else _mask(f.arm)
+        b = BOX[ref] if f.metric == "AP^b" else _mask(ref)
+        diffs = np.subtract(a, b)
+        assert f.differences == pytest.approx(diffs)
+        by_hand.append(1.0 if np.all(diffs == diffs[0]) and diffs[0] == 0 else
+                       (0.0 if np.all(diffs == diffs[0]) else scipy_stats.ttest_1samp(diffs, 0.0).pvalue))
+    assert [f.p_holm for f in det.family] == pytest.approx(list(holm_adjust(by_hand)))
+    # p = 0.371 is the 9th smallest of 10: Holm multiplies it by 10 - 9 + 1 = 2
+    assert sorted(by_hand).index(c.interval.p_value) == 8 and c.p_holm == pytest.approx(2 * c.interval.p_value)
+    assert c.p_holm > 0.05 and c.verdict == "not distinguishable from scale_matched at family-wise 95%"
+    # conditioned vs mimetic: +3, +3.5, +3 box AP, p = 0.0028: the 3rd smallest, 8 x p <= 0.05
+    cm = _row(report, "conditioned", "AP^b", "mimetic")
+    assert cm.differences == pytest.approx([3.0, 3.5, 3.0]) and cm.interval.low > 0
+    assert sorted(by_hand).index(cm.interval.p_value) == 2
+    assert cm.p_holm == pytest.approx(holm_adjust(by_hand)[8]) and cm.p_holm <= 0.05
+    assert cm.verdict == "better than mimetic"
+
+    # the plans count the whole family
+    assert c.plan.comparisons == 10 and c.plan.delta_source == "the paper's claimed gain"
+    assert "conditioned vs scale_matched × {AP^b, AP^m}; conditioned vs mimetic × {AP^b, AP^m} (10 comparisons: 6 " \
+           "against default, 4 in contrasts between arms)" in text
+
+    # the censored speed-up of conditioned to scale_matched's final value: seeds 0 and 1 reach it at the last
+    # evaluation (0 %), seed 2 never does (censored: below 0 %); Kaplan–Meier median of 3: 0.0
+    sp = _row(report, "conditioned", "speed-up AP^b (%)", "scale_matched")
+    assert sp.values == {0: 0.0, 1: 0.0} and (sp.speedup.n, sp.speedup.reached) == (3, 2)
+    assert sp.speedup.estimate.value == 0.0 and not sp.speedup.estimate.below
+    assert sp.speedup.low.below and sp.speedup.coverage == pytest.approx(0.75)
+    assert not sp.in_family and sp.verdict == ""
+
+
+def test_contrast_verdict_lines_word_the_question(tmp_path):
+    _, text = compare_arms([str(_experiment(tmp_path / "nd"))], bootstrap=0)
+    line = next(ln for ln in text.splitlines() if ln.startswith("- conditioned vs scale_matched, AP^b:"))
+    p = scipy_stats.ttest_1samp([0.5, 0.5, -0.2], 0.0).pvalue  # 0.371, Holm x 2 (module test above)
+    assert line == ("- conditioned vs scale_matched, AP^b: not distinguishable from scale_matched at family-wise 95% "
+                    f"(Δ +0.3, 95% interval [-0.7, +1.3], training runs (3 seeds); p = {p:.3f}, Holm-adjusted p = "
+                    f"{2 * p:.3f}): the difference from default is not separated from the weights' scale at n = 3 — "
+                    "evaluation-image variance not included: bootstrap off")
+    assert f"{p:.3f}" == "0.371" and f"{2 * p:.3f}" == "0.743"
+    # a contrast without a question of its own: the verdict alone
+    assert "- conditioned vs mimetic, AP^b: better than mimetic (Δ +3.2, 95% interval [+2.4, +3.9], training runs " \
+           "(3 seeds); p = 0.003, Holm-adjusted p = 0.022) — evaluation-image variance" in text
+    # the contrasts' table beside the comparisons with default
+    table = unpadded(text.split("Contrasts between arms:")[1].split("### Speed-up")[0])
+    assert "| contrast | metric | paired seeds | Δ (A - B) | 95% interval | unit | p | Holm p | verdict | method |" \
+        in table
+    assert "| conditioned vs scale_matched | AP^b | 3 | +0.3 |" in table
+    assert "| contrast | metric | t over seeds | two-level percentile | P(A > B) |" in table
+    assert "| conditioned vs scale_matched | AP^b | [" in table and "| 0.67 (bootstrap off; exact [" in table
+    assert "| conditioned vs scale_matched | speed-up AP^b (%) | 2/3 | 0.0 | [< 0.0, 0.0] | 0.750 |" in unpadded(text)
+
+    # conditioned clearly above the scale-matched control in every seed: the conditioning adds to the scale
+    box = {**BOX, "scale_matched": [39.0, 40.4, 41.1]}  # conditioned - scale_matched: 3.0, 3.1, 2.9
+    report, text = compare_arms([str(_experiment(tmp_path / "better", box=box))], bootstrap=0)
+    c = _row(report, "conditioned", "AP^b", "scale_matched")
+    assert c.differences == pytest.approx([3.0, 3.1, 2.9]) and c.p_holm <= 0.05
+    assert c.verdict == "better than scale_matched"
+    line = next(ln for ln in text.splitlines() if ln.startswith("- conditioned vs scale_matched, AP^b:"))
+    assert line.startswith("- conditioned vs scale_matched, AP^b: better than scale_matched (Δ +3.0, 95% interval "
+                           "[+2.8, +3.2], training runs (3 seeds); p = < 0.001, Holm-adjusted p = ")
+    assert "): the conditioning adds to the scale's effect — " in line
+
+    # the other direction, asked for: the same test, worded from scale_matched's side
+    report, text = compare_arms([str(tmp_path / "better")], bootstrap=0, contrasts=[("scale_matched", "conditioned")])
+    assert report.primary.contrasts == [("conditioned", "mimetic"), ("scale_matched", "conditioned")]
+    r = _row(report, "scale_matched", "AP^b", "conditioned")
+    assert r.differences == pytest.approx([-3.0, -3.1, -2.9]) and r.p_holm == pytest.approx(c.p_holm)
+    assert r.verdict == "worse than conditioned"
+    assert "worse than conditioned (Δ -3.0" in text and "): the conditioning adds to the scale's effect" in text
+
+
+def test_contrast_meaning_and_wording():
+    same = verdict_text("same_family", "scale_matched")
+    assert same == "not distinguishable from scale_matched at family-wise 95%"
+    assert verdict_text("images_higher", "mimetic") == "this one trained model scores higher than mimetic's on " \
+                                                       "these images"
+    assert contrast_meaning("conditioned", "scale_matched", same, "both", 5) == \
+        "the difference from default is not separated from the weights' scale at n = 5"
+    assert contrast_meaning("conditioned", "scale_matched", "better than scale_matched", "runs", 3) == \
+        "the conditioning adds to the scale's effect"
+    assert contrast_meaning("conditioned", "scale_matched", "worse than scale_matched", "runs", 3) == \
+        "the weights' scale alone does better than the conditioning"
+    assert contrast_meaning("mimetic", "scale_matched", "better than scale_matched", "runs", 3) is None
+    assert contrast_meaning("conditioned", "mimetic", verdict_text("same_family", "mimetic"), "runs", 3) == \
+        "conditioned and mimetic are not separated at n = 3"
+    # one trained model per arm: the line says how many seeds the question needs instead
+    assert contrast_meaning("conditioned", "scale_matched", verdict_text("images_same_family", "scale_matched"),
+                            "images", 1) is None
+
+
+def test_contrast_with_per_image_data_gets_the_two_level_interval(tmp_path):
+    rng = np.random.default_rng(5)
+    num_images, bootstrap, seed = 200, 300, 4
+    labels = rng.integers(0, 5, size=num_images)
+    correct = {}
+    for arm, p in (("default", 0.5), ("conditioned", 0.62), ("scale_matched", 0.58)):
+        for s in range(3):
+            hit = rng.uniform(size=num_images) < p + 0.03 * s
+            correct[(arm, s)] = hit
+            run = tmp_path / "pre" / arm / f"seed{s}"
+            path = write_classification_eval(str(run), 4, labels=labels, top1=np.where(hit, labels, (labels + 1) % 5),
+                                             top5_hit=np.ones(num_images))
+            ResultsFile(str(run)).add({"kind": "cls", "stage": "pretrain", "iteration": 40, "epoch": 4,
+                                       "top1": 100 * hit.mean(), "top5": 100.0, "arm": arm, "seed": s,
+                                       "per_image": os.path.relpath(path, str(run))})
+    report, text = compare_arms([str(tmp_path / "pre")], bootstrap=bootstrap, seed=seed)
+    sr = report.stage("pretrain")
+    assert sr.contrasts == [("conditioned", "scale_matched")]  # no mimetic runs: that default contrast is left out
+    row = next(s for s in sr.stats if s.is_contrast and s.metric == "top-1")
+    diffs = [100 * (correct[("conditioned", s)].mean() - correct[("scale_matched", s)].mean()) for s in range(3)]
+    assert row.differences == pytest.approx(diffs)
+    assert row.interval.unit == "both (training runs: 3 seeds; evaluation images)"
+    # by hand: the stage's image resamples, the same for every run; A minus B on each; the row's generator
+    draws = image_draws(np.random.default_rng(seed), num_images, bootstrap)
+    reps = np.stack([resampled_mean(100.0 * correct[("conditioned", s)], draws)
+                     - resampled_mean(100.0 * correct[("scale_matched", s)], draws) for s in range(3)])
+    two = two_level_bootstrap(np.asarray(diffs), reps, np.random.default_rng([seed, 1, sr.stats.index(row)]),
+                              num_images=num_images)
+    assert (row.interval.low, row.interval.high) == pytest.approx((float(two.low), float(two.high)))
+    assert row.interval.p_value == pytest.approx(float(two.p_value))
+    # family: 2 arms against default + 1 contrast, top-1 each
+    assert [(f.label, f.metric) for f in sr.family] == [("conditioned", "top-1"), ("scale_matched", "top-1"),
+                                                        ("conditioned vs scale_matched", "top-1")]
+    assert "(3 comparisons: 2 against default, 1 in contrasts between arms)" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("- conditioned vs scale_matched, top-1: "))
+    assert f"95% interval [{two.low:+.1f}, {two.high:+.1f}], both (training runs: 3 seeds; evaluation images)" in line
+
+
+def test_unreached_speedup_reads_as_such(tmp_path):
+    report, text = compare_arms([str(_experiment(tmp_path / "exp"))], bootstrap=0)
+    sp = _row(report, "mimetic", "speed-up AP^b (%)")
+    assert (sp.speedup.n, sp.speedup.reached) == (3, 0)
+    summary = text.split("## Detection")[0]
+    assert "- mimetic, speed-up AP^b (%): not reached in 0/3 seeds: every run ends below default's final value\n" \
+        in summary
+    assert "- mimetic, speed-up AP^b (%): reached in" not in summary and "[< 0.0, < 0.0]" not in text
+    assert "| mimetic | speed-up AP^b (%) | 0/3 | not reached | | | training runs (3 seeds) | | every run ends below " \
+           "default's final value (censored at its last evaluation) |" in unpadded(text)
+    # the same in stats.csv: nothing reached, every bound censored
+    out = tmp_path / "r"
+    compare_arms([str(tmp_path / "exp")], output_dir=str(out), bootstrap=0)
+    with open(out / "stats.csv") as f:
+        rows = list(csv.DictReader(f))
+    row = next(r for r in rows if r["arm"] == "mimetic" and r["metric"] == "speed-up AP^b (%)")
+    assert row["reference"] == "default" and row["speedup_reached"] == "0"
+    assert row["speedup_estimate_below"] == "1" and row["speedup_low_below"] == "1"
+
+
+def test_seeds_needed_is_one_table(tmp_path):
+    report, text = compare_arms([str(_experiment(tmp_path / "exp"))], bootstrap=0)
+    summary = unpadded(text.split("## Detection")[0])
+    assert "- seeds for " not in summary
+    assert "Seeds per arm for 80% power (two-sided paired t-test over seeds, level 0.05 Holm-adjusted over 10 " \
+           "comparisons):" in summary
+    assert "| arm | metric | effect Δ | std of the paired differences | seeds needed | seeds now |" in summary
+    c = _row(report, "conditioned", "AP^b", "scale_matched")
+    std = np.std([0.5, 0.5, -0.2], ddof=1)
+    assert c.plan.std == pytest.approx(std) and c.plan.needed is not None
+    assert (f"| conditioned vs scale_matched | AP^b | 0.6 (the paper's claimed gain) | {std:.3g} (observed over 3 "
+            f"seeds) | {c.plan.needed} | 3 |") in summary
+
+
+def test_stats_csv_names_the_reference(tmp_path):
+    out = tmp_path / "r"
+    compare_arms([str(_experiment(tmp_path / "exp"))], output_dir=str(out), bootstrap=0)
+    with open(out / "stats.csv") as f:
+        header = next(csv.reader(f))
+    assert header[:7] == ["stage", "arm", "lr_scale", "kind", "metric", "reference", "mean"]
+    with open(out / "stats.csv") as f:
+        rows = list(csv.DictReader(f))
+    row = next(r for r in rows if (r["arm"], r["metric"], r["reference"]) == ("conditioned", "AP^b", "scale_matched"))
+    assert row["kind"] == "metric" and row["in_family"] == "1" and row["paired_seeds"] == "0 1 2"
+    assert float(row["mean_difference"]) == pytest.approx(0.8 / 3)
+    assert row["verdict"] == "not distinguishable from scale_matched at family-wise 95%"
+    assert row["replication"] == "runs" and float(row["poi"]) == pytest.approx(2 / 3)
+    p = scipy_stats.ttest_1samp([0.5, 0.5, -0.2], 0.0).pvalue
+    assert float(row["p_value"]) == pytest.approx(p) and float(row["p_holm"]) == pytest.approx(2 * p)
+    assert float(row["ci_low"]) == pytest.approx(0.8 / 3 - T_975_2 * np.std([0.5, 0.5, -0.2], ddof=1) / math.sqrt(3))
+    assert {r["reference"] for r in rows if r["arm"] == "conditioned" and r["metric"] == "AP^b"} == \
+        {"default", "scale_matched", "mimetic"}
+    sp = next(r for r in rows if (r["arm"], r["metric"], r["reference"]) ==
+              ("conditioned", "speed-up AP^b (%)", "scale_matched"))
+    assert sp["speedup_reached"] == "2" and sp["in_family"] == "0"
+
+
+def _load_cli():
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "tools", "compare_arms.py")
+    spec = importlib.util.spec_from_file_location("compare_arms_cli", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_contrast_option(tmp_path, capsys):
+    cli = _load_cli()
+    exp = _experiment(tmp_path / "exp")
+    assert cli.main([str(exp), "--bootstrap", "0", "--contrast", "mimetic:scale_matched", "--contrast",
+                     "conditioned:xcit", "--output", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "- mimetic vs scale_matched, AP^b: " in out
+    assert "(12 comparisons: 6 against default, 6 in contrasts between arms)" in out
+    note = ("- contrast conditioned vs xcit not made: no finished xcit run in this stage (arms here: conditioned, "
+            "default, mimetic, scale_matched)")
+    assert out.count(note) == 2  # in the summary and in the stage's paired statistics
+    for value, message in (("conditioned", "expected two different arms other than default, as A:B"),
+                           ("conditioned:conditioned", "an arm against itself"),
+                           ("default:conditioned", "every arm is already compared with default"),
+                           ("conditioned:", "expected two different arms other than default"),
+                           ("a:b:c", "expected two different arms other than default")):
+        with pytest.raises(SystemExit) as e:
+            cli.main([str(exp), "--contrast", value])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and "argument --contrast" in err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--plan-seeds", "--delta", "0.6", "--std", "0.1", "--contrast", "conditioned:scale_matched"])
+    assert e.value.code == 2 and "count each contrast as one more arm in --arms" in capsys.readouterr().err
+
+
+def test_contrasts_from_python():
+    assert DEFAULT_CONTRASTS == (("conditioned", "scale_matched"), ("conditioned", "mimetic"))
+    assert parse_contrast(" conditioned : scale_matched ") == ("conditioned", "scale_matched")
+    arms = ["default", "mimetic", "conditioned", "scale_matched"]
+    assert resolve_contrasts(arms) == ([("conditioned", "scale_matched"), ("conditioned", "mimetic")], [])
+    assert resolve_contrasts(["default", "conditioned"]) == ([], [])  # default contrasts only where both ran
+    pairs, notes = resolve_contrasts(arms, [("mimetic", "conditioned"), ("mimetic", "conditioned"), ("a", "b")])
+    assert pairs == [("conditioned", "scale_matched"), ("mimetic", "conditioned")] and len(notes) == 1
+    assert notes[0].startswith("contrast a vs b not made: no finished a or b run in this stage")
+    for bad in ((("default", "conditioned"),), (("mimetic", "mimetic"),)):
+        with pytest.raises(ValueError, match="expected two different arms other than default"):
+            resolve_contrasts(arms, bad)
+
+
+def test_summarize_runs_rejects_a_bad_contrast_and_keeps_reports_without_contrasts(tmp_path):
+    exp = _experiment(tmp_path / "exp", box={a: BOX[a] for a in ("default", "conditioned")})
+    with pytest.raises(ValueError, match="every arm is already compared with default"):
+        summarize_runs(find_runs([str(exp)]), bootstrap=0, contrasts=[("conditioned", "default")])
+    report, text = compare_arms([str(exp)], bootstrap=0)
+    assert report.primary.contrasts == [] and not any(s.is_contrast for s in report.primary.stats)
+    assert "(2 comparisons against default)" in text and "Contrasts between arms" not in text
+    assert "A vs B" not in text
+
+
+def test_unreached_speedup_wording_per_kind():
+    from condinit_det.report.markdown import speedup_line
+    from condinit_det.report.paired import SPEEDUP, PairedStat
+    from condinit_det.report.speedup import Reach, summarize_reaches
+
+    def row(key, name, reaches, reference="default"):
+        s = PairedStat("conditioned", name, key, 1.0, {}, float("nan"), float("nan"), 0, kind=SPEEDUP,
+                       reference=reference)
+        s.speedup = summarize_reaches(reaches)
+        return s
+
+    never = [Reach(0, None, 400, 400), Reach(1, None, 400, 400)]
+    assert speedup_line(row("loss_speedup", "speed-up loss (%)", never)) == \
+        "conditioned, speed-up loss (%): not reached in 0/2 seeds: every run ends above default's final value"
+    assert speedup_line(row("bbox_speedup", "speed-up AP^b (%)", never[:1], "scale_matched")) == \
+        "conditioned vs scale_matched, speed-up AP^b (%): not reached in 0/1 seeds: the run ends below " \
+        "scale_matched's final value"
+    # one seed of two reached it: the Kaplan–Meier median (the better seed of 2) and its interval, censoring shown
+    assert speedup_line(row("bbox_speedup", "speed-up AP^b (%)", [Reach(0, 300, 400, 400), never[1]])) == \
+        "conditioned, speed-up AP^b (%): reached in 1/2 seeds, estimate 25.0 [< 0.0, 25.0] (coverage 0.500, " \
+        "training runs (2 seeds))"

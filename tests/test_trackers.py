@@ -1,0 +1,572 @@
+"""Experiment trackers (condinit_det.tracking): Weights & Biases and MLflow for both stages, offline.
+
+The end-to-end tests train tiny two-arm experiments with both trackers on and read them back through each tracker's
+own data: MLflow's client on the file store beside the experiment, and W&B's offline run files (the transaction log
+``run-<id>.wandb`` that ``wandb sync`` uploads, decoded with W&B's own protobuf records). The fast tests pin the config
+node, the one-line errors, the event writer's steps and the marking of runs that ended abnormally.
+"""
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from condinit_det.records.identity import read_arm_report
+from condinit_det.records.layout import RunSpec
+from condinit_det.records.results import ResultsFile
+from condinit_det.tracking import DEFAULTS, RunInfo, tracked_run, tracker_settings
+from condinit_det.tracking.base import STATE_FILENAME
+from condinit_det.tracking.runs import mark_unfinished, read_state
+from condinit_det.utils.errors import UsageError
+from condinit_det.utils.preemption import Preempted
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_NET = str(ROOT / "tools" / "train_net.py")
+PRETRAIN_NET = str(ROOT / "tools" / "pretrain_net.py")
+FAILING_CONFIG = str(ROOT / "tests" / "tiny_failing_config.py")
+PRETRAIN_DEMO = str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py")
+BOTH = ["train.trackers.wandb.enabled=True", "train.trackers.mlflow.enabled=True"]
+
+
+@pytest.fixture
+def tracker_env(tmp_path, monkeypatch):
+    """W&B quiet, its caches and settings in the test's folder; no account anywhere. Returns the environment of the
+    training processes."""
+    values = {"WANDB_SILENT": "true", "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+              "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+              "MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_ID", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(key, raising=False)
+    (tmp_path / "tmp").mkdir()  # W&B's temporary folders, of this process and of the training processes
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               TMPDIR=str(tmp_path / "tmp"))
+    del env["MLFLOW_ALLOW_FILE_STORE"]  # the training processes set it themselves; this process reads the stores
+    return env
+
+
+def _tool(tool, *argv, cwd, env, **extra):
+    proc = subprocess.run([sys.executable, tool, *argv], cwd=cwd, env={**env, **extra}, capture_output=True,
+                          text=True, timeout=1200)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the trackers back
+# ---------------------------------------------------------------------------------------------
+def mlflow_runs(store, experiment):
+    """({run name: run}, client) of an MLflow experiment in a file store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri="file://" + str(store))
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment!r} in {store}"
+    runs = client.search_runs([found.experiment_id])
+    names = [r.info.run_name for r in runs]
+    assert len(names) == len(set(names)), names  # one tracker run per run: a resume adds none
+    return {r.info.run_name: r for r in runs}, client
+
+
+def history(client, run, key):
+    return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
+
+def _wandb_records(path):
+    """The protobuf records of a W&B transaction log (``run-<id>.wandb``): a 7-byte header, then 32 KiB blocks of
+    chunks (checksum, length, type: full / first / middle / last)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if not data:  # a session killed before W&B wrote anything
+        return []
+    assert data[:4] == b":W&B", path
+    block, pos, parts, payloads = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        if kind == 1:
+            payloads.append(chunk)
+        elif kind == 2:
+            parts = chunk
+        elif kind == 3:
+            parts += chunk
+        elif kind == 4:
+            payloads.append(parts + chunk)
+    return [pb.Record.FromString(p) for p in payloads]
+
+
+def wandb_sessions(run_dir):
+    """Each offline W&B session of ``run_dir`` (oldest first): its run record, history rows, config, saved files and
+    exit code."""
+    sessions = []
+    for folder in sorted(glob.glob(os.path.join(run_dir, "wandb", "offline-run-*"))):
+        logs = glob.glob(os.path.join(folder, "run-*.wandb"))  # none: killed before W&B opened it
+        assert len(logs) <= 1, logs
+        session = {"folder": folder, "rows": [], "config": {}, "exit": None, "run": None, "preempting": False}
+        for record in _wandb_records(logs[0]) if logs else []:
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                session["run"] = record.run
+                session["config"].update({u.key: json.loads(u.value_json) for u in record.run.config.update})
+            elif kind == "config":
+                session["config"].update({u.key: json.loads(u.value_json) for u in record.config.update})
+            elif kind == "history":
+                session["rows"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                        for i in record.history.item})
+            elif kind == "exit":
+                session["exit"] = record.exit.exit_code
+            elif kind == "preempting":
+                session["preempting"] = True
+        files = os.path.join(folder, "files")
+        session["files"] = sorted(os.path.relpath(os.path.join(r, f), files) for r, _, fs in os.walk(files)
+                                  for f in fs)
+        sessions.append(session)
+    return sessions
+
+
+def wandb_series(sessions, key, step="iteration"):
+    return [(row[step], row[key]) for s in sessions for row in s["rows"] if key in row]
+
+
+# ---------------------------------------------------------------------------------------------
+# The config node
+# ---------------------------------------------------------------------------------------------
+def _lazy_configs():
+    return sorted(p for sub in ("COCO", "ImageNet", "demo") for p in glob.glob(str(ROOT / "configs" / sub / "*.py")))
+
+
+def test_common_trackers_node_is_the_code_defaults():
+    from detectron2.config import LazyConfig
+
+    node = LazyConfig.load(str(ROOT / "configs" / "common" / "trackers.py")).trackers
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.to_container(node) == DEFAULTS
+    assert DEFAULTS["wandb"]["mode"] == "offline" and not DEFAULTS["wandb"]["enabled"]
+    assert not DEFAULTS["mlflow"]["enabled"] and DEFAULTS["mlflow"]["tracking_uri"] is None
+
+
+@pytest.mark.parametrize("path", _lazy_configs(), ids=lambda p: os.path.relpath(p, ROOT / "configs"))
+def test_every_config_of_both_stages_has_the_switches_off(path):
+    from detectron2.config import LazyConfig
+    from omegaconf import OmegaConf
+
+    cfg = LazyConfig.load(path)
+    assert "trackers" in cfg.train, f"{path}: train.trackers is missing"
+    assert OmegaConf.to_container(cfg.train.trackers) == DEFAULTS
+    assert tracker_settings(LazyConfig.apply_overrides(cfg, ["train.trackers.mlflow.enabled=True"])) == {
+        **DEFAULTS, "mlflow": {**DEFAULTS["mlflow"], "enabled": True}}
+
+
+def test_yacs_configs_have_the_switches():
+    from detectron2.config import get_cfg
+
+    from condinit_det.modeling.yacs_config import add_condinit_config
+
+    cfg = add_condinit_config(get_cfg())
+    cfg.merge_from_file(str(ROOT / "configs" / "yacs" / "mask_rcnn_vit_tiny_embedded.yaml"))
+    assert tracker_settings(cfg) == DEFAULTS
+    cfg.merge_from_list(["TRACKERS.WANDB.ENABLED", "True", "TRACKERS.WANDB.PROJECT", "p",
+                         "TRACKERS.MLFLOW.TRACKING_URI", "file:///tmp/store"])
+    settings = tracker_settings(cfg)
+    assert settings["wandb"] == {**DEFAULTS["wandb"], "enabled": True, "project": "p"}
+    assert settings["mlflow"]["tracking_uri"] == "file:///tmp/store" and not settings["mlflow"]["enabled"]
+    cfg.merge_from_list(["TRACKERS.WANDB.MODE", "cloud"])
+    with pytest.raises(UsageError, match=r"TRACKERS\.WANDB\.MODE='cloud'; accepted: offline, online"):
+        tracker_settings(cfg)
+
+
+@pytest.mark.parametrize("node, message", [
+    ({"neptune": {}}, "train.trackers has unknown tracker(s) neptune; accepted: wandb, mlflow"),
+    ({"wandb": {"enabled": True, "projct": "x"}},
+     "train.trackers.wandb has unknown key(s) projct; accepted: enabled, project, entity, mode, group"),
+    ({"wandb": {"enabled": "yes"}}, "train.trackers.wandb.enabled='yes': expected True or False"),
+    ({"wandb": {"mode": "cloud"}}, "train.trackers.wandb.mode='cloud'; accepted: offline, online"),
+    ({"mlflow": {"tracking_uri": 3}}, "train.trackers.mlflow.tracking_uri=3: expected a string or None"),
+    ({"wandb": {"project": ""}}, "train.trackers.wandb.project is empty"),
+])
+def test_bad_settings_are_named(node, message):
+    with pytest.raises(UsageError) as e:
+        tracker_settings({"train": {"trackers": node}})
+    assert str(e.value).startswith(message)
+
+
+def test_a_config_without_the_node_gets_the_defaults():
+    assert tracker_settings({"train": {"output_dir": "x"}}) == DEFAULTS
+    assert tracker_settings({"output_dir": "x"}) == DEFAULTS  # a stage whose configs have no train node
+
+
+def _refusal(tmp_path, capsys, *opts):
+    from condinit_det.engine import DetectionStage
+    from condinit_det.launch.command import run_command
+
+    out = tmp_path / "exp"
+    code = run_command(DetectionStage(), ["--config-file", str(ROOT / "tests" / "tiny_train_config.py"),
+                                          f"train.output_dir={out}", *opts])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not out.exists(), "nothing may be written before a refusal"
+    return code, err
+
+
+def test_a_missing_package_is_one_line_before_training(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if it were not installed
+    code, err = _refusal(tmp_path, capsys, "train.trackers.wandb.enabled=True")
+    assert code == 2 and len(err) == 1, err
+    message = err[0].split(": error: ", 1)[1]
+    assert message.startswith("the wandb tracker is enabled but the wandb package does not import (")
+    assert message.endswith("install it with: pip install 'condinit-det[wandb]' (or set "
+                            "train.trackers.wandb.enabled=False)")
+
+
+def test_a_bad_setting_is_one_line_before_training(tmp_path, capsys):
+    code, err = _refusal(tmp_path, capsys, "train.trackers.wandb.mode=cloud")
+    assert code == 2 and len(err) == 1, err
+    assert err[0].endswith("error: train.trackers.wandb.mode='cloud'; accepted: offline, online (enabled=False "
+                           "turns W&B off)")
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    code, err = _refusal(tmp_path, capsys, "train.trackers.mlflow.enabled=True",
+                         f"train.trackers.mlflow.tracking_uri=file://{blocked}/mlruns")
+    assert code == 2 and len(err) == 1 and f"cannot write to {blocked}/mlruns" in err[0], err
+
+
+def test_an_unreachable_mlflow_server_is_refused_up_front(tmp_path, tracker_env):
+    from condinit_det.tracking import check_trackers
+
+    settings = {**DEFAULTS, "mlflow": {**DEFAULTS["mlflow"], "enabled": True, "tracking_uri": "http://127.0.0.1:9"}}
+    with pytest.raises(UsageError) as e:
+        check_trackers(settings, str(tmp_path / "exp"))
+    message = str(e.value)
+    assert message.startswith("train.trackers.mlflow.tracking_uri='http://127.0.0.1:9' does not work (")
+    assert "\n" not in message and not (tmp_path / "exp").exists()
+    check_trackers({**DEFAULTS, "mlflow": {**DEFAULTS["mlflow"], "enabled": True}}, str(tmp_path / "exp"))
+    assert not (tmp_path / "mlruns").exists()  # checked, not created
+
+
+# ---------------------------------------------------------------------------------------------
+# The event writer
+# ---------------------------------------------------------------------------------------------
+class _Recorder:
+    def __init__(self):
+        self.logged = []
+
+    def __bool__(self):
+        return True
+
+    def log_metrics(self, metrics, step, step_name="iteration"):
+        self.logged.append((step, step_name, dict(metrics)))
+
+
+def test_the_writer_sends_each_scalar_once_with_its_step():
+    from detectron2.utils.events import EventStorage
+
+    from condinit_det.tracking.events import TrackerWriter, tracker_writers
+
+    assert tracker_writers() == []  # no tracked run in this process
+    recorder = _Recorder()
+    writer = TrackerWriter(recorder, step_offset=1, max_step=4, exclude=("eval/",))
+    with EventStorage(start_iter=0) as storage:
+        for it, loss in enumerate([4.0, 3.0, 2.0, 1.0]):
+            storage.iter = it
+            storage.put_scalars(total_loss=loss, lr=0.1 * (it + 1), smoothing_hint=False)
+            if it == 1:
+                storage.put_scalars(**{"bbox/AP": 12.5, "eval/top1": 3.0}, smoothing_hint=False)
+                writer.write()
+        storage.iter = 4  # detectron2's trainers evaluate after the last iteration at iteration max_iter
+        storage.put_scalars(**{"bbox/AP": 20.0}, smoothing_hint=False)
+        writer.write()
+        writer.write()  # nothing new
+    steps = [(step, sorted(m)) for step, _, m in recorder.logged]
+    assert steps == [(2, ["bbox/AP", "lr", "total_loss"]), (4, ["lr", "total_loss"]), (4, ["bbox/AP"])]
+    assert recorder.logged[0][2] == {"bbox/AP": 12.5, "lr": 0.2, "total_loss": 3.0}
+    assert recorder.logged[2][2] == {"bbox/AP": 20.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs that end abnormally; fresh runs
+# ---------------------------------------------------------------------------------------------
+def _settings(**on):
+    return {name: {**DEFAULTS[name], "enabled": name in on} for name in DEFAULTS}
+
+
+_DIES = """
+import os, sys
+from condinit_det.tracking import DEFAULTS, RunInfo
+from condinit_det.tracking.runs import RunTracking
+settings = {name: {**DEFAULTS[name], "enabled": True} for name in DEFAULTS}
+info = RunInfo(name="default/seed0", run_dir=sys.argv[1], experiment_dir=sys.argv[2], stage="detection", arm="default",
+               seed=0, lr_scale=1.0)
+tracking = RunTracking.open(settings, info)
+tracking.log_metrics({"total_loss": 2.0}, 1)
+os._exit(9)  # killed: no tracker run is ended
+"""
+
+
+def test_a_killed_process_leaves_its_runs_for_the_launcher_to_mark_failed(tmp_path, tracker_env):
+    run_dir = tmp_path / "exp" / "default" / "seed0"
+    proc = subprocess.run([sys.executable, "-c", _DIES, str(run_dir), str(tmp_path / "exp")], env=tracker_env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    state = read_state(str(run_dir))
+    assert {state["wandb"]["state"], state["mlflow"]["state"]} == {"running"}
+    runs, _ = mlflow_runs(tmp_path / "mlruns", "exp")
+    assert runs["default/seed0"].info.status == "RUNNING"
+    assert sorted(mark_unfinished(str(run_dir))) == ["mlflow", "wandb"]
+    assert mark_unfinished(str(run_dir)) == []  # once
+    state = read_state(str(run_dir))
+    assert {state["wandb"]["state"], state["mlflow"]["state"]} == {"failed"}
+    runs, client = mlflow_runs(tmp_path / "mlruns", "exp")
+    assert runs["default/seed0"].info.status == "FAILED" and runs["default/seed0"].info.run_id == state["mlflow"]["id"]
+    assert history(client, runs["default/seed0"], "total_loss") == [(1, 2.0)]
+    killed, marked = wandb_sessions(run_dir)
+    # the killed session never ended (what it wrote is what W&B saved before the kill); the launcher's session of
+    # the same run id ends the run, failed
+    assert killed["folder"].endswith("-" + state["wandb"]["id"]) and killed["exit"] is None
+    assert marked["run"].run_id == state["wandb"]["id"] and marked["exit"] == 1
+    assert marked["run"].display_name == "default/seed0" and marked["run"].run_group == "exp"
+
+
+def test_a_new_wandb_session_of_a_run_never_shares_the_folder_of_an_earlier_one(tmp_path):
+    import time
+    from datetime import datetime
+
+    from condinit_det.tracking.wandb_tracker import _wait_for_a_new_second
+
+    def stamp():
+        return datetime.fromtimestamp(time.time()).strftime("%Y%m%d_%H%M%S")
+
+    now = stamp()
+    (tmp_path / "wandb" / f"offline-run-{now}-abcd1234").mkdir(parents=True)  # a session that just started
+    _wait_for_a_new_second(str(tmp_path), "abcd1234")
+    assert stamp() != now
+    started = time.time()
+    _wait_for_a_new_second(str(tmp_path), "other123")  # another run: no wait
+    assert time.time() - started < 0.5
+
+
+def test_preempted_runs_are_killed_then_continued(tmp_path, tracker_env):
+    run_dir = tmp_path / "exp" / "mimetic" / "seed1"
+    info = RunInfo(name="mimetic/seed1", run_dir=str(run_dir), experiment_dir=str(tmp_path / "exp"),
+                   stage="pretrain", arm="mimetic", seed=1, lr_scale=1.0)
+    with pytest.raises(Preempted):
+        with tracked_run(_settings(mlflow=1), info) as tracking:
+            tracking.log_metrics({"eval/top1": 10.0}, 1, "epoch")
+            raise Preempted("time limit")
+    first = read_state(str(run_dir))["mlflow"]
+    runs, client = mlflow_runs(tmp_path / "mlruns", "exp")
+    assert first["state"] == "killed" and runs["mimetic/seed1"].info.status == "KILLED"
+    with tracked_run(_settings(mlflow=1), info) as tracking:  # the requeued element
+        tracking.log_metrics({"eval/top1": 20.0}, 2, "epoch")
+    runs, client = mlflow_runs(tmp_path / "mlruns", "exp")
+    assert runs["mimetic/seed1"].info.run_id == first["id"] and runs["mimetic/seed1"].info.status == "FINISHED"
+    assert history(client, runs["mimetic/seed1"], "eval/top1") == [(1, 10.0), (2, 20.0)]
+    assert runs["mimetic/seed1"].data.params["stage"] == "pretrain"
+    # A fresh (not resumed) run starts a new tracker run; the old one stays in the store.
+    from condinit_det.tracking import forget_runs
+
+    assert forget_runs(str(run_dir)) and not (run_dir / STATE_FILENAME).exists()
+    with tracked_run(_settings(mlflow=1), info):
+        pass
+    assert read_state(str(run_dir))["mlflow"]["id"] != first["id"]
+
+
+def test_a_failing_tracker_never_stops_the_run(tmp_path, tracker_env, monkeypatch, caplog):
+    from condinit_det.tracking import runs as runs_module
+
+    class Broken(runs_module.Tracker):
+        name = "wandb"
+
+        def start(self, info, previous):
+            return {"id": "x"}
+
+        def log_params(self, params):
+            pass
+
+        def log_metrics(self, metrics, step, step_name):
+            raise OSError("disk full")
+
+        def log_files(self, folder, name):
+            pass
+
+        def finish(self, how):
+            ended.append(how)
+
+    ended = []
+    real = runs_module.make_tracker
+    monkeypatch.setattr(runs_module, "make_tracker", lambda name, s: Broken(s) if name == "wandb" else real(name, s))
+    info = RunInfo(name="default/seed0", run_dir=str(tmp_path / "exp" / "default" / "seed0"),
+                   experiment_dir=str(tmp_path / "exp"), stage="detection")
+    with tracked_run(_settings(wandb=1, mlflow=1), info) as tracking:
+        tracking.log_metrics({"total_loss": 1.0}, 1)
+        tracking.log_metrics({"total_loss": 0.5}, 2)
+        assert [t.name for t in tracking.trackers] == ["mlflow"]
+    assert "wandb: logging metrics failed (OSError: disk full); not tracking the rest of this run" in caplog.text
+    assert ended == ["finished"]  # the dropped tracker's run still ends with the run
+    state = read_state(str(tmp_path / "exp" / "default" / "seed0"))
+    assert (state["wandb"]["state"], state["mlflow"]["state"]) == ("finished", "finished")
+    runs, client = mlflow_runs(tmp_path / "mlruns", "exp")
+    assert history(client, runs["default/seed0"], "total_loss") == [(1, 1.0), (2, 0.5)]
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+def _ap_records(run_dir):
+    return {r["iteration"]: r for r in ResultsFile(str(run_dir)).records("ap")}
+
+
+@pytest.mark.slow
+def test_detection_experiment_with_both_trackers_fail_and_resume(tmp_path, tracker_env):
+    exp = tmp_path / "exp"
+    argv = ["--config-file", FAILING_CONFIG, "--arm", "default,conditioned", "--bootstrap", "0",
+            "train.max_iter=4", "train.eval_period=2", "train.log_period=1", "train.checkpointer.period=2",
+            f"train.output_dir={exp}", *BOTH]
+    fail = {"CONDINIT_FAIL_ONCE": str(tmp_path / "failed-once"), "CONDINIT_FAIL_AT": "3"}
+    rc, out, err = _tool(TRAIN_NET, *argv, cwd=tmp_path, env=tracker_env, **fail)
+    assert rc == 1, err[-3000:]  # the default arm's loader raised on its third batch
+    default, conditioned = (exp / "default" / "seed0"), (exp / "conditioned" / "seed0")
+    runs, client = mlflow_runs(tmp_path / "mlruns", "exp")  # the store beside the experiment
+    assert sorted(runs) == ["conditioned/seed0", "default/seed0", "report"]
+    assert runs["default/seed0"].info.status == "FAILED" and runs["conditioned/seed0"].info.status == "FINISHED"
+    failed_id = runs["default/seed0"].info.run_id
+    assert history(client, runs["default/seed0"], "total_loss")[-1][0] == 2
+    first_report = sorted(a.path for a in client.list_artifacts(runs["report"].info.run_id, "report"))
+
+    rc, out, err = _tool(TRAIN_NET, "--resume", *argv, cwd=tmp_path, env=tracker_env, **fail)
+    assert rc == 0, err[-3000:]
+    runs, client = mlflow_runs(tmp_path / "mlruns", "exp")
+    assert sorted(runs) == ["conditioned/seed0", "default/seed0", "report"]  # the same three tracker runs
+    assert runs["default/seed0"].info.run_id == failed_id == read_state(str(default))["mlflow"]["id"]
+    report_files = sorted(os.listdir(exp / "report"))
+    for name in ("report.md", "summary.csv", "bbox_ap.png", "segm_ap.png"):
+        assert name in report_files
+    attached = sorted(a.path for a in client.list_artifacts(runs["report"].info.run_id, "report"))
+    assert attached == first_report == [f"report/{n}" for n in report_files if n not in (STATE_FILENAME, "wandb")]
+    assert runs["report"].data.params["stage"] == "report"
+
+    for arm, run_dir in (("default", default), ("conditioned", conditioned)):
+        run = runs[f"{arm}/seed0"]
+        assert run.info.status == "FINISHED"
+        params, tags = run.data.params, run.data.tags
+        assert (params["arm"], params["seed"], params["lr_scale"], params["stage"]) == (arm, "0", "1.0", "detection")
+        assert params["config"] == FAILING_CONFIG and params["run"] == f"{arm}/seed0"
+        assert (tags["arm"], tags["stage"], tags["experiment"]) == (arm, "detection", "exp")
+        identity = read_arm_report(str(run_dir))["run"]
+        assert params["identity.arm"] == arm and params["identity.arm_seed"] == str(identity["arm_seed"])
+        sites = read_arm_report(str(run_dir))["sites"]
+        changed = [s["name"] for s in sites if s["changed"]]
+        assert params["arm_report.sites"] == str(len(sites)) == "2"
+        assert params["arm_report.changed_sites"] == ",".join(changed)
+        assert params["arm_report.sites_changed"] == ("0" if arm == "default" else "2")
+        # every scalar each log period, by completed iteration; every evaluation at its iteration
+        assert [s for s, _ in history(client, run, "total_loss")] == [1, 2, 3, 4]
+        assert [s for s, _ in history(client, run, "lr")] == [1, 2, 3, 4]
+        records = _ap_records(run_dir)
+        assert sorted(records) == [2, 4]
+        for task in ("bbox", "segm"):
+            assert history(client, run, f"{task}/AP") == [(i, pytest.approx(records[i][task]["AP"])) for i in (2, 4)]
+
+    # W&B: offline files in each run directory, one run id per run, continued by the resume
+    state = read_state(str(default))["wandb"]
+    sessions = wandb_sessions(default)
+    assert len(sessions) == 2 and {s["run"].run_id for s in sessions} == {state["id"]}
+    assert [s["exit"] for s in sessions] == [1, 0]  # failed, then the resumed run finished
+    for s in sessions:
+        run = s["run"]
+        assert (run.run_group, run.job_type, run.display_name, run.project) == \
+            ("exp", "detection", "default/seed0", "condinit-det")
+        assert list(run.tags) == ["detection", "default"]
+        assert s["config"]["arm"] == "default" and s["config"]["seed"] == 0 and s["config"]["stage"] == "detection"
+    assert sessions[1]["config"]["arm_report.sites"] == 2
+    assert [i for i, _ in wandb_series(sessions[:1], "total_loss")] == [1, 2]
+    assert [i for i, _ in wandb_series(sessions[1:], "total_loss")] == [3, 4]
+    records = _ap_records(default)
+    assert wandb_series(sessions, "bbox/AP") == [(i, pytest.approx(records[i]["bbox"]["AP"])) for i in (2, 4)]
+    (only,) = wandb_sessions(conditioned)
+    assert only["exit"] == 0 and only["run"].run_id == read_state(str(conditioned))["wandb"]["id"] != state["id"]
+    assert [i for i, _ in wandb_series([only], "segm/AP")] == [2, 4]
+    # ready for `wandb sync` (a dry run: no account, no network)
+    wandb_cli = os.path.join(os.path.dirname(sys.executable), "wandb")
+    folders = [s["folder"] for s in sessions]
+    proc = subprocess.run([wandb_cli, "sync", "--dry-run", *folders], cwd=tmp_path, env=tracker_env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for folder in folders:
+        assert os.path.relpath(folder, tmp_path) in proc.stdout + proc.stderr
+    report_sessions = wandb_sessions(exp / "report")
+    assert len(report_sessions) == 2 and len({s["run"].run_id for s in report_sessions}) == 1
+    assert {"report.md", "summary.csv", "bbox_ap.png"} <= set(report_sessions[-1]["files"])
+    # TensorBoard, as before
+    for run_dir in (default, conditioned):
+        assert glob.glob(str(run_dir / "events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_pretraining_experiment_with_both_trackers(tmp_path, tracker_env):
+    from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
+
+    spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
+    data = generate_classification_dataset(tmp_path / "shapes", num_train=48, num_val=16, spec=spec)
+    exp = tmp_path / "pre"
+    opts = {"data.root": data, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 1,
+            "train.output_dir": exp, "train.epochs": 2, "train.batch_size": 8, "train.workers": 0,
+            "train.log_period": 4, "train.eval_batch_size": 16, "scheduler.warmup_epochs": 1}
+    rc, out, err = _tool(PRETRAIN_NET, "--config-file", PRETRAIN_DEMO, "--arm", "default,conditioned", "--bootstrap",
+                         "0", *[f"{k}={v}" for k, v in opts.items()], *BOTH, cwd=tmp_path, env=tracker_env)
+    assert rc == 0, err[-3000:]
+    runs, client = mlflow_runs(tmp_path / "mlruns", "pre")
+    assert sorted(runs) == ["conditioned/seed0", "default/seed0", "report"]
+    for arm in ("default", "conditioned"):
+        run_dir = RunSpec(arm, 0).path(str(exp))
+        run = runs[f"{arm}/seed0"]
+        assert run.info.status == "FINISHED"
+        assert (run.data.params["stage"], run.data.params["arm"]) == ("pretrain", arm)
+        assert run.data.params["arm_report.sites"] == "1"
+        records = {r["epoch"]: r for r in ResultsFile(run_dir).records("cls")}
+        # evaluations by epoch; the scalars every log period by optimizer step (6 steps an epoch)
+        assert history(client, run, "eval/top1") == [(e, pytest.approx(records[e]["top1"])) for e in (1, 2)]
+        assert [s for s, _ in history(client, run, "eval/top5")] == [1, 2]
+        assert [s for s, _ in history(client, run, "total_loss")] == [4, 6, 8, 12]
+        (session,) = wandb_sessions(run_dir)
+        assert session["exit"] == 0 and session["run"].job_type == "pretrain"
+        assert session["run"].run_id == read_state(run_dir)["wandb"]["id"]
+        assert wandb_series([session], "eval/top1", step="epoch") == \
+            [(e, pytest.approx(records[e]["top1"])) for e in (1, 2)]
+        assert [i for i, _ in wandb_series([session], "total_loss")] == [4, 6, 8, 12]
+        assert glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+    attached = sorted(a.path for a in client.list_artifacts(runs["report"].info.run_id, "report"))
+    written = sorted(n for n in os.listdir(exp / "report") if n not in (STATE_FILENAME, "wandb"))
+    assert "report.md" in written and any(n.endswith(".png") for n in written)
+    assert attached == [f"report/{n}" for n in written]
+    (report,) = wandb_sessions(exp / "report")
+    assert report["exit"] == 0 and set(written) <= set(report["files"])
+
+
+@pytest.mark.slow
+def test_yacs_config_run_is_tracked(tmp_path, tracker_env):
+    exp, yaml = tmp_path / "yacs", str(ROOT / "configs" / "yacs" / "mask_rcnn_vit_tiny_embedded.yaml")
+    rc, out, err = _tool(TRAIN_NET, "--config-file", yaml, "OUTPUT_DIR", str(exp), "SOLVER.MAX_ITER", "2",
+                         "TEST.EVAL_PERIOD", "2", "SOLVER.IMS_PER_BATCH", "2", "TRACKERS.MLFLOW.ENABLED", "True",
+                         cwd=tmp_path, env=tracker_env)
+    assert rc == 0, err[-3000:]
+    run_dir = exp / "default" / "seed0"
+    runs, client = mlflow_runs(tmp_path / "mlruns", "yacs")
+    run = runs["default/seed0"]
+    assert run.info.status == "FINISHED" and run.info.run_id == read_state(str(run_dir))["mlflow"]["id"]
+    assert (run.data.params["stage"], run.data.params["arm"]) == ("detection", "default")
+    assert run.data.params["arm_report.sites"] == str(len(read_arm_report(str(run_dir))["sites"]))
+    records = _ap_records(run_dir)
+    assert history(client, run, "bbox/AP") == [(2, pytest.approx(records[2]["bbox"]["AP"]))]
+    assert [s for s, _ in history(client, run, "total_loss")] == [2]
