@@ -394,11 +394,16 @@ def test_workers_save_before_requeue(slurm_env):
 
 
 def _rendezvous_here(path):
-    import importlib.util
+    import importlib
+    import types
 
-    spec = importlib.util.spec_from_file_location("slurm_helpers", path)
-    helpers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helpers)
+    # Bare package modules: the launcher's Slurm module without the package's __init__ (torch, detectron2).
+    root = os.path.dirname(os.path.dirname(path))
+    for name in ("condinit_det", "condinit_det.utils", "condinit_det.launch"):
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(root, *name.split(".")[1:])]
+        sys.modules[name] = package
+    helpers = importlib.import_module("condinit_det.launch.slurm")
     return helpers.slurm_rendezvous(cpu_processes_per_machine=2), os.environ["SLURM_JOB_ID"]
 
 
