@@ -5,7 +5,7 @@ DEMO_CONFIG ?= configs/demo/mask_rcnn_vit_tiny.py
 DEMO_OUTPUT ?= output/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv lint test test-fast demo demo-pretrain demo-paper gpu-check
+.PHONY: venv lint test test-e2e test-fast demo demo-pretrain demo-paper gpu-check
 
 venv:
 	bash tools/setup_env.sh
@@ -15,7 +15,12 @@ lint: venv
 	$(PY) -m ruff check .
 
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not e2e" $(PYTEST_ARGS)
+
+# The whole-system runs (marker e2e): every config end to end, the installed wheel, the offline install, the
+# experiments on the one-node Slurm. CI (.ci/run) runs them after `make test`.
+test-e2e: venv
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m e2e $(PYTEST_ARGS)
 
 test-fast: lint
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)

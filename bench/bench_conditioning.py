@@ -23,10 +23,19 @@
    is ``measurements x seconds per measurement / (max_iter x seconds per step)`` with
    ``measurements = max_iter // period`` plus the first and, when the period does not divide
    ``max_iter``, the last. (``--quick``: the same on ``configs/demo/mask_rcnn_vit_tiny.py``.)
+   A pretraining config (``configs/demo/pretrain_*.py``; period in epochs) is set up as its run would be
+   (``PretrainRun.setup``: the armed model, the data, the fixed batch), then timed: two measurements (the first
+   pays one-time costs, so a run's measurements cost ``first + (n - 1) x second``), one untimed warm-up and
+   ``--steps`` timed training steps on the config's own loader and batch (data loading included), and one
+   evaluation; seconds per epoch = steps per epoch x the median step + the evaluations per epoch x one
+   evaluation, and the share is the measurements' seconds over ``epochs x seconds per epoch``. On a machine
+   that other work keeps busy, ``--clock cpu`` times in this process's CPU seconds (use ``--threads 1``; data
+   loading runs in the loader's worker and is not counted).
 
     python bench/bench_conditioning.py            # full (about 15 minutes on 2 CPU cores)
     python bench/bench_conditioning.py --quick    # small layers, seconds
     python bench/bench_conditioning.py --fraction configs/COCO/mask_rcnn_swin_b_3x.py --images-per-gpu 2
+    python bench/bench_conditioning.py --fraction configs/demo/pretrain_vit_tiny.py configs/demo/pretrain_xcit_tiny.py
 
 Prints a Markdown summary and one JSON object (``--output`` also saves it). Numbers depend on
 the machine's load, which is printed with them.
@@ -60,10 +69,17 @@ def _layer(dim, heads, side, arm, seed=0):
     return site, {"x": x}
 
 
+# What the timings read: wall-clock seconds, or with ``--clock cpu`` this process's CPU seconds (on a busy machine
+# they stay what the work costs, where wall-clock seconds grow with the other load; with one thread they equal the
+# wall-clock seconds of an idle machine).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = CLOCKS["wall"]
+
+
 def _timed(fn):
-    start = time.perf_counter()
+    start = _clock()
     out = fn()
-    return out, time.perf_counter() - start
+    return out, _clock() - start
 
 
 def _load():
@@ -231,6 +247,82 @@ def bench_fraction(config, arm, train_size, test_size, images_per_gpu, steps, op
             "period_for_1_percent": math.ceil(100 * hook_s / step_s)}
 
 
+def is_pretraining_config(config):
+    """Whether ``config`` is a pretraining config (a timm ``model.name``, no detectron2 data loaders)."""
+    from detectron2.config import LazyConfig
+
+    cfg = LazyConfig.load(config)
+    model = cfg.get("model")
+    return "dataloader" not in cfg and model is not None and "name" in model and "_target_" not in model
+
+
+def bench_pretrain_fraction(config, arm, steps, opts=()):
+    """Seconds of measurements by ``config``'s own ``condinit_analysis`` node in pretraining, of a training step and
+    of an evaluation, and the share of training time the measurements cost (see the module doc)."""
+    import tempfile
+
+    from condinit_det.pretrain import PretrainRun, load_config
+    from condinit_det.pretrain.conditioning import measured_epochs
+    from condinit_det.pretrain.evaluate import evaluate
+
+    cfg = load_config(config, [*opts, f"condinit.arm={arm}"])
+    if cfg.get("condinit_analysis") is None or int(cfg.condinit_analysis.get("period", 0) or 0) <= 0:
+        raise SystemExit(f"{config}: condinit_analysis.period is not positive; nothing to time")
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.train.output_dir = tmp
+        run = PretrainRun(cfg, tmp, config_file=config)
+        run.setup()
+        probe = run.conditioning
+        records, first_s = _timed(lambda: probe.measure(run.model, epoch=0, step=0))
+        _, second_s = _timed(lambda: probe.measure(run.model, epoch=1, step=0))
+
+        run.start_epoch(0)
+        run.model.train()
+        batches = iter(run.loader)
+        step_times = []
+        for i in range(steps + 1):  # the first step is a warm-up
+            start = _clock()
+            images, targets = next(batches)
+            run.optimization(run.model, images.to(run.device), targets.to(run.device), step=i + 1)
+            step_times.append(_clock() - start)
+        del batches  # stops the loader's workers
+        step_times = step_times[1:]
+        step_s = sorted(step_times)[len(step_times) // 2]
+        train = run.train_node
+        eval_batch = int(train["eval_batch_size"] or max(1, int(1.5 * run.batch)))
+        _, eval_s = _timed(lambda: evaluate(run.model, run.datasets.val, device=run.device, batch_size=eval_batch,
+                                            workers=int(train["workers"])))
+        epochs, period, per_epoch = run.num_epochs, probe.period, run.steps_per_epoch
+    eval_period = max(int(train["eval_period"]), 1)
+    epoch_s = per_epoch * step_s + eval_s / eval_period
+
+    def share(every):
+        count = len(measured_epochs(epochs, every))
+        return count, (first_s + (count - 1) * second_s) / (epochs * epoch_s)
+
+    count, fraction = share(period)
+    total_s = fraction * epochs * epoch_s
+    within_5 = next((p for p in range(1, epochs + 1) if share(p)[1] <= 0.05), None)
+    return {"config": config, "arm": arm, "period": period, "unit": "epoch", "sites": [r["site"] for r in records],
+            "methods": [r["method"] for r in records], "tokens": [r["tokens"] for r in records],
+            "first_measurement_s": first_s, "measurement_s": second_s, "mean_measurement_s": total_s / count,
+            "batch_size": run.batch, "step_s": step_s, "step_times": step_times, "steps_per_epoch": per_epoch,
+            "eval_s": eval_s, "eval_period": eval_period, "epoch_s": epoch_s, "epochs": epochs,
+            "measurements": count, "fraction": fraction, "period_for_5_percent": within_5}
+
+
+def print_pretrain_fraction(f):
+    print(f"| {os.path.relpath(f['config'])} | {', '.join(f['sites'])} | {f['first_measurement_s']:.2f} / "
+          f"{f['measurement_s']:.2f} | {f['batch_size']} images: {f['step_s']:.3f} | {f['steps_per_epoch']} | "
+          f"{f['eval_s']:.1f} | {f['epoch_s']:.1f} | {f['period']} | {f['measurements']} of {f['epochs']} ep | "
+          f"{100 * f['fraction']:.2f}% | {f['period_for_5_percent'] or 'none'} |", flush=True)
+
+
+PRETRAIN_HEADER = ("| config | sites | s per measurement (first / then) | s per step | steps per epoch | "
+                   "s per evaluation | s per epoch | period (epochs) | measurements | share of training | "
+                   "period for 5% |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
 def print_fraction(f):
     print(f"| {os.path.relpath(f['config'])} | {', '.join(f['sites'])} | "
           f"{f['hook_s']:.1f} | {f['images_per_gpu']} x {f['train_image'][0]}x{f['train_image'][1]} | "
@@ -250,7 +342,8 @@ def main(argv=None):
     p.add_argument("--exact-side", type=int, default=7, help="grid side of the largest exact measurement")
     p.add_argument("--output", default=None, help="save the JSON summary here")
     p.add_argument("--fraction", nargs="+", default=None, metavar="CONFIG",
-                   help="only part 4: the training-time share of each config's condinit_analysis hook")
+                   help="only part 4: the training-time share of each config's condinit_analysis node "
+                        "(detection or pretraining configs)")
     p.add_argument("--train-size", type=_size, default=(640, 853), metavar="HxW",
                    help="training image size for --fraction (default 640x853: the multi-scale recipes' mean)")
     p.add_argument("--test-size", type=_size, default=(800, 1067), metavar="HxW",
@@ -258,7 +351,11 @@ def main(argv=None):
     p.add_argument("--images-per-gpu", type=int, default=2, help="images per training step for --fraction")
     p.add_argument("--steps", type=int, default=1, help="timed training steps per config for --fraction")
     p.add_argument("--opts", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for --fraction")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="time in wall-clock seconds (default) or in this process's CPU seconds (a busy machine)")
     args = p.parse_args(argv)
+    global _clock
+    _clock = CLOCKS[args.clock]
     if args.images_per_gpu < 1 or args.steps < 1:
         p.error("--images-per-gpu and --steps must be >= 1")
     torch.set_num_threads(args.threads)
@@ -335,14 +432,23 @@ def main(argv=None):
 
 def main_fraction(args):
     result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
-                         f"{torch.__version__}, {args.threads} threads", "load_before": _load(), "fractions": []}
-    print(f"load average before: {result['load_before']} ({result['machine']})", flush=True)
-    print(FRACTION_HEADER, flush=True)
+                         f"{torch.__version__}, {args.threads} threads", "load_before": _load(), "fractions": [],
+              "clock": args.clock}
+    print(f"load average before: {result['load_before']} ({result['machine']}; {args.clock} seconds)", flush=True)
+    header = None
     for config in args.fraction:
-        f = bench_fraction(config, args.arm, args.train_size, args.test_size, args.images_per_gpu, args.steps,
-                           args.opts)
+        if is_pretraining_config(config):
+            f = bench_pretrain_fraction(config, args.arm, args.steps, args.opts)
+            show, table = print_pretrain_fraction, PRETRAIN_HEADER
+        else:
+            f = bench_fraction(config, args.arm, args.train_size, args.test_size, args.images_per_gpu, args.steps,
+                               args.opts)
+            show, table = print_fraction, FRACTION_HEADER
+        if table != header:
+            print(("\n" if header else "") + table, flush=True)
+            header = table
         result["fractions"].append(f)
-        print_fraction(f)
+        show(f)
     result["load_after"] = _load()
     print(f"load average after: {result['load_after']}")
     text = json.dumps(result, indent=1)

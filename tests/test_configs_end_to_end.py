@@ -327,6 +327,7 @@ def test_coco_sizes_are_divided(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", all_configs())
 def test_config_trains_and_evaluates(runs, name):
     work, status, log = runs

@@ -323,7 +323,7 @@ def test_detectron2_registration(det_root, tmp_path):
     shapes_like = tmp_path / "other"
     shapes_like.mkdir()
     (shapes_like / "manifest.json").write_text(json.dumps({"version": "shapes-v1"}))
-    with pytest.raises(ValueError, match="not digits-det-v1"):
+    with pytest.raises(ValueError, match="not digits-det-v2"):
         register_embedded_datasets(shapes_like, dataset="digits-det")
 
 
@@ -332,7 +332,7 @@ def test_default_roots_follow_environment(tmp_path, monkeypatch):
     assert digits_module.default_cls_root() == tmp_path / CLS_VERSION
     assert digits_module.default_det_root() == tmp_path / DET_VERSION
     monkeypatch.delenv("CONDINIT_DATA")
-    assert digits_module.default_det_root() == Path("~/.cache/condinit_det/digits-det-v1").expanduser()
+    assert digits_module.default_det_root() == Path("~/.cache/condinit_det/digits-det-v2").expanduser()
 
 
 def test_bad_parameters_and_roots(tmp_path, monkeypatch):

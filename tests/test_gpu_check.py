@@ -245,6 +245,7 @@ def test_session_refuses_bad_budgets(budgets, message, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_machine_wheelhouse_is_for_python_3_12_and_fits_what_travels(tmp_path):
     """The wheelhouse --build-wheelhouse makes (the package index is needed): CPython 3.12 manylinux wheels,
     without torch, torchvision, the projects the machine has and what only they pull in."""

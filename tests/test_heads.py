@@ -198,8 +198,8 @@ def test_kappa_plot_draws_the_median_over_heads(tmp_path):
     from condinit_det.report.plots import _kappa_plot
 
     its = np.array([0, 10])
-    sr = SimpleNamespace(scale=1.0, kappa={"conditioned": (its, np.array([5.0, 4.0]), np.array([3.0, 2.0]),
-                                                            np.array([9.0, 8.0]))},
+    sr = SimpleNamespace(scale=1.0, stage=SimpleNamespace(unit="iteration"),
+                         kappa={"conditioned": (its, np.array([5.0, 4.0]), np.array([3.0, 2.0]), np.array([9.0, 8.0]))},
                          kappa_heads={"conditioned": (its, np.array([2.0, 1.5]))})
     path = tmp_path / "kappa.png"
     assert _kappa_plot(str(path), sr) and path.stat().st_size > 1000
@@ -221,16 +221,18 @@ def test_kappa_plot_marks_and_counts_the_measured_points(monkeypatch):
     def capture(path, draw, title, xlabel, ylabel):
         fig, ax = plt.subplots()
         draw(ax)
-        drawn.update(title=title, lines={line.get_label(): (line.get_marker(), len(line.get_xdata()))
+        drawn.update(title=title, xlabel=xlabel, lines={line.get_label(): (line.get_marker(), len(line.get_xdata()))
                                          for line in ax.get_lines()})
         plt.close(fig)
 
     monkeypatch.setattr(plots, "_save", capture)
     five, two = np.array([0, 80, 160, 240, 320]), np.array([0, 400])
-    sr = SimpleNamespace(scale=1.0, kappa_heads={},
+    sr = SimpleNamespace(scale=1.0, kappa_heads={}, stage=SimpleNamespace(unit="epoch"),
                          kappa={"default": (five, np.full(5, 4.0), np.full(5, 3.0), np.full(5, 5.0)),
                                 "conditioned": (two, np.array([2.0, 3.0]), np.array([1.0, 2.0]), np.array([3.0, 4.0]))})
     assert plots._kappa_plot("kappa.png", sr)
     assert drawn["lines"] == {"default (median over sites, 5 measured points)": ("o", 5),
                               "conditioned (median over sites, 2 measured points)": ("o", 2)}
     assert "markers: measured points" in drawn["title"]
+    # The x axis is the stage's unit (a pretraining run measures per epoch).
+    assert drawn["xlabel"] == "epoch" and "vs epoch" in drawn["title"]

@@ -84,6 +84,7 @@ def installed(wheel, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_installed_wheel_runs_outside_the_checkout(installed):
     env_dir, run = installed["env_dir"], lambda argv: _run(argv, env=installed["env"], cwd=installed["cwd"])
     code = ("import json, condinit_det; from condinit_det import model_zoo; names = model_zoo.list_configs(); "

@@ -169,6 +169,7 @@ def wheelhouse(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_wheelhouse_holds_every_dependency_as_wheels_without_torch(wheelhouse):
     files = listing(wheelhouse["folder"])
     assert files and all(f.endswith(".whl") for f in files), files
@@ -201,6 +202,7 @@ def test_wheelhouse_holds_every_dependency_as_wheels_without_torch(wheelhouse):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_offline_install_into_an_environment_with_torch(wheelhouse, tmp_path_factory):
     work = tmp_path_factory.mktemp("offline")
     site = link_torch_site(str(work / "torch-site"))

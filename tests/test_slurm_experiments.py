@@ -14,7 +14,7 @@ from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_NET = str(ROOT / "tools" / "train_net.py")

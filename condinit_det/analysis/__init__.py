@@ -7,8 +7,9 @@
     exact = exact_conditioning(site, captured[site.name].inputs)       # exact, per head (kappa_heads)
 
 ``f`` is the site's own forward with the output projection replaced by the identity (the paper's
-form; ``include_output_proj=True`` keeps it). The detectron2 training hook lives in
-``condinit_det.analysis.hooks`` (imported on first use, so the math runs without detectron2).
+form; ``include_output_proj=True`` keeps it). What any training loop needs to track kappa along training (the
+``condinit_analysis`` node, measuring, records) is in ``condinit_det.analysis.training``; the detectron2 training
+hook lives in ``condinit_det.analysis.hooks`` (imported on first use, so the math runs without detectron2).
 """
 from .bound import BoundTerms, attention_matrices, lambda_softmax_condition, theorem_terms
 from .capture import CapturedInput, capture_site_inputs, reduce_site_inputs, token_matrix
@@ -24,8 +25,16 @@ from .functional import AttentionFunction, bind_inputs
 from .heads import head_spectrum
 from .measure import SiteMeasurement, default_sites, measure_site, measure_sites, resolve_sites, write_table
 from .spectrum import SpectrumResult, condition_number, exact_spectrum, lanczos_extremes, matrix_free_spectrum
+from .training import (
+    ANALYSIS_DEFAULTS,
+    analysis_options,
+    conditioning_records,
+    measure_conditioning,
+    measurement_options,
+)
 
 __all__ = [
+    "ANALYSIS_DEFAULTS",
     "AttentionFunction",
     "BoundTerms",
     "CapturedInput",
@@ -36,10 +45,12 @@ __all__ = [
     "SpectrumResult",
     "attention_jacobian",
     "attention_matrices",
+    "analysis_options",
     "bind_inputs",
     "build_conditioning_hook",
     "capture_site_inputs",
     "condition_number",
+    "conditioning_records",
     "default_sites",
     "dense_conditioning",
     "estimate_conditioning",
@@ -49,8 +60,10 @@ __all__ = [
     "lambda_softmax_condition",
     "lanczos_extremes",
     "matrix_free_spectrum",
+    "measure_conditioning",
     "measure_site",
     "measure_sites",
+    "measurement_options",
     "reduce_site_inputs",
     "resolve_sites",
     "theorem_terms",
@@ -60,7 +73,7 @@ __all__ = [
 
 
 def __getattr__(name):
-    if name in ("ConditioningHook", "build_conditioning_hook", "conditioning_records"):
+    if name in ("ConditioningHook", "build_conditioning_hook"):
         from . import hooks
 
         return getattr(hooks, name)

@@ -25,45 +25,26 @@ Only the main process measures.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Mapping, Optional, Sequence
 
 from detectron2.engine import HookBase
 from detectron2.utils import comm
 
-from .measure import measure_sites, resolve_sites
+from .training import (
+    ANALYSIS_DEFAULTS,
+    analysis_options,
+    conditioning_records,
+    measure_conditioning,
+    measurement_options,
+)
 
 __all__ = ["ConditioningHook", "build_conditioning_hook", "ANALYSIS_DEFAULTS", "conditioning_records"]
 
 _logger = logging.getLogger(__name__)
 
-# Keys of the config node ``condinit_analysis`` (``period <= 0`` turns the hook off).
-# With max_tokens tokens of width D_v the Gram operator has n = max_tokens * D_v rows; the block
-# Lanczos run is exact once max_iter * block_size >= n, and sigma_min rarely converges much sooner.
-ANALYSIS_DEFAULTS = dict(period=0, sites=None, method="auto", max_iter=100, block_size=16, tol=1e-3, max_batch=1,
-                         max_tokens=16, include_output_proj=False, bound=True, num_images=1)
-
 
 def _unwrap(model):
     return model.module if hasattr(model, "module") else model
-
-
-def conditioning_records(measurements, *, iteration: int, arm=None, seed=None, config=None):
-    """Results records (dicts) of ``SiteMeasurement`` objects; see the module doc for the keys."""
-    records = []
-    for m in measurements:
-        d = m.to_dict()
-        rec = {"kind": "conditioning", "iteration": int(iteration), "site": m.site}
-        for key in ("kappa", "sigma_max", "sigma_min", "bound", "kappa_wq", "kappa_wk", "kappa_wv", "kappa_x",
-                    "kappa_softmax", "kappa_lambda", "converged", "rank_deficient", "rows", "cols", "tokens",
-                    "method", "include_output_proj", "reduction", "structure", "num_heads", "sigma_max_heads",
-                    "sigma_min_heads", "kappa_heads"):
-            rec[key] = d[key]
-        rec["site_kind"] = m.kind
-        rec["iterations_lanczos"] = m.iterations
-        rec.update(arm=arm, seed=seed, config=config)
-        records.append(rec)
-    return records
 
 
 class ConditioningHook(HookBase):
@@ -111,18 +92,10 @@ class ConditioningHook(HookBase):
         if not comm.is_main_process() or self._last_measured == iteration:
             return []
         model = _unwrap(self.trainer.model)
-        sites = resolve_sites(model, self.patterns, default="ends")
-        rows = measure_sites(model, self.batch, sites, **self.capture_kwargs, **self.measure_kwargs)
         storage = getattr(self.trainer, "storage", None)
-        for m in rows:
-            if storage is not None:
-                for key in ("kappa", "sigma_max", "sigma_min", "bound"):
-                    value = getattr(m, key)
-                    if math.isfinite(value):
-                        storage.put_scalar(f"conditioning/{m.site}/{key}", value, smoothing_hint=False)
-            if not m.converged:
-                _logger.warning("conditioning of %s at iteration %d did not converge in %d steps: kappa %.4g is a "
-                                "lower estimate", m.site, iteration, m.iterations, m.kappa)
+        rows = measure_conditioning(model, self.batch, sites=self.patterns, storage=storage,
+                                    at=f"iteration {iteration}", logger=_logger, **self.capture_kwargs,
+                                    **self.measure_kwargs)
         records = conditioning_records(rows, iteration=iteration, arm=self.arm, seed=self.seed, config=self.config)
         if self.results is not None:
             for rec in records:
@@ -171,20 +144,13 @@ def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = Non
     node: Mapping[str, Any] = cfg.get("condinit_analysis", None) if hasattr(cfg, "get") else None
     if not node:
         return None
-    node = dict(node)
-    unknown = sorted(set(node) - set(ANALYSIS_DEFAULTS))
-    if unknown:
-        raise ValueError(f"condinit_analysis has unknown key(s) {unknown}; accepted: {sorted(ANALYSIS_DEFAULTS)}")
-    opts = {**ANALYSIS_DEFAULTS, **node}
+    opts = analysis_options(node)
     if int(opts["period"] or 0) <= 0:
         return None
     if batch is None:
         batch = _fixed_batch(cfg, int(opts["num_images"]))
     condinit = cfg.get("condinit", None) or {}
     output_dir = cfg.train.output_dir if "train" in cfg and "output_dir" in cfg.train else None
-    return ConditioningHook(
-        batch, period=int(opts["period"]), sites=opts["sites"], output_dir=output_dir,
-        arm=condinit.get("arm", "default"), seed=condinit.get("seed", 0), config=config_name,
-        method=str(opts["method"]), max_batch=opts["max_batch"], max_tokens=opts["max_tokens"],
-        max_iter=int(opts["max_iter"]), block_size=int(opts["block_size"]), tol=float(opts["tol"]),
-        include_output_proj=bool(opts["include_output_proj"]), bound=bool(opts["bound"]))
+    return ConditioningHook(batch, period=int(opts["period"]), output_dir=output_dir,
+                            arm=condinit.get("arm", "default"), seed=condinit.get("seed", 0), config=config_name,
+                            **measurement_options(opts))

@@ -116,7 +116,7 @@ def measure_site(site, inputs: Dict[str, object], *, method: str = "matrix_free"
     :mod:`condinit_det.analysis.heads`; refuses when one head's factor exceeds ``max_entries``),
     "dense" (the dense Jacobian, the reference; refuses above ``max_entries``) or "auto" (exact
     when it fits, else matrix-free).
-    bound: also compute the Theorem 3.1 terms (NaN otherwise).
+    bound: also compute the Theorem 3.1 terms (NaN otherwise, and for a site whose queries are a single token).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -131,12 +131,13 @@ def measure_site(site, inputs: Dict[str, object], *, method: str = "matrix_free"
         spec = estimate_conditioning(fn, tol=tol, max_iter=max_iter, block_size=block_size, rank_tol=rank_tol,
                                      seed=seed)
     nan = float("nan")
+    terms = None
     if bound:
         x = token_matrix(site, inputs)
-        wq, wk, wv = fn.weights
-        terms = theorem_terms(x, wq, wk, wv, num_heads=site.num_heads)
-    else:
-        terms = None
+        # One query token (class attention's class token) has no softmax Jacobian to bound: terms stay NaN.
+        if x.shape[0] >= 2:
+            wq, wk, wv = fn.weights
+            terms = theorem_terms(x, wq, wk, wv, num_heads=site.num_heads)
     return SiteMeasurement(
         site=site.name, kind=site.kind, kappa=spec.kappa, sigma_max=spec.sigma_max, sigma_min=spec.sigma_min,
         rank_deficient=spec.rank_deficient, converged=spec.converged, method=spec.method,

@@ -9,9 +9,10 @@ both datasets record the split in their manifest, and no val digit appears in a 
 - ``digits-cls-v1`` (``data.root="embedded:digits-cls"``): every digit upscaled (bicubic, one blank source
   pixel around it) to a 64x64 grey RGB image, white ink on black, in the ImageFolder layout
   ``<root>/{train,val}/<digit>/<source index>.png``.
-- ``digits-det-v1`` (detectron2 ``condinit_digits_train`` / ``condinit_digits_val``, COCO layout as
+- ``digits-det-v2`` (detectron2 ``condinit_digits_train`` / ``condinit_digits_val``, COCO layout as
   :mod:`.embedded`): 128x128 scenes of 1 to 5 digits of the split's own digits, their 8x8 cells 20 to 48 px
-  tall (the ink reaches a little beyond), inked in a contrasting colour on a plain or textured canvas. A
+  tall (the ink reaches a little beyond), in light ink on a dark plain or textured canvas (the polarity of
+  the source digits, so that a backbone pretrained on ``digits-cls`` sees strokes as it learnt them). A
   digit's mask is its upscaled ink above ``mask_threshold``; masks never touch and boxes overlap by at most
   ``max_box_overlap``, so every mask is the whole visible digit. Category ids are digit + 1
   (``"0"``..``"9"``); each annotation names its source digit (``digit_index``).
@@ -32,7 +33,7 @@ import numpy as np
 
 from .cache import cache_root, generate_atomically, read_manifest, write_png
 from .embedded import PathLike, write_coco_split
-from .shapes import background, desaturate, image_rng, random_color
+from .shapes import background, desaturate, image_rng
 
 __all__ = [
     "CLASSES",
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 CLS_VERSION = "digits-cls-v1"
-DET_VERSION = "digits-det-v1"
+DET_VERSION = "digits-det-v2"
 DET_DATASET_NAMES = ("condinit_digits_train", "condinit_digits_val")
 # One character each, so that sorted class folders (timm, torchvision) are in label order.
 CLASSES = tuple(str(d) for d in range(10))
@@ -120,6 +121,13 @@ class DigitsDetSpec:
     place_attempts: int = 20
     plain_prob: float = 0.3  # else one of the shapes backgrounds (gradient, blotches, stripes)
     background_saturation: float = 0.35
+    # Light ink on a dark canvas, the polarity of the source digits (and of digits-cls): the canvas is scaled to
+    # this brightness range, the ink drawn in a light colour of this value (HSV) and at most this saturation,
+    # at least min_contrast (L1 over BGR) from the canvas under it.
+    canvas_brightness: Tuple[float, float] = (0.1, 0.45)
+    ink_value: Tuple[float, float] = (0.75, 1.0)
+    ink_saturation: float = 0.7
+    min_contrast: float = 150.0
     noise_std: Tuple[float, float] = (2.0, 8.0)
     split_seed: int = DEFAULT_SEED  # the split of :func:`split_digits`, the one digits-cls uses by default
     val_fraction: float = DEFAULT_VAL_FRACTION
@@ -220,8 +228,21 @@ def render_digit_image(pixels: np.ndarray, spec: DigitsClsSpec = DigitsClsSpec()
 def _canvas(rng: np.random.Generator, spec: DigitsDetSpec) -> np.ndarray:
     size = spec.image_size
     if rng.random() < spec.plain_prob:
-        return np.broadcast_to(rng.uniform(0, 255, 3).astype(np.float32), (size, size, 3)).copy()
-    return desaturate(background(rng, size), spec.background_saturation)
+        img = np.broadcast_to(rng.uniform(0, 255, 3).astype(np.float32), (size, size, 3)).copy()
+    else:
+        img = desaturate(background(rng, size), spec.background_saturation)
+    return img * np.float32(rng.uniform(*spec.canvas_brightness))
+
+
+def _ink_color(rng: np.random.Generator, under: np.ndarray, spec: DigitsDetSpec) -> np.ndarray:
+    """A light colour (BGR, 0..255) at least ``spec.min_contrast`` away from ``under``, the canvas under the digit."""
+    for _ in range(20):
+        hsv = np.array([[[rng.uniform(0, 360), rng.uniform(0, spec.ink_saturation), rng.uniform(*spec.ink_value)]]],
+                       np.float32)
+        color = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0] * 255.0
+        if np.abs(color - under).sum() >= spec.min_contrast:
+            return color
+    return np.full(3, 255.0, np.float32)
 
 
 def _box(mask: np.ndarray) -> Tuple[int, int, int, int]:
@@ -266,7 +287,7 @@ def _scene(rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, poo
             if taken[mask].any() or any(_box_overlap(box, b) > spec.max_box_overlap for b in boxes):
                 continue
             region = img[y0:y0 + ph, x0:x0 + pw]
-            color = random_color(rng, region[stroke].mean(0))
+            color = _ink_color(rng, region[stroke].mean(0), spec)
             alpha = ink[:, :, None]
             img[y0:y0 + ph, x0:x0 + pw] = region * (1 - alpha) + color[None, None, :] * alpha
             taken |= cv2.dilate(mask.astype(np.uint8), grow)
@@ -295,7 +316,7 @@ def default_cls_root() -> Path:
 
 
 def default_det_root() -> Path:
-    """``$CONDINIT_DATA/digits-det-v1`` if the variable is set, else ``~/.cache/condinit_det/digits-det-v1``."""
+    """``$CONDINIT_DATA/digits-det-v2`` if the variable is set, else ``~/.cache/condinit_det/digits-det-v2``."""
     return cache_root(DET_VERSION)
 
 

@@ -8,10 +8,10 @@ conditioned arm ran 20x and the subset eigensolver 8x slower with two threads th
 ``threadpoolctl``) to one thread and restores both after; the arms use the cores by working on
 several sites at once instead.
 
-The GIL. scipy's LAPACK wrappers (``scipy.linalg.eigh``, ``scipy.linalg.lapack``) hold Python's GIL
-while LAPACK runs (scipy 1.17); NumPy's matmul and ``torch.linalg`` release it. So the Gram
-product and the full eigen-decomposition go through those, and only the subset eigensolver, which
-has no GIL-free public entry point, takes turns between threads.
+The GIL. NumPy's matmul and scipy's eigensolver wrappers release Python's GIL while BLAS / LAPACK
+runs (``tests/test_lapack.py`` checks it), so sites on several threads overlap. Both eigensolvers are
+scipy's, on the OpenBLAS scipy ships: the arms' values are made with that library's roundings
+(``torch.linalg.eigh`` calls another LAPACK whose roundings differ, enough to change a training run).
 
 Arrays are NumPy, C-contiguous, float32 or float64; symmetric inputs are read from their upper
 triangle.
@@ -19,7 +19,7 @@ triangle.
 - :func:`single_threaded` — torch and the BLAS libraries on one thread inside a ``with`` block.
 - :func:`gram_upper` — ``a^T a`` (NumPy's matmul, ``?syrk``).
 - :func:`top_eigenpairs` — the largest eigenvalues and their eigenvectors (``scipy.linalg.eigh``, ``?syevr``).
-- :func:`all_eigenpairs` — every eigenvalue and eigenvector (``torch.linalg.eigh``, ``?syevd``).
+- :func:`all_eigenpairs` — every eigenvalue and eigenvector (``scipy.linalg.eigh``, ``?syevd``).
 """
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ def all_eigenpairs(sym: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     Args:
         sym: ``[n, n]`` float32 or float64, read from its upper triangle.
     """
+    import scipy.linalg
+
     sym = _checked(sym, square=True)
-    w, v = torch.linalg.eigh(torch.from_numpy(sym), UPLO="U")
-    return w.numpy(), v.numpy()
+    return scipy.linalg.eigh(sym, lower=False, driver="evd", check_finite=False)

@@ -11,6 +11,7 @@ The arm acts where the paper applies it: on the randomly initialized classifier,
 - :mod:`.trainer`: one run (setup, resume, the epochs, evaluation records, checkpoints, the final export);
 - :mod:`.step`: one optimizer step of the recipe (optimizer, scheduler, loss scaling, mixup, clipping, EMA);
 - :mod:`.evaluate`: top-1 / top-5 with distributed gathering in dataset order;
+- :mod:`.conditioning`: kappa of the attention Jacobian along training (``condinit_analysis``, period in epochs);
 - :mod:`.checkpoint`: epoch checkpoints (fvcore) and the final weights.
 
 This package does not import :mod:`condinit_det.engine` or :mod:`condinit_det.modeling`.

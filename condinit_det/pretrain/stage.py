@@ -13,6 +13,7 @@ from ..stage import PRETRAIN, ConfigDefaults, RunOptions, Stage
 from ..utils.checkpoint_io import check_loadable, final_weights_file
 from ..utils.errors import UsageError
 from .checkpoint import FINAL_FILENAME, FINAL_SAFETENSORS, find_checkpoints, last_checkpoint
+from .conditioning import conditioning_options
 from .config import arm_spec, load_config, node, run_identity
 from .data import build_mixup, check_dataset_folders, count_images
 from .model import check_arm_sites, create_classifier
@@ -118,6 +119,7 @@ class PretrainStage(Stage):
                 raise UsageError("train.device='cuda' but no CUDA device is available; pass train.device=cpu")
         if data.get("num_classes") is None:
             raise UsageError("data.num_classes is not set; it must equal the number of class folders")
+        conditioning_options(cfg)  # a misspelt condinit_analysis key stops here, before anything is written
         _, classes = check_dataset_folders(data)
         try:  # no weights needed to check the name, the kwargs and the attention sites
             with torch.device("meta"):

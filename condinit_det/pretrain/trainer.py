@@ -16,9 +16,10 @@ Reproducibility contract (same seed => same run, whatever the arm):
   resumed at an epoch boundary continues exactly as an uninterrupted one (bitwise on the same hardware and thread
   count).
 
-Per epoch the main process adds a ``"cls"`` record to ``results.json`` (when evaluated) and then writes the
+Per epoch the main process adds ``"conditioning"`` records when ``condinit_analysis.period`` makes the epoch due
+(:mod:`.conditioning`; also at the start of training), a ``"cls"`` record (when evaluated), and then writes the
 checkpoint: the checkpoint is the commit point, so a killed run repeats at most the epoch that had not been
-checkpointed and its record is replaced, never duplicated.
+checkpointed and its records are replaced, never duplicated.
 
 ``metrics.json`` holds one line every ``train.log_period`` optimizer steps (``iteration`` counts completed steps,
 from 1)::
@@ -63,6 +64,7 @@ from .checkpoint import (
     periodic_checkpointer,
     save_final,
 )
+from .conditioning import EpochConditioning, conditioning_options, fixed_batch
 from .config import DEFAULTS, arm_spec, node, run_identity
 from .data import (
     build_datasets,
@@ -217,6 +219,7 @@ class PretrainRun:
         self.amp_dtype = _amp_dtype(self.train_node, self.device)
         self.meta = {"stage": PRETRAIN.name, "arm": self.spec.arm, "seed": self.seed, "lr_scale": self.lr_scale,
                      "config": config_file}
+        self.analysis = conditioning_options(cfg)  # checked on every process; the main one measures
         self.epoch, self.step = 0, 0  # completed epochs and optimizer steps
 
     # ------------------------------------------------------------------ setup
@@ -255,6 +258,10 @@ class PretrainRun:
                                          lr_scale=self.lr_scale)
         self.num_epochs = self.optimization.num_epochs
         self.ema = self.optimization.ema
+        self.conditioning = None
+        if self.analysis is not None and self.main:  # the first evaluation images, read once
+            batch = fixed_batch(self.datasets.val, self.analysis["num_images"]).to(self.device)
+            self.conditioning = EpochConditioning(batch, self.analysis, num_epochs=self.num_epochs, meta=self.meta)
         self.checkpointer = EpochCheckpointer(self.model, self.run_dir, trust_pickle=self.trust_pickle,
                                               save_to_disk=self.main, **self.optimization.checkpointables())
         self.periodic = periodic_checkpointer(self.checkpointer, keep=1)
@@ -298,9 +305,15 @@ class PretrainRun:
         last_record = None
         try:
             with EventStorage(start_iter=self.step) as self.storage:
+                if self.conditioning is not None:
+                    self.conditioning.start(self.model, epoch=self.epoch, step=self.step, storage=self.storage,
+                                            results=self.results)
                 for epoch in range(self.epoch, self.num_epochs):
                     self.train_epoch(epoch)
                     done = epoch + 1
+                    if self.conditioning is not None and self.conditioning.due(done):
+                        self.conditioning.measure(self.model, epoch=done, step=self.step, storage=self.storage,
+                                                  results=self.results)
                     if done == self.num_epochs or done % max(int(self.train_node["eval_period"]), 1) == 0:
                         last_record = self.evaluate(done)
                     self._write()  # the epoch's last step (and its evaluation) on one line

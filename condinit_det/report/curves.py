@@ -65,15 +65,16 @@ def speedup(reached: Optional[int], default_final: Optional[int]) -> Optional[fl
     return (1.0 - reached / default_final) * 100.0
 
 
-def kappa_curve(records_per_run: Sequence[List[dict]]):
-    """Median, min and max of κ over sites (and seeds) per iteration, from "conditioning" records."""
+def kappa_curve(records_per_run: Sequence[List[dict]], unit: str = "iteration"):
+    """Median, min and max of κ over sites (and seeds) per ``unit`` (the record field of the stage's x axis:
+    ``"iteration"`` or ``"epoch"``), from "conditioning" records."""
     by_it = {}
     for records in records_per_run:
         for r in records:
             if r["kind"] == "conditioning" and r.get("kappa") is not None:
                 k = float(r["kappa"])
                 if math.isfinite(k) and k > 0:
-                    by_it.setdefault(r["iteration"], []).append(k)
+                    by_it.setdefault(r[unit], []).append(k)
     its = np.asarray(sorted(by_it), dtype=np.int64)
     med = np.asarray([np.median(by_it[i]) for i in its])
     lo = np.asarray([np.min(by_it[i]) for i in its])
@@ -81,11 +82,11 @@ def kappa_curve(records_per_run: Sequence[List[dict]]):
     return its, med, lo, hi
 
 
-def kappa_heads_curve(records_per_run: Sequence[List[dict]]):
-    """Median of the per-head κ (``kappa_heads``) over every head of every site (and seed) per iteration.
+def kappa_heads_curve(records_per_run: Sequence[List[dict]], unit: str = "iteration"):
+    """Median of the per-head κ (``kappa_heads``) over every head of every site (and seed) per ``unit``.
 
     Records without per-head values (matrix-free, or W_O kept) are skipped; a rank-deficient head
-    (κ stored as null) counts as infinite, so it can move the median. Returns (iterations, median).
+    (κ stored as null) counts as infinite, so it can move the median. Returns (x values, median).
     """
     by_it = {}
     for records in records_per_run:
@@ -93,7 +94,7 @@ def kappa_heads_curve(records_per_run: Sequence[List[dict]]):
             heads = r.get("kappa_heads") if r["kind"] == "conditioning" else None
             if heads:
                 vals = [math.inf if k is None else float(k) for k in heads]
-                by_it.setdefault(r["iteration"], []).extend(vals)
+                by_it.setdefault(r[unit], []).extend(vals)
     its = np.asarray(sorted(by_it), dtype=np.int64)
     med = np.asarray([np.median(by_it[i]) for i in its], dtype=float)
     keep = np.isfinite(med)

@@ -119,9 +119,9 @@ def _kappa_plot(path: str, sr: StageReport) -> bool:
                     label=f"{arm} (median over heads, {len(its)} measured point{'s' if len(its) != 1 else ''})")
         ax.set_yscale("log")
 
-    _save(path, draw, f"Attention conditioning vs iteration (lr scale {sr.scale:g}; markers: measured points; "
+    _save(path, draw, f"Attention conditioning vs {sr.stage.unit} (lr scale {sr.scale:g}; markers: measured points; "
                       "band: min-max over sites)",
-          "iteration", "κ (condition number, log scale)")
+          sr.stage.unit, "κ (condition number, log scale)")
     return True
 
 

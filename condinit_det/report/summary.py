@@ -276,9 +276,9 @@ def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *,
         sr = StageReport(stage=stage, groups=groups, scale=scale, missing=stage_missing,
                          has_plan=stage.name in planned)
         sr.target = _convergence(sr.arms, stage)
-        kappa = {g.arm: kappa_curve([r.records for r in g.runs]) for g in sr.arms}
+        kappa = {g.arm: kappa_curve([r.records for r in g.runs], stage.unit) for g in sr.arms}
         sr.kappa = {a: k for a, k in kappa.items() if len(k[0])}
-        heads = {g.arm: kappa_heads_curve([r.records for r in g.runs]) for g in sr.arms}
+        heads = {g.arm: kappa_heads_curve([r.records for r in g.runs], stage.unit) for g in sr.arms}
         sr.kappa_heads = {a: k for a, k in heads.items() if len(k[0])}
         sr.contrasts, sr.contrast_notes = resolve_contrasts([g.arm for g in sr.arms], contrasts)
         sr.stats = paired_statistics(sr, bootstrap=bootstrap, seed=seed, delta=delta, std=std,

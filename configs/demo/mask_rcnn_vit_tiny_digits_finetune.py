@@ -32,5 +32,11 @@ dataloader.train.mapper = L(DatasetMapper)(
     is_train=True, augmentations=[], image_format="RGB", use_instance_mask=True, instance_mask_format="bitmask")
 model.roi_heads.num_classes = len(DIGIT_CLASSES)
 
+# 240 iterations (not 300) keep `make demo-digits` within 15 minutes for one seed.
+train.max_iter = 240
+train.checkpointer = dict(period=240, max_to_keep=1)
+lr_multiplier.warmup_length = 40 / train.max_iter
+condinit_analysis.period = 80  # 4 measured points of kappa
+
 train.init_checkpoint = "output/demo/pretrain_vit_tiny_digits/{arm}/seed{seed}"
 train.output_dir = "./output/demo/mask_rcnn_vit_tiny_digits_finetune"

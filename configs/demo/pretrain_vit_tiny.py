@@ -8,7 +8,7 @@
 #
 # Default arm: "default" (condinit.arm). Train another with `--arm conditioned` / `--arm mimetic`,
 # or all three with `--arm all`.
-from ..common.condinit import condinit
+from ..common.condinit import condinit, condinit_analysis
 from ..common.trackers import trackers
 
 model = dict(
@@ -62,3 +62,7 @@ train = dict(
 )
 
 condinit.arm = "default"
+
+# kappa of the attention Jacobian of blocks 0, 2 and 3 on the first evaluation image, at initialization, every
+# `period` EPOCHS and after the last epoch (docs/pretraining.md): 4 measured points, about 3% of the training time.
+condinit_analysis.period = 2

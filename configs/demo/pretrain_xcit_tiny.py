@@ -8,7 +8,7 @@
 # condinit.include='["blocks.*"]' arms only the part that detection keeps.
 #
 #   tools/pretrain_net.py --config-file configs/demo/pretrain_xcit_tiny.py --arm all train.output_dir=output/p_xcit
-from .pretrain_vit_tiny import augment, condinit, data, optimizer, scheduler, train
+from .pretrain_vit_tiny import augment, condinit, condinit_analysis, data, optimizer, scheduler, train
 
 model = dict(
     name="xcit_nano_12_p8_224",
@@ -17,3 +17,6 @@ model = dict(
 )
 
 train.output_dir = "./output/demo_pretrain_xcit"
+
+# kappa along training as in pretrain_vit_tiny.py (every 2 epochs), on the first, middle and last attention site:
+# blocks.0.attn, blocks.3.attn and cls_attn_blocks.1.attn: about 4% of the training time.

@@ -1,0 +1,115 @@
+"""kappa of the attention Jacobian along pretraining: the ``condinit_analysis`` node, with its period in epochs.
+
+With ``condinit_analysis.period > 0`` (keys and defaults: :data:`condinit_det.analysis.ANALYSIS_DEFAULTS`, as in
+detection) the main process measures the chosen sites (default: first, middle and last) on a fixed batch, the first
+``num_images`` evaluation images as the evaluation transform gives them, with the weights being trained (not the
+EMA's). It measures at the start of training (epoch 0, the initialization; or the epoch a run resumes at, unless
+the run it continues measured that epoch already), after every ``period``-th epoch and after the last one, never
+twice at one epoch, and before the epoch's evaluation and checkpoint. Each measurement adds one record per site to
+``results.json`` (:func:`condinit_det.analysis.training.conditioning_records`)::
+
+    {"kind": "conditioning", "iteration": <optimizer steps completed>, "epoch": <epochs completed>, "site",
+     "kappa", "sigma_max", "sigma_min", "bound", ..., "stage": "pretrain", "arm", "seed", "lr_scale", "config"}
+
+``epoch`` is the stage's unit (:data:`condinit_det.stage.PRETRAIN`) and ``iteration`` counts steps as the ``"cls"``
+records do, so the records of one epoch share both with its evaluation. The event storage gets
+``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}`` at the measured step (``metrics.json``, TensorBoard),
+except for a resumed run's first measurement: the step it resumes at has its ``metrics.json`` line already.
+
+Measuring reads the batch with no sampler and no random transform, runs the model in eval mode without
+gradients and advances no RNG: a run measures its training bit for bit as it would without measuring.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from ..analysis.training import analysis_options, conditioning_records, measure_conditioning, measurement_options
+from ..init.spec import plain
+from ..utils.errors import UsageError
+
+__all__ = ["EpochConditioning", "conditioning_options", "fixed_batch", "measured_epochs"]
+
+logger = logging.getLogger("condinit_det.pretrain")
+
+
+def conditioning_options(cfg) -> Optional[Dict]:
+    """``cfg.condinit_analysis`` with the defaults filled in, or None when it is absent or ``period <= 0``.
+    Raises UsageError on an unknown key (the message names the accepted ones) or ``num_images < 1``."""
+    node = plain(cfg.get("condinit_analysis")) if hasattr(cfg, "get") else None
+    try:
+        opts = analysis_options(node)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if int(opts["period"] or 0) <= 0:
+        return None
+    if int(opts["num_images"]) < 1:
+        raise UsageError(f"condinit_analysis.num_images={opts['num_images']}; it must be at least 1")
+    return opts
+
+
+def measured_epochs(num_epochs: int, period: int, start: int = 0) -> List[int]:
+    """The epochs (completed epochs) at which a run from ``start`` to ``num_epochs`` measures: ``start``, every
+    multiple of ``period`` after it, and ``num_epochs``."""
+    after = [e for e in range(start + 1, num_epochs + 1) if e % period == 0 or e == num_epochs]
+    return [start] + after
+
+
+def fixed_batch(dataset, num_images: int) -> torch.Tensor:
+    """The first ``num_images`` images of ``dataset`` (fewer if it is smaller) stacked as ``[N, 3, H, W]``: items
+    read by index through the dataset's own (evaluation) transform, so no sampler or random draw is involved."""
+    count = min(int(num_images), len(dataset))
+    if count < 1:
+        raise UsageError("condinit_analysis needs at least one evaluation image; the evaluation set is empty")
+    return torch.stack([dataset[i][0] for i in range(count)])
+
+
+class EpochConditioning:
+    """Measures kappa(J) at the start of training and after due epochs (see the module doc); main process only.
+
+    Args:
+        batch: the fixed model input ``[N, 3, H, W]``, on the model's device.
+        opts: :func:`conditioning_options`.
+        num_epochs: the run's length in epochs.
+        meta: fields copied into every record (``stage``, ``arm``, ``seed``, ``lr_scale``, ``config``).
+    """
+
+    def __init__(self, batch: torch.Tensor, opts: Dict, *, num_epochs: int, meta: Dict):
+        self.batch = batch
+        self.period = int(opts["period"])
+        self.num_epochs = int(num_epochs)
+        self.options = measurement_options(opts)
+        self.meta = dict(meta)
+        self.last_epoch: Optional[int] = None
+
+    def due(self, epoch: int) -> bool:
+        """Whether ``epoch`` (completed epochs) is measured after it ends."""
+        return epoch != self.last_epoch and (epoch % self.period == 0 or epoch == self.num_epochs)
+
+    def start(self, model: nn.Module, *, epoch: int, step: int, storage=None, results=None) -> List[dict]:
+        """The measurement at the start of training (epoch ``epoch``, ``step`` steps done), unless ``results``
+        holds one of that epoch and step already (a resumed run whose predecessor measured it)."""
+        if results is not None and results.exists() and any(
+                r.get("epoch") == epoch and r["iteration"] == step for r in results.records("conditioning")):
+            self.last_epoch = epoch
+            return []
+        return self.measure(model, epoch=epoch, step=step, storage=storage if step == 0 else None, results=results)
+
+    def measure(self, model: nn.Module, *, epoch: int, step: int, storage=None, results=None) -> List[dict]:
+        """Measure now; add the records to ``results`` (a ``ResultsFile``) and the scalars to ``storage``."""
+        if epoch == self.last_epoch:
+            return []
+        start = time.perf_counter()
+        rows = measure_conditioning(model, self.batch, storage=storage, at=f"epoch {epoch} (step {step})",
+                                    logger=logger, **self.options)
+        records = conditioning_records(rows, iteration=step, epoch=epoch, **self.meta)
+        if results is not None:
+            results.extend(records)
+        self.last_epoch = epoch
+        kappas = ", ".join(f"{m.site} {m.kappa:.4g}" for m in rows)
+        logger.info(f"kappa at epoch {epoch} (step {step}): {kappas} ({time.perf_counter() - start:.2f} s)")
+        return records
