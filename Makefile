@@ -17,8 +17,8 @@ lint: venv
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not e2e" $(PYTEST_ARGS)
 
-# The whole-system runs (marker e2e): every config end to end, the installed wheel, the offline install, the
-# experiments on the one-node Slurm. CI (.ci/run) runs them after `make test`.
+# The whole-system runs (marker e2e): every config end to end, the installed wheel, the offline install, Slurm jobs,
+# several processes, kills, the documented demo commands. CI (.ci/run) runs them after `make test`.
 test-e2e: venv
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m e2e $(PYTEST_ARGS)
 

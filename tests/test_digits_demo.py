@@ -117,6 +117,7 @@ def _tiny_pretraining_data(root: Path, per_class: dict) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_make_demo_digits_end_to_end_at_tiny_size(tmp_path, data_dir):
     """The three commands of ``make demo-digits`` as written, in a scratch folder, with tiny data and schedules
     appended: every arm pretrains on the digits, each detector starts from its own arm's run, and the report

@@ -749,6 +749,7 @@ def _as_run_here(command: Command, extra: List[str]) -> List[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining(tmp_path):
     from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
     from condinit_det.init import PAPER_ARMS

@@ -386,6 +386,7 @@ def test_experiment_with_a_diverging_lr(tmp_path, stage, unit, total, evaluation
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["detection", "pretrain"])
 def test_an_experiment_as_a_slurm_array_then_its_status(slurm_env, stage):

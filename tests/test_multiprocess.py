@@ -26,6 +26,7 @@ def _report_process_group(out_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_cpu_launch_joins_gloo_with_cuda_hidden(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # as on a GPU machine
     launch(_report_process_group, 2, device="cpu", dist_url="auto", args=(str(tmp_path),))
@@ -75,6 +76,7 @@ def _predictions(run_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_xcit_batchnorm_two_processes_and_eval_only(tmp_path):
     # The XCiT demo has BatchNorm (patch embedding, LPI, the neck's stride-4 branch): each rank
     # updates its own running statistics. Training must pass the replica check, and every evaluation

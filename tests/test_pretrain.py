@@ -247,6 +247,7 @@ def _run(argv, **kw):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     epochs = 5
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
@@ -305,6 +306,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("config", [DEMO, XCIT_DEMO], ids=["vit", "xcit_batchnorm"])
 def test_two_process_cpu_run_matches_single_process_evaluation(tiny_data, tmp_path, config):
     # XCiT has BatchNorm (patch embedding, LPI): each process keeps its own running statistics; the

@@ -20,7 +20,7 @@ SLOW_EVAL_CONFIG = os.path.join(ROOT, "tests", "tiny_slow_eval_config.py")
 TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")
 SCHEDULE = ["train.max_iter=30", "train.eval_period=10", "train.checkpointer.period=10"]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def _env(**extra):

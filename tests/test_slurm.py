@@ -187,6 +187,7 @@ class _Report:
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 def test_array_and_dependent_report(slurm_env):
     out = slurm_env / "out"
     out.mkdir()
@@ -210,6 +211,7 @@ def test_array_and_dependent_report(slurm_env):
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 def test_per_element_dependency(slurm_env):
     out = slurm_env / "out"
     out.mkdir()
@@ -226,6 +228,7 @@ def test_per_element_dependency(slurm_env):
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 def test_max_parallel_one(slurm_env):
     out = slurm_env / "out"
     out.mkdir()
@@ -288,6 +291,7 @@ def _lines(folder, name):
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_requeue_on_usr2_and_on_scontrol_requeue(slurm_env):
     usr2, requeue = slurm_env / "usr2", slurm_env / "requeue"
@@ -312,6 +316,7 @@ def test_requeue_on_usr2_and_on_scontrol_requeue(slurm_env):
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 def test_cancelled_job_is_done_without_sacct(slurm_env):
     out = slurm_env / "out"
     out.mkdir()
@@ -379,6 +384,7 @@ _PREEMPTION_PY = preemption.__file__
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_workers_save_before_requeue(slurm_env):
     out = slurm_env / "out"
@@ -408,6 +414,7 @@ def _rendezvous_here(path):
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 def test_rendezvous_inside_a_job(slurm_env):
     (job,) = slurm.submit(_executor(slurm_env / "slurm"), [functools.partial(_rendezvous_here, _SLURM_PY)])
     _wait([job])
@@ -418,6 +425,7 @@ def test_rendezvous_inside_a_job(slurm_env):
 
 
 @pytest.mark.slurm
+@pytest.mark.e2e
 def test_status_names_queued_and_running_elements(slurm_env):
     """More elements than the node has CPUs: squeue lists the waiting elements one per line, and condinit-status
     calls them queued and the one on the CPUs running."""

@@ -220,7 +220,7 @@ def apply_init(
     # Each site runs on one thread (see condinit_det.init.lapack: on a busy machine the
     # OpenMP/OpenBLAS threads of these medium-sized operations spin-wait for each other); the
     # cores are used by working on up to `workers` sites at once instead, which pays because the
-    # torch, NumPy and scipy LAPACK kernels release the GIL.
+    # torch and NumPy kernels release the GIL (scipy's eigensolvers mostly take turns).
     # A site's values depend only on its own generator, so the result is the same for any worker count.
     with single_threaded():
         if workers > 1:

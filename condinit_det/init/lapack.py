@@ -8,10 +8,11 @@ conditioned arm ran 20x and the subset eigensolver 8x slower with two threads th
 ``threadpoolctl``) to one thread and restores both after; the arms use the cores by working on
 several sites at once instead.
 
-The GIL. NumPy's matmul and scipy's eigensolver wrappers release Python's GIL while BLAS / LAPACK
-runs (``tests/test_lapack.py`` checks it), so sites on several threads overlap. Both eigensolvers are
-scipy's, on the OpenBLAS scipy ships: the arms' values are made with that library's roundings
-(``torch.linalg.eigh`` calls another LAPACK whose roundings differ, enough to change a training run).
+The GIL. NumPy's matmul releases Python's GIL (``tests/test_lapack.py`` checks it); scipy's eigensolver
+wrappers hold it for much of their run, so sites on several threads take turns there. Both eigensolvers
+are scipy's, on the OpenBLAS scipy ships, because the arms' values are made with that library's
+roundings (``torch.linalg.eigh`` and ``numpy.linalg.eigh`` release the GIL but round differently, enough
+to change a training run).
 
 Arrays are NumPy, C-contiguous, float32 or float64; symmetric inputs are read from their upper
 triangle.
