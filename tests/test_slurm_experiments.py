@@ -228,7 +228,8 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
     job, _ = _ids(log)
     run_dir = Path(RunSpec("mimetic", 0).path(str(slurm_env / "slurm")))
     deadline = time.time() + 600
-    while not (run_dir / "results.json").is_file() and time.time() < deadline:  # after its first epoch
+    # After its first epoch's checkpoint (results.json appears sooner: kappa is measured at epoch 0).
+    while not any(run_dir.glob("checkpoint_epoch*.pth")) and time.time() < deadline:
         time.sleep(0.1)
     assert not (run_dir / "model_final.pth").exists(), "the run finished before it could be requeued"
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
