@@ -179,7 +179,7 @@ def test_recipes_load_and_build(path):
 # ---------------------------------------------------------------------------------------------
 # The command line: bad input is one line on stderr, exit status 2, nothing written
 # ---------------------------------------------------------------------------------------------
-def _cli(argv, capsys):
+def run_cli(argv, capsys):
     old = sys.argv
     sys.argv = ["pretrain_net.py", *argv]
     try:
@@ -201,15 +201,15 @@ def test_cli_rejects_an_image_folder_without_images(tmp_path, capsys):
     for split in ("train", "val"):
         (tmp_path / "empty" / split / "cat").mkdir(parents=True)
     out = tmp_path / "out"
-    err = _one_error_line(*_cli(["--config-file", DEMO, f"data.root={tmp_path / 'empty'}", f"train.output_dir={out}"],
-                                capsys))
+    err = _one_error_line(*run_cli(["--config-file", DEMO, f"data.root={tmp_path / 'empty'}",
+                                    f"train.output_dir={out}"], capsys))
     assert "holds no images in class folders" in err and "<class>/<image>" in err and ".png" in err
     assert not out.exists()
 
 
 def test_cli_suggests_close_model_names(tiny_data, tmp_path, capsys):
     out = tmp_path / "out"
-    err = _one_error_line(*_cli(["--config-file", DEMO, "model.name=vit_tiny_patch16_22",
+    err = _one_error_line(*run_cli(["--config-file", DEMO, "model.name=vit_tiny_patch16_22",
                                  f"data.root={tiny_data}", f"train.output_dir={out}"], capsys))
     assert "is not a timm model" in err and "vit_tiny_patch16_224" in err
     assert not out.exists()
@@ -217,7 +217,7 @@ def test_cli_suggests_close_model_names(tiny_data, tmp_path, capsys):
 
 def test_cli_rejects_a_class_count_mismatch(tiny_data, tmp_path, capsys):
     out = tmp_path / "out"
-    err = _one_error_line(*_cli(["--config-file", DEMO, "data.num_classes=10", f"data.root={tiny_data}",
+    err = _one_error_line(*run_cli(["--config-file", DEMO, "data.num_classes=10", f"data.root={tiny_data}",
                                  f"train.output_dir={out}"], capsys))
     assert "data.num_classes=10" in err and "has 8 class folders" in err and "data.num_classes=8" in err
     assert not out.exists()
@@ -231,7 +231,7 @@ def test_cli_refuses_to_resume_another_arm_or_seed(tiny_data, tmp_path, capsys):
               "lr_scale": 1.0}
     write_arm_report(run_dir, {"arm": "mimetic", "sites": []}, theirs)
     before = sorted(os.listdir(out))
-    err = _one_error_line(*_cli(["--config-file", DEMO, "--arm", "conditioned", "--resume",
+    err = _one_error_line(*run_cli(["--config-file", DEMO, "--arm", "conditioned", "--resume",
                                  *tiny(tiny_data, str(out))], capsys))
     assert "arm='mimetic'" in err and "arm='conditioned'" in err and "seed=1" in err and "seed=0" in err
     assert "--allow-changed-run" in err

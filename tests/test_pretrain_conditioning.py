@@ -2,13 +2,11 @@
 import json
 import math
 import os
-import runpy
-import sys
 
 import numpy as np
 import pytest
 import torch
-from test_pretrain import DEMO, SPEC, TOOL, XCIT_DEMO, configure_run, tiny
+from test_pretrain import DEMO, SPEC, XCIT_DEMO, configure_run, run_cli, tiny
 
 from condinit_det.analysis import ANALYSIS_DEFAULTS
 from condinit_det.data.classification import generate_classification_dataset
@@ -163,15 +161,8 @@ def test_the_options_are_the_detection_ones(data, tmp_path, capsys):
     assert "unknown key(s) ['perod']; accepted: ['block_size'," in str(pretrain_error.value)
     # The command line: one line, exit status 2, before anything is written.
     out = tmp_path / "cli"
-    old = sys.argv
-    sys.argv = ["pretrain_net.py", "--config-file", DEMO, *tiny(data, str(out)), "condinit_analysis.perod=3"]
-    try:
-        with pytest.raises(SystemExit) as e:
-            runpy.run_path(TOOL, run_name="__main__")
-    finally:
-        sys.argv = old
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "\n" not in err and "condinit_analysis has unknown key(s) ['perod']" in err
+    code, err = run_cli(["--config-file", DEMO, *tiny(data, str(out)), "condinit_analysis.perod=3"], capsys)
+    assert code == 2 and "\n" not in err and "condinit_analysis has unknown key(s) ['perod']" in err
     assert not out.exists()
 
 
