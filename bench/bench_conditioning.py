@@ -31,11 +31,15 @@
    evaluation, and the share is the measurements' seconds over ``epochs x seconds per epoch``. On a machine
    that other work keeps busy, ``--clock cpu`` times in this process's CPU seconds (use ``--threads 1``; data
    loading runs in the loader's worker and is not counted).
+5. ``--ends``: the exact method's last step on the head factors of a ViTDet-B block (16 tokens) and of the demo
+   Swin's first window: every singular value (the SVD of the QR factor R) against sigma_max and sigma_min by
+   Lanczos on R, in the same process, with the ratio of their times and their largest relative difference.
 
     python bench/bench_conditioning.py            # full (about 15 minutes on 2 CPU cores)
     python bench/bench_conditioning.py --quick    # small layers, seconds
     python bench/bench_conditioning.py --fraction configs/COCO/mask_rcnn_swin_b_3x.py --images-per-gpu 2
     python bench/bench_conditioning.py --fraction configs/demo/pretrain_vit_tiny.py configs/demo/pretrain_xcit_tiny.py
+    python bench/bench_conditioning.py --threads 1 --clock cpu --ends    # (--quick: smaller sites, seconds)
 
 Prints a Markdown summary and one JSON object (``--output`` also saves it). Numbers depend on
 the machine's load, which is printed with them.
@@ -65,6 +69,19 @@ def _layer(dim, heads, side, arm, seed=0):
     apply_init(module, arm, seed=seed)
     site = find_attention(module)[0]
     x = torch.nn.functional.layer_norm(torch.randn(1, side, side, dim, generator=torch.Generator().manual_seed(1)),
+                                       (dim,))
+    return site, {"x": x}
+
+
+def _window(dim, heads, side, arm, seed=0):
+    """A detectron2 Swin window attention on one side x side window of layer-normed Gaussian tokens."""
+    from detectron2.modeling.backbone.swin import WindowAttention
+
+    torch.manual_seed(seed)
+    module = WindowAttention(dim, window_size=(side, side), num_heads=heads)
+    apply_init(module, arm, seed=seed)
+    site = find_attention(module)[0]
+    x = torch.nn.functional.layer_norm(torch.randn(1, side * side, dim, generator=torch.Generator().manual_seed(1)),
                                        (dim,))
     return site, {"x": x}
 
@@ -162,6 +179,34 @@ def bench_hook(config, arm, height, width):
     return {"config": config, "arm": arm, "image": [height, width], "seconds": sec,
             "sites": [{k: r[k] for k in ("site", "method", "structure", "kappa", "converged", "tokens")}
                       for r in records]}
+
+
+def bench_ends(arm, quick=False):
+    """The exact method's last step on the head factors of two sites the hooks measure: all singular values (the
+    QR factor's SVD, the route before) against the extreme two (:func:`extreme_singular_values`: Lanczos on the
+    QR factor), timed in turn in the same process, with the largest relative difference of sigma_max / sigma_min.
+    quick: smaller sites whose factors still have more than 256 singular values (the Lanczos route)."""
+    from condinit_det.analysis.heads import head_factors
+    from condinit_det.analysis.spectrum import extreme_singular_values, singular_values
+
+    if quick:
+        layers = {"ViT attention (64 wide, 2 heads), 4x4 = 16 tokens": _layer(64, 2, 4, arm),
+                  "Swin window attention (32 wide, 2 heads), one 6x6 window": _window(32, 2, 6, arm)}
+    else:
+        layers = {"ViTDet-B block (768 wide, 12 heads), 4x4 = 16 tokens": _layer(768, 12, 4, arm),
+                  "demo Swin first block (48 wide, 2 heads), one 8x8 window": _window(48, 2, 8, arm)}
+    rows = []
+    for name, (site, inputs) in layers.items():
+        factors = head_factors(site, inputs)[0].factors
+        every, every_s = _timed(lambda fs=factors: [singular_values(f) for f in fs])
+        ends, ends_s = _timed(lambda fs=factors: [extreme_singular_values(f) for f in fs])
+        diff = max(max(abs(top - float(s[0])) / float(s[0]), abs(low - float(s[-1])) / float(s[-1]))
+                   for s, (top, low) in zip(every, ends))
+        kappa = max(float(s[0] / s[-1]) for s in every)
+        rows.append({"layer": f"{name}, arm {arm}", "factor": list(factors[0].shape), "heads": len(factors),
+                     "all_s": every_s, "ends_s": ends_s, "ratio": ends_s / every_s, "max_rel_diff": diff,
+                     "kappa_max_head": kappa})
+    return rows
 
 
 def _size(text):
@@ -351,6 +396,9 @@ def main(argv=None):
     p.add_argument("--images-per-gpu", type=int, default=2, help="images per training step for --fraction")
     p.add_argument("--steps", type=int, default=1, help="timed training steps per config for --fraction")
     p.add_argument("--opts", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for --fraction")
+    p.add_argument("--ends", action="store_true",
+                   help="only the exact method's last step: all singular values of each head factor vs the extreme "
+                        "two (Lanczos on the QR factor)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="time in wall-clock seconds (default) or in this process's CPU seconds (a busy machine)")
     args = p.parse_args(argv)
@@ -361,6 +409,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.fraction:
         return main_fraction(args)
+    if args.ends:
+        return main_ends(args)
     if args.quick:
         small = dict(dim=8, heads=2, side=3, max_iter=20, block=8)
         site = dict(dim=48, heads=3)
@@ -423,6 +473,29 @@ def main(argv=None):
         print()
         print(FRACTION_HEADER)
         print_fraction(f)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.output:
+        atomic_write(args.output, text)
+    return result
+
+
+def main_ends(args):
+    result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+                         f"{torch.__version__}, {args.threads} threads", "load_before": _load(), "clock": args.clock}
+    print(f"load average before: {result['load_before']} ({result['machine']}; {args.clock} seconds)", flush=True)
+    rows = result["ends"] = bench_ends(args.arm, quick=args.quick)
+    print("| layer | head factors | all singular values | extreme two | ratio | max relative difference | "
+          "largest head κ |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['layer']} | {r['heads']} × {r['factor'][0]}×{r['factor'][1]} | {r['all_s']:.2f} s | "
+              f"{r['ends_s']:.2f} s | {r['ratio']:.2f} | {r['max_rel_diff']:.1e} | {r['kappa_max_head']:.4g} |")
+    result["load_after"] = _load()
+    print(f"load average after: {result['load_after']}")
+    worst = max(r["max_rel_diff"] for r in rows)
+    print(f"OK: the extreme two equal the full SVD's ends (relative {worst:.1e})" if worst <= 1e-9 else
+          f"MISMATCH: the extreme two and the full SVD's ends differ by {worst:.1e} (relative)")
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:

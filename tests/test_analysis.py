@@ -14,6 +14,7 @@ from condinit_det.analysis import (
     estimate_conditioning,
     exact_conditioning,
     exact_spectrum,
+    extreme_singular_values,
     lambda_softmax_condition,
     matrix_free_spectrum,
     measure_site,
@@ -171,6 +172,38 @@ def test_known_singular_values_recovered(rows, cols):
     assert exact_spectrum(a).kappa == pytest.approx(20.0, rel=1e-9)
     arpack = matrix_free_spectrum(lambda v: v @ a.T, lambda u: u @ a, (rows, cols), tol=1e-10, method="eigsh")
     assert arpack.converged and arpack.kappa == pytest.approx(20.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("rows,cols", [(900, 300), (300, 700)])
+@pytest.mark.parametrize("kappa", [30.0, 1e9])
+def test_extreme_singular_values_by_lanczos_on_r_match_the_svd(rows, cols, kappa):
+    # Above 256 singular values the ends come from Lanczos on the QR factor, the smallest through triangular
+    # solves: as accurate as the SVD's (about eps * sigma_max absolute) even at kappa 1e9, and the global RNG
+    # is not advanced.
+    k = min(rows, cols)
+    values = torch.cat([torch.tensor([3.0]), torch.logspace(0, -math.log10(kappa / 3.0), k - 1, dtype=torch.float64)])
+    a = _known_operator(rows, cols, values, seed=2)
+    state = torch.get_rng_state()
+    top, low = extreme_singular_values(a)
+    assert torch.equal(state, torch.get_rng_state())
+    s = torch.linalg.svdvals(a)
+    assert top == pytest.approx(float(s[0]), rel=1e-11)
+    assert abs(low - float(s[-1])) <= 1e-13 * top
+    assert top / low == pytest.approx(kappa, rel=1e-5)
+
+
+def test_extreme_singular_values_of_singular_matrices_are_zero_to_round_off():
+    eps = torch.finfo(torch.float64).eps
+    # A zero column makes R's diagonal zero: the triangular solves would divide by it (the full SVD then).
+    a = _known_operator(500, 300, torch.linspace(1.0, 2.0, 300, dtype=torch.float64), seed=3)
+    a[:, 7] = 0.0
+    top, low = extreme_singular_values(a)
+    assert low <= 300 * eps * top and top == pytest.approx(float(torch.linalg.svdvals(a)[0]), rel=1e-12)
+    # Exactly rank deficient without a zero pivot: sigma_min is at round-off, as with the SVD.
+    b = _known_operator(500, 300, torch.cat([torch.linspace(1.0, 2.0, 299, dtype=torch.float64), torch.zeros(1)]),
+                        seed=4)
+    top, low = extreme_singular_values(b)
+    assert top == pytest.approx(2.0, rel=1e-12) and low <= 300 * eps * top
 
 
 def test_unconverged_estimate_is_flagged():

@@ -16,11 +16,12 @@ BENCH_SCRIPTS = [
     ("bench_demo.py", ["--quick"], "OK: 3 arms trained and evaluated at iteration 2"),
     ("bench_bootstrap.py", ["--quick"], "OK: accumulated AP equals re-evaluated AP within 1e-09"),
     ("bench_conditioning.py", ["--quick", "--threads", "1"], "OK: exact per-head kappa equals the dense Jacobian's"),
+    ("bench_conditioning.py", ["--quick", "--ends", "--threads", "1"], "OK: the extreme two equal the full SVD's ends"),
 ]
 
 
 @pytest.mark.parametrize(
-    "script, args, expected", BENCH_SCRIPTS, ids=[s for s, _, _ in BENCH_SCRIPTS]
+    "script, args, expected", BENCH_SCRIPTS, ids=[" ".join([s, *a]) for s, a, _ in BENCH_SCRIPTS]
 )
 def test_bench_script_quick(script, args, expected):
     path = os.path.join(REPO, "bench", script)

@@ -6,7 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from condinit_det.analysis import AttentionFunction, attention_jacobian, dense_conditioning, exact_conditioning
+from condinit_det.analysis import (
+    AttentionFunction,
+    attention_jacobian,
+    dense_conditioning,
+    exact_conditioning,
+    spectrum,
+)
 from condinit_det.analysis.heads import head_factors
 from condinit_det.analysis.measure import measure_site
 from condinit_det.init import apply_init, find_attention
@@ -56,10 +62,19 @@ def _close(a, b, rel=1e-9):
     return abs(a - b) <= rel * abs(b)
 
 
+@pytest.fixture(params=["svd", "lanczos"])
+def factor_spectrum(request, monkeypatch):
+    """Both routes to a factor's extreme singular values: the full SVD (small factors) and Lanczos on its QR
+    factor (above 256 singular values; here for every factor of at least 3)."""
+    if request.param == "lanczos":
+        monkeypatch.setattr(spectrum, "_FULL_SVD_SIZE", 2)
+    return request.param
+
+
 @pytest.mark.parametrize("include_output_proj", [False, True], ids=["no_wo", "with_wo"])
 @pytest.mark.parametrize("name", ["d2_vit_rel_pos", "d2_swin_window", "timm_vit", "timm_xcit_channel",
                                   "mha_kdim_vdim"])
-def test_exact_matches_dense(name, include_output_proj):
+def test_exact_matches_dense(name, include_output_proj, factor_spectrum):
     module, inputs, structure = _layouts()[name]
     # mimetic's V/O product is rank 7 at vdim 7 (and conditioned's W_V has an empty row): W_O or a head
     # would be singular, so the cross-attention layer keeps its default init
@@ -102,7 +117,7 @@ def test_closed_form_gram_matches_dense_jacobian_blocks():
         torch.testing.assert_close(factors.factors[h] @ factors.factors[h].T, own @ own.T, rtol=1e-10, atol=1e-12)
 
 
-def test_rank_deficient_flagged_like_dense():
+def test_rank_deficient_flagged_like_dense(factor_spectrum):
     # A repeated token duplicates rows of J in every head.
     torch.manual_seed(0)
     module = vit.Attention(8, num_heads=2, use_rel_pos=True, input_size=(2, 2), rel_pos_zero_init=False)

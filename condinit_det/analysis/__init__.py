@@ -24,7 +24,14 @@ from .conditioning import (
 from .functional import AttentionFunction, bind_inputs
 from .heads import head_spectrum
 from .measure import SiteMeasurement, default_sites, measure_site, measure_sites, resolve_sites, write_table
-from .spectrum import SpectrumResult, condition_number, exact_spectrum, lanczos_extremes, matrix_free_spectrum
+from .spectrum import (
+    SpectrumResult,
+    condition_number,
+    exact_spectrum,
+    extreme_singular_values,
+    lanczos_extremes,
+    matrix_free_spectrum,
+)
 from .training import (
     ANALYSIS_DEFAULTS,
     analysis_options,
@@ -56,6 +63,7 @@ __all__ = [
     "estimate_conditioning",
     "exact_conditioning",
     "exact_spectrum",
+    "extreme_singular_values",
     "head_spectrum",
     "lambda_softmax_condition",
     "lanczos_extremes",

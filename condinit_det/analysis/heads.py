@@ -34,9 +34,11 @@ With the output projection kept (``include_output_proj=True``) J is ``(I (x) W_O
 block-diagonal one: the heads' factors are stacked into one matrix, multiplied by W_O per token,
 and its singular values taken (no per-head values then).
 
-Singular values come from the QR of the factor's tall orientation and the SVD of R (float64, no
-Gram matrix, so nothing is squared): sigma_min is accurate to about ``eps * sigma_max``, as for the
-dense Jacobian.
+The extreme singular values come from the QR of each factor's tall orientation (float64, no Gram
+matrix, so nothing is squared) and Lanczos on R
+(:func:`condinit_det.analysis.spectrum.extreme_singular_values`): sigma_min is accurate to about
+``eps * sigma_max``, as for the dense Jacobian's SVD. All of a factor's singular values are taken
+only to count the numerical rank where its sigma_min is at the rank tolerance.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ from torch.func import jacfwd, jacrev
 
 from .functional import AttentionFunction, eval_mode
 from .operator import JacobianOperator
-from .spectrum import SpectrumResult, singular_values
+from .spectrum import SpectrumResult, extreme_singular_values, singular_values
 
 __all__ = ["head_factors", "head_spectrum", "HeadFactors", "factor_entries"]
 
@@ -442,33 +444,27 @@ def head_spectrum(site, inputs: Optional[Dict[str, object]] = None, *, include_o
     heads = len(hf.factors)
     tol = max(rows, cols) * torch.finfo(torch.float64).eps if rank_tol is None else float(rank_tol)
     k_total = min(rows, cols)
-    per_head: List[torch.Tensor] = []
     if w_out is None:
-        for f in hf.factors:
-            s = singular_values(f)
-            k_h = k_total // heads  # every head has rows / H rows and cols / H columns of J
-            if s.numel() < k_h:  # the reduction dropped columns that J_h has but cannot use
-                s = torch.cat([s, s.new_zeros(k_h - s.numel())])
-            per_head.append(s[:k_h])
-        s_all = torch.cat(per_head)
+        blocks, k_block = list(hf.factors), k_total // heads  # every head has rows / H rows and cols / H columns
     else:
         n_tok = hf.factors[0].shape[0] // (w_out.shape[1] // heads)
         stacked = torch.block_diag(*[f.reshape(n_tok, -1, f.shape[1]).transpose(0, 1).reshape(-1, f.shape[1])
                                      for f in hf.factors])  # rows (head, channel, token)
         stacked = stacked.reshape(w_out.shape[1], n_tok, -1)
-        full = torch.einsum("oc,ctk->tok", w_out, stacked).reshape(n_tok * w_out.shape[0], -1)
-        s_all = singular_values(full)
-        if s_all.numel() < k_total:
-            s_all = torch.cat([s_all, s_all.new_zeros(k_total - s_all.numel())])
-    smax, smin = float(s_all.max()), float(s_all.min())
-    rank = int((s_all > tol * smax).sum()) if smax > 0 else 0
+        blocks, k_block = [torch.einsum("oc,ctk->tok", w_out, stacked).reshape(n_tok * w_out.shape[0], -1)], k_total
+    ends = [extreme_singular_values(b) for b in blocks]
+    tops = [top for top, _ in ends]
+    # A block with fewer than k_block singular values lost columns that J has but cannot use: its sigma_min is 0.
+    lows = [low if min(b.shape) >= k_block else 0.0 for b, (_, low) in zip(blocks, ends)]
+    smax, smin = max(tops), min(lows)
+    floor = tol * smax
+    # Counting the singular values above the floor needs all of a block's only where its sigma_min is not above it.
+    rank = sum(k_block if low > floor else int((singular_values(b) > floor).sum()) for b, low in zip(blocks, lows))
     deficient = rank < k_total
-    hmax = [float(s.max()) for s in per_head]
-    hmin = [float(s.min()) for s in per_head]
-    hkappa = [math.inf if (s <= tol * float(s.max())).any() or float(s.max()) == 0 else float(s.max() / s.min())
-              for s in per_head]
+    per_head = w_out is None
+    hkappa = [math.inf if top == 0 or low <= tol * top else top / low for top, low in zip(tops, lows)]
     return SpectrumResult(
         kappa=math.inf if deficient else smax / smin, sigma_max=smax, sigma_min=smin, rank_deficient=deficient,
         numerical_rank=rank, converged=True, iterations=0, residual_max=0.0, residual_min=0.0, method="exact",
-        shape=(rows, cols), structure=hf.structure, sigma_max_heads=hmax, sigma_min_heads=hmin,
-        kappa_heads=hkappa)
+        shape=(rows, cols), structure=hf.structure, sigma_max_heads=tops if per_head else [],
+        sigma_min_heads=lows if per_head else [], kappa_heads=hkappa if per_head else [])

@@ -30,6 +30,7 @@ __all__ = [
     "lanczos_extremes",
     "condition_number",
     "singular_values",
+    "extreme_singular_values",
 ]
 
 MatVec = Callable[[torch.Tensor], torch.Tensor]
@@ -104,6 +105,57 @@ def singular_values(matrix: torch.Tensor) -> torch.Tensor:
         # square R cost a fraction of an SVD of the whole (4.7 s vs 18 s at 864 x 27648 here).
         m = torch.linalg.qr(m, mode="r")[1]
     return torch.linalg.svdvals(m)
+
+
+# Below this many singular values a full SVD takes milliseconds; above it, Lanczos on the QR factor is cheaper.
+_FULL_SVD_SIZE = 256
+
+
+def extreme_singular_values(matrix: torch.Tensor) -> Tuple[float, float]:
+    """sigma_max and sigma_min of a 2-D matrix over its min(rows, cols) singular values (float64).
+
+    R from the QR of the tall orientation has the matrix's singular values. Above ``_FULL_SVD_SIZE`` of them, the
+    extreme eigenvalues of ``R^T R`` come from ARPACK (Lanczos, relative accuracy 1e-12): the largest from products
+    with R, the smallest as the largest of ``(R^T R)^{-1}`` through triangular solves with R (nothing squared
+    beyond what an SVD of R sees: sigma_min accurate to about ``eps * sigma_max``). That skips the SVD's
+    bidiagonalization, most of its cost (BENCHMARKS.md §5). A singular R, or one ARPACK does not settle, gets the
+    full SVD.
+    """
+    m = matrix.detach().to(torch.float64)
+    m = m.T if m.shape[0] < m.shape[1] else m
+    if m.shape[1] <= _FULL_SVD_SIZE:
+        s = torch.linalg.svdvals(m)
+        return float(s[0]), float(s[-1])
+    r = torch.linalg.qr(m, mode="r")[1].cpu().numpy()
+    ends = _lanczos_ends(r) if np.all(np.diagonal(r) != 0) else None
+    if ends is None:
+        s = torch.linalg.svdvals(torch.from_numpy(r))
+        return float(s[0]), float(s[-1])
+    return ends
+
+
+def _lanczos_ends(r: np.ndarray) -> Optional[Tuple[float, float]]:
+    """(sigma_max, sigma_min) of an upper-triangular ``r`` with a nonzero diagonal, or None where ARPACK fails."""
+    from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, LinearOperator, eigsh
+
+    n = r.shape[0]
+    gram = LinearOperator((n, n), matvec=lambda v: r.T @ (r @ v), dtype=np.float64)
+    inverse = LinearOperator((n, n), matvec=lambda v: scipy.linalg.cho_solve((r, False), v, check_finite=False),
+                             dtype=np.float64)
+    start = np.random.default_rng(0).standard_normal(n)  # a private generator: the global RNG stays untouched
+
+    def largest(op):
+        # At most 10 restarts (about 200 products, each O(n^2)): beyond that the full SVD is the cheaper route.
+        return float(eigsh(op, k=1, which="LA", tol=1e-12, maxiter=10, v0=start, return_eigenvectors=False)[0])
+
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            top, inv_top = largest(gram), largest(inverse)
+    except (ArpackError, ArpackNoConvergence):
+        return None
+    if not (math.isfinite(top) and math.isfinite(inv_top) and top > 0 and inv_top > 0):
+        return None
+    return math.sqrt(top), 1.0 / math.sqrt(inv_top)
 
 
 def exact_spectrum(matrix: torch.Tensor, *, rank_tol: Optional[float] = None) -> SpectrumResult:

@@ -31,12 +31,11 @@ model.backbone = L(FPN)(
 
 optimizer.params.overrides = {"relative_position_bias_table": {"weight_decay": 0.0}}
 
-# Conditioning analysis: a Swin site sees whole windows, so the ViT demo's "exact" does not fit here: the
-# dense Jacobian of an 8x8 window is 3072 x 6912 in the first stage (exact SVD: ~2 min on a loaded 2-core
-# machine) but 6144 x 27648 in the middle stage, above max_entries, where the matrix-free estimate took
-# ~6 min on the same machine without converging in 100 iterations. So the demo tracks the first block
-# ("auto": the exact SVD where it fits, else the matrix-free estimate), at 0, 200 and 400 iterations: a
-# measurement costs about 7 training steps, so more points would cost more than 5% of the training time.
+# Conditioning analysis: a Swin site is measured on a whole window, not on the ViT demo's 16 tokens. The dense
+# Jacobian of an 8x8 window is 3072 x 6912 in the first stage but 6144 x 27648 in the middle stage, above
+# max_entries, where the matrix-free estimate does not converge in 100 iterations on a CPU. So the demo tracks the
+# first block ("auto": exact per head where it fits, else the matrix-free estimate) at 0, 200 and 400 iterations,
+# about 2% of the training time (docs/demos.md).
 condinit_analysis.period = 200
 condinit_analysis.method = "auto"
 condinit_analysis.sites = ["backbone.bottom_up.layers.0.blocks.0.attn"]
