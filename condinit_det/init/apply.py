@@ -224,7 +224,11 @@ def apply_init(
     # A site's values depend only on its own generator, so the result is the same for any worker count.
     with single_threaded():
         if workers > 1:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="condinit-init") as pool:
+            # torch keeps MKL's and OpenMP's thread counts per thread, so single_threaded() here does not reach the
+            # workers; pinned to one thread too, a worker's MKL QR rounds as the sequential path's does (left at
+            # the default, it rounds by how many threads it finds free: the weights then vary from run to run).
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="condinit-init",
+                                    initializer=torch.set_num_threads, initargs=(1,)) as pool:
                 outcomes = list(pool.map(lambda site: _apply_site(site, arm, seed, resolved), sites))
         else:
             outcomes = [_apply_site(site, arm, seed, resolved) for site in sites]
