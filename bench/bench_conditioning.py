@@ -421,13 +421,7 @@ def main(argv=None):
         site = dict(dim=768, heads=12)
         sides, big_side, exact_side, budget = (4,), 14, args.exact_side, dict(max_iter=60, block=8, tol=1e-4)
         big_budget = dict(max_iter=8, block=8, tol=1e-4)
-    result = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
-                   f"{torch.__version__}, {args.threads} threads",
-        "load_before": _load(),
-        "quick": args.quick,
-    }
-    print(f"load average before: {result['load_before']} ({result['machine']})", flush=True)
+    result = _begin(args, quick=args.quick)
     a = result["small_layer"] = bench_small(small["dim"], small["heads"], small["side"], args.arm, 1e-6,
                                             small["max_iter"], small["block"])
     print("| layer | J shape | exact (per head) | dense | matrix-free | κ exact | κ dense | κ matrix-free |")
@@ -460,12 +454,6 @@ def main(argv=None):
             label = "exact (per head)" if method == "exact" else f"matrix-free ({r['steps']}x{r['block_size']})"
             print(f"| {b['layer']} | {r['shape'][0]}x{r['shape'][1]} | {label} | {r['s']:.1f} | {r['kappa']:.4g} | "
                   f"{r['sigma_max']:.4g} | {r['sigma_min']:.4g} | {'yes' if r['converged'] else 'no'} |", flush=True)
-    result["load_after"] = _load()
-    print(f"load average after: {result['load_after']}")
-    if a["exact_vs_dense_rel"] <= 1e-9:
-        print(f"OK: exact per-head kappa equals the dense Jacobian's (relative {a['exact_vs_dense_rel']:.1e})")
-    else:
-        print(f"MISMATCH: exact per-head vs dense kappa differ by {a['exact_vs_dense_rel']:.1e} (relative)")
     if args.quick:
         demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
                             "demo/mask_rcnn_vit_tiny.py")
@@ -473,6 +461,26 @@ def main(argv=None):
         print()
         print(FRACTION_HEADER)
         print_fraction(f)
+    rel = a["exact_vs_dense_rel"]
+    return _end(result, args, f"OK: exact per-head kappa equals the dense Jacobian's (relative {rel:.1e})"
+                if rel <= 1e-9 else f"MISMATCH: exact per-head vs dense kappa differ by {rel:.1e} (relative)")
+
+
+def _begin(args, **fields):
+    """The summary's header: machine, thread count, clock and load average before (printed too), then ``fields``."""
+    result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+                         f"{torch.__version__}, {args.threads} threads", "load_before": _load(), "clock": args.clock,
+              **fields}
+    print(f"load average before: {result['load_before']} ({result['machine']}; {args.clock} seconds)", flush=True)
+    return result
+
+
+def _end(result, args, verdict=""):
+    """Print the load average after and ``verdict``, then the summary as JSON (saved to ``--output`` too)."""
+    result["load_after"] = _load()
+    print(f"load average after: {result['load_after']}")
+    if verdict:
+        print(verdict)
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:
@@ -481,9 +489,7 @@ def main(argv=None):
 
 
 def main_ends(args):
-    result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
-                         f"{torch.__version__}, {args.threads} threads", "load_before": _load(), "clock": args.clock}
-    print(f"load average before: {result['load_before']} ({result['machine']}; {args.clock} seconds)", flush=True)
+    result = _begin(args)
     rows = result["ends"] = bench_ends(args.arm, quick=args.quick)
     print("| layer | head factors | all singular values | extreme two | ratio | max relative difference | "
           "largest head κ |")
@@ -491,23 +497,13 @@ def main_ends(args):
     for r in rows:
         print(f"| {r['layer']} | {r['heads']} × {r['factor'][0]}×{r['factor'][1]} | {r['all_s']:.2f} s | "
               f"{r['ends_s']:.2f} s | {r['ratio']:.2f} | {r['max_rel_diff']:.1e} | {r['kappa_max_head']:.4g} |")
-    result["load_after"] = _load()
-    print(f"load average after: {result['load_after']}")
     worst = max(r["max_rel_diff"] for r in rows)
-    print(f"OK: the extreme two equal the full SVD's ends (relative {worst:.1e})" if worst <= 1e-9 else
-          f"MISMATCH: the extreme two and the full SVD's ends differ by {worst:.1e} (relative)")
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.output:
-        atomic_write(args.output, text)
-    return result
+    return _end(result, args, f"OK: the extreme two equal the full SVD's ends (relative {worst:.1e})" if worst <= 1e-9
+                else f"MISMATCH: the extreme two and the full SVD's ends differ by {worst:.1e} (relative)")
 
 
 def main_fraction(args):
-    result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
-                         f"{torch.__version__}, {args.threads} threads", "load_before": _load(), "fractions": [],
-              "clock": args.clock}
-    print(f"load average before: {result['load_before']} ({result['machine']}; {args.clock} seconds)", flush=True)
+    result = _begin(args, fractions=[])
     header = None
     for config in args.fraction:
         if is_pretraining_config(config):
@@ -522,13 +518,7 @@ def main_fraction(args):
             header = table
         result["fractions"].append(f)
         show(f)
-    result["load_after"] = _load()
-    print(f"load average after: {result['load_after']}")
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.output:
-        atomic_write(args.output, text)
-    return result
+    return _end(result, args)
 
 
 if __name__ == "__main__":

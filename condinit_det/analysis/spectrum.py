@@ -123,15 +123,14 @@ def extreme_singular_values(matrix: torch.Tensor) -> Tuple[float, float]:
     """
     m = matrix.detach().to(torch.float64)
     m = m.T if m.shape[0] < m.shape[1] else m
-    if m.shape[1] <= _FULL_SVD_SIZE:
-        s = torch.linalg.svdvals(m)
-        return float(s[0]), float(s[-1])
-    r = torch.linalg.qr(m, mode="r")[1].cpu().numpy()
-    ends = _lanczos_ends(r) if np.all(np.diagonal(r) != 0) else None
-    if ends is None:
-        s = torch.linalg.svdvals(torch.from_numpy(r))
-        return float(s[0]), float(s[-1])
-    return ends
+    if m.shape[1] > _FULL_SVD_SIZE:
+        r = torch.linalg.qr(m, mode="r")[1].cpu().numpy()
+        ends = _lanczos_ends(r) if np.all(np.diagonal(r) != 0) else None
+        if ends is not None:
+            return ends
+        m = torch.from_numpy(r)
+    s = singular_values(m)
+    return float(s[0]), float(s[-1])
 
 
 def _lanczos_ends(r: np.ndarray) -> Optional[Tuple[float, float]]:
