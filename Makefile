@@ -14,16 +14,21 @@ venv:
 lint: venv
 	$(PY) -m ruff check .
 
+# Both cores (pytest-xdist): each test file, the Slurm tests and the wheelhouse builds are one group on one worker
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not e2e" $(XDIST) $(PYTEST_ARGS)
 
 # The whole-system runs (marker e2e): every config end to end, the installed wheel, the offline install, Slurm jobs,
 # several processes, kills, the documented demo commands. CI (.ci/run) runs them after `make test`.
 test-e2e: venv
-	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m e2e $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m e2e $(XDIST) $(PYTEST_ARGS)
 
 test-fast: lint
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 demo: venv
 	$(PY) tools/train_net.py --config-file $(DEMO_CONFIG) --arm all --bootstrap 1000 train.output_dir=$(DEMO_OUTPUT)

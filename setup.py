@@ -72,16 +72,16 @@ setup(
         "black",  # detectron2's LazyConfig.save formats the dumped config with it
         "packaging",
         "psutil",
-        "threadpoolctl",  # thread counts of the BLAS libraries (the arms compute on one thread per site)
+        "threadpoolctl",  # thread counts of the BLAS libraries (the arms compute on one thread)
         "safetensors",  # the shareable model_final.safetensors
         "submitit>=1.5",  # Slurm job arrays, the time-limit signal and requeue (condinit_det.launch.slurm)
         "scikit-learn",  # ships the UCI handwritten digits the embedded digits datasets are made from
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff>=0.6"],
-        # Experiment trackers (condinit_det.tracking), optional: offline W&B runs and MLflow file stores.
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff>=0.6"],  # make test runs on both cores
+        # Experiment trackers (condinit_det.tracking), optional: offline W&B runs and MLflow's SQLite store.
         "wandb": ["wandb>=0.19"],
-        "mlflow": ["mlflow-skinny>=2.10"],
+        "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=1.4,<3", "alembic<2,!=1.10.0"],
     },
     cmdclass={"build_py": build_py_with_configs},
     # The same programs as tools/*.py, for installs without a checkout.

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Cost of measuring kappa of the attention Jacobian: exact per head vs matrix-free vs dense.
+"""Cost of measuring kappa of the attention Jacobian: exact per head vs matrix-free.
 
-1. On one detectron2 ViT attention layer small enough for the dense Jacobian: time and kappa of
-   the exact per-head method, the dense Jacobian (the reference) and the matrix-free estimate
-   (block Lanczos on jvp/vjp products) run to convergence, in the same process.
+1. On one detectron2 ViT attention layer small enough for a dense Jacobian: time and kappa of the exact
+   per-head method and the matrix-free estimate (block Lanczos on jvp/vjp products) run to convergence,
+   in the same process, checked against every singular value of the dense Jacobian (torch.func).
 2. On ViTDet-B sites (768 wide, 12 heads, rel-pos): the exact per-head method vs the matrix-free
    estimate (the tool's defaults: 60 steps x 8 vectors, tol 1e-4) side by side at 16 tokens (what
    the training hook keeps), then at a full 14x14 window: matrix-free there (8 steps x 8 vectors), and exact at the
@@ -13,24 +13,14 @@
    set: one measurement (capture on a fixed 768 x 1024 image, then the default sites, first /
    middle / last block, at the hook's 16 tokens with ``method="auto"``), timed; the method each
    site used. (``--quick``: the same on ``configs/demo/mask_rcnn_vit_tiny.py``.)
-4. ``--fraction CONFIG ...``: for each config, the share of training time its own
-   ``condinit_analysis`` node costs. One hook measurement (the node's sites and settings) on one
-   synthetic test-size image (``--test-size``), and training steps of the config's model and
-   optimizer on ``--images-per-gpu`` synthetic images at ``--train-size`` (7 boxes with masks
-   each, COCO's mean), one untimed warm-up step and ``--steps`` timed ones, in float32 (the recipes'
-   AMP is a GPU feature). In data-parallel training an iteration lasts one device's step on its
-   share of the batch, and only the main process measures while the others wait, so the share
-   is ``measurements x seconds per measurement / (max_iter x seconds per step)`` with
-   ``measurements = max_iter // period`` plus the first and, when the period does not divide
-   ``max_iter``, the last. (``--quick``: the same on ``configs/demo/mask_rcnn_vit_tiny.py``.)
-   A pretraining config (``configs/demo/pretrain_*.py``; period in epochs) is set up as its run would be
-   (``PretrainRun.setup``: the armed model, the data, the fixed batch), then timed: two measurements (the first
-   pays one-time costs, so a run's measurements cost ``first + (n - 1) x second``), one untimed warm-up and
-   ``--steps`` timed training steps on the config's own loader and batch (data loading included), and one
-   evaluation; seconds per epoch = steps per epoch x the median step + the evaluations per epoch x one
-   evaluation, and the share is the measurements' seconds over ``epochs x seconds per epoch``. On a machine
-   that other work keeps busy, ``--clock cpu`` times in this process's CPU seconds (use ``--threads 1``; data
-   loading runs in the loader's worker and is not counted).
+4. ``--fraction CONFIG ...``: for each config, the share of training time its own ``condinit_analysis`` node
+   costs: one hook measurement on a synthetic ``--test-size`` image and ``--steps`` timed float32 training steps
+   (after one warm-up) of the config's model and optimizer on ``--images-per-gpu`` synthetic ``--train-size``
+   images with 7 boxes and masks each; the share is ``measurements x s per measurement / (max_iter x s per
+   step)`` (only the main process measures while the others wait). A pretraining config (period in epochs) is
+   set up as its run would be and timed: two measurements (the first pays one-time costs), ``--steps`` steps on
+   its own loader, one evaluation; the share is the measurements' seconds over the epochs' seconds.
+   ``--clock cpu`` times in this process's CPU seconds (with ``--threads 1``, for a busy machine).
 5. ``--ends``: the exact method's last step on the head factors of a ViTDet-B block (16 tokens) and of the demo
    Swin's first window: every singular value (the SVD of the QR factor R) against sigma_max and sigma_min by
    Lanczos on R, in the same process, with the ratio of their times and their largest relative difference.
@@ -56,7 +46,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from condinit_det.analysis import dense_conditioning, estimate_conditioning, exact_conditioning  # noqa: E402
+from condinit_det.analysis import AttentionFunction, estimate_conditioning, exact_conditioning  # noqa: E402
+from condinit_det.analysis.functional import eval_mode  # noqa: E402
 from condinit_det.init import ARMS, apply_init, find_attention  # noqa: E402
 from condinit_det.utils.fileio import atomic_write  # noqa: E402
 
@@ -106,10 +97,18 @@ def _load():
         return "n/a"
 
 
+def _dense_kappa(site, inputs):
+    """kappa from every singular value of the dense Jacobian (the reference; small layers only)."""
+    fn = AttentionFunction(site, inputs)
+    with eval_mode(fn.module):
+        s = torch.linalg.svdvals(torch.func.jacrev(fn.flat)(fn.theta()))
+    return float(s[0] / s[-1])
+
+
 def bench_small(dim, heads, side, arm, tol, max_iter, block):
     site, inputs = _layer(dim, heads, side, arm)
     exact, t_exact = _timed(lambda: exact_conditioning(site, inputs))
-    dense, t_dense = _timed(lambda: dense_conditioning(site, inputs))
+    kappa_dense, t_dense = _timed(lambda: _dense_kappa(site, inputs))
     free, t_free = _timed(lambda: estimate_conditioning(site, inputs, tol=tol, max_iter=max_iter, block_size=block))
     return {
         "layer": f"d2 ViT attention, {dim} wide, {heads} heads, {side}x{side} tokens, rel-pos, arm {arm}",
@@ -118,9 +117,9 @@ def bench_small(dim, heads, side, arm, tol, max_iter, block):
         "dense_s": t_dense,
         "matrix_free_s": t_free,
         "kappa_exact": exact.kappa,
-        "kappa_dense": dense.kappa,
+        "kappa_dense": kappa_dense,
         "kappa_matrix_free": free.kappa,
-        "exact_vs_dense_rel": abs(exact.kappa - dense.kappa) / dense.kappa,
+        "exact_vs_dense_rel": abs(exact.kappa - kappa_dense) / kappa_dense,
         "converged": free.converged,
         "products": free.products,
     }
@@ -197,7 +196,7 @@ def bench_ends(arm, quick=False):
                   "demo Swin first block (48 wide, 2 heads), one 8x8 window": _window(48, 2, 8, arm)}
     rows = []
     for name, (site, inputs) in layers.items():
-        factors = head_factors(site, inputs)[0].factors
+        factors = head_factors(site, inputs)[0]
         every, every_s = _timed(lambda fs=factors: [singular_values(f) for f in fs])
         ends, ends_s = _timed(lambda fs=factors: [extreme_singular_values(f) for f in fs])
         diff = max(max(abs(top - float(s[0])) / float(s[0]), abs(low - float(s[-1])) / float(s[-1]))
@@ -307,7 +306,6 @@ def bench_pretrain_fraction(config, arm, steps, opts=()):
     import tempfile
 
     from condinit_det.pretrain import PretrainRun, load_config
-    from condinit_det.pretrain.conditioning import measured_epochs
     from condinit_det.pretrain.evaluate import evaluate
 
     cfg = load_config(config, [*opts, f"condinit.arm={arm}"])
@@ -342,7 +340,7 @@ def bench_pretrain_fraction(config, arm, steps, opts=()):
     epoch_s = per_epoch * step_s + eval_s / eval_period
 
     def share(every):
-        count = len(measured_epochs(epochs, every))
+        count = measurement_count(epochs, every)
         return count, (first_s + (count - 1) * second_s) / (epochs * epoch_s)
 
     count, fraction = share(period)

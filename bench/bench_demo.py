@@ -82,7 +82,7 @@ def quick_overrides(cfg):
     if test is not None and _target_name(test).endswith("build_detection_test_loader") and \
             test.get("sampler") is None:
         # The first images of the test set only; the evaluator still scores against all of them.
-        opts.append("dataloader.test.sampler={_target_:detectron2.data.samplers.InferenceSampler,"
+        opts.append("+dataloader.test.sampler={_target_:detectron2.data.samplers.InferenceSampler,"
                     f"size:{QUICK_TEST_IMAGES}}}")
     if _has(cfg, "model.roi_heads.box_predictor"):
         # An untrained Mask R-CNN keeps 100 low-score detections per image, whose mask pasting

@@ -66,7 +66,7 @@ heads, few proposals; batch 1, 2 for pretraining where Mixup pairs images): its 
 about the recipes. Real-size numbers come from a GPU run of this script; not yet measured on a GPU.
 
 Output: a table on stdout; with ``--output PATH`` a JSON file (format ``condinit_det.step_bench/1``)
-that ``condinit_det.launch.cost.load_step_times`` reads for the launcher's ``--dry-run``:
+that ``condinit_det.launch.plan.load_step_times`` reads for the launcher's ``--dry-run``:
 ``{"format", "device": {type, name, driver, cuda_runtime, ...}, "torch", "machine", "tiny",
 "input_size", "budget_s", "warmup", "seed", "configs": {<config path>: {"name", "stage",
 "recipe_gpus", "total_batch", "batch_per_gpu", "image_size": [h, w], "amp", "error",
@@ -92,7 +92,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from condinit_det.launch.cost import STEP_BENCH_FORMAT
+from condinit_det.launch.plan import STEP_BENCH_FORMAT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py, however invoked
 from common import (  # noqa: E402
@@ -107,7 +107,7 @@ from common import (  # noqa: E402
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FORMAT = STEP_BENCH_FORMAT  # what condinit_det.launch.cost.load_step_times reads
+FORMAT = STEP_BENCH_FORMAT  # what condinit_det.launch.plan.load_step_times reads
 DEFAULT_ARM = "default"
 INPUT_SIZES = ("largest", "typical")
 INSTANCES_PER_IMAGE = 7  # COCO train2017: 860,001 instances / 118,287 images = 7.3
@@ -297,17 +297,18 @@ class PretrainVariant(Variant):
     step is the pretraining stage's own (:class:`condinit_det.pretrain.step.PretrainStep`) on one batch."""
 
     def __init__(self, cfg, *, arm: str, seed: int, device: torch.device, batches: Sequence[tuple], amp: bool):
+        from detectron2.utils.env import seed_all_rng
+
         from condinit_det.pretrain import build_armed_model, node
         from condinit_det.pretrain.config import arm_spec
         from condinit_det.pretrain.step import PretrainStep
-        from condinit_det.pretrain.trainer import seed_all
 
         super().__init__(arm, device)
         cfg.condinit.arm, cfg.condinit.seed = arm, seed
         nodes = {name: node(cfg, name) for name in ("model", "data", "augment", "optimizer", "scheduler", "train")}
         data, train = nodes["data"], nodes["train"]
         # Same global RNG state before every build: the arms differ only in the weights they rewrite.
-        seed_all(seed)
+        seed_all_rng(seed)
         self.model, self.report = build_armed_model(nodes["model"], int(data["num_classes"]), arm_spec(cfg, seed))
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self.model.to(device)

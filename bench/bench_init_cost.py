@@ -4,6 +4,7 @@
     python bench/bench_init_cost.py --models vitdet_b    # a subset
     python bench/bench_init_cost.py --quick              # the tiny demo model only
     python bench/bench_init_cost.py --device cuda --models vitdet_b,vitdet_l,vitdet_h   # arms on a GPU
+    python bench/bench_init_cost.py --models vitdet_b --solvers   # mimetic: dense SVD vs the "auto" route
 
 Per model, in one run of this script: "build" is ``instantiate(cfg.model)`` with the config's
 arm set to "default" (detectron2 builds and initializes every layer; an armed model node then
@@ -20,8 +21,12 @@ With ``--device cuda`` the built model is moved to the GPU (the move is part of 
 training run, which builds on the CPU and then moves) and each arm runs there (its draws stay on
 the CPU, its factorizations run on the GPU); both times end with ``torch.cuda.synchronize()``.
 
+With ``--solvers``, mimetic runs on two copies of each built model, with ``solver="auto"`` (the
+subspace solver from 192 wide) and ``solver="dense"`` (a float64 SVD per head): the seconds of each,
+and how far the dense route moves the weights and each head's ``W_q^T W_k`` (relative Frobenius).
+
 Wall seconds are the headline; CPU seconds (all threads of this process) are printed beside them
-because the machine may be shared. Targets: conditioned <= 10% of the build time, mimetic <= 1x.
+because the machine may be shared. Budget: conditioned <= 0.3x the build time, mimetic <= 12x.
 """
 import argparse
 import json
@@ -98,6 +103,43 @@ def measure_once(name, arms, device="cpu"):
     return rows
 
 
+def solver_change(name):
+    """Mimetic on ``name`` by the "auto" route and by the dense SVD: seconds of each (and against the build, in
+    this process) and how far the dense route moves the weights."""
+    import copy
+
+    from detectron2.config import instantiate
+
+    from condinit_det.init import apply_init, find_attention, select_sites
+
+    cfg, include = load_config(name)
+    torch.manual_seed(0)
+    built, build_s, _ = _timed(lambda: instantiate(cfg.model))
+    models = {"auto": built, "dense": copy.deepcopy(built)}
+    seconds = {}
+    for solver, model in models.items():
+        _, seconds[solver], _ = _timed(lambda model=model, solver=solver: apply_init(
+            model, "mimetic", seed=0, include=include, solver=solver))
+
+    def relative(a, b):
+        a, b = a.detach().double(), b.detach().double()
+        return float(torch.linalg.matrix_norm(a - b) / torch.linalg.matrix_norm(b))
+
+    weights, products = [], []
+    sites = [select_sites(find_attention(m), include) for m in (models["dense"], models["auto"])]
+    for dense, auto in zip(*sites):
+        weights += [relative(dense.weight(role), auto.weight(role)) for role in ("q", "k", "v", "o")]
+        dh = auto.head_dim
+        for h in range(auto.num_heads):
+            rows = slice(h * dh, (h + 1) * dh)
+            products.append(relative(*(s.weight("q")[rows].T @ s.weight("k")[rows] for s in (dense, auto))))
+    auto_s, dense_s = seconds["auto"], seconds["dense"]
+    print(f"  {name} mimetic: auto {auto_s:.1f} s ({auto_s / build_s:.1f}x the {build_s:.2f} s build), "
+          f"dense {dense_s:.1f} s ({dense_s / build_s:.1f}x); dense vs auto, relative Frobenius: "
+          f"weights max {max(weights):.2g}, W_q^T W_k per head max {max(products):.2g} (median "
+          f"{statistics.median(products):.2g}, {len(products)} heads)", flush=True)
+
+
 def measure(name, arms, repeats, threads=None, device="cpu"):
     """Table rows for ``name``: medians over ``repeats`` fresh processes (each: one build, every arm once)."""
     command = [sys.executable, os.path.abspath(__file__), "--one", name, "--arms", ",".join(arms), "--device", device]
@@ -128,6 +170,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per model; medians are reported")
     parser.add_argument("--one", metavar="MODEL", help=argparse.SUPPRESS)  # one measurement, as JSON (internal)
+    parser.add_argument("--solvers", action="store_true",
+                        help="mimetic by the dense SVD vs the auto route: seconds and how far the weights move")
     parser.add_argument("--quick", action="store_true", help="the tiny demo model only (for tests)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the built model and the arms' factorizations are (default: cpu)")
@@ -144,6 +188,10 @@ def main(argv=None):
 
     if args.one:
         print(json.dumps(measure_once(args.one, args.arms.split(","), args.device)))
+        return None
+    if args.solvers:
+        for name in names:
+            solver_change(name)
         return None
     print(format_machine_info(machine_info()))
     print(f"torch threads: {torch.get_num_threads()}; device: "

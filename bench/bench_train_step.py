@@ -61,9 +61,20 @@ def load_config(path, opts):
     return cfg
 
 
+def unarmed(node):
+    """A copy of an armed model node that builds the bare model: its original ``_arm_target_`` back as
+    ``_target_``, without ``condinit`` and the other ``_arm_*`` keys (interpolations stay unresolved)."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else dict(node)
+    plain["_target_"] = plain.pop("_arm_target_")
+    bare = {key: value for key, value in plain.items() if key != "condinit" and not key.startswith("_arm_")}
+    return OmegaConf.create(bare, flags={"allow_objects": True})
+
+
 def model_node(cfg, arm, seed):
     """The model node that builds ``arm`` (seed ``seed``), or for ``arm`` None the bare model without arm code."""
-    from condinit_det.modeling.arm import is_armed, unarmed
+    from condinit_det.modeling.arm import is_armed
 
     if arm is not None:
         cfg.condinit.arm, cfg.condinit.seed = arm, seed

@@ -27,7 +27,7 @@ different effects, sharing the default runs, and scores the interval of their pe
 against the known difference of the effects.
 
 Every interval is computed by the report's own functions (:mod:`condinit_det.report.statistics`,
-:func:`condinit_det.evaluation.bootstrap.resampled_mean`, :mod:`condinit_det.report.multiplicity`), on
+:func:`condinit_det.evaluation.bootstrap.resampled_mean`, Holm's :func:`holm_adjust`), on
 arrays of simulated experiments at once. Run ``python bench/calibration.py`` for the table of
 docs/statistics.md; tests/test_calibration.py runs its cells with fewer experiments.
 """
@@ -42,15 +42,15 @@ import numpy as np
 from tabulate import tabulate
 
 from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
-from condinit_det.report.improvement import probability_of_improvement_batch
-from condinit_det.report.multiplicity import holm_adjust
 from condinit_det.report.statistics import (
     IMAGE_BOOTSTRAP,
     METHOD_TRUTH,
     PAIRED_T,
     TWO_LEVEL_PERCENTILE,
     TWO_LEVEL_T,
+    holm_adjust,
     paired_t,
+    probability_of_improvement,
     report_method,
     two_level_bootstrap,
 )
@@ -263,7 +263,7 @@ def poi_coverage(num_seeds: int, *, num_sims: int = 2000, bootstrap: int = 400, 
     rng = np.random.default_rng(2) if rng is None else rng
     d = rng.normal(effect_over_std, 1.0, size=(num_sims, num_seeds))
     truth = float(stats.norm.cdf(effect_over_std))
-    poi = probability_of_improvement_batch(d, rng, bootstrap)
+    poi = probability_of_improvement(d, rng, bootstrap)
     return {"bootstrap": _covered(poi.boot_low, poi.boot_high, truth),
             "exact": _covered(poi.exact_low, poi.exact_high, truth)}
 

@@ -11,6 +11,7 @@
   objects are crowd regions (``iscrowd=1``, uncompressed RLE, as in COCO), and some images have no
   annotations. Images are JPEG, wider than tall (COCO's typical orientation).
 - :func:`write_image_folder`: an ImageNet-style ``<root>/{train,val}/<class>/<image>.png`` folder.
+- :func:`small_digits_cls`: the first images per class and split of the embedded digits-cls, in its layout.
 
 Everything is drawn from the renderers' own seeded generators: the same arguments write the same files.
 """
@@ -26,7 +27,7 @@ from condinit_det.data import SHAPE_CLASSES, ShapesSpec, render_image
 from condinit_det.data.classification import CLASSES as CLS_CLASSES
 from condinit_det.data.classification import ShapesClsSpec, render_classification_image
 
-__all__ = ["COCO_CATEGORY_OF_SHAPE", "write_coco_layout", "write_image_folder"]
+__all__ = ["COCO_CATEGORY_OF_SHAPE", "small_digits_cls", "write_coco_layout", "write_image_folder"]
 
 # Each shape class is stored under one COCO category; the ids are spread over 1..90 so that the
 # dataset-id -> contiguous-id mapping (which skips COCO's gaps) matters.
@@ -178,3 +179,21 @@ def write_image_folder(root, *, num_classes: int = 2, train_per_class: int = 2, 
                 counts[label] += 1
             idx += 1
     return root
+
+
+def small_digits_cls(root, per_class: Dict[str, int]) -> Path:
+    """``<root>/{train,val}/<class>/<image>``: the first ``per_class[split]`` images of each class of the embedded
+    digits-cls (generated under ``<root>/full``)."""
+    import shutil
+
+    from condinit_det.data import generate_digits_cls_dataset
+
+    root = Path(root)
+    full = generate_digits_cls_dataset(root / "full")
+    small = root / "small"
+    for split, count in per_class.items():
+        for folder in sorted((full / split).iterdir()):
+            (small / split / folder.name).mkdir(parents=True)
+            for image in sorted(folder.iterdir())[:count]:
+                shutil.copy(image, small / split / folder.name / image.name)
+    return small

@@ -44,6 +44,14 @@ def slurm_env(slurm_unavailable, monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="session")
+def wheel_cache():
+    """The folder tools/wheelhouse.sh keeps downloaded wheels in between runs (``$CONDINIT_WHEEL_CACHE``, default
+    ``~/.cache/condinit_det/wheels``): both wheelhouse builds of a run read it and add what they download, so the
+    second downloads only the wheels of its own target, and a later run on the same machine only what changed."""
+    return os.environ.get("CONDINIT_WHEEL_CACHE") or os.path.expanduser("~/.cache/condinit_det/wheels")
+
+
+@pytest.fixture(scope="session")
 def coco_layout_root(tmp_path_factory):
     """A folder holding a tiny ``coco/`` in the COCO 2017 layout (tests/coco_layout.py): point
     DETECTRON2_DATASETS at it, in a process that imports detectron2.data afterwards, to get it as the
@@ -54,8 +62,58 @@ def coco_layout_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def demo_digits_run(tmp_path_factory):
+    """``make demo-digits`` at tiny size, run once (tests/test_digits_demo.py: ``run_demo_digits``); its working
+    folder. The digits demo test and the every config end to end test (the two digits configs) read it."""
+    from test_digits_demo import run_demo_digits
+
+    return run_demo_digits(tmp_path_factory.mktemp("demo_digits"))
+
+
+@pytest.fixture(scope="session")
+def documented_demo_pair_run(tmp_path_factory):
+    """The demo pair as the docs write it, at tiny size, run once (tests/test_docs.py: ``run_documented_demo_pair``):
+    {"work", "pretrain", "finetune", "report"} folders. The docs test and the every config end to end test (the two
+    configs of the pair) read it."""
+    from test_docs import run_documented_demo_pair
+
+    return run_documented_demo_pair(str(tmp_path_factory.mktemp("demo_pair")))
+
+
+@pytest.fixture(scope="session")
 def image_folder_root(tmp_path_factory):
-    """A tiny two-class ImageFolder ``<root>/{train,val}/<class>/*.png`` (2 training, 1 evaluation image per class)."""
+    """A tiny two-class ImageFolder ``<root>/{train,val}/<class>/*.png`` (1 training, 1 evaluation image per class:
+    one step of a batch of 2)."""
     from coco_layout import write_image_folder
 
-    return write_image_folder(tmp_path_factory.mktemp("imagefolder"))
+    return write_image_folder(tmp_path_factory.mktemp("imagefolder"), train_per_class=1)
+
+
+# Under pytest-xdist (`make test` and `make test-e2e` pass `-n 2 --dist loadgroup`), a group runs on one worker, in
+# order: each test file is a group, so a module's fixtures are made once; the tests that read the demo runs (the every
+# config test, the docs' demo pair, the digits demo) join the every config test's group, so the runs are made once;
+# the tests that share the one-node Slurm (a test there counts the node's free CPUs) are one group, and so are the two
+# wheelhouse builds, which share the wheel cache (one reads what the other writes).
+SHARED_GROUPS = {"tests/test_docs.py::test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining":
+                 "tests/test_configs_end_to_end.py",
+                 "tests/test_digits_demo.py::test_make_demo_digits_end_to_end_at_tiny_size":
+                 "tests/test_configs_end_to_end.py",
+                 "tests/test_offline_install.py::test_wheelhouse_holds_every_dependency_as_wheels_without_torch":
+                 "wheelhouse",
+                 "tests/test_offline_install.py::test_offline_install_into_an_environment_with_torch": "wheelhouse",
+                 "tests/test_gpu_check.py::test_the_machine_wheelhouse_is_for_python_3_12_and_fits_what_travels":
+                 "wheelhouse"}
+
+
+def xdist_group_of(item) -> str:
+    """The pytest-xdist group of a test: "slurm", "wheelhouse" or its file."""
+    if item.get_closest_marker("slurm") is not None:
+        return "slurm"
+    return SHARED_GROUPS.get(item.nodeid.split("[")[0], item.nodeid.split("::")[0])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))

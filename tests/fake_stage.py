@@ -37,6 +37,7 @@ class FakeStage(Stage):
     branch of the launcher without training anything."""
 
     descriptor = FAKE
+    run_keys = ("output_dir", "arm", "seed", "hold")  # "hold" paces a test, it is no setting of the runs
 
     def __init__(self, script=None):
         self.script = script or {}  # arm -> callable(run_dir) run in place of training
@@ -92,6 +93,3 @@ class FakeStage(Stage):
 
     def evaluate(self, options, cfg, run_dir):
         ResultsFile(run_dir).add({"kind": FAKE.eval_only_kind, "iteration": 0, "arm": cfg["arm"]})
-
-    def stale_files(self, run_dir):
-        return [os.path.join(run_dir, "checkpoint.bin")]

@@ -13,17 +13,18 @@ import torch
 
 from condinit_det.engine import DetectionStage
 from condinit_det.launch.arguments import build_parser
-from condinit_det.launch.experiment import plan_experiment
+from condinit_det.launch.plan import plan_experiment
 from condinit_det.records.identity import write_arm_report
-from condinit_det.records.results import ResultsFile
+from condinit_det.utils.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
+PRETRAIN_CONFIG = os.path.join(ROOT, "configs", "demo", "pretrain_vit_tiny.py")
 TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")
 
 
 def _check(*argv):
-    plan_experiment(DetectionStage(), build_parser().parse_args(["--config-file", CONFIG, *argv]))
+    return plan_experiment(DetectionStage(), build_parser().parse_args(["--config-file", CONFIG, *argv]))
 
 
 def _cli(tmp_path, *argv):
@@ -56,6 +57,26 @@ def test_bad_config_values(tmp_path, override, message):
         _check(f"train.output_dir={tmp_path}", override)
 
 
+@pytest.mark.parametrize("stage, config, override, message", [
+    ("detection", CONFIG, "train.max_itr=10", "train.max_itr: no such key; did you mean train.max_iter\\? "
+     "\\(to add a key the config lacks: \\+train.max_itr=10\\)"),
+    ("detection", CONFIG, "condinit_analysis.perod=3", "condinit_analysis.perod: no such key; did you mean "
+     "condinit_analysis.period\\?"),
+    ("pretrain", PRETRAIN_CONFIG, "train.epocs=3", "train.epocs: no such key; did you mean train.epochs\\?"),
+    ("pretrain", PRETRAIN_CONFIG, "optimizer.lrr=3", "optimizer.lrr: no such key; did you mean optimizer.lr\\?"),
+])
+def test_a_misspelt_override_is_refused_before_anything_is_built(tmp_path, stage, config, override, message):
+    from condinit_det.pretrain import PretrainStage
+
+    make = DetectionStage if stage == "detection" else PretrainStage
+    argv = ["--config-file", config, f"train.output_dir={tmp_path}", override]
+    with pytest.raises(UsageError, match=message):
+        plan_experiment(make(), build_parser().parse_args(argv))
+    assert not os.listdir(tmp_path)
+    # keys the stage reads though the config lacks them, and keys added on purpose, are accepted
+    plan_experiment(make(), build_parser().parse_args([*argv[:-1], "train.seed=3", "+note='x'"]))
+
+
 def test_missing_dataset_folder(tmp_path):
     from detectron2.data.datasets import register_coco_instances
 
@@ -68,11 +89,16 @@ def test_corrupt_results_file_is_never_overwritten(tmp_path):
     run = tmp_path / "default" / "seed0"  # the run of the config's arm and seed
     run.mkdir(parents=True)
     (run / "results.json").write_text('{"version": 1, "records": [{"kind": "ap", "itera')
-    with pytest.raises(ValueError, match="results.json is not valid JSON .*refusing to overwrite it"):
-        _check("--resume", f"train.output_dir={tmp_path}")
+    experiment = _check("--resume", "--arm", "default,conditioned", f"train.output_dir={tmp_path}")
+    (bad,) = experiment.unreadable.values()  # named and left alone; the other run goes on
+    assert "results.json is not valid JSON" in bad and "left as it is" in bad
+    from condinit_det.launch.plan import run_actions
+
+    actions = {spec.arm: action for spec, action, _ in run_actions(experiment)}
+    assert actions == {"default": f"skip: {bad}", "conditioned": "train"}
+    with pytest.raises(ValueError, match=r"seed0 holds a run \(results.json\): continue it with --resume"):
+        _check(f"train.output_dir={tmp_path}")  # a fresh run never starts over it either
     assert (run / "results.json").read_text().endswith('"itera')  # untouched
-    moved = ResultsFile(run).archive()  # what a fresh (non --resume) run does: kept aside
-    assert moved.endswith("results.0.json.bak") and open(moved).read().endswith('"itera')
 
 
 def test_resume_with_another_arm_seed_or_patterns_is_refused(tmp_path):

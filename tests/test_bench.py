@@ -15,6 +15,7 @@ BENCH_SCRIPTS = [
     ("bench_train_step.py", ["--quick"], "OK: every variant starts from the baseline's weights"),
     ("bench_demo.py", ["--quick"], "OK: 3 arms trained and evaluated at iteration 2"),
     ("bench_bootstrap.py", ["--quick"], "OK: accumulated AP equals re-evaluated AP within 1e-09"),
+    ("bench_cli.py", ["--quick"], "| condinit-train --help"),
     ("bench_conditioning.py", ["--quick", "--threads", "1"], "OK: exact per-head kappa equals the dense Jacobian's"),
     ("bench_conditioning.py", ["--quick", "--ends", "--threads", "1"], "OK: the extreme two equal the full SVD's ends"),
 ]

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from table_text import unpadded
 
 from condinit_det.records.per_image import write_classification_eval
 from condinit_det.records.results import ResultsFile
@@ -72,10 +73,10 @@ def test_one_seed_is_an_image_level_statement(results, tmp_path):
                                    "top1": 100 * correct.mean(), "top5": 100.0, "arm": arm, "seed": 0,
                                    "per_image": os.path.relpath(path, str(run))})
     report, text = compare_arms([str(tmp_path)], bootstrap=1000)
-    line = next(ln for ln in text.splitlines() if ln.startswith("- conditioned, top-1:"))
-    assert line.startswith("- conditioned, top-1: this one trained model scores higher than default's on these images")
-    assert "evaluation images (one trained model per arm)" in line and "training-run variance not measured" in line
-    assert "better than default" not in text.split("## Method")[0]
+    row = report.primary.family[0]
+    assert row.interval.replication == "images" and row.interval.low > 0 and row.verdict == "too few seeds"
+    assert f"| conditioned | top-1 | {row.mean_difference:+.1f} | too few seeds | 1 | one seed: no interval over " \
+           "training runs |" in unpadded(text)
 
 
 def test_the_percentile_interval_of_the_two_level_bootstrap_undercovers_at_few_seeds(results):

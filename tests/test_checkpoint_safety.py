@@ -18,11 +18,12 @@ import torch
 from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
 from condinit_det.engine.checkpoint import RunCheckpointer, pretrain_checkpoint_file
 from condinit_det.init import apply_init
-from condinit_det.modeling.convert import convert_timm_checkpoint, convert_timm_vit
-from condinit_det.pretrain.checkpoint import FINAL_FORMAT, save_final
+from condinit_det.modeling.convert import convert_timm_checkpoint
+from condinit_det.pretrain.checkpoint import save_final
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
 from condinit_det.utils.checkpoint_io import (
+    PRETRAIN_FORMAT,
     UnsafeCheckpointError,
     check_loadable,
     final_weights_file,
@@ -79,7 +80,7 @@ def _timm_model(arm="conditioned"):
 
 
 def _pretrain_payload(model, arm):
-    return {"format": FINAL_FORMAT, "model": model.state_dict(), "weights": "model", "timm_model": TIMM_NAME,
+    return {"format": PRETRAIN_FORMAT, "model": model.state_dict(), "weights": "model", "timm_model": TIMM_NAME,
             "model_kwargs": TIMM_KWARGS, "num_classes": 4, "img_size": 64, "arm": arm, "seed": 0, "epoch": 1,
             "classes": ["a", "b", "c", "d"], "data_config": {"mean": [0.5] * 3, "input_size": [3, 64, 64]}}
 
@@ -206,7 +207,7 @@ def test_detection_checkpointer_refuses_in_the_worker_too(tmp_path, marker):
 def test_trust_pickle_lets_a_pkl_through_the_pre_launch_check(tmp_path):
     from condinit_det.engine import DetectionStage
     from condinit_det.launch.arguments import build_parser
-    from condinit_det.launch.experiment import plan_experiment
+    from condinit_det.launch.plan import plan_experiment
 
     def check_invocation(args):
         plan_experiment(DetectionStage(), args)
@@ -269,7 +270,7 @@ def test_pretrain_eval_only_reads_model_final_safetensors(tmp_path, capsys, cls_
     os.makedirs(run_dir)
     cfg = load_config(DEMO, _pretrain_opts(cls_data, str(out)))
     model = create_classifier(node(cfg, "model"), 8)
-    payload = {"format": FINAL_FORMAT, "model": model.state_dict(), "weights": "model", "arm": "conditioned",
+    payload = {"format": PRETRAIN_FORMAT, "model": model.state_dict(), "weights": "model", "arm": "conditioned",
                "seed": 0, "epoch": 3, "iteration": 6}
     save_final(payload, run_dir)
     os.remove(os.path.join(run_dir, "model_final.pth"))  # only the shareable file is left
@@ -335,8 +336,6 @@ def test_converters_refuse_code_and_read_safetensors(tmp_path, marker):
         bad = _malicious(tmp_path / name, marker)
         with pytest.raises(UnsafeCheckpointError, match=name):
             convert_timm_checkpoint(bad, holder)
-        with pytest.raises(UnsafeCheckpointError, match=name):
-            convert_timm_vit(bad, target=trunk, prefix="net.")
     timm_model = _timm_model()
     save_final(_pretrain_payload(timm_model, "conditioned"), str(tmp_path))
     from_dict = convert_timm_checkpoint(timm_model.state_dict(), holder, timm_model_name=TIMM_NAME,

@@ -7,16 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from condinit_det.data import embedded_dataset_info, resolve_classification_root
+from condinit_det.data.cache import cache_root
 from condinit_det.data.classification import (
     CLASSES,
     DATASET_VERSION,
     ShapesClsSpec,
-    classification_dataset_info,
-    default_root,
-    embedded_classification_names,
     generate_classification_dataset,
     render_classification_image,
-    resolve_classification_root,
 )
 
 # Small images and few of them: the tests check the generator, not the default sizes.
@@ -45,16 +43,17 @@ def test_layout_balance_and_manifest(tmp_path):
         assert sorted(p.name for p in (root / split).iterdir()) == sorted(CLASSES)
         counts = Counter(p.parent.name for p in (root / split).rglob("*.png"))
         assert set(counts.values()) == {n // len(CLASSES)}, counts
-    info = classification_dataset_info(root)
+    info = embedded_dataset_info(root, dataset="embedded:shapes-cls")
     assert info["classes"] == CLASSES == tuple(sorted(CLASSES))  # folder order is label order
     assert info["num_images"] == {"train": NUM_TRAIN, "val": NUM_VAL} and info["image_size"] == 32
+    assert info["version"] == DATASET_VERSION and "names" not in info and "num_instances" not in info
     img, label = render_classification_image(2026, "train", 3, SPEC)
     assert img.shape == (32, 32, 3) and img.dtype.name == "uint8" and label == 3
 
 
 def test_generation_is_atomic_and_cleans_abandoned_temp_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("CONDINIT_DATA", str(tmp_path))
-    root = default_root()
+    root = cache_root(DATASET_VERSION)
     assert root == tmp_path / DATASET_VERSION
     # A temp dir left by a killed generator on this host (pid that no longer exists), and one of a live process.
     dead = tmp_path / f".{root.name}.tmp-{socket.gethostname()}-999999999-x"
@@ -85,10 +84,17 @@ def test_explicit_root_is_never_overwritten(tmp_path):
     with pytest.raises(ValueError, match="not a complete"):
         generate_classification_dataset(root, num_train=NUM_TRAIN, num_val=NUM_VAL, spec=SPEC)
     assert (root / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ValueError, match=f"num_val must be an integer >= {len(CLASSES)}, got 7"):
+        generate_classification_dataset(tmp_path / "few", num_train=NUM_TRAIN, num_val=7, spec=SPEC)
 
 
 def test_embedded_names(tmp_path, monkeypatch):
-    assert "embedded:shapes-cls" in embedded_classification_names()
+    monkeypatch.setenv("CONDINIT_DATA", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert resolve_classification_root("/some/imagenet") == "/some/imagenet"
-    with pytest.raises(ValueError, match="accepted: embedded:shapes-cls"):
-        resolve_classification_root("embedded:nope")
+    assert resolve_classification_root("~/imagenet") == str(tmp_path / "home" / "imagenet")
+    # Only the classification datasets are ImageFolders.
+    for name in ("embedded:nope", "embedded:shapes", "embedded:digits-det"):
+        with pytest.raises(ValueError, match="accepted: embedded:shapes-cls, embedded:digits-cls or an ImageFolder"):
+            resolve_classification_root(name)
+    assert not any(tmp_path.iterdir())  # nothing was generated

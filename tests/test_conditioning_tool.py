@@ -105,7 +105,7 @@ def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file, capsy
     assert free[0]["kappa"] == pytest.approx(exact[0]["kappa"], rel=0.02)
     with pytest.raises(ValueError, match="matches no attention site"):
         measure(["--config-file", config_file, "--arm", "default", "--sites", "nothing.*"])
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(ValueError, match="does not exist"):
         measure(["--config-file", config_file + ".missing"])
     # the command line: one error line, exit status 2
     tool = _tool()
@@ -119,15 +119,17 @@ def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file, capsy
 
 
 def test_tool_ends_with_one_error_line_naming_the_alternative(tmp_path, config_file):
-    # The dense Jacobian (1024 x 6144 here) does not fit a 1000-entry budget: one line, no traceback.
+    # One head's factor (4 tokens x 8 channels by 3 x 8 x 4: 32 x 96) does not fit 1000 entries: one line, no
+    # traceback.
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, TOOL, "--config-file", config_file, "--arm", "default", "--max-tokens", "4",
-                           "--sites", "*.blocks.1.*", "--method", "dense", "--max-entries", "1000"],
+                           "--sites", "*.blocks.1.*", "--method", "exact", "--max-entries", "1000"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("attention_conditioning.py: error: dense Jacobian of attention site")
-    assert "use method='exact'" in last and "'matrix_free'" in last
+    assert last.startswith("attention_conditioning.py: error: exact per-head conditioning of attention site "
+                           "'backbone.blocks.1.attn' would form a 3.07e+03-entry matrix")
+    assert "above max_entries=1e+03; use method='matrix_free'" in last
     from condinit_det.commands.conditioning import error_line
 
     assert "can't allocate" in error_line(RuntimeError("DefaultCPUAllocator: can't allocate memory")) and \

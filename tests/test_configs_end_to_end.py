@@ -9,25 +9,28 @@ configs read a tiny two-class ImageFolder; the demo configs their own embedded d
 temporary CONDINIT_DATA.
 
 What is changed, and why (sizes only; models, heads, optimizers, augmentation kinds stay the config's):
-- schedule: 2 iterations with an evaluation at the end (ImageNet recipes: one epoch), batch 1 (2 for
+- schedule: one training step, then the evaluation (ImageNet recipes: one epoch of one step), batch 1 (2 for
   ImageNet: mixup pairs images), no data-loader workers;
 - COCO input sizes divided by 8 (LSJ 1024 -> 128 px, multi-scale 480-800 -> 60-100, test 800 -> 100, crops
   and ViTDet's square canvas alike): full-size inputs are far too slow on a CPU;
 - Mask R-CNN proposal and RoI counts (RPN top-k, RoIs per image, detections per image) cut, and the test
   score threshold set to 0 so that an untrained model still produces detections and masks to evaluate;
 - the ImageNet recipes keep their 224 px input (the fine-tuning configs expect that position grid) and
-  read 2 classes;
+  read 2 classes of one training and one evaluation image each;
 - ``mask_rcnn_vitdet_b_100ep_pretrained.py`` downloads MAE weights: it loads a local file in the layout of
   that release instead (a timm ViT-B state dict under "model", loaded with matching_heuristics).
 Each ``*_in1k`` config is fine-tuned from the tiny run of its ImageNet recipe, found through its own
 ``train.init_checkpoint`` (``output/imagenet/<recipe>/{arm}/seed{seed}``), as a user's two commands would.
-The demo configs run with their own settings except the schedule (the demo pretraining: one epoch) and, for the
-demo pretraining on shapes-cls, the number of images (128 + 32 of the same generator).
+The demo configs run with their own settings except the schedule (one step; the demo pretraining: one epoch of one
+batch) and, for the demo pretraining on shapes-cls, the number of images (64 + 16 of the same generator).
 
-The runs share two processes (tests/run_tools.py), each on its part of the plan, so that the imports are paid
-twice rather than once per config, and both cores work.
+The two pairs of demo configs (SHARED_RUNS) are not trained here: the docs' demo pair and ``make demo-digits``, run at
+tiny size once per test run for their own tests (conftest.py fixtures), train each of them with every arm; this test
+reads their conditioned runs. The other runs share two processes (tests/run_tools.py), each on its part of the plan,
+so that the imports are paid twice rather than once per config, and both cores work.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -55,7 +58,8 @@ IN1K_SOURCE = {
     "COCO/mask_rcnn_xcit_s12_p16_3x_in1k.py": "ImageNet/xcit_s12_p16_400ep.py",
 }
 MAE_LIKE = "mae_layout_vit_base.pth"
-DEMO_PRETRAIN_DIR = "output/demo_paper/pretrain"  # where `make demo-paper` pretrains (the finetune demo reads it)
+MASK_RCNN_LOSSES = {"loss_cls", "loss_box_reg", "loss_mask", "loss_rpn_cls", "loss_rpn_loc"}
+DETR_LOSSES = {"loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice"}
 
 
 def all_configs():
@@ -107,7 +111,7 @@ def lazy_coco_overrides(name):
     from detectron2.config import LazyConfig
 
     cfg = LazyConfig.load(str(CONFIGS / name))
-    out = ["train.device=cpu", "train.amp.enabled=False", "train.max_iter=2", "train.eval_period=2",
+    out = ["train.device=cpu", "train.amp.enabled=False", "train.max_iter=1", "train.eval_period=1",
            "train.log_period=1", "dataloader.train.total_batch_size=1", "dataloader.train.num_workers=0",
            "dataloader.test.num_workers=0"]
     for split in ("train", "test"):
@@ -128,8 +132,8 @@ def lazy_coco_overrides(name):
 
 
 YACS_COCO_OVERRIDES = [
-    "MODEL.DEVICE", "cpu", "SOLVER.IMS_PER_BATCH", "1", "SOLVER.MAX_ITER", "2", "SOLVER.STEPS", "()",
-    "SOLVER.CHECKPOINT_PERIOD", "2", "TEST.EVAL_PERIOD", "2", "DATALOADER.NUM_WORKERS", "0",
+    "MODEL.DEVICE", "cpu", "SOLVER.IMS_PER_BATCH", "1", "SOLVER.MAX_ITER", "1", "SOLVER.STEPS", "()",
+    "SOLVER.CHECKPOINT_PERIOD", "1", "TEST.EVAL_PERIOD", "1", "DATALOADER.NUM_WORKERS", "0",
     "INPUT.MIN_SIZE_TRAIN", "(60,64,68,72,76,80,84,88,92,96,100)", "INPUT.MAX_SIZE_TRAIN", "167",
     "INPUT.MIN_SIZE_TEST", "100", "INPUT.MAX_SIZE_TEST", "167",
     "MODEL.RPN.PRE_NMS_TOPK_TRAIN", "200", "MODEL.RPN.PRE_NMS_TOPK_TEST", "100",
@@ -137,8 +141,8 @@ YACS_COCO_OVERRIDES = [
     "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "32", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0",
     "TEST.DETECTIONS_PER_IMAGE", "10",
 ]
-YACS_DEMO_OVERRIDES = ["SOLVER.MAX_ITER", "2", "SOLVER.CHECKPOINT_PERIOD", "2", "TEST.EVAL_PERIOD", "2"]
-DEMO_OVERRIDES = ["train.max_iter=2", "train.eval_period=2", "train.log_period=1"]
+YACS_DEMO_OVERRIDES = ["SOLVER.MAX_ITER", "1", "SOLVER.CHECKPOINT_PERIOD", "1", "TEST.EVAL_PERIOD", "1"]
+DEMO_OVERRIDES = ["train.max_iter=1", "train.eval_period=1", "train.log_period=1"]
 
 
 def imagenet_overrides(image_folder):
@@ -147,15 +151,23 @@ def imagenet_overrides(image_folder):
             "train.log_period=1"]
 
 
+# Configs whose conditioned run the docs' demo pair or `make demo-digits` (at tiny size) makes anyway, in the same test
+# run (conftest.py): read from there, not trained again. config -> (fixture, stage folder)
+SHARED_RUNS = {
+    "demo/pretrain_vit_tiny.py": ("documented_demo_pair_run", "pretrain"),
+    "demo/mask_rcnn_vit_tiny_finetune.py": ("documented_demo_pair_run", "finetune"),
+    "demo/pretrain_vit_tiny_digits.py": ("demo_digits_run", "pretrain"),
+    "demo/mask_rcnn_vit_tiny_digits_finetune.py": ("demo_digits_run", "finetune"),
+}
 # What a config needs run before it.
 NEEDS = {**IN1K_SOURCE, "demo/mask_rcnn_vit_tiny_finetune.py": "demo/pretrain_vit_tiny.py",
          "demo/mask_rcnn_vit_tiny_digits_finetune.py": "demo/pretrain_vit_tiny_digits.py"}
 
 
-def build_plan(work, image_folder, only=None, shapes_cls=None):
+def build_plan(work, image_folder, only=None, small_data=None):
     """The steps of tests/run_tools.py, pretraining before the fine-tuning that reads it; ``only``: these
-    configs and what they need (default: every config); ``shapes_cls``: a small shapes-cls dataset that replaces
-    the embedded one of the demo pretraining configs."""
+    configs and what they need (default: every config); ``small_data``: {embedded data root: a small folder in its
+    layout} that replaces it in the demo pretraining configs."""
     if only is not None:
         only = set(only) | {NEEDS[n] for n in only if n in NEEDS}
     steps = {}
@@ -166,19 +178,19 @@ def build_plan(work, image_folder, only=None, shapes_cls=None):
                        "argv": ["--config-file", str(CONFIGS / name), "--arm", _arm(name), *argv]}
 
     for name in all_configs():
-        if only is not None and name not in only:
+        if name in SHARED_RUNS or only is not None and name not in only:
             continue
         folder, stem = name.split("/")[0], Path(name).stem
         if folder == "ImageNet":
             keep = name in IN1K_SOURCE.values()
             add(name, PRETRAIN_NET, imagenet_overrides(image_folder), drop=None if keep else f"output/imagenet/{stem}")
         elif folder == "demo" and stem.startswith("pretrain_"):
-            out = [f"train.output_dir={DEMO_PRETRAIN_DIR}"] if stem == "pretrain_vit_tiny" else []
-            if shapes_cls is not None and _data_root(name) == "embedded:shapes-cls":
-                out.append(f"data.root={shapes_cls}")
+            out = []
+            if small_data and _data_root(name) in small_data:
+                out.append(f"data.root={small_data[_data_root(name)]}")
             add(name, PRETRAIN_NET, ["train.epochs=1", *out])
-        elif folder == "demo":
-            add(name, TRAIN_NET, DEMO_OVERRIDES, drop=_output_dir(name))
+        elif folder == "demo":  # tiny: the test reads their weights
+            add(name, TRAIN_NET, DEMO_OVERRIDES)
         elif folder == "yacs":
             over = YACS_COCO_OVERRIDES if "coco_2017_train" in (CONFIGS / name).read_text() else YACS_DEMO_OVERRIDES
             add(name, TRAIN_NET, over, drop="output/yacs")
@@ -189,8 +201,9 @@ def build_plan(work, image_folder, only=None, shapes_cls=None):
 
 
 WORKERS = 2  # run_tools.py processes that share the plan
-# Images of the shapes-cls dataset the demo pretraining configs read here (the embedded one holds 5000 + 1000).
-SMALL_SHAPES_CLS = {"num_train": 128, "num_val": 32}
+# Images of the shapes-cls dataset the demo pretraining configs read here (the embedded one holds 5000 + 1000): one
+# batch of the configs' 64 to train on.
+SMALL_SHAPES_CLS = {"num_train": 64, "num_val": 16}
 
 
 def _data_root(name):
@@ -224,12 +237,8 @@ def _output_dir(name):
     """Where the config writes (its own train.output_dir / OUTPUT_DIR, relative to the working folder)."""
     if name.startswith("ImageNet/"):
         return f"output/imagenet/{Path(name).stem}"
-    if name == "demo/pretrain_vit_tiny.py":
-        return DEMO_PRETRAIN_DIR
     if name == "demo/pretrain_xcit_tiny.py":
         return "output/demo_pretrain_xcit"
-    if name == "demo/mask_rcnn_vit_tiny_finetune.py":
-        return "output/demo_paper/finetune"
     if name.startswith("yacs/"):
         return f"output/yacs/{Path(name).stem}"
     return f"output/{Path(name).parent}/{Path(name).stem}"
@@ -239,12 +248,12 @@ def _output_dir(name):
 def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
     """Run the plan of the selected configs once; returns (working folder, status per config, combined output)."""
     selected = {item.callspec.params["name"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_config_trains_and_evaluates"}
+                if getattr(item, "originalname", None) == "test_config_trains_and_evaluates"} - set(SHARED_RUNS)
     work = tmp_path_factory.mktemp("e2e")
     from condinit_det.data.classification import generate_classification_dataset
 
-    shapes_cls = generate_classification_dataset(work / "shapes-cls-small", **SMALL_SHAPES_CLS)
-    plan = build_plan(work, image_folder_root, only=selected, shapes_cls=shapes_cls)
+    small_data = {"embedded:shapes-cls": generate_classification_dataset(work / "shapes-cls-small", **SMALL_SHAPES_CLS)}
+    plan = build_plan(work, image_folder_root, only=selected, small_data=small_data)
     if any(step["name"] == "COCO/mask_rcnn_vitdet_b_100ep_pretrained.py" for step in plan):
         write_mae_like_checkpoint(work / MAE_LIKE)
     env = dict(os.environ, DETECTRON2_DATASETS=str(coco_layout_root),
@@ -282,21 +291,21 @@ def _step_output(log, name):
     return log[start:end if end > 0 else None][-6000:]
 
 
-def _results(work, name):
-    """Every record of every results.json under the config's output folder."""
+def _results(folder):
+    """Every record of every results.json under ``folder``."""
     records = []
-    for path in sorted((work / _output_dir(name)).rglob("results.json")):
+    for path in sorted(Path(folder).rglob("results.json")):
         records += json.loads(path.read_text())["records"]
     return records
 
 
 def test_every_config_is_in_the_plan(tmp_path):
     names = [s["name"] for s in build_plan(tmp_path, tmp_path)]
-    assert sorted(names) == sorted(all_configs()) and len(names) == len(set(names))
+    assert sorted(names + list(SHARED_RUNS)) == sorted(all_configs()) and len(names) == len(set(names))
+    assert not set(names) & set(SHARED_RUNS)  # read from the demo runs, not trained again
     assert len([n for n in names if n.startswith("COCO/")]) >= 10 and any(n.endswith(".yaml") for n in names)
     for fine_tune, recipe in IN1K_SOURCE.items():
         assert names.index(recipe) < names.index(fine_tune)
-    assert names.index("demo/pretrain_vit_tiny.py") < names.index("demo/mask_rcnn_vit_tiny_finetune.py")
     assert set(IN1K_SOURCE) == {n for n in names if n.endswith("_in1k.py")}
     # A selection runs what it needs first.
     only = [s["name"] for s in build_plan(tmp_path, tmp_path, only=["COCO/mask_rcnn_swin_b_3x_in1k.py"])]
@@ -309,7 +318,7 @@ def test_the_plan_splits_with_each_step_after_what_it_needs(tmp_path):
     names = [[s["name"] for s in part] for part in parts]
     assert sorted(n for part in names for n in part) == sorted(s["name"] for s in plan)
     assert abs(len(names[0]) - len(names[1])) <= 2
-    for fine_tune, recipe in NEEDS.items():
+    for fine_tune, recipe in IN1K_SOURCE.items():
         part = next(p for p in names if fine_tune in p)
         assert recipe in part and part.index(recipe) < part.index(fine_tune)
     assert split_plan(plan[:1], 2) == [plan[:1]]
@@ -326,30 +335,53 @@ def test_coco_sizes_are_divided(tmp_path):
     assert over["dataloader.test.mapper.augmentations.0.max_size"] == "167"
 
 
+def _shared_run(request, name):
+    """The folder of ``name``'s conditioned run in the demo run that trains it (SHARED_RUNS)."""
+    fixture, stage = SHARED_RUNS[name]
+    made = request.getfixturevalue(fixture)
+    base = Path(made[stage]) if isinstance(made, dict) else made / "output" / "demo_digits" / stage
+    return base / ARM / "seed0"
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", all_configs())
-def test_config_trains_and_evaluates(runs, name):
-    work, status, log = runs
-    assert name in status, f"{name} did not run:\n{log[-3000:]}"
-    assert status[name]["ok"], f"{name} failed ({status[name]}):\n{_step_output(log, name)}"
-    records = _results(work, name)
+def test_config_trains_and_evaluates(request, name):
+    if name in SHARED_RUNS:  # the demo run that made it asserted its commands' exit status
+        folder, checkpoints = _shared_run(request, name), []
+    else:
+        work, status, log = request.getfixturevalue("runs")
+        assert name in status, f"{name} did not run:\n{log[-3000:]}"
+        assert status[name]["ok"], f"{name} failed ({status[name]}):\n{_step_output(log, name)}"
+        folder, checkpoints = work / _output_dir(name), status[name].get("checkpoints") or []
+    records = _results(folder)
     arm = _arm(name)
-    assert records and all(r["arm"] == arm for r in records), records
+    assert records and all(r["arm"] == arm for r in records if r["kind"] != "environment"), records
+    assert [r["iteration"] for r in records if r["kind"] == "environment"] == [0], records
     if name.startswith("ImageNet/") or Path(name).stem.startswith("pretrain_"):  # tools/pretrain_net.py
         final = [r for r in records if r["kind"] == "cls" and r["epoch"] == 1]
         assert final and 0.0 <= final[-1]["top1"] <= 100.0, records
-        found = list((work / _output_dir(name)).rglob("model_final.pth"))
-        assert found or status[name].get("checkpoints"), "no model_final.pth written"
+        assert list(folder.rglob("model_final.pth")) or checkpoints, "no model_final.pth written"
         return
-    final = [r for r in records if r["kind"] == "ap" and r["iteration"] == 2]
+    final = [r for r in records if r["kind"] == "ap" and r["iteration"] == 1]
     assert final, records
-    assert any(os.path.basename(c) == "model_final.pth" for c in status[name]["checkpoints"])
+    # The training step logged every loss of the detector, finite.
+    logged = [json.loads(line) for path in folder.rglob("metrics.json")
+              for line in path.read_text().splitlines() if line.strip()]
+    step = next((m for m in logged if "total_loss" in m), {})
+    losses = DETR_LOSSES if "detr" in name else MASK_RCNN_LOSSES
+    assert losses <= set(step) and all(math.isfinite(step[k]) for k in losses | {"total_loss"}), logged
+    if name.startswith("demo/"):  # the step left finite weights
+        (weights,) = folder.rglob("model_final.pth")
+        state = torch.load(weights, map_location="cpu", weights_only=True)["model"]
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+    else:
+        assert any(os.path.basename(c) == "model_final.pth" for c in checkpoints), checkpoints
     if name.startswith("COCO/") and "detr" not in name:
         # Evaluated with detections (score threshold 0): numbers, not "no predictions".
         assert final[-1]["bbox"]["AP"] is not None and final[-1]["segm"]["AP"] is not None, final[-1]
-    if name in IN1K_SOURCE or name == "demo/mask_rcnn_vit_tiny_finetune.py":
-        report = next((work / _output_dir(name)).rglob("condinit_arm_report.json"))
+    if name in NEEDS:  # a fine-tuning config: every site from the pretraining run of its own arm
+        report = next(folder.rglob("condinit_arm_report.json"))
         sites = json.loads(report.read_text())["sites"]
         assert sites and all(s["weights_from"].endswith(f"(pretrained with arm {arm})") for s in sites), sites
 

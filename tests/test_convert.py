@@ -1,4 +1,4 @@
-"""timm -> detectron2 checkpoint converters: same features where the architectures compute the same
+"""timm -> detectron2 checkpoint conversion: same features where the architectures compute the same
 function, position-embedding interpolation, refusals, and the fine-tuning configs."""
 import os
 from functools import partial
@@ -18,15 +18,7 @@ from timm.models.vision_transformer import VisionTransformer
 from timm.models.xcit import Xcit
 
 from condinit_det.init import find_attention
-from condinit_det.modeling.convert import (
-    ConvertedCheckpoint,
-    checkpoint_architecture,
-    convert_timm_checkpoint,
-    convert_timm_swin,
-    convert_timm_vit,
-    find_trunk,
-    unwrap_state_dict,
-)
+from condinit_det.modeling.convert import ConvertedCheckpoint, convert_timm_checkpoint
 from condinit_det.modeling.xcit import XCiT, XCiTDeconvPyramid
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -91,7 +83,7 @@ def test_vit_class_token_checkpoint_and_pos_embed_interpolation():
     timm_vit = _timm_vit()  # class token, 4x4 grid
     pos = timm_vit.pos_embed.detach()
     ours = _d2_vit(img_size=96, pretrain_img_size=96, pretrain_use_cls_token=True, use_rel_pos=True)  # 6x6 grid
-    converted = convert_timm_vit(timm_vit.state_dict(), target=ours, prefix="")
+    converted = convert_timm_checkpoint(timm_vit.state_dict(), ours)
     assert "pos_embed grid interpolated (bicubic) from 4x4 to 6x6" in converted.notes
     result = ours.load_state_dict(converted, strict=False)
     assert not result.unexpected_keys
@@ -113,7 +105,7 @@ def test_vit_class_token_checkpoint_and_pos_embed_interpolation():
         assert ours(torch.randn(1, 3, 96, 128))["last_feat"].shape == (1, 48, 6, 8)
 
     # A target without the class slot gets the grid only; the same grid needs no interpolation.
-    same = convert_timm_vit(timm_vit.state_dict(), target=_d2_vit(), prefix="")
+    same = convert_timm_checkpoint(timm_vit.state_dict(), _d2_vit())
     torch.testing.assert_close(same["pos_embed"], pos[:, 1:], rtol=0, atol=0)
     assert not any("interpolated" in n for n in same.notes)
 
@@ -122,12 +114,12 @@ def test_vit_table_without_prefix_slots_gets_a_zero_class_slot():
     timm_vit = _timm_vit(no_embed_class=True)  # DeiT-3 style: class token, but no position slot for it
     pos = timm_vit.pos_embed.detach()
     assert pos.shape == (1, 16, 48)
-    converted = convert_timm_vit(timm_vit.state_dict(), target=_d2_vit(pretrain_use_cls_token=True), prefix="")
+    converted = convert_timm_checkpoint(timm_vit.state_dict(), _d2_vit(pretrain_use_cls_token=True))
     assert torch.equal(converted["pos_embed"], torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1))
     assert any("has no class slot" in n for n in converted.notes)
     odd = {**timm_vit.state_dict(), "pos_embed": torch.zeros(1, 15, 48)}
     with pytest.raises(ValueError, match=r"pos_embed of shape \(1, 15, 48\) is not a square grid \(\+1 prefix slots\)"):
-        convert_timm_vit(odd, target=_d2_vit(), prefix="")
+        convert_timm_checkpoint(odd, _d2_vit())
 
 
 def test_distilled_deit_drops_the_distillation_token():
@@ -146,10 +138,11 @@ def test_distilled_deit_drops_the_distillation_token():
 
 
 def test_vit_layerscale_and_foreign_parts_are_refused():
-    with pytest.raises(ValueError, match="LayerScale .*detectron2's ViT does not have"):
-        convert_timm_vit(_timm_vit(init_values=1e-5).state_dict(), target=_d2_vit(pretrain_use_cls_token=True))
-    with pytest.raises(ValueError, match="no place for: .*q_norm"):
-        convert_timm_vit(_timm_vit(qk_norm=True).state_dict(), target=_d2_vit(pretrain_use_cls_token=True))
+    with pytest.raises(ValueError, match=r"has no place for \(4\): blocks\.0\.ls1\.gamma, .*"
+                                         r"detectron2's ViT has no LayerScale"):
+        convert_timm_checkpoint(_timm_vit(init_values=1e-5).state_dict(), _d2_vit(pretrain_use_cls_token=True))
+    with pytest.raises(ValueError, match=r"has no place for \(8\): blocks\.0\.attn\.q_norm\.weight"):
+        convert_timm_checkpoint(_timm_vit(qk_norm=True).state_dict(), _d2_vit(pretrain_use_cls_token=True))
 
 
 def test_vit_head_count_is_checked_when_the_timm_model_is_named():
@@ -158,10 +151,14 @@ def test_vit_head_count_is_checked_when_the_timm_model_is_named():
     sd = VisionTransformer(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3).state_dict()
     ours = _in("backbone.net", ViT(img_size=224, embed_dim=192, depth=12, num_heads=4, norm_layer=LN6))
     assert len(convert_timm_checkpoint(sd, ours)) == len(ours.state_dict())  # not detectable without the name
-    with pytest.raises(ValueError, match=r"mismatch in num_heads: the checkpoint is a timm ViT / DeiT \(.*num_heads=3"):
+    with pytest.raises(ValueError, match=r"the timm 'vit_tiny_patch16_224' checkpoint \(embed_dim=192, 12 attention "
+                                         r"blocks, num_heads=3\) does not fit the model's trunk, a detectron2 ViT "
+                                         r"\(embed_dim=192, 12 attention blocks, num_heads=4\) at backbone\.net"):
         convert_timm_checkpoint(sd, ours, timm_model_name="vit_tiny_patch16_224")
     with pytest.raises(ValueError, match="not a 'vit_small_patch16_224' state dict"):
         convert_timm_checkpoint(sd, ours, timm_model_name="vit_small_patch16_224")
+    with pytest.raises(ValueError, match=r"it is a timm SwinTransformer, not a VisionTransformer; "):
+        convert_timm_checkpoint(sd, ours, timm_model_name="swin_tiny_patch4_window7_224")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,13 +233,13 @@ def test_swin_official_layout_converts_to_the_same_weights():
             k = f"layers.{int(stage) - 1}.{rest}"
         official[k.replace("head.fc.", "head.")] = v
     ours = _d2_swin()
-    a = convert_timm_swin(sd, target=ours, prefix="")
-    b = convert_timm_swin({"model": official}, target=ours, prefix="")
+    a = convert_timm_checkpoint(sd, ours)
+    b = convert_timm_checkpoint({"model": official}, ours)
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_swin_final_norm_dropped_when_the_last_stage_is_not_an_output():
-    converted = convert_timm_swin(_timm_swin().state_dict(), target=_d2_swin(out_indices=(0, 1, 2)), prefix="")
+    converted = convert_timm_checkpoint(_timm_swin().state_dict(), _d2_swin(out_indices=(0, 1, 2)))
     assert "norm.weight" in converted.dropped and not any(k.startswith("norm3") for k in converted)
 
 
@@ -279,54 +276,55 @@ def test_xcit_trunk_matches_timm_through_the_entry_point():
 
 
 # ---------------------------------------------------------------------------------------------
-# Recognition and refusals
+# Wrapped checkpoints and refusals
 # ---------------------------------------------------------------------------------------------
 
 
-def test_checkpoint_architecture_and_unwrapping():
-    assert checkpoint_architecture(_timm_vit().state_dict()) == "vit"
-    assert checkpoint_architecture({"model": _timm_swin(img_size=64).state_dict()}) == "swin"
-    assert checkpoint_architecture(_timm_xcit().state_dict()) == "xcit"
-    assert checkpoint_architecture({"conv1.weight": torch.zeros(1)}) is None
-    wrapped = {"epoch": 3, "state_dict": {"module.a": torch.zeros(1), "module.b": torch.ones(1)}}
-    assert set(unwrap_state_dict(wrapped)) == {"a", "b"}
+def test_wrapped_checkpoints_convert_alike():
+    sd = _timm_vit().state_dict()
+    wrapped = {"epoch": 3, "state_dict": {"module." + k: v for k, v in sd.items()}}  # timm training script, DDP
+    plain, unwrapped = convert_timm_checkpoint(sd, _d2_vit()), convert_timm_checkpoint(wrapped, _d2_vit())
+    assert plain.keys() == unwrapped.keys() and all(torch.equal(plain[k], unwrapped[k]) for k in plain)
 
 
 def test_another_architecture_is_refused_with_one_clear_error():
     vit_model = _in("backbone.net", _d2_vit())
-    with pytest.raises(ValueError, match=r"the checkpoint is a timm Swin \(embed_dim=48.* but the model's trunk at "
-                                         r"backbone\.net is a detectron2 ViT \(embed_dim=48"):
+    with pytest.raises(ValueError, match=r"the checkpoint \(no timm model name recorded\) does not fit the model's "
+                                         r"trunk, a detectron2 ViT \(embed_dim=48, 2 attention blocks, num_heads=3\) "
+                                         r"at backbone\.net: keys the trunk has no place for \(115\): "
+                                         r"patch_embed\.norm\.weight, patch_embed\.norm\.bias, layers\.0\.blocks\.0\."):
         convert_timm_checkpoint(_timm_swin(img_size=64).state_dict(), vit_model)
-    with pytest.raises(ValueError, match=r"the checkpoint is a timm XCiT .* but the model's trunk at backbone\.net "
-                                         r"is a detectron2 ViT"):
+    with pytest.raises(ValueError, match=r"a detectron2 ViT .*no place for \(128\): patch_embed\.proj\.0\.0\.weight, .*"
+                                         r"blocks\.0\.attn\.qkv\.weight \(192, 64\) vs \(144, 48\)"):
         convert_timm_checkpoint(_timm_xcit().state_dict(), vit_model)
-    with pytest.raises(ValueError, match=r"the checkpoint is not a timm ViT / DeiT, Swin or XCiT state dict "
-                                         r"\(first keys: conv1\.weight\)"):
+    with pytest.raises(ValueError, match=r"no place for \(1\): conv1\.weight; trunk keys it lacks \(26\): "
+                                         r"patch_embed\.proj\.weight"):
         convert_timm_checkpoint({"conv1.weight": torch.zeros(1)}, vit_model)
 
 
 def test_another_size_is_refused_with_one_clear_error():
-    with pytest.raises(ValueError, match=r"mismatch in embed_dim, mlp_hidden: the checkpoint is a timm ViT / DeiT "
-                                         r"\(embed_dim=48.*but the model's trunk at backbone\.net is a detectron2 ViT "
-                                         r"\(embed_dim=64"):
+    with pytest.raises(ValueError, match=r"another shape \(checkpoint vs trunk\) \(\d+\): patch_embed\.proj\.weight "
+                                         r"\(48, 3, 16, 16\) vs \(64, 3, 16, 16\)"):
         convert_timm_checkpoint(_timm_vit().state_dict(), _in("backbone.net", _d2_vit(embed_dim=64, num_heads=4)))
-    with pytest.raises(ValueError, match=r"mismatch in depth: .*depth=2.*depth=3"):
+    with pytest.raises(ValueError, match=r"ViT \(embed_dim=48, 3 attention blocks, num_heads=3\) at <root>: "
+                                         r"trunk keys it lacks \(12\): blocks\.2\."):
         convert_timm_checkpoint(_timm_vit().state_dict(), _d2_vit(depth=3))
-    with pytest.raises(ValueError, match=r"mismatch in patch_size: .*patch_size=16.*patch_size=8"):
+    with pytest.raises(ValueError, match=r"patch_embed\.proj\.weight \(48, 3, 16, 16\) vs \(48, 3, 8, 8\)"):
         convert_timm_checkpoint(_timm_vit().state_dict(), _d2_vit(patch_size=8, pretrain_img_size=32))
-    with pytest.raises(ValueError, match=r"mismatch in num_heads, window_size: the checkpoint is a timm Swin"):
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.relative_position_bias_table \(9, 3\) vs \(49, 2\)"):
         convert_timm_checkpoint(_timm_swin(img_size=64).state_dict(), _d2_swin(num_heads=(2, 4, 8, 16), window_size=4))
-    with pytest.raises(ValueError, match=r"mismatch in depths: .*depths=\(2, 2, 2, 2\).*depths=\(2, 2, 4, 2\)"):
+    with pytest.raises(ValueError, match=r"trunk keys it lacks \(\d+\): layers\.2\.blocks\.2\."):
         convert_timm_checkpoint(_timm_swin(img_size=64).state_dict(), _d2_swin(depths=(2, 2, 4, 2)))
-    with pytest.raises(ValueError, match=r"mismatch in num_heads: the checkpoint is a timm XCiT \(.*num_heads=4"):
+    with pytest.raises(ValueError, match=r"a condinit_det XCiT \(embed_dim=64, 4 attention blocks, num_heads=8\) .*"
+                                         r"blocks\.0\.attn\.temperature \(4, 1, 1\) vs \(8, 1, 1\)"):
         convert_timm_checkpoint(_timm_xcit().state_dict(), XCiT(**{**XCIT, "num_heads": 8}))
 
 
 def test_trunk_search_errors():
     with pytest.raises(ValueError, match="no transformer trunk in Linear"):
-        find_trunk(nn.Linear(2, 2))
+        convert_timm_checkpoint(_timm_vit().state_dict(), nn.Linear(2, 2))
     two = nn.ModuleDict({"a": _d2_vit(), "b": _d2_vit()})
-    with pytest.raises(ValueError, match=r"several transformer trunks .*a \(vit\), b \(vit\)"):
+    with pytest.raises(ValueError, match=r"several transformer trunks .*a \(detectron2 ViT\), b \(detectron2 ViT\)"):
         convert_timm_checkpoint(_timm_vit().state_dict(), two)
 
 

@@ -1,4 +1,5 @@
-"""Tests of the embedded shapes dataset: determinism, COCO validity, caching and registration."""
+"""Tests of the embedded shapes dataset (determinism, COCO validity, caching, registration) and of the registry of
+every embedded dataset."""
 import json
 from pathlib import Path
 
@@ -8,14 +9,15 @@ import pytest
 
 from condinit_det.data import (
     DATASET_NAMES,
+    EMBEDDED_DATASETS,
     SHAPE_CLASSES,
-    default_root,
     embedded_dataset_info,
     generate_shapes_dataset,
     register_embedded_datasets,
     render_image,
 )
-from condinit_det.data import embedded as embedded_module
+from condinit_det.data import shapes as shapes_module
+from condinit_det.data.cache import cache_root
 
 SMALL = dict(num_train=12, num_val=6)
 
@@ -124,8 +126,11 @@ def test_existing_dataset_is_reused_and_checked(tmp_path):
     (junk / "file.txt").write_text("x")
     with pytest.raises(ValueError, match="not a complete"):
         generate_shapes_dataset(junk, **SMALL)
-    with pytest.raises(ValueError, match="num_val must be a positive int"):
+    with pytest.raises(ValueError, match="num_val must be an integer >= 1, got 0"):
         generate_shapes_dataset(tmp_path / "bad", num_train=3, num_val=0)
+    with pytest.raises(ValueError, match="num_train must be an integer >= 1, got True"):
+        generate_shapes_dataset(tmp_path / "bad", num_train=True, num_val=2)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_stale_default_cache_is_regenerated(tmp_path, monkeypatch):
@@ -142,24 +147,55 @@ def test_stale_default_cache_is_regenerated(tmp_path, monkeypatch):
 
 
 def test_interrupted_generation_leaves_nothing(tmp_path, monkeypatch):
-    real = embedded_module.render_image
+    real = shapes_module.render_image
 
     def failing(seed, split, index, spec):
         if split == "val":
             raise KeyboardInterrupt
         return real(seed, split, index, spec)
 
-    monkeypatch.setattr(embedded_module, "render_image", failing)
+    monkeypatch.setattr(shapes_module, "render_image", failing)
     with pytest.raises(KeyboardInterrupt):
         generate_shapes_dataset(tmp_path / "shapes", **SMALL)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_default_root_follows_environment(tmp_path, monkeypatch):
+def test_cache_folder_follows_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("CONDINIT_DATA", str(tmp_path))
-    assert default_root() == tmp_path / "shapes-v1"
-    monkeypatch.delenv("CONDINIT_DATA")
-    assert default_root() == Path("~/.cache/condinit_det/shapes-v1").expanduser()
+    assert cache_root("shapes-v1") == tmp_path / "shapes-v1"
+    for unset in ("", None):
+        if unset is None:
+            monkeypatch.delenv("CONDINIT_DATA")
+        else:
+            monkeypatch.setenv("CONDINIT_DATA", unset)
+        assert cache_root("shapes-v1") == Path("~/.cache/condinit_det/shapes-v1").expanduser()
+
+
+def test_the_registry_names_every_embedded_dataset(full_root):
+    """The names, cache folders and detectron2 names users and configs rely on."""
+    found = {name: (entry.name, entry.version, entry.detectron2_names) for name, entry in EMBEDDED_DATASETS.items()}
+    assert found == {
+        "shapes": ("shapes", "shapes-v1", ("condinit_shapes_train", "condinit_shapes_val")),
+        "digits-det": ("digits-det", "digits-det-v2", ("condinit_digits_train", "condinit_digits_val")),
+        "shapes-cls": ("shapes-cls", "shapes-cls-v1", None),
+        "digits-cls": ("digits-cls", "digits-cls-v1", None),
+    }
+    shapes = EMBEDDED_DATASETS["shapes"]
+    assert shapes.detectron2_names == DATASET_NAMES and shapes.classes == SHAPE_CLASSES
+    assert json.loads((full_root / "manifest.json").read_text())["version"] == shapes.version
+    assert shapes.generate(full_root) == full_root  # the registered generator, reusing the dataset there
+
+
+def test_a_root_holding_another_dataset_is_refused(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps({"version": "digits-det-v2"}))
+    for call in (lambda: register_embedded_datasets(other), lambda: embedded_dataset_info(other)):
+        with pytest.raises(ValueError, match="holds the digits-det-v2 dataset, not shapes-v1"):
+            call()
+    with pytest.raises(ValueError, match="accepted: embedded:shapes, embedded:digits-det, embedded:shapes-cls, "
+                                         "embedded:digits-cls"):
+        embedded_dataset_info(other, dataset="digits")
 
 
 def test_registration_is_idempotent(full_root, tmp_path):

@@ -1,5 +1,4 @@
-"""The CPU demo configs load, build a tiny model and run one training and one inference step."""
-import math
+"""The CPU demo configs load, build a tiny model with its attention sites, and answer an inference pass."""
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,6 @@ DEMOS = {
     "mask_rcnn_vit_tiny.py": ("d2_vit", 4),
     "mask_rcnn_swin_tiny.py": ("d2_swin", 6),
 }
-LOSSES = {"loss_cls", "loss_box_reg", "loss_mask", "loss_rpn_cls", "loss_rpn_loc"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,9 +27,10 @@ def _load(name):
 
 
 @pytest.mark.parametrize("name", sorted(DEMOS))
-def test_demo_config_trains_one_step(name):
+def test_demo_config_builds_and_answers(name):
+    """The config's model, optimizer, schedule and data, and an inference pass; its training step runs in the every
+    config end to end test (tests/test_configs_end_to_end.py: the losses it logs, finite weights after it)."""
     from detectron2.config import instantiate
-    from detectron2.utils.events import EventStorage
 
     from condinit_det.data import DATASET_NAMES, SHAPE_CLASSES
 
@@ -49,23 +48,13 @@ def test_demo_config_trains_one_step(name):
     assert 2e5 < n_params < 3e6, n_params  # tiny: trains on a CPU in minutes
 
     cfg.optimizer.params.model = model
-    optimizer = instantiate(cfg.optimizer)
-    assert isinstance(optimizer, torch.optim.AdamW)
+    assert isinstance(instantiate(cfg.optimizer), torch.optim.AdamW)
     scheduler = instantiate(cfg.lr_multiplier)
     assert scheduler(0.0) < 0.01 and scheduler(0.5) == pytest.approx(0.51, abs=0.05) and scheduler(0.999) < 0.05
 
     batch = next(iter(instantiate(cfg.dataloader.train)))
     assert len(batch) == cfg.dataloader.train.total_batch_size
     assert tuple(batch[0]["image"].shape) == (3, 128, 128)
-    model.train()
-    with EventStorage(0):
-        losses = model(batch)
-        assert set(losses) == LOSSES
-        assert all(math.isfinite(v.item()) for v in losses.values()), losses
-        sum(losses.values()).backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
-    optimizer.step()
 
     model.eval()
     test_batch = next(iter(instantiate(cfg.dataloader.test)))

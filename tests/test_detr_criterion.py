@@ -3,7 +3,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import sigmoid_focal_loss
 
-from condinit_det.modeling.detr import HungarianMatcher, PositionEmbeddingSine, SetCriterion, Transformer, dice_loss
+from condinit_det.modeling.detr import HungarianMatcher, PositionEmbeddingSine, SetCriterion, Transformer
+from condinit_det.modeling.detr.criterion import dice_loss
 
 
 def _criterion(**kw):

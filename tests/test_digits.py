@@ -1,5 +1,6 @@
 """The embedded digits datasets (real UCI digits from scikit-learn): split, layout, COCO validity, determinism,
 provenance, and both ways in: detectron2's catalog and the pretraining stage's ``data.root``."""
+import hashlib
 import json
 import os
 import subprocess
@@ -15,22 +16,21 @@ import pytest
 from condinit_det.data import (
     DIGIT_CLASSES,
     DIGITS_DATASET_NAMES,
+    EMBEDDED_DATASETS,
     embedded_dataset_info,
-    embedded_detection_names,
     generate_digits_cls_dataset,
     generate_digits_det_dataset,
     get_embedded_dataset_dicts,
     register_embedded_datasets,
+    resolve_classification_root,
 )
 from condinit_det.data import digits as digits_module
-from condinit_det.data.classification import embedded_classification_names, resolve_classification_root
 from condinit_det.data.digits import (
     CLS_VERSION,
     DET_VERSION,
     DigitsDetSpec,
     load_source_digits,
     render_digit_image,
-    render_digits_scene,
     split_digits,
 )
 
@@ -160,7 +160,7 @@ def test_pretraining_reads_embedded_digits_cls(cls_root, monkeypatch):
     from condinit_det.pretrain.data import build_datasets
 
     monkeypatch.setenv("CONDINIT_DATA", str(cls_root.parent))
-    assert "embedded:digits-cls" in embedded_classification_names()
+    assert EMBEDDED_DATASETS["digits-cls"].version == CLS_VERSION
     assert resolve_classification_root("embedded:digits-cls") == str(cls_root)  # the cache, reused
     data = {"root": "embedded:digits-cls", "train_split": "train", "val_split": "val", "num_classes": 10}
     datasets = build_datasets(data)
@@ -184,8 +184,7 @@ def test_pretraining_reads_embedded_digits_cls(cls_root, monkeypatch):
 def test_generation_imports_scikit_learn_only_to_generate(cls_root):
     """Resolving a generated dataset (as every pretraining run does) leaves scikit-learn unimported."""
     code = ("import sys\n"
-            "from condinit_det.data.classification import resolve_classification_root\n"
-            "import condinit_det.data\n"
+            "from condinit_det.data import resolve_classification_root\n"
             "print(resolve_classification_root('embedded:digits-cls'))\n"
             "print('sklearn' in sys.modules)\n")
     env = dict(os.environ, CONDINIT_DATA=str(cls_root.parent))
@@ -273,13 +272,14 @@ def test_det_generation_is_deterministic(tmp_path):
     files_a = _files(a)
     assert len(files_a) == SMALL["num_train"] + SMALL["num_val"] + 3  # images, two jsons, manifest
     assert files_a == _files(b)
-    # Another seed gives other scenes; a scene does not depend on the ones drawn before it.
+    # Another seed gives other scenes; a scene does not depend on the ones drawn before it: with fewer training
+    # scenes, the validation scenes and their annotations are the same.
     c = generate_digits_det_dataset(tmp_path / "c", seed=1, **SMALL)
     assert (c / "train" / "000000.png").read_bytes() != (a / "train" / "000000.png").read_bytes()
-    img, placed = render_digits_scene(2026, "val", 5)
-    np.testing.assert_array_equal(img, cv2.imread(str(a / "val" / "000005.png")))
-    ann = [x for x in _coco(a, "val")["annotations"] if x["image_id"] == 6]
-    assert [x["digit_index"] for x in ann] == [p.digit_index for p in placed]
+    d = generate_digits_det_dataset(tmp_path / "d", num_train=2, num_val=SMALL["num_val"])
+    assert {k: v for k, v in _files(d).items() if k.startswith("val/")} == {
+        k: v for k, v in files_a.items() if k.startswith("val/")}
+    assert _coco(d, "val")["annotations"] == _coco(a, "val")["annotations"]
 
 
 def test_manifests_cite_the_source(cls_root, det_root):
@@ -293,14 +293,13 @@ def test_manifests_cite_the_source(cls_root, det_root):
         assert source["url"].startswith("https://archive.ics.uci.edu/dataset/80/")
         assert "Alpaydin" in source["citation"] and "1998" in source["citation"]
         assert "load_digits" in source["carrier"] and source["num_digits"] == len(labels)
-        assert source["sha256"] == digits_module._digest(pixels, labels)
+        assert source["sha256"] == hashlib.sha256(pixels.tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
     assert embedded_dataset_info(det_root, dataset="digits-det")["source"]["license"] == "CC BY 4.0"
 
 
 def test_detectron2_registration(det_root, tmp_path):
     from detectron2.data import DatasetCatalog, MetadataCatalog
 
-    assert "embedded:digits-det" in embedded_detection_names()
     assert register_embedded_datasets(det_root, dataset="digits-det") == DIGITS_DATASET_NAMES
     assert register_embedded_datasets(det_root, dataset="embedded:digits-det") == DIGITS_DATASET_NAMES
     manifest = _manifest(det_root)
@@ -327,16 +326,17 @@ def test_detectron2_registration(det_root, tmp_path):
         register_embedded_datasets(shapes_like, dataset="digits-det")
 
 
-def test_default_roots_follow_environment(tmp_path, monkeypatch):
+def test_the_registry_generates_into_the_cache(cls_root, tmp_path, monkeypatch):
+    """The registered generators write to ``$CONDINIT_DATA/<version>``, the folders the registry names."""
+    for name, version in (("digits-cls", CLS_VERSION), ("digits-det", DET_VERSION)):
+        assert EMBEDDED_DATASETS[name].version == version and EMBEDDED_DATASETS[name].classes == DIGIT_CLASSES
     monkeypatch.setenv("CONDINIT_DATA", str(tmp_path))
-    assert digits_module.default_cls_root() == tmp_path / CLS_VERSION
-    assert digits_module.default_det_root() == tmp_path / DET_VERSION
-    monkeypatch.delenv("CONDINIT_DATA")
-    assert digits_module.default_det_root() == Path("~/.cache/condinit_det/digits-det-v2").expanduser()
+    root = EMBEDDED_DATASETS["digits-cls"].generate(None)
+    assert root == tmp_path / CLS_VERSION and _files(root) == _files(cls_root)
 
 
 def test_bad_parameters_and_roots(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match="num_val must be a positive int"):
+    with pytest.raises(ValueError, match="num_val must be an integer >= 1"):
         generate_digits_det_dataset(tmp_path / "x", num_train=3, num_val=0)
     with pytest.raises(ValueError, match="do not fit"):
         generate_digits_det_dataset(tmp_path / "x", spec=DigitsDetSpec(max_size=120.0), **SMALL)

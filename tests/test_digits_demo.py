@@ -3,12 +3,12 @@
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from coco_layout import small_digits_cls
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = "configs/demo/pretrain_vit_tiny_digits.py"
@@ -102,51 +102,44 @@ def test_make_demo_digits_trains_every_arm_of_both_stages():
     assert make_commands()[0][make_commands()[0].index("--seeds") + 1] == "0"  # one seed by default
 
 
-def _tiny_pretraining_data(root: Path, per_class: dict) -> Path:
-    """A few images per class and split of the generated digits-cls, in its layout."""
-    from condinit_det.data import generate_digits_cls_dataset
-
-    full = generate_digits_cls_dataset(root / "digits-cls-v1")
-    tiny = root / "tiny-digits-cls"
-    for split, n in per_class.items():
-        for folder in sorted((full / split).iterdir()):
-            (tiny / split / folder.name).mkdir(parents=True)
-            for image in sorted(folder.iterdir())[:n]:
-                shutil.copy(image, tiny / split / folder.name / image.name)
-    return tiny
-
-
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_make_demo_digits_end_to_end_at_tiny_size(tmp_path, data_dir):
-    """The three commands of ``make demo-digits`` as written, in a scratch folder, with tiny data and schedules
-    appended: every arm pretrains on the digits, each detector starts from its own arm's run, and the report
-    holds both stages."""
-    from condinit_det.records.results import ResultsFile
-
-    tiny = _tiny_pretraining_data(data_dir, {"train": 2, "val": 1})
+def run_demo_digits(work: Path) -> Path:
+    """The three commands of ``make demo-digits`` as written, in ``work``, with tiny data and schedules appended
+    (one epoch of the first images of digits-cls, one fine-tuning step); returns ``work``. Run once per test run by
+    the ``demo_digits_run`` fixture (conftest.py), which this module's test and the every config end to end test
+    read."""
+    data_dir = work / "condinit_data"
+    tiny = small_digits_cls(work / "digits-cls", {"train": 2, "val": 1})
     extra = {
         "tools/pretrain_net.py": [f"data.root={tiny}", "train.epochs=1", "scheduler.warmup_epochs=0",
                                   "train.batch_size=8", "train.eval_batch_size=10", "train.workers=0"],
-        "tools/train_net.py": ["train.max_iter=2", "train.eval_period=2", "condinit_analysis.period=0",
+        "tools/train_net.py": ["train.max_iter=1", "train.eval_period=1", "condinit_analysis.period=0",
                                "dataloader.train.total_batch_size=2"],
         "tools/compare_arms.py": ["--bootstrap", "50"],
     }
     env = dict(os.environ, CONDINIT_DATA=str(data_dir), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    commands = make_commands()
-    for words in commands:
+    for words in make_commands():
         tool = words[1]
         argv = [sys.executable, str(ROOT / tool)] + [str(ROOT / w) if w.startswith("configs/") else w
                                                       for w in words[2:]] + extra[tool]
-        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"{' '.join(words)}\n{proc.stderr[-5000:]}"
+    return work
 
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_make_demo_digits_end_to_end_at_tiny_size(demo_digits_run):
+    """``make demo-digits`` at tiny size (:func:`run_demo_digits`): every arm pretrains on the digits, each detector
+    starts from its own arm's run, and the report holds both stages."""
+    from condinit_det.records.results import ResultsFile
+
+    tmp_path = demo_digits_run
     base = tmp_path / "output" / "demo_digits"
     for arm in ARMS:
         own = base / "pretrain" / arm / "seed0"
         assert [r["epoch"] for r in ResultsFile(str(own)).records("cls")] == [1]
         run = base / "finetune" / arm / "seed0"
-        final = [r for r in ResultsFile(str(run)).records("ap") if r["iteration"] == 2]
+        final = [r for r in ResultsFile(str(run)).records("ap") if r["iteration"] == 1]
         assert final and "bbox" in final[-1] and "segm" in final[-1]
         report = json.loads((run / "condinit_arm_report.json").read_text())
         started_from = os.path.normpath(os.path.join(tmp_path, report["init_checkpoint"]))

@@ -748,38 +748,50 @@ def _as_run_here(command: Command, extra: List[str]) -> List[str]:
     return [sys.executable, os.path.join(ROOT, script), *args, *extra]
 
 
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining(tmp_path):
+def run_documented_demo_pair(work: str) -> Dict[str, str]:
+    """The demo pair's three commands as the docs write them, run in ``work`` at tiny size (data and schedule
+    overrides only: one epoch of 32 images, one fine-tuning step); returns the pretraining, fine-tuning and report
+    folders. Run once per test run by the ``documented_demo_pair_run`` fixture (conftest.py), which this module's test
+    and the every config end to end test read."""
     from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
-    from condinit_det.init import PAPER_ARMS
-    from condinit_det.records.results import ResultsFile
 
     pretrain, finetune = documented_demo_pair()
     spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
-    data = generate_classification_dataset(tmp_path / "shapes", num_train=32, num_val=8, spec=spec)
+    data = generate_classification_dataset(os.path.join(work, "shapes"), num_train=32, num_val=8, spec=spec)
     # Tiny size: data and schedule only.
     tiny_pretrain = [f"data.root={data}", "train.epochs=1", "scheduler.warmup_epochs=0", "train.batch_size=8",
                      "train.eval_batch_size=8", "train.workers=0"]
-    tiny_finetune = ["train.max_iter=2", "train.eval_period=2", "condinit_analysis.period=0"]
+    tiny_finetune = ["train.max_iter=1", "train.eval_period=1", "condinit_analysis.period=0"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     compare = comparisons_after(finetune)
     assert len(compare) == 1, "the demo pair's block should end with one condinit-compare of both stages"
     for command, extra in ((pretrain, tiny_pretrain), (finetune, tiny_finetune), (compare[0], [])):
-        proc = subprocess.run(_as_run_here(command, extra), cwd=tmp_path, env=env, capture_output=True, text=True,
+        proc = subprocess.run(_as_run_here(command, extra), cwd=work, env=env, capture_output=True, text=True,
                               timeout=900)
         assert proc.returncode == 0, f"{command.where}: {' '.join(command.args)}\n{proc.stderr[-5000:]}"
-    pretrain_base = tmp_path / pretrain.overrides()["train.output_dir"]
-    finetune_base = tmp_path / finetune.overrides()["train.output_dir"]
+    return {"work": work, "pretrain": os.path.join(work, pretrain.overrides()["train.output_dir"]),
+            "finetune": os.path.join(work, finetune.overrides()["train.output_dir"]),
+            "report": os.path.join(work, compare[0].value("--output"))}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining(documented_demo_pair_run):
+    from condinit_det.init import PAPER_ARMS
+    from condinit_det.records.results import ResultsFile
+
+    runs = documented_demo_pair_run
     for arm in PAPER_ARMS:
-        own = pretrain_base / arm / "seed0"
-        assert [r["epoch"] for r in ResultsFile(str(own)).records("cls")] == [1]
-        run = finetune_base / arm / "seed0"
-        assert [r["iteration"] for r in ResultsFile(str(run)).records("ap")] == [2]
-        report = json.loads((run / "condinit_arm_report.json").read_text())
-        started_from = os.path.normpath(os.path.join(tmp_path, report["init_checkpoint"]))
-        assert os.path.dirname(started_from) == str(own), report["init_checkpoint"]
+        own = os.path.join(runs["pretrain"], arm, "seed0")
+        assert [r["epoch"] for r in ResultsFile(own).records("cls")] == [1]
+        run = os.path.join(runs["finetune"], arm, "seed0")
+        assert [r["iteration"] for r in ResultsFile(run).records("ap")] == [1]
+        with open(os.path.join(run, "condinit_arm_report.json")) as f:
+            report = json.load(f)
+        started_from = os.path.normpath(os.path.join(runs["work"], report["init_checkpoint"]))
+        assert os.path.dirname(started_from) == os.path.normpath(own), report["init_checkpoint"]
         assert report["sites"] and all(s["weights_from"].endswith(f"(pretrained with arm {arm})")
                                        for s in report["sites"]), report["sites"]
-    markdown = (tmp_path / compare[0].value("--output") / "report.md").read_text()
+    with open(os.path.join(runs["report"], "report.md")) as f:
+        markdown = f.read()
     assert "## Classification pretraining" in markdown and "## Detection" in markdown

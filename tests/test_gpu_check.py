@@ -246,12 +246,14 @@ def test_session_refuses_bad_budgets(budgets, message, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_the_machine_wheelhouse_is_for_python_3_12_and_fits_what_travels(tmp_path):
+def test_the_machine_wheelhouse_is_for_python_3_12_and_fits_what_travels(tmp_path, wheel_cache):
     """The wheelhouse --build-wheelhouse makes (the package index is needed): CPython 3.12 manylinux wheels,
-    without torch, torchvision, the projects the machine has and what only they pull in."""
+    without torch, torchvision, the projects the machine has and what only they pull in. Wheels already in the
+    wheel cache (conftest.py) are taken from there."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = subprocess.run(["bash", SESSION, "--build-wheelhouse", str(tmp_path / "whl")], cwd=ROOT,
-                          env=dict(env, PYTHON=sys.executable), capture_output=True, text=True, timeout=900)
+                          env=dict(env, PYTHON=sys.executable, CONDINIT_WHEEL_CACHE=wheel_cache), capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     files = os.listdir(tmp_path / "whl")
     projects = {f.split("-")[0].lower().replace("_", "-") for f in files}

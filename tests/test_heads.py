@@ -1,20 +1,14 @@
-"""Exact per-head conditioning (condinit_det.analysis.heads) against the dense Jacobian, every layout."""
+"""Exact per-head conditioning (condinit_det.analysis.heads) against the dense Jacobian's SVD, every layout."""
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+from dense_jacobian import dense_conditioning, dense_jacobian
 from torch import nn
 
-from condinit_det.analysis import (
-    AttentionFunction,
-    attention_jacobian,
-    dense_conditioning,
-    exact_conditioning,
-    spectrum,
-)
+from condinit_det.analysis import AttentionFunction, choose_method, exact_conditioning, measure_site, spectrum
 from condinit_det.analysis.heads import head_factors
-from condinit_det.analysis.measure import measure_site
 from condinit_det.init import apply_init, find_attention
 
 vit = pytest.importorskip("detectron2.modeling.backbone.vit")
@@ -82,7 +76,7 @@ def test_exact_matches_dense(name, include_output_proj, factor_spectrum):
     site = find_attention(module)[0]
     exact = exact_conditioning(site, inputs, include_output_proj=include_output_proj)
     dense = dense_conditioning(site, inputs, include_output_proj=include_output_proj)
-    assert exact.shape == dense.shape and exact.structure == structure and dense.structure == "dense"
+    assert exact.shape == dense.shape and exact.structure == structure
     assert not dense.rank_deficient and not exact.rank_deficient
     assert exact.numerical_rank == dense.numerical_rank == min(dense.shape)
     assert _close(exact.kappa, dense.kappa) and _close(exact.sigma_max, dense.sigma_max)
@@ -104,9 +98,9 @@ def test_closed_form_gram_matches_dense_jacobian_blocks():
     apply_init(module, "default", seed=1)
     site = find_attention(module)[0]
     fn = AttentionFunction(site, inputs)
-    jac = attention_jacobian(fn)  # rows (token, channel); cols vec W_Q, vec W_K, vec W_V
-    factors, _ = head_factors(fn)
-    assert factors.structure == "closed_form"
+    jac = dense_jacobian(fn)  # rows (token, channel); cols vec W_Q, vec W_K, vec W_V
+    factors, structure, _ = head_factors(fn)
+    assert structure == "closed_form"
     heads, dh, d_in = 2, 4, 8
     rows = jac.reshape(-1, heads, dh, jac.shape[1])
     for h in range(heads):
@@ -114,7 +108,7 @@ def test_closed_form_gram_matches_dense_jacobian_blocks():
         own = j_h[:, :, h].reshape(j_h.shape[0], -1)
         others = torch.cat([j_h[:, :, g] for g in range(heads) if g != h], dim=1)
         assert others.abs().max() == 0
-        torch.testing.assert_close(factors.factors[h] @ factors.factors[h].T, own @ own.T, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(factors[h] @ factors[h].T, own @ own.T, rtol=1e-10, atol=1e-12)
 
 
 def test_rank_deficient_flagged_like_dense(factor_spectrum):
@@ -147,8 +141,6 @@ def test_unrecognised_variant_falls_back_to_autodiff():
     x = {"x": torch.randn(1, 4, 8, generator=_gen(10))}
     exact, dense = exact_conditioning(site, x), dense_conditioning(site, x)
     assert exact.structure == "autodiff" and _close(exact.kappa, dense.kappa)
-    with pytest.raises(ValueError, match="no closed form"):
-        head_factors(site, x, structure="closed_form")
 
 
 def test_size_limit_names_the_alternative():
@@ -165,23 +157,16 @@ def test_measure_site_methods_and_per_head_fields():
     site = find_attention(module)[0]
     x = {"x": torch.randn(1, 2, 2, 16, generator=_gen(11))}
     auto = measure_site(site, x, method="auto", bound=False)
-    dense = measure_site(site, x, method="dense", bound=False)
     assert auto.method == "exact" and auto.structure == "closed_form" and auto.converged
-    assert dense.structure == "dense" and dense.kappa_heads == []
-    assert _close(auto.kappa, dense.kappa) and len(auto.kappa_heads) == 4
+    assert _close(auto.kappa, dense_conditioning(site, x).kappa) and len(auto.kappa_heads) == 4
     free = measure_site(site, x, method="auto", max_entries=10, bound=False)  # does not fit: matrix-free
-    assert free.method == "lanczos" and free.kappa_heads == []
-
-
-def test_kappa_heads_curve_median_over_heads():
-    from condinit_det.report.curves import kappa_heads_curve
-
-    recs = [{"kind": "conditioning", "iteration": 0, "site": "a", "kappa": 9.0, "kappa_heads": [1.0, 2.0]},
-            {"kind": "conditioning", "iteration": 0, "site": "b", "kappa": 9.0, "kappa_heads": [3.0, 9.0, None]},
-            {"kind": "conditioning", "iteration": 5, "site": "a", "kappa": 4.0},  # matrix-free: no heads
-            {"kind": "ap", "iteration": 5}]
-    its, med = kappa_heads_curve([recs])
-    assert its.tolist() == [0] and med.tolist() == [3.0]
+    assert free.method == "lanczos" and free.kappa_heads == [] and free.structure == ""
+    # The one rule: "auto" is exact exactly when one head's factor (4 tokens x 4 channels by 3 x 4 x 4) fits.
+    fn = AttentionFunction(site, x)
+    assert [choose_method(fn, "auto", max_entries=n) for n in (16 * 48, 16 * 48 - 1)] == ["exact", "matrix_free"]
+    assert choose_method(fn, "matrix_free") == "matrix_free" and choose_method(fn, "exact", max_entries=1) == "exact"
+    with pytest.raises(ValueError, match=r"method must be one of \('auto', 'exact', 'matrix_free'\), got 'dense'"):
+        measure_site(site, x, method="dense")
 
 
 def test_coco_vitdet_b_hook_measures_exactly_at_its_token_budget():
@@ -206,20 +191,6 @@ def test_coco_vitdet_b_hook_measures_exactly_at_its_token_budget():
     assert entries == 1024 * 3072 <= DEFAULT_MAX_ENTRIES
 
 
-def test_kappa_plot_draws_the_median_over_heads(tmp_path):
-    pytest.importorskip("matplotlib")
-    import numpy as np
-
-    from condinit_det.report.plots import _kappa_plot
-
-    its = np.array([0, 10])
-    sr = SimpleNamespace(scale=1.0, stage=SimpleNamespace(unit="iteration"),
-                         kappa={"conditioned": (its, np.array([5.0, 4.0]), np.array([3.0, 2.0]), np.array([9.0, 8.0]))},
-                         kappa_heads={"conditioned": (its, np.array([2.0, 1.5]))})
-    path = tmp_path / "kappa.png"
-    assert _kappa_plot(str(path), sr) and path.stat().st_size > 1000
-
-
 def test_kappa_plot_marks_and_counts_the_measured_points(monkeypatch):
     """Two measurements joined by a line are not a trajectory: every measured point is a marker, and the legend says
     how many there are."""
@@ -242,7 +213,7 @@ def test_kappa_plot_marks_and_counts_the_measured_points(monkeypatch):
 
     monkeypatch.setattr(plots, "_save", capture)
     five, two = np.array([0, 80, 160, 240, 320]), np.array([0, 400])
-    sr = SimpleNamespace(scale=1.0, kappa_heads={}, stage=SimpleNamespace(unit="epoch"),
+    sr = SimpleNamespace(scale=1.0, stage=SimpleNamespace(unit="epoch"),
                          kappa={"default": (five, np.full(5, 4.0), np.full(5, 3.0), np.full(5, 5.0)),
                                 "conditioned": (two, np.array([2.0, 3.0]), np.array([1.0, 2.0]), np.array([3.0, 4.0]))})
     assert plots._kappa_plot("kappa.png", sr)

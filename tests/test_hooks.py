@@ -6,7 +6,6 @@ import numpy as np
 import pycocotools.mask as mask_util
 import pytest
 import torch
-from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.config import LazyConfig, instantiate
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.engine import TrainerBase
@@ -16,7 +15,8 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
 
-from condinit_det.engine.hooks import AP_METRICS, APHook, ap_record, build_best_checkpointer
+from condinit_det.engine.checkpoint import RunCheckpointer
+from condinit_det.engine.hooks import AP_RECORD_METRICS, APHook, ap_record, build_best_checkpointer
 from condinit_det.records.results import ResultsFile
 
 CONFIG = os.path.join(os.path.dirname(__file__), "tiny_train_config.py")
@@ -112,7 +112,7 @@ def _pycocotools_ap(model, cfg, iou_type):
 def _train_with_hook(tmp_path, cfg, model, max_iter, eval_period):
     results_file = ResultsFile(tmp_path)
     trainer = _IdleTrainer()
-    checkpointer = DetectionCheckpointer(model, str(tmp_path))
+    checkpointer = RunCheckpointer(model, str(tmp_path))
 
     def evaluate():
         return inference_on_dataset(model, instantiate(cfg.dataloader.test),
@@ -135,7 +135,7 @@ def test_hook_ap_matches_pycocotools(tmp_path, cfg):
     assert [r["iteration"] for r in recs] == [2, 3]
     rec = recs[-1]
     assert (rec["kind"], rec["arm"], rec["seed"], rec["config"]) == ("ap", "mimetic", 3, "tiny.py")
-    assert set(rec["bbox"]) == set(AP_METRICS) and set(rec["segm"]) == set(AP_METRICS)
+    assert set(rec["bbox"]) == set(AP_RECORD_METRICS) and set(rec["segm"]) == set(AP_RECORD_METRICS)
     assert 5.0 < rec["bbox"]["AP"] < 95.0
 
     # the last evaluation's predictions, through pycocotools directly
@@ -143,7 +143,7 @@ def test_hook_ap_matches_pycocotools(tmp_path, cfg):
     model.outputs = model.outputs[-n_images:]
     for task in ("bbox", "segm"):
         expected = _pycocotools_ap(model, cfg, task)
-        got = [rec[task][m] for m in AP_METRICS]
+        got = [rec[task][m] for m in AP_RECORD_METRICS]
         for g, e in zip(got, expected):
             if e < 0:  # pycocotools' "no objects of that size"
                 assert g is None
@@ -183,8 +183,6 @@ def test_ap_record_keeps_missing_tasks_as_null():
                     arm="default", seed=0, config="c.py")
     assert rec["segm"] is None
     assert rec["bbox"] == {"AP": 1.0, "AP50": None, "AP75": None, "APs": None, "APm": None, "APl": None}
-    with pytest.raises(ValueError, match="metadata"):
-        APHook(1, dict, results_file=None, metadata={"arms": "x"})
 
 
 def test_hook_saves_every_evaluations_matches(tmp_path, cfg, caplog):
@@ -224,3 +222,31 @@ def test_hook_saves_every_evaluations_matches(tmp_path, cfg, caplog):
     recs = train(str(tmp_path / "no_such_ground_truth.json"), tmp_path / "other")
     assert [r["iteration"] for r in recs] == [2, 3] and not any("per_image" in r for r in recs)
     assert "per-image matches not saved" in caplog.text
+
+
+def test_eta_counts_the_evaluations_to_come():
+    from detectron2.utils.events import EventStorage
+
+    from condinit_det.utils.logs import ETAPrinter
+
+    class Timed(_IdleTrainer):
+        def run_step(self):
+            super().run_step()
+            self.storage.put_scalar("time", 2.0)
+
+    hook = APHook(4, lambda: {"bbox": {"AP": 1.0}}, results_file=None)
+    trainer = Timed()
+    trainer.register_hooks([hook])
+    trainer.train(0, 10)  # evaluates after iterations 4, 8 and 10
+    assert len(hook._durations) == 3
+    hook._durations[:] = [5.0, 7.0, 6.0]  # 6 s each
+    # after iteration 3 (storage iteration 2): evaluations at 4, 8 and 10 to come; after 8: the last one
+    assert [hook.seconds_left(i) for i in (2, 3, 7, 8, 9)] == [18.0, 12.0, 6.0, 6.0, 0.0]
+    printer = ETAPrinter(10, hook.seconds_left)
+    with EventStorage(0) as storage:
+        for it in range(3):
+            storage.iter = it
+            storage.put_scalar("time", 2.0)
+        printer.write()
+        # 7 steps of 2 s and three evaluations of 6 s, where detectron2's own printer counts the 14 s of steps only
+        assert storage.latest()["eta_seconds"][0] == pytest.approx(7 * 2.0 + 18.0)

@@ -13,7 +13,6 @@ from condinit_det.init import (
     Projection,
     apply_init,
     find_attention,
-    mimetic_noise,
     mimetic_noise_batch,
     register_attention_adapter,
     site_generator,
@@ -227,7 +226,8 @@ def _replay_mimetic_noise(site, seed):
     g = site_generator(seed, site.name)
     qk = mimetic_noise_batch(site.num_heads, site.dim_in, site.dim_k_in, std=site.dim_in ** -0.5, noise="normal",
                              generator=g)
-    vo = mimetic_noise(site.dim_v_in, site.dim_out, std=site.dim_v_in ** -0.5, noise="normal", generator=g)
+    vo = mimetic_noise_batch(1, site.dim_v_in, site.dim_out, std=site.dim_v_in ** -0.5, noise="normal",
+                             generator=g)[0]
     return list(qk), vo
 
 

@@ -1,8 +1,7 @@
-"""The arms' fast paths: float64 normal draws, batched Haar QR, the top-k singular solver and its
-check and fall-back, mimetic through that solver on every layout, one-thread execution and the
-site-parallel workers."""
+"""The arms' fast paths: float32 normal draws, batched Haar QR, the top-k singular solver and its
+check and fall-back, mimetic through that solver on every layout, and one-thread execution (weights
+that do not depend on the thread count)."""
 import math
-import threading
 
 import pytest
 import threadpoolctl
@@ -14,9 +13,7 @@ from condinit_det.init import apply as apply_module
 from condinit_det.init import (
     apply_init,
     find_attention,
-    haar_semi_orthogonal,
     haar_semi_orthogonal_batch,
-    mimetic_noise,
     mimetic_noise_batch,
     mimetic_qk_batch,
     site_generator,
@@ -25,7 +22,6 @@ from condinit_det.init import (
     working_dtype,
 )
 from condinit_det.init import arms as arms_module
-from condinit_det.init.lapack import single_threaded
 
 F64 = torch.float64
 
@@ -104,8 +100,6 @@ def test_haar_batch_is_one_qr_with_positive_diagonal(rows, cols, dtype, atol):
         torch.testing.assert_close(blocks[i].to(F64), expected.T if rows <= cols else expected, rtol=0, atol=atol)
         sv = torch.linalg.svdvals(blocks[i].to(F64))
         torch.testing.assert_close(sv, torch.ones_like(sv), rtol=0, atol=atol)
-    single = haar_semi_orthogonal(rows, cols, generator=_gen(3), dtype=dtype)
-    assert torch.equal(single, haar_semi_orthogonal_batch(1, rows, cols, generator=_gen(3), dtype=dtype)[0])
 
 
 def test_haar_cholesky_route_falls_back_to_householder_when_not_positive_definite(monkeypatch):
@@ -239,7 +233,8 @@ def test_mimetic_subspace_solver_on_every_layout(layout, dtype, monkeypatch):
         w_q = site.weight("q")[h * dh:(h + 1) * dh].to(F64)
         w_k = site.weight("k")[h * dh:(h + 1) * dh].to(F64)
         assert _relative(w_q.T @ w_k, best[h]) < 1e-4, (layout, h)
-    vo = mimetic_noise(site.dim_v_in, site.dim_out, std=site.dim_v_in ** -0.5, noise="normal", generator=g)
+    vo = mimetic_noise_batch(1, site.dim_v_in, site.dim_out, std=site.dim_v_in ** -0.5, noise="normal",
+                             generator=g)[0]
     target_vo = 0.4 * vo - 0.4 * torch.eye(site.dim_v_in, site.dim_out, dtype=F64)
     product = site.weight("v").to(F64).T @ site.weight("o").to(F64).T
     assert _relative(product, target_vo) < 1e-4
@@ -281,16 +276,11 @@ def test_mimetic_solvers_agree_and_dense_is_the_reference():
 # Threads
 
 
-def _multi_site_model():
-    torch.manual_seed(0)
-    return nn.Sequential(*[nn.MultiheadAttention(64, 4) for _ in range(5)])
-
-
 @pytest.mark.parametrize("width,heads", [(64, 4), (96, 3)], ids=["cholesky_qr", "householder_qr"])
 @pytest.mark.parametrize("arm", ["conditioned", "mimetic"])
-def test_parallel_sites_give_the_same_weights(arm, width, heads):
+def test_weights_do_not_depend_on_the_thread_count(arm, width, heads):
     # 96 wide with 3 heads: the conditioned arm's [32, 96] blocks take MKL's Householder QR, which rounds by its
-    # thread count; two workers running it at once must still match the sequential weights, bit for bit, every time.
+    # thread count; the arm runs it on one thread whatever torch's setting, so 1 and 2 threads agree bit for bit.
     def model():
         torch.manual_seed(0)
         return nn.Sequential(*[nn.MultiheadAttention(width, heads) for _ in range(5)])
@@ -317,76 +307,61 @@ def _blas_threads():
     return [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
 
 
-def _spy_on_sites(monkeypatch, name):
-    """Record, for every call of apply's ``name`` (once per site), the thread it ran on and the
-    torch and BLAS thread counts it saw."""
-    calls = []
-    original = getattr(apply_module, name)
-
-    def spy(*args, **kwargs):
-        calls.append((threading.current_thread().name, torch.get_num_threads(), _blas_threads()))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(apply_module, name, spy)
-    return calls
-
-
-def test_shared_weights_keep_the_site_order(monkeypatch):
+def test_tied_weights_are_written_in_site_order():
     torch.manual_seed(0)
     a, b = nn.MultiheadAttention(16, 2), nn.MultiheadAttention(16, 2)
     b.in_proj_weight = a.in_proj_weight  # tied
     tied = nn.Sequential(a, b)
-    calls = _spy_on_sites(monkeypatch, "haar_semi_orthogonal_batch")
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        apply_init(tied, "conditioned", seed=0)
-        assert [name for name, _, _ in calls] == ["MainThread"] * 2  # in site order, on this thread
-        calls.clear()
-        apply_init(_multi_site_model(), "conditioned", seed=0)
-        assert len(calls) == 5 and all(name.startswith("condinit-init") for name, _, _ in calls)
-    finally:
-        torch.set_num_threads(before)
-    # The second site writes last, as in a sequential run.
+    apply_init(tied, "conditioned", seed=0)
+    # The second site writes last.
     last = nn.MultiheadAttention(16, 2)
     apply_init(nn.Sequential(nn.MultiheadAttention(16, 2), last), "conditioned", seed=0, include=["1"])
     assert torch.equal(tied[1].in_proj_weight, last.in_proj_weight)
 
 
-def test_arms_run_on_one_thread_and_restore_the_counts(monkeypatch):
+@pytest.mark.parametrize("arm", ["conditioned", "mimetic"])
+def test_arms_run_on_one_thread_and_restore_the_counts(arm, monkeypatch):
     import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS, so that it is limited too)
 
-    calls = _spy_on_sites(monkeypatch, "haar_semi_orthogonal_batch")
+    calls = []
+    name = "haar_semi_orthogonal_batch" if arm == "conditioned" else "mimetic_vo"
+    original = getattr(apply_module, name)
+
+    def spy(*args, **kwargs):  # the thread counts each site sees
+        calls.append((torch.get_num_threads(), _blas_threads()))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(apply_module, name, spy)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
             blas_before = _blas_threads()
             assert blas_before and all(n == 2 for n in blas_before)
-            apply_init(_multi_site_model(), "conditioned", seed=0)
-            assert len(calls) == 5
-            assert all(torch_threads == 1 and all(n == 1 for n in blas) for _, torch_threads, blas in calls)
+            apply_init(nn.Sequential(*[nn.MultiheadAttention(64, 4) for _ in range(3)]), arm, seed=0)
+            assert len(calls) == 3
+            assert all(torch_threads == 1 and all(n == 1 for n in blas) for torch_threads, blas in calls)
             assert torch.get_num_threads() == 2 and _blas_threads() == blas_before  # restored
     finally:
         torch.set_num_threads(before)
 
 
-def test_single_threaded_restores_thread_counts():
+def test_thread_counts_are_restored_after_an_error():
     import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS)
 
-    before_torch = torch.get_num_threads()
-    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
-        before_blas = _blas_threads()
-        assert before_blas and all(n == 2 for n in before_blas)
-        with single_threaded():
-            assert torch.get_num_threads() == 1
-            assert all(n == 1 for n in _blas_threads())
-        assert torch.get_num_threads() == before_torch
-        assert _blas_threads() == before_blas
-    with pytest.raises(RuntimeError, match="inside"):
-        with single_threaded():
-            raise RuntimeError("inside")
-    assert torch.get_num_threads() == before_torch  # restored on an error too
+    attn = nn.MultiheadAttention(16, 2)
+    with torch.no_grad():
+        attn.in_proj_weight[16:24].zero_()  # key head 0: scale_matched cannot rescale it
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+            blas_before = _blas_threads()
+            with pytest.raises(ValueError, match="all zeros"):
+                apply_init(attn, "scale_matched", seed=0)
+            assert torch.get_num_threads() == 2 and _blas_threads() == blas_before
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_module_exports_the_fast_functions():

@@ -17,8 +17,8 @@ import pytest
 
 from condinit_det.init import PAPER_ARMS
 from condinit_det.launch.arguments import build_parser, experiment_namespace
-from condinit_det.launch.experiment import execute, failure_summary, plan_experiment
-from condinit_det.launch.plan import describe_plan
+from condinit_det.launch.plan import describe_plan, plan_experiment
+from condinit_det.launch.run import execute, failure_summary
 from condinit_det.records.failures import failure_of, note_failure
 from condinit_det.records.layout import PLAN_FILENAME, RunSpec, is_set_aside
 from condinit_det.records.results import ResultsFile
@@ -142,16 +142,37 @@ def test_an_error_is_resumed_and_its_record_goes(tmp_path):
         == ["fake", "fake"]
 
 
-def test_a_fresh_run_sets_the_old_results_aside(tmp_path):
+def test_a_fresh_run_never_starts_over_an_earlier_one(tmp_path):
     stage = FakeStage()
     assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "default"))) == 0
     run_dir = Path(RunSpec("default", 0).path(str(tmp_path)))
-    (run_dir / "metrics.json").write_text('{"iteration": 1}\n')
-    (run_dir / "checkpoint.bin").write_text("old")
-    assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "default"))) == 0
-    assert (run_dir / "results.0.json.bak").is_file() and (run_dir / "metrics.0.json.bak").is_file()
-    assert not (run_dir / "checkpoint.bin").exists() and not (run_dir / "metrics.json").exists()
-    assert len(stage.trained) == 2
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(UsageError, match=r"seed0 holds a run \(.*results.json.*\): continue it with --resume"):
+        plan_experiment(stage, _args(tmp_path, "--arm", "default"))
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before and len(stage.trained) == 1
+    # another arm into the same experiment directory is a fresh run of its own directory: accepted
+    assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "conditioned"))) == 0
+
+
+def test_an_experiment_grows_only_with_runs_of_its_setup(tmp_path):
+    stage = FakeStage()
+    assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned"))) == 0
+    # a one-arm command inside the experiment keeps the other runs in the plan
+    assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "default", "--resume"))) == 0
+    plan = json.loads((tmp_path / PLAN_FILENAME).read_text())
+    assert [r["dir"] for r in plan["runs"]] == ["default/seed0", "conditioned/seed0"]
+    assert plan["setup"] == {"length": "10"}
+    # more seeds of another setup would pool with runs they do not match: refused, naming the key
+    with pytest.raises(UsageError, match=r"holds runs of another setup \(length: 10 vs 12\): runs of two setups"):
+        plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--seeds", "0,1", "--resume",
+                                     "length=12"))
+    with pytest.raises(UsageError, match="length: 10 vs 12"):  # so would one arm resumed with a longer schedule
+        plan_experiment(stage, _args(tmp_path, "--arm", "default", "--resume", "length=12"))
+    # the same setup extends it; every run resumed at once may change it (a longer schedule for all)
+    assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--seeds", "0,1",
+                                                "--resume"))) == 0
+    assert len(json.loads((tmp_path / PLAN_FILENAME).read_text())["runs"]) == 4
+    plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--seeds", "0,1", "--resume", "length=12"))
 
 
 def test_an_element_trains_its_run_alone(tmp_path):
@@ -174,7 +195,7 @@ def test_eval_only_evaluates_every_planned_run(tmp_path):
 
 
 def test_failure_summary_names_the_lr_scale():
-    from condinit_det.launch.experiment import Outcome
+    from condinit_det.launch.run import Outcome
 
     outcome = Outcome(RunSpec("conditioned", 1, 2.0), "/x", {"reason": "error", "message": "MemoryError: y"})
     assert failure_summary([outcome]) == ["1 of 1 run(s) did not finish:",
@@ -185,7 +206,8 @@ def test_dry_run_describes_every_run_and_writes_nothing(tmp_path):
     stage = FakeStage({"mimetic": _diverges})
     execute(plan_experiment(stage, _args(tmp_path, "--arm", "all", "--bootstrap", "0")))
     text = describe_plan(plan_experiment(stage, _args(tmp_path, "--arm", "all", "--seeds", "0,1", "--resume",
-                                                      "--step-time", "0.5", "--num-gpus", "2")))
+                                                      "--step-time", "0.5", "--num-gpus", "2",
+                                                      "--cpus-per-task", "4")))
     plan, cost = text.split("\n\n", 1)
     lines = plan.splitlines()
     assert lines[0] == (f"Plan of {tmp_path} (fake, fake.cfg): 6 run(s) of 10 iterations (20 optimizer steps) each; "
@@ -195,11 +217,13 @@ def test_dry_run_describes_every_run_and_writes_nothing(tmp_path):
     assert lines[4].split() == ["default/seed1", "train"]
     assert lines[-1] == "3 of 6 run(s) would train; nothing was written"
     assert not (tmp_path / "default" / "seed1").exists()
-    # the three runs to train: 20 steps x 0.5 s on 2 processes each
+    # the three runs to train: 20 steps x 0.5 s, each on the 4 CPUs given (a CPU run is priced in CPU-hours)
     rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")]
                                               for line in cost.splitlines() if line.startswith("|"))}
-    assert rows["default/seed1"][:3] == rows["conditioned/seed1"][:3] == ["fake", "20", "2"], cost
-    assert rows["total (3 runs)"][1] == "60" and "default/seed0" not in rows
+    assert rows["run"][2:] == ["CPUs", "wall h:mm", "CPU-hours"], cost
+    assert rows["default/seed1"][:3] == rows["conditioned/seed1"][:3] == ["fake", "20", "4"], cost
+    assert rows["total (3 runs)"][1] == "60" and rows["total (3 runs)"][4] == f"{3 * 10 * 4 / 3600:.2f}"
+    assert "default/seed0" not in rows
     assert "given: --step-time 0.5" in cost
 
 
@@ -227,7 +251,7 @@ def test_a_third_stage_appears_in_status_and_in_the_report(tmp_path):
     compare = subprocess.run([sys.executable, "-m", "condinit_det.commands.compare", str(exp), "--bootstrap", "0"],
                              capture_output=True, text=True, timeout=300)
     assert compare.returncode == 0, compare.stderr[-2000:]
-    assert "## Fake: a score" in compare.stdout
+    assert "## Fake (dataset not recorded)" in compare.stdout  # the stage's title up to its colon
     rows = list(csv.DictReader((exp / "report" / "stats.csv").open()))
     row = next(r for r in rows if r["arm"] == "conditioned" and r["metric"] == "score")
     assert row["stage"] == "fake" and float(row["mean_difference"]) == pytest.approx(5.0)
@@ -242,7 +266,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from fake_stage import FakeStage
 from condinit_det.launch.command import run_command
-sys.exit(run_command(FakeStage(), sys.argv[1:]))
+sys.exit(run_command(FakeStage, sys.argv[1:]))
 """
 
 
@@ -252,7 +276,7 @@ def _fake_command(*argv):
 
 
 def test_a_second_process_is_refused_and_the_first_owns_the_run(tmp_path):
-    from condinit_det.records.lock import read_owner
+    from test_run_lock import read_owner
 
     hold = tmp_path / "release"
     argv = ["--arm", "conditioned", f"output_dir={tmp_path / 'exp'}", f"hold={hold}"]

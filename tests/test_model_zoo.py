@@ -66,7 +66,14 @@ def test_tools_take_zoo_names(tmp_path):
     by_name = load_detection_config("zoo:demo/mask_rcnn_vit_tiny.py", ["train.max_iter=3"])
     by_path = load_detection_config(os.path.join(CONFIGS, "demo", "mask_rcnn_vit_tiny.py"), ["train.max_iter=3"])
     assert LazyConfig.to_py(by_name) == LazyConfig.to_py(by_path) and by_name.train.max_iter == 3
-    assert isinstance(load_detection_config("zoo:yacs/mask_rcnn_vit_tiny_embedded.yaml"), CfgNode)
+    # a yacs config arrives as the lazy config its builders make, its overrides (KEY VALUE) applied
+    yacs = load_detection_config("zoo:yacs/mask_rcnn_vit_tiny_embedded.yaml", ["SOLVER.MAX_ITER", "7"])
+    assert isinstance(yacs, DictConfig) and yacs.train.max_iter == 7 and yacs.yacs.SOLVER.MAX_ITER == 7
+    assert yacs.condinit.arm == "default" and yacs.condinit.include == ["backbone.net.*"]
+    with pytest.raises(UsageError, match="is a yacs config|expected a lazy .py config"):
+        load_pretrain_config("zoo:yacs/mask_rcnn_vit_tiny_embedded.yaml")
+    with pytest.raises(UsageError, match="cannot apply overrides 'SOLVER.MAX_ITR 7': Non-existent key: SOLVER.MAX_ITR"):
+        load_detection_config("zoo:yacs/mask_rcnn_vit_tiny_embedded.yaml", ["SOLVER.MAX_ITR", "7"])
     cfg = load_pretrain_config("zoo:demo/pretrain_vit_tiny.py", ["train.epochs=1"])
     assert cfg.train.epochs == 1
     wrong = (r"^--config-file: .demo/pretrain_vit_tiy.py. is not a model-zoo config "

@@ -158,13 +158,13 @@ def test_offline_setup_needs_an_environment_with_torch(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
+def wheelhouse(tmp_path_factory, wheel_cache):
     """The wheelhouse for this interpreter (the index is needed here, and only here). Downloaded wheels are kept in
-    $CONDINIT_WHEEL_CACHE (default ~/.cache/condinit_det/wheels) for the next run."""
+    the wheel cache (conftest.py) for the next build."""
     folder = tmp_path_factory.mktemp("wheelhouse")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    cache = os.environ.get("CONDINIT_WHEEL_CACHE") or os.path.expanduser("~/.cache/condinit_det/wheels")
-    proc = _run(["bash", WHEELHOUSE, str(folder)], env=dict(env, PYTHON=sys.executable, CONDINIT_WHEEL_CACHE=cache))
+    proc = _run(["bash", WHEELHOUSE, str(folder)],
+                env=dict(env, PYTHON=sys.executable, CONDINIT_WHEEL_CACHE=wheel_cache))
     return {"folder": str(folder), "stderr": proc.stderr}
 
 

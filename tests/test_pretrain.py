@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from detectron2.utils.env import seed_all_rng
 
 from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
 from condinit_det.init import find_attention
 from condinit_det.init.spec import apply_arm_spec
 from condinit_det.pretrain import (
-    FINAL_FORMAT,
     PretrainStage,
     create_classifier,
     load_config,
@@ -27,11 +27,10 @@ from condinit_det.pretrain import (
     trainer,
 )
 from condinit_det.pretrain.config import arm_spec
-from condinit_det.pretrain.trainer import seed_all
 from condinit_det.records.identity import write_arm_report
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
-from condinit_det.utils.checkpoint_io import load_checkpoint
+from condinit_det.utils.checkpoint_io import PRETRAIN_FORMAT, load_checkpoint
 from condinit_det.utils.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,6 +89,8 @@ def _state_at_first_step(root, out, arm, monkeypatch, seed=0):
         train_run(cfg, run_dir=run_dir, config_file=DEMO, resume=False)
     with open(os.path.join(run_dir, "condinit_arm_report.json")) as f:
         report = json.load(f)
+    (environment,) = ResultsFile(run_dir).records("environment")  # what the run started on, before its first step
+    assert environment["iteration"] == 0 and environment["torch"] == torch.__version__ and environment["gpus"] == 0
     return seen, report
 
 
@@ -136,7 +137,7 @@ def test_the_arm_never_moves_the_global_rng(tiny_data, tmp_path):
     cfg = load_config(DEMO, tiny(tiny_data, str(tmp_path)))
     for arm in ("mimetic", "conditioned"):
         configure_run(cfg, RunSpec(arm, 0))
-        seed_all(0)
+        seed_all_rng(0)
         model = create_classifier(node(cfg, "model"), 8)
         before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
         apply_arm_spec(model, arm_spec(cfg, 0))
@@ -145,7 +146,9 @@ def test_the_arm_never_moves_the_global_rng(tiny_data, tmp_path):
 
 
 def test_config_nodes_and_learning_rate():
-    cfg = load_config(DEMO, ["augment.mixpu=0.5"])
+    with pytest.raises(UsageError, match=r"augment.mixpu: no such key; did you mean augment.mixup\?"):
+        load_config(DEMO, ["augment.mixpu=0.5"])
+    cfg = load_config(DEMO, ["+augment.mixpu=0.5"])  # added on purpose: the node's own check still refuses it
     with pytest.raises(UsageError, match="augment has unknown key.*mixpu.*accepted: scale"):
         node(cfg, "augment")
     assert resolve_lr({"lr": None, "lr_base": 5e-4, "lr_base_size": 512, "lr_base_scale": "linear"}, 1024) == 1e-3
@@ -249,7 +252,7 @@ def _run(argv, **kw):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
-    epochs = 5
+    epochs = 2  # one evaluation before the kill, one after the resume
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     argv = ["--config-file", DEMO, "--arm", "mimetic"]
     done = _run([*argv, *tiny(tiny_data, a, epochs=epochs)])
@@ -258,7 +261,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     run_b = RunSpec("mimetic", 0).path(b)
     proc = subprocess.Popen([sys.executable, TOOL, *argv, *tiny(tiny_data, b, epochs=epochs)], env=_env(), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    target = os.path.join(run_b, "checkpoint_epoch0002.pth")
+    target = os.path.join(run_b, "checkpoint_epoch0001.pth")
     deadline = time.time() + 240
     while not os.path.exists(target) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -273,7 +276,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     run_a = RunSpec("mimetic", 0).path(a)
     fa = load_checkpoint(os.path.join(run_a, "model_final.pth"))
     fb = load_checkpoint(os.path.join(run_b, "model_final.pth"))
-    assert fa["format"] == FINAL_FORMAT and fa["weights"] == "model" and fa["timm_model"] == "vit_tiny_patch16_224"
+    assert fa["format"] == PRETRAIN_FORMAT and fa["weights"] == "model" and fa["timm_model"] == "vit_tiny_patch16_224"
     assert fa["model_kwargs"]["patch_size"] == 8 and fa["num_classes"] == 8 and fa["epoch"] == epochs
     assert fa["arm"] == "mimetic" and fa["seed"] == 0 and fa["img_size"] == 32
     assert fa["data_config"]["mean"] == [0.5, 0.5, 0.5] and fa["data_config"]["input_size"] == [3, 32, 32]
@@ -293,9 +296,10 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     with open(os.path.join(run_b, "eval_predictions.json")) as f:
         pred = json.load(f)
     assert pred["epoch"] == epochs and len(pred["labels"]) == len(pred["top1"]) == len(pred["top5_hit"]) == 16
-    assert [os.path.basename(p) for p in Path(run_b).glob("checkpoint_epoch*.pth")] == ["checkpoint_epoch0005.pth"]
+    last_name = f"checkpoint_epoch{epochs:04d}.pth"
+    assert [os.path.basename(p) for p in Path(run_b).glob("checkpoint_epoch*.pth")] == [last_name]
     # Every file loads weights-only; model_final.safetensors holds the same weights, the rest as metadata.
-    last = torch.load(os.path.join(run_b, "checkpoint_epoch0005.pth"), map_location="cpu", weights_only=True)
+    last = torch.load(os.path.join(run_b, last_name), map_location="cpu", weights_only=True)
     assert all(isinstance(last["rng"][k], torch.Tensor) for k in ("python", "numpy", "torch"))
     shared = load_checkpoint(os.path.join(run_b, "model_final.safetensors"))
     assert shared.keys() == fb.keys() and all(shared[k] == fb[k] for k in fb if k != "model")
@@ -327,3 +331,37 @@ def test_two_process_cpu_run_matches_single_process_evaluation(tiny_data, tmp_pa
     assert train_rec["top1"] == eval_rec["top1"] and train_rec["top5"] == eval_rec["top5"]
     assert eval_rec["eval_loss"] == pytest.approx(train_rec["eval_loss"], rel=1e-5)
     assert train_rec["iteration"] == 96 // 8  # 12 steps of 4 images on each of 2 processes
+
+
+def test_eval_only_records_the_checkpoints_own_arm(tiny_data, tmp_path):
+    cfg = configure_run(load_config(DEMO, tiny(tiny_data, str(tmp_path))), RunSpec("default", 0), str(tmp_path))
+    torch.manual_seed(0)
+    weights = create_classifier(node(cfg, "model"), 8).state_dict()
+    run_dir = RunSpec("default", 0).path(str(tmp_path))
+    for name, extra, arm in (("final.pth", {"arm": "mimetic"}, "mimetic"),  # a model_final file names its arm
+                             ("epoch.pth", {"identity": {"arm": "conditioned"}}, "conditioned"),  # an epoch file too
+                             ("bare.pth", {}, "default")):  # none: the config's, said in the log
+        torch.save({"model": weights, **extra}, tmp_path / name)
+        record = trainer.evaluate_checkpoint(cfg, run_dir=run_dir, checkpoint=str(tmp_path / name), config_file=DEMO)
+        assert (record["arm"], record["stage"]) == (arm, "pretrain")
+    assert [r["arm"] for r in ResultsFile(run_dir).records("cls_eval")] == ["default"]  # one key: (kind, iteration)
+    log = Path(run_dir, "log.txt").read_text()
+    assert f"{tmp_path / 'bare.pth'} does not name its arm: recorded under the config's arm 'default'" in log
+    assert "\x1b[" not in log and "Run ended at" in log.rstrip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_tiny_run_prints_no_deprecation_notice(tiny_data, tmp_path):
+    env = dict(_env(), PYTHONWARNINGS="default")
+    # (the kappa measurements, tested in test_pretrain_conditioning.py, are off: torch scripts its forward-mode
+    # decompositions on their first use)
+    proc = subprocess.run([sys.executable, "-W", "default", TOOL, "--config-file", DEMO, "--arm", "conditioned",
+                           *tiny(tiny_data, str(tmp_path), epochs=1), "condinit_analysis.period=0"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    noise = [line for line in proc.stderr.splitlines() if "DeprecationWarning" in line or "FutureWarning" in line
+             or "deprecated" in line]
+    assert not noise, "\n".join(noise)
+    assert "eta:" in proc.stdout
+    log = Path(RunSpec("conditioned", 0).path(str(tmp_path)), "log.txt").read_text()
+    assert "\x1b[" not in log and "Run ended at" in log.rstrip().splitlines()[-1]

@@ -109,17 +109,6 @@ def test_corrupt_file_is_not_overwritten(tmp_path):
         rf.records()
 
 
-def test_archive_moves_old_results_aside(tmp_path):
-    rf = ResultsFile(tmp_path)
-    assert rf.archive() is None
-    rf.add(_ap(1, 1.0))
-    first = rf.archive()
-    assert os.path.basename(first) == "results.0.json.bak" and not rf.exists()
-    rf.add(_ap(2, 2.0))
-    assert os.path.basename(rf.archive()) == "results.1.json.bak"
-    assert rf.records() == []
-
-
 def test_empty_output_dir_is_rejected():
     with pytest.raises(ValueError, match="output directory"):
         ResultsFile("")

@@ -20,7 +20,6 @@ from condinit_det.records.lock import (
     RunLock,
     describe_owner,
     owner_record,
-    read_owner,
     slurm_job_id,
 )
 from condinit_det.utils.squeue import squeue_command
@@ -133,6 +132,13 @@ def hold_flock(run_dir) -> subprocess.Popen:
     """)], stdout=subprocess.PIPE, text=True)
     assert locker.stdout.readline().strip() == "locked"
     return locker
+
+
+def read_owner(run_dir):
+    """The owner's record in the run's lock file (its first line), or None when nobody owns the run."""
+    path = os.path.join(run_dir, LOCK_FILENAME)
+    text = open(path).read() if os.path.isfile(path) else ""
+    return json.loads(text.splitlines()[0]) if text.strip() else None
 
 
 def write_record(run_dir, **fields):
@@ -413,12 +419,8 @@ def test_describe_owner_names_pid_host_job_and_start():
     assert describe_owner(None) == "a process that has not written its record yet"
 
 
-def test_read_owner_of_no_file_an_empty_and_a_garbled_record(tmp_path):
-    assert read_owner(str(tmp_path / "missing")) is None
-    (tmp_path / LOCK_FILENAME).write_text("")
-    assert read_owner(str(tmp_path)) is None
+def test_a_garbled_record_of_a_gone_writer_is_taken_over(tmp_path):
     (tmp_path / LOCK_FILENAME).write_text('{"pid": 12')  # a record that never completes
-    assert read_owner(str(tmp_path)) == {"unreadable": '{"pid": 12'}
     with RunLock(str(tmp_path)) as lock:  # free flock: the garbled record's writer is gone
         assert lock.previous_owner == {"unreadable": '{"pid": 12'}
 

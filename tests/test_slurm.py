@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 import submitit
 
-from condinit_det.launch import slurm
+from condinit_det.launch import arguments, slurm
 from condinit_det.utils import preemption
 
 # Toy callables run in the jobs' own Python processes: ship them by value (tests/ is not importable there).
@@ -21,7 +21,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def _parse(*argv):
-    return slurm.add_slurm_arguments(argparse.ArgumentParser(prog="tool")).parse_args(list(argv))
+    return arguments.add_slurm_arguments(argparse.ArgumentParser(prog="tool")).parse_args(list(argv))
 
 
 def test_flags_parse():
@@ -46,7 +46,7 @@ def test_flags_parse():
     "value, minutes", [("90", 90), ("01:30:00", 90), ("0:00:01", 1), ("2:00:30", 121), ("1-00:00:00", 1440)]
 )
 def test_time_formats(value, minutes):
-    assert slurm.parse_time_minutes(value) == minutes
+    assert arguments.parse_time_minutes(value) == minutes
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,6 @@ def test_rendezvous_from_environment(monkeypatch):
     assert slurm.slurm_rendezvous(environ=dict(env, SLURM_NODEID="0"))[3] == "tcp://gpu07:13456"
     with pytest.raises(RuntimeError, match="not inside a Slurm job"):
         slurm.slurm_rendezvous(environ={})
-    assert slurm.restart_count({}) == 0 and slurm.restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
 
 
 def test_requeue_flag():

@@ -140,18 +140,18 @@ def test_extending_a_running_experiment_submits_only_the_new_runs(slurm_env):
 
 def test_a_run_requeued_in_the_middle_records_every_evaluation_once(slurm_env):
     exp = slurm_env / "exp"
-    log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "conditioned", *SLURM, "train.max_iter=200",
-                "train.eval_period=50", "train.checkpointer.period=50", f"train.output_dir={exp}", cwd=slurm_env)
+    log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "conditioned", *SLURM, "train.max_iter=60",
+                "train.eval_period=20", "train.checkpointer.period=20", f"train.output_dir={exp}", cwd=slurm_env)
     array, report = _ids(log)
     assert report is None  # one run: no comparison to write
     run_dir = RunSpec("conditioned", 0).path(str(exp))
     deadline = time.time() + 600
     while _iterations(run_dir) == [] and time.time() < deadline:
         time.sleep(0.1)
-    assert _iterations(run_dir) == [50], "no evaluation before the deadline"
+    assert _iterations(run_dir) == [20], "no evaluation before the deadline"
     subprocess.run(["scontrol", "requeue", array], check=True, timeout=60)  # one run: a plain job, not an array
     assert list(_wait(array, timeout=1200).values()) == ["COMPLETED"]
-    assert _iterations(run_dir) == [50, 100, 150, 200]  # none lost, none repeated
+    assert _iterations(run_dir) == [20, 40, 60]  # none lost, none repeated
     text = Path(run_dir, "log.txt").read_text()
     assert re.search(r"\[Checkpointer\] Loading from .*model_00000\d\d\.pth", text), text[-3000:]  # resumed
     assert json.loads(Path(run_dir, "condinit_arm_report.json").read_text())["run"]["arm"] == "conditioned"
@@ -190,7 +190,7 @@ def test_protocol_pretraining_then_finetuning_then_report(slurm_env):
 def test_time_limit_signal_checkpoints_and_requeues(slurm_env):
     exp = slurm_env / "exp"
     log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic", *SLURM, "--signal-delay", "60",
-                "train.max_iter=300", "train.eval_period=100", "train.checkpointer.period=1000",
+                "train.max_iter=150", "train.eval_period=50", "train.checkpointer.period=1000",
                 f"train.output_dir={exp}", cwd=slurm_env)
     job, _ = _ids(log)
     run_dir = Path(RunSpec("mimetic", 0).path(str(exp)))
@@ -204,7 +204,7 @@ def test_time_limit_signal_checkpoints_and_requeues(slurm_env):
     saved = re.findall(r"Saving checkpoint to .*(model_\d{7})\.pth", text)
     assert saved, text[-3000:]  # written at the signal: the schedule writes none before model_final
     assert f"[Checkpointer] Loading from {run_dir / saved[0]}.pth" in text  # the requeued job resumed from it
-    assert _iterations(run_dir) == [100, 200, 300] and not (run_dir / "preempted").exists()
+    assert _iterations(run_dir) == [50, 100, 150] and not (run_dir / "preempted").exists()
 
 
 def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run(slurm_env):
@@ -219,7 +219,7 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
 
     def argv(out):
         opts = {"data.root": data, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 2,
-                "train.output_dir": out, "train.epochs": 8, "train.batch_size": 8, "train.workers": 0,
+                "train.output_dir": out, "train.epochs": 4, "train.batch_size": 8, "train.workers": 0,
                 "train.log_period": 2, "train.eval_batch_size": 8, "scheduler.warmup_epochs": 1}
         return ["--config-file", str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"), "--arm", "mimetic",
                 *[f"{k}={v}" for k, v in opts.items()]]
@@ -241,4 +241,4 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     epochs = [r["epoch"] for r in ResultsFile(str(run_dir)).records("cls")]
-    assert epochs == sorted(set(epochs)) and epochs[-1] == 8  # none lost, none repeated
+    assert epochs == sorted(set(epochs)) and epochs[-1] == 4  # none lost, none repeated

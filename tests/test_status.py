@@ -207,13 +207,25 @@ def test_json_output(half_finished, capsys):
     assert main([half_finished, "--json", "--stale-after", str(time.time() - NOW + 600)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["counts"] == {"not started": 3, "queued": 0, "running": 1, "stopped": 1, "cancelled": 0,
-                              "finished": 1, "failed": 0, "diverged": 0}
+                              "finished": 1, "failed": 0, "diverged": 0, "unreadable": 0}
     runs = {(r["arm"], r["lr_scale"]): r for r in data["runs"]}
     m = runs[("mimetic", 1.0)]
     assert (m["state"], m["last"], m["total"], m["unit"], m["job"]) == ("running", 60, 100, "iteration", None)
     # (the value depends on the wall clock since the fixture was written: test_half_finished_detection pins it)
     assert m["eta_seconds"] is not None and m["evaluation"] == {"at": 50, "bbox": 12.0, "segm": 11.0}
     assert runs[("default", 2.0)]["state"] == "not started" and data["stale_after"] > 600
+
+
+def test_a_corrupt_results_file_is_named_and_the_other_runs_shown(half_finished, capsys):
+    bad = os.path.join(half_finished, "default", "seed0", "results.json")
+    with open(bad, "w") as f:
+        f.write('{"version": 1, "records": [')
+    assert main([half_finished, "--stale-after", "1e9"]) == 0
+    out = capsys.readouterr().out
+    assert "unreadable" in out and f"{bad} is not valid JSON" in out
+    assert out.strip().splitlines()[-1] == "6 runs: 3 not started, 2 running, 1 unreadable"
+    with open(bad) as f:
+        assert f.read() == '{"version": 1, "records": ['  # read-only: never rewritten
 
 
 def test_bad_input_gives_one_line_and_status_2(tmp_path, capsys):

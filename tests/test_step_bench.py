@@ -19,7 +19,7 @@ import bench_gpu_step  # noqa: E402
 from common import paired_ratio, rotated  # noqa: E402
 
 from condinit_det.init import ARMS  # noqa: E402
-from condinit_det.launch.cost import load_step_times  # noqa: E402
+from condinit_det.launch.plan import load_step_times, resolve_step_time  # noqa: E402
 
 RECIPE_PATHS = {
     "mask_rcnn_vitdet_b_100ep": "configs/COCO/mask_rcnn_vitdet_b_100ep.py",
@@ -171,10 +171,10 @@ def test_a_failing_recipe_is_recorded_and_the_others_still_run(monkeypatch, tmp_
     # Equal shares of what is left: the first recipe's share ends a quarter of the way, the last at the budget.
     assert deadlines == sorted(deadlines)
     assert deadlines[-1] - deadlines[0] == pytest.approx(300, abs=5)
-    times = load_step_times(str(out), allow_tiny=True)
-    assert times.step_time("mask_rcnn_vitdet_b_100ep").seconds == 0.5
+    step_time = lambda name: resolve_step_time(name, step_bench=str(out), allow_tiny=True)  # noqa: E731
+    assert step_time("mask_rcnn_vitdet_b_100ep").seconds == 0.5
     with pytest.raises(ValueError, match="its run failed"):
-        times.step_time("mask_rcnn_swin_b_3x")
+        step_time("mask_rcnn_swin_b_3x")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,14 +252,13 @@ def test_tiny_run_is_read_by_the_cost_model(tiny_run):
     payload, _, path = tiny_run
     with pytest.raises(ValueError, match="measured with --tiny"):
         load_step_times(path)
-    times = load_step_times(path, allow_tiny=True)
+    times, _, _ = load_step_times(path, allow_tiny=True)
     assert set(times) == set(RECIPE_PATHS.values())
     for name, key in RECIPE_PATHS.items():
         assert times[key] == payload["configs"][key]["arms"]["default"]["median_step_s"]
-        step = times.step_time(name)
+        step = resolve_step_time(name, step_bench=path, allow_tiny=True)
         assert step.seconds == times[key]
         assert step.source.startswith(f"measured: bench file {path} on device CPU ")
-        assert step.source.endswith("(default arm's median step, tiny sizes)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,4 +280,4 @@ def test_real_size_on_gpu(tmp_path):
         for r in entry["arms"].values():
             assert isinstance(r["peak_memory_bytes"], int) and r["peak_memory_bytes"] > 0
             assert r["median_step_s"] > 0
-    assert np.isfinite(load_step_times(out)[RECIPE_PATHS["mask_rcnn_vitdet_b_100ep"]])
+    assert np.isfinite(load_step_times(out)[0][RECIPE_PATHS["mask_rcnn_vitdet_b_100ep"]])

@@ -68,13 +68,6 @@ def test_allocated_cpus_reads_the_real_affinity():
     (8, 64, {}, (4, 4)),
     (1, 8, {"max_workers": 0}, (8, 0)),  # a config loading in the training process: all CPUs compute
     (1, 8, {"max_workers": 2}, (6, 2)),
-    (1, 8, {"explicit_threads": 3}, (3, 5)),
-    (1, 8, {"explicit_threads": 3, "max_workers": 1}, (3, 1)),
-    (1, 8, {"explicit_threads": 16}, (16, 0)),  # the user's value wins, even above the allocation
-    (1, 8, {"explicit_workers": 6}, (2, 6)),
-    (1, 8, {"explicit_workers": 6, "max_workers": 2}, (2, 6)),  # an explicit count is no config default
-    (1, 2, {"explicit_workers": 4}, (1, 4)),
-    (2, 8, {"explicit_threads": 2, "explicit_workers": 0}, (2, 0)),
 ])
 def test_threads_for_process(processes, allocated, kwargs, expected):
     plan = threads_for_process(processes, allocated=allocated, **kwargs)
@@ -107,8 +100,6 @@ def test_no_allocation_divides_the_machine(monkeypatch):
     (dict(processes_per_node="2", allocated=4), "processes_per_node='2': expected an integer >= 1"),
     (dict(processes_per_node=True, allocated=4), "processes_per_node=True: expected an integer >= 1"),
     (dict(processes_per_node=1, allocated=0), "allocated=0: expected an integer >= 1"),
-    (dict(processes_per_node=1, allocated=4, explicit_threads=0), "explicit_threads=0: expected an integer >= 1"),
-    (dict(processes_per_node=1, allocated=4, explicit_workers=-1), "explicit_workers=-1: expected an integer >= 0"),
     (dict(processes_per_node=1, allocated=4, max_workers=2.5), "max_workers=2.5: expected an integer >= 0"),
 ])
 def test_bad_input_is_refused(kwargs, message):
@@ -133,7 +124,7 @@ def test_apply_thread_settings_in_a_process_with_one_cpu():
         first = dict(plan=list(plan), torch=torch.get_num_threads(), child=child,
                      pools=sorted({p["num_threads"] for p in threadpoolctl.threadpool_info()}),
                      apis=sorted({p["user_api"] for p in threadpoolctl.threadpool_info()}))
-        plan = threads.apply_thread_settings(2, explicit_threads=2, max_workers=4)
+        plan = threads.apply_thread_settings(1, allocated=4, max_workers=4)  # the environment's allocation wins
         second = dict(plan=list(plan), torch=torch.get_num_threads(), omp=os.environ["OMP_NUM_THREADS"],
                       pools=sorted({p["num_threads"] for p in threadpoolctl.threadpool_info()}))
         print(json.dumps([first, second]))
@@ -147,9 +138,10 @@ def test_apply_thread_settings_in_a_process_with_one_cpu():
     assert first["torch"] == 1
     assert first["pools"] == [1] and {"blas", "openmp"} <= set(first["apis"])
     assert first["child"] == ["1", "1"]  # children inherit the count; a BLAS-specific variable follows it
-    assert second["plan"] == [2, 0] and second["torch"] == 2 and second["omp"] == "2" and second["pools"] == [2]
+    assert second["plan"] == [1, 0] and second["torch"] == 1 and second["omp"] == "1" and second["pools"] == [1]
     lines = [line for line in done.stderr.splitlines() if "Threads:" in line]
     assert lines[0] == ("INFO Threads: 1 intra-op thread(s) and 0 data-loader worker(s) per process: 1 CPU(s) "
                         "(SLURM_CPUS_PER_TASK) for 2 process(es) on this node")
     assert lines[1].startswith("WARNING Threads: 2 process(es) x (1 thread(s) + 0 worker(s)) = 2 busy threads on 1 ")
-    assert lines[2].startswith("INFO Threads: 2 intra-op thread(s) (set explicitly) and 0 data-loader worker(s)")
+    assert lines[2].startswith("INFO Threads: 1 intra-op thread(s) and 0 data-loader worker(s) per process: 1 CPU(s) "
+                               "(SLURM_CPUS_PER_TASK) for 1 process(es)")

@@ -8,30 +8,48 @@ import pytest
 import torch
 from detectron2.config import instantiate
 from detectron2.utils.env import seed_all_rng
+from PIL import Image
 from table_text import unpadded
 
 from condinit_det.engine import DetectionStage
-from condinit_det.engine.config import load_config, prepare_config
-from condinit_det.engine.train import build_model
+from condinit_det.engine.config import CONDINIT_DEFAULTS, load_config, prepare_config
+from condinit_det.engine.train import PREDICTIONS_FIGURE, build_model
 from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.init import find_attention
 from condinit_det.launch.arguments import build_parser
-from condinit_det.launch.experiment import execute, plan_experiment
+from condinit_det.launch.plan import plan_experiment
+from condinit_det.launch.run import execute
+from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
+from condinit_det.stage import RunOptions
+from condinit_det.utils.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
 TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")
 
 
-def _train_net(tmp_path, *argv):
+def _train_net(tmp_path, *argv, python=(), config=CONFIG, both=True):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", CONFIG, *argv],
+        [sys.executable, *python, TRAIN_NET, "--config-file", config, *argv],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr if both else proc
+
+
+def _finished_run_files(run):
+    """What every finished run leaves besides its records: a log without terminal colours that names its end,
+    the environment it ran in, and the figure of its predictions."""
+    log = (run / "log.txt").read_text()
+    assert "\x1b[" not in log
+    last = log.rstrip().splitlines()[-1]
+    assert "INFO: Run ended at " in last and last.endswith(f"results in {run / 'results.json'}"), last
+    (environment,) = ResultsFile(run).records("environment")
+    assert environment["iteration"] == 0 and environment["torch"] == torch.__version__
+    with Image.open(run / PREDICTIONS_FIGURE) as figure:
+        assert figure.format == "PNG" and figure.size[0] >= 2 * figure.size[1]  # two 64x64 test images side by side
 
 
 def _metrics(run_dir):
@@ -81,7 +99,7 @@ def test_bad_arguments(tmp_path):
         plan_experiment(DetectionStage(), args)
     with pytest.raises(ValueError, match="does not exist"):
         load_config(str(tmp_path / "missing.py"))
-    with pytest.raises(ValueError, match="Unknown arm"):
+    with pytest.raises(ValueError, match="condinit.arm='orthogonal' is not an arm; accepted: default, mimetic"):
         prepare_config(load_config(CONFIG, []), arm="orthogonal")
 
 
@@ -118,7 +136,7 @@ def test_train_then_arm_all_with_resume(tmp_path):
         with open(exp / arm / "seed0" / "condinit_arm_report.json") as f:
             assert json.load(f)["arm"] == arm
     report = exp / "report"
-    assert {"report.md", "summary.csv", "curves.csv", "bbox_ap.png", "segm_ap.png"} <= set(os.listdir(report))
+    assert {"report.md", "summary.csv", "stats.csv", "bbox_ap.png", "segm_ap.png"} <= set(os.listdir(report))
     md = (report / "report.md").read_text()
     assert md in log  # printed at the end
     for arm in ARMS:
@@ -170,14 +188,19 @@ SEED: -1
 """
 
 
+def _plan_and_run(argv):
+    args = build_parser().parse_args(argv)
+    assert execute(plan_experiment(DetectionStage(), args)) == 0
+
+
 def test_yacs_config_path(tmp_path):
     torch.set_num_threads(1)
     load_config(CONFIG, [])  # registers the tiny datasets in this process
     yaml_file = tmp_path / "tiny.yaml"
     yaml_file.write_text(_TINY_YACS)
-    args = build_parser().parse_args(
-        ["--config-file", str(yaml_file), "--arm", "mimetic", "OUTPUT_DIR", str(tmp_path / "yacs_run")])
-    assert execute(plan_experiment(DetectionStage(), args)) == 0
+    argv = ["--config-file", str(yaml_file), "--arm", "mimetic", "OUTPUT_DIR", str(tmp_path / "yacs_run"),
+            "SOLVER.CHECKPOINT_PERIOD", "1"]
+    _plan_and_run(argv)
     out = tmp_path / "yacs_run" / "mimetic" / "seed0"
     recs = ResultsFile(out).records("ap")
     assert [(r["iteration"], r["arm"], r["seed"]) for r in recs] == [(1, "mimetic", 0), (2, "mimetic", 0)]
@@ -188,12 +211,87 @@ def test_yacs_config_path(tmp_path):
     assert len([m for m in _metrics(out) if "bbox/AP" in m]) == 2
     assert (out / "last_checkpoint").read_text().strip() == "model_final.pth"
     assert (out / "model_best.pth").is_file()
+    _finished_run_files(out)
     from condinit_det.utils.checkpoint_io import load_safetensors
 
     _, meta = load_safetensors(str(out / "model_final.safetensors"))  # the shareable copy, with the run's metadata
-    assert (meta["format"], meta["arm"], meta["seed"], meta["iteration"]) == (
-        "condinit_det.detection/v1", "mimetic", 0, 1
-    )
+    assert (meta["format"], meta["arm"], meta["seed"], meta["iteration"], meta["stage"]) == (
+        "condinit_det.detection/v1", "mimetic", 0, 1, "detection")
+
+    # A run killed after its first iteration: --resume continues from that checkpoint
+    (out / "model_final.pth").unlink()
+    (out / "last_checkpoint").write_text("model_0000000.pth")
+    results = json.loads((out / "results.json").read_text())
+    results["records"] = [r for r in results["records"] if r["iteration"] < 2]
+    (out / "results.json").write_text(json.dumps(results))
+    _plan_and_run(["--resume", *argv])
+    assert [r["iteration"] for r in ResultsFile(out).records("ap")] == [1, 2]
+    assert [r["iteration"] for r in ResultsFile(out).records("environment")] == [0, 1]
+    assert (out / "model_final.pth").is_file()
+
+    # --eval-only files its record under the checkpoint's own arm, whatever the config's arm says
+    weights = str(out / "model_final.pth")
+    _plan_and_run(["--config-file", str(yaml_file), "--eval-only", "MODEL.WEIGHTS", weights,
+                   "OUTPUT_DIR", str(tmp_path / "eval")])
+    (record,) = ResultsFile(tmp_path / "eval" / "default" / "seed0").records("eval")
+    assert (record["arm"], record["stage"], record["checkpoint"], record["iteration"]) == (
+        "mimetic", "detection", weights, 2)
+    assert record["bbox"] == ResultsFile(out).records("ap")[-1]["bbox"]  # the same weights as the final evaluation
+    # a checkpoint that names no arm is recorded under the config's, and the log says so
+    bare = tmp_path / "bare.pth"
+    torch.save({"model": torch.load(weights, weights_only=True)["model"]}, bare)
+    _plan_and_run(["--config-file", str(yaml_file), "--eval-only", "MODEL.WEIGHTS", str(bare),
+                   "OUTPUT_DIR", str(tmp_path / "eval_bare")])
+    run = tmp_path / "eval_bare" / "default" / "seed0"
+    (record,) = ResultsFile(run).records("eval")
+    assert record["arm"] == "default"
+    assert f"{bare} does not name its arm: recorded under the config's arm 'default'" in (run / "log.txt").read_text()
+
+
+@pytest.mark.slow
+def test_lazy_run_console_and_files(tmp_path):
+    """A run of the documented command prints no third-party deprecation notice, even with every warning shown."""
+    proc = _train_net(tmp_path, "--arm", "conditioned", f"train.output_dir={tmp_path / 'exp'}", "train.max_iter=2",
+                      "train.eval_period=2", python=("-W", "default"), both=False)
+    noise = [line for line in proc.stderr.splitlines() if "DeprecationWarning" in line or "FutureWarning" in line
+             or "deprecated" in line]
+    assert not noise, "\n".join(noise)
+    assert "eta:" in proc.stdout and "\x1b[" not in (tmp_path / "exp" / "conditioned" / "seed0" / "log.txt").read_text()
+    _finished_run_files(tmp_path / "exp" / "conditioned" / "seed0")
+
+
+def test_a_config_without_condinit_node_gets_its_defaults(tmp_path):
+    config = os.path.join(ROOT, "tests", "tiny_no_condinit_config.py")
+    cfg = load_config(config, [])
+    assert cfg.condinit == CONDINIT_DEFAULTS
+    torch.manual_seed(0)
+    assert instantiate(cfg.model).condinit_report.arm == "default"  # the armed node resolves its ${condinit}
+    args = build_parser().parse_args(["--config-file", config, "--arm", "mimetic", "--dry-run",
+                                      f"train.output_dir={tmp_path}"])
+    experiment = plan_experiment(DetectionStage(), args)
+    assert [spec.arm for spec in experiment.runs] == ["mimetic"]
+
+
+def test_missing_keys_and_cuda_are_one_line_errors(tmp_path, monkeypatch):
+    config = tmp_path / "no_max_iter.py"
+    config.write_text(f"from detectron2.config import LazyConfig\n_base = LazyConfig.load({CONFIG!r})\n"
+                      "model, dataloader, optimizer = _base.model, _base.dataloader, _base.optimizer\n"
+                      "lr_multiplier, train, condinit = _base.lr_multiplier, _base.train, _base.condinit\n"
+                      "del train['max_iter']\n")
+    args = build_parser().parse_args(["--config-file", str(config), "--dry-run"])
+    with pytest.raises(UsageError, match=r"^.*no_max_iter.py: the config has no train.max_iter; a detection config"):
+        plan_experiment(DetectionStage(), args)
+
+    # train.device=cuda without CUDA: refused before any model is built
+    from condinit_det.engine import stage
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(stage, "check_arm_sites", lambda cfg: pytest.fail("the model was built"))
+    cfg = load_config(CONFIG, ["train.device=cuda"])
+    runs = [(RunSpec("default", 0), DetectionStage().configure_run(cfg, RunSpec("default", 0), str(tmp_path)))]
+    with pytest.raises(UsageError, match="train.device='cuda' .* but no CUDA device is available; pass "
+                                         "train.device=cpu"):
+        DetectionStage().check(RunOptions(), runs)
 
 
 def test_init_checkpoint_override_is_detected_per_site(tmp_path):

@@ -9,7 +9,7 @@ from detectron2.utils.events import EventStorage
 from timm.models.xcit import Xcit
 
 from condinit_det.init import apply_init, find_attention
-from condinit_det.modeling.convert import convert_timm_xcit_checkpoint
+from condinit_det.modeling.convert import convert_timm_checkpoint
 from condinit_det.modeling.xcit import XCiT
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -86,7 +86,7 @@ def test_state_dict_keys_mirror_timm():
 
 def test_matches_timm_numerically_after_checkpoint_conversion():
     timm_model, ours = _timm_twin()
-    converted = convert_timm_xcit_checkpoint(timm_model.state_dict(), prefix="")
+    converted = convert_timm_checkpoint(timm_model.state_dict(), ours)
     assert ours.load_state_dict(converted, strict=True)
     x = torch.randn(2, 3, 48, 80)
     with torch.no_grad():
@@ -99,15 +99,20 @@ def test_matches_timm_numerically_after_checkpoint_conversion():
 def test_convert_checkpoint_official_layout_and_errors():
     timm_model, _ = _timm_twin()
     sd = {k.replace("pos_embed.", "pos_embeder."): v for k, v in timm_model.state_dict().items()}
-    converted = convert_timm_xcit_checkpoint({"model": sd})
-    assert all(k.startswith("backbone.net.") for k in converted)
+    model = torch.nn.Module()
+    model.backbone = torch.nn.Module()
+    model.backbone.net = XCiT(**TINY)
+    converted = convert_timm_checkpoint({"model": sd}, model)
+    assert converted.prefix == "backbone.net." and converted.missing == []
     assert "backbone.net.pos_embed.token_projection.weight" in converted
-    assert not any(".cls_attn_blocks." in k or k.endswith("cls_token") or ".head." in k for k in converted)
-    assert set(converted) == {"backbone.net." + k for k in XCiT(**TINY).state_dict()}
-    with pytest.raises(KeyError, match="unexpected key 'dist_token'"):
-        convert_timm_xcit_checkpoint({**sd, "dist_token": torch.zeros(1)})
-    with pytest.raises(ValueError, match="no XCiT trunk parameters"):
-        convert_timm_xcit_checkpoint({"head.weight": torch.zeros(1)})
+    assert {"cls_token", "norm.weight", "head.weight"} <= set(converted.dropped)
+    assert any(k.startswith("cls_attn_blocks.") for k in converted.dropped)
+    assert set(converted) == set(model.state_dict())
+    with pytest.raises(ValueError, match=r"condinit_det XCiT .* at backbone\.net: keys the trunk has no place for "
+                                         r"\(1\): dist_token; pretrain"):
+        convert_timm_checkpoint({**sd, "dist_token": torch.zeros(1)}, model)
+    with pytest.raises(ValueError, match=r"trunk keys it lacks \(\d+\): patch_embed\."):
+        convert_timm_checkpoint({"head.weight": torch.zeros(1)}, model)
 
 
 def test_default_init_matches_timm_statistics():

@@ -1,39 +1,19 @@
-"""Record the inputs that reach attention sites on a real batch, reduced to a measurable size.
-
-``capture_site_inputs(model, batched_inputs, sites)`` runs ``model(batched_inputs)`` once in eval
-mode without gradients, with a forward pre-hook (``with_kwargs=True``) on every chosen site that
-stores the forward's arguments by name. The forward is stopped as soon as every site has been
-seen once (the heads after the last site never run). The first call of each site is kept.
-
-Reduction (what ``X`` is), so that J stays small enough to measure:
-
-- batch: only the first ``max_batch`` entries of the batch dimension are kept (default 1). For
-  windowed layers the batch dimension enumerates windows, so this is the first window(s) of the
-  first image; a Swin window mask ``[nW, N, N]`` is cut to match (window i keeps mask i).
-  ``nn.MultiheadAttention`` inputs are cut on their batch dimension (dim 1 unless
-  ``batch_first``), together with ``key_padding_mask`` and a per-batch ``attn_mask``.
-- tokens: when a sequence has more than ``max_tokens`` tokens it is subsampled:
-  ``[B, H, W, C]`` inputs (detectron2 ViT / MViT) on a regular spatial grid with stride
-  ``ceil(sqrt(H * W / max_tokens))`` (so a global-attention layer still sees the whole image,
-  and decomposed relative positions are resampled by the layer itself to the new size);
-  ``[B, N, C]`` inputs (timm ViT, XCiT) at ``max_tokens`` evenly spaced indices starting at 0
-  (the class token is kept); ``nn.MultiheadAttention`` queries and keys/values likewise, with
-  ``attn_mask`` and ``key_padding_mask`` cut accordingly. Swin windows are never subsampled
-  (their relative-position bias is tied to the window size); ``max_batch`` bounds them.
-The reduction applied is described in ``CapturedInput.reduction``.
+"""The inputs that reach attention sites on a real batch (one eval-mode forward, stopped once every site has been
+seen), reduced to a measurable size: the first ``max_batch`` entries (or windows) and at most ``max_tokens`` tokens.
+See docs/conditioning.md#methods.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 from torch import nn
 
-from .functional import bind_inputs, eval_mode
+from .functional import bind_inputs, detached_copy, eval_mode
 
-__all__ = ["CapturedInput", "capture_site_inputs", "reduce_site_inputs"]
+__all__ = ["CapturedInput", "capture_site_inputs"]
 
 _WINDOW_KINDS = ("d2_swin", "timm_swin")
 
@@ -45,30 +25,18 @@ class CapturedInput:
     site: str
     inputs: Dict[str, object]
     reduction: str
-    original_shape: tuple
 
 
 class _Done(Exception):
     """Raised from a hook to stop the forward once every site has been captured."""
 
 
-def _detach(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_detach(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _detach(v) for k, v in obj.items()}
-    return obj
-
-
 def _even_indices(n: int, keep: int, device) -> torch.Tensor:
     return torch.linspace(0, n - 1, keep, device=device).round().long().unique()
 
 
-def reduce_site_inputs(site, inputs: Dict[str, object], *, max_batch: int = 1,
-                       max_tokens: Optional[int] = 256):
-    """Apply the module-doc reduction to one site's named inputs; return (inputs, description)."""
+def _reduce_site_inputs(site, inputs: Dict[str, object], *, max_batch: Optional[int], max_tokens: Optional[int]):
+    """The module doc's reduction of one site's named inputs; returns (inputs, description)."""
     if max_batch is not None and max_batch <= 0:
         raise ValueError(f"max_batch must be positive or None, got {max_batch}")
     if max_tokens is not None and max_tokens <= 1:
@@ -113,53 +81,40 @@ def _reduce_mha(module: nn.MultiheadAttention, inputs, max_batch, max_tokens):
     q, k, v = inputs.get("query"), inputs.get("key"), inputs.get("value")
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise TypeError("nn.MultiheadAttention inputs must include query, key and value tensors")
+    am, kpm = (mask if isinstance(mask, torch.Tensor) else None
+               for mask in (inputs.get("attn_mask"), inputs.get("key_padding_mask")))
     notes = []
     if q.dim() == 3 and max_batch is not None and q.shape[bdim] > max_batch:
         b = q.shape[bdim]
         q, k, v = (t.narrow(bdim, 0, max_batch) for t in (q, k, v))
         notes.append(f"first {max_batch} of {b} along batch dim {bdim}")
-        kpm = inputs.get("key_padding_mask")
-        if isinstance(kpm, torch.Tensor):
-            inputs["key_padding_mask"] = kpm[:max_batch]
-        am = inputs.get("attn_mask")
-        if isinstance(am, torch.Tensor) and am.dim() == 3:
-            inputs["attn_mask"] = am[:max_batch * module.num_heads]
-    if max_tokens is not None and q.dim() == 3:
-        am = inputs.get("attn_mask")
-        kpm = inputs.get("key_padding_mask")
-        if q.shape[tdim] > max_tokens:
-            idx = _even_indices(q.shape[tdim], max_tokens, q.device)
-            notes.append(f"queries {q.shape[tdim]} -> {idx.numel()}")
-            q = q.index_select(tdim, idx)
-            if isinstance(am, torch.Tensor):
-                am = am.index_select(am.dim() - 2, idx)
-        if k.shape[tdim] > max_tokens:
-            idx = _even_indices(k.shape[tdim], max_tokens, k.device)
-            notes.append(f"keys {k.shape[tdim]} -> {idx.numel()}")
-            same_kv = inputs.get("key") is inputs.get("value")
-            k = k.index_select(tdim, idx)
-            v = k if same_kv else v.index_select(tdim, idx)
-            if isinstance(am, torch.Tensor):
-                am = am.index_select(am.dim() - 1, idx)
-            if isinstance(kpm, torch.Tensor):
-                inputs["key_padding_mask"] = kpm.index_select(1, idx)
-        if isinstance(am, torch.Tensor):
-            inputs["attn_mask"] = am
+        kpm = None if kpm is None else kpm[:max_batch]
+        if am is not None and am.dim() == 3:
+            am = am[:max_batch * module.num_heads]
+    if max_tokens is not None and q.dim() == 3 and q.shape[tdim] > max_tokens:
+        idx = _even_indices(q.shape[tdim], max_tokens, q.device)
+        notes.append(f"queries {q.shape[tdim]} -> {idx.numel()}")
+        q = q.index_select(tdim, idx)
+        am = None if am is None else am.index_select(am.dim() - 2, idx)
+    if max_tokens is not None and q.dim() == 3 and k.shape[tdim] > max_tokens:
+        idx = _even_indices(k.shape[tdim], max_tokens, k.device)
+        notes.append(f"keys {k.shape[tdim]} -> {idx.numel()}")
+        k = k.index_select(tdim, idx)
+        v = k if inputs["key"] is inputs["value"] else v.index_select(tdim, idx)
+        am = None if am is None else am.index_select(am.dim() - 1, idx)
+        kpm = None if kpm is None else kpm.index_select(1, idx)
     # Keep self-attention recognisable (the same tensor object) after the cuts.
     if inputs["query"] is inputs["key"] is inputs["value"]:
         k = v = q
     inputs.update(query=q, key=k, value=v)
+    inputs.update({name: mask for name, mask in (("attn_mask", am), ("key_padding_mask", kpm)) if mask is not None})
     return inputs, "; ".join(notes) or "none"
 
 
 def capture_site_inputs(model: nn.Module, batched_inputs, sites: Sequence, *, max_batch: Optional[int] = 1,
                         max_tokens: Optional[int] = 256) -> Dict[str, CapturedInput]:
-    """Run ``model(batched_inputs)`` and return ``{site.name: CapturedInput}`` (see module doc).
-
-    sites: ``AttentionSite`` objects of ``model`` (``find_attention(model)``). The model runs in eval
-    mode under ``torch.no_grad()``; its training flags are restored. Raises RuntimeError naming the
-    sites that the forward never reached.
-    """
+    """``{site.name: CapturedInput}`` for ``sites`` (``AttentionSite`` objects of ``model``) from one forward of
+    ``model(batched_inputs)`` (see module doc); raises RuntimeError naming the sites the forward never reached."""
     sites = list(sites)
     if not sites:
         raise ValueError("no attention sites to capture; pass find_attention(model) or a selection of it")
@@ -170,11 +125,9 @@ def capture_site_inputs(model: nn.Module, batched_inputs, sites: Sequence, *, ma
         def hook(module, args, kwargs):
             if site.name in captured:
                 return None
-            named = bind_inputs(module, _detach(tuple(args)), _detach(dict(kwargs)))
-            first = next(iter(named.values()), None)
-            shape = tuple(first.shape) if isinstance(first, torch.Tensor) else ()
-            reduced, how = reduce_site_inputs(site, named, max_batch=max_batch, max_tokens=max_tokens)
-            captured[site.name] = CapturedInput(site.name, reduced, how, shape)
+            named = bind_inputs(module, detached_copy(tuple(args)), detached_copy(dict(kwargs)))
+            reduced, how = _reduce_site_inputs(site, named, max_batch=max_batch, max_tokens=max_tokens)
+            captured[site.name] = CapturedInput(site.name, reduced, how)
             if set(captured) >= wanted:
                 raise _Done
             return None
@@ -194,37 +147,3 @@ def capture_site_inputs(model: nn.Module, batched_inputs, sites: Sequence, *, ma
         raise RuntimeError(f"the forward pass never reached attention site(s) {missing}; check that the batch "
                            f"goes through them (e.g. a decoder that only runs in training mode)")
     return captured
-
-
-def token_matrix(site, inputs: Dict[str, object]) -> torch.Tensor:
-    """The tokens entering the site's query projection as ``[N, D_in]`` (float64).
-
-    Obtained by running the site once on ``inputs`` with a pre-hook on the query projection's
-    Linear (modules with an input projection parameter, like nn.MultiheadAttention, use ``query``).
-    """
-    proj = site.projections["q"]
-    owner_name = proj.weight.rsplit(".", 1)[0] if "." in proj.weight else ""
-    owner = site.module.get_submodule(owner_name) if owner_name else None
-    if isinstance(owner, nn.Linear):
-        seen: List[torch.Tensor] = []
-
-        def hook(module, args):
-            seen.append(args[0].detach())
-            raise _Done
-
-        handle = owner.register_forward_pre_hook(hook)
-        try:
-            with torch.no_grad(), eval_mode(site.module):
-                site.module(**inputs)
-        except _Done:
-            pass
-        finally:
-            handle.remove()
-        if not seen:
-            raise RuntimeError(f"site {site.name!r}: the query projection {owner_name!r} was not called")
-        x = seen[0]
-    elif "query" in inputs:
-        x = inputs["query"]
-    else:
-        raise RuntimeError(f"site {site.name!r}: cannot find the tokens entering the query projection {proj.weight}")
-    return x.reshape(-1, x.shape[-1]).to(torch.float64)

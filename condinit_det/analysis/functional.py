@@ -1,47 +1,31 @@
-"""The attention map as a function of its query, key and value weights, through the layer's own forward.
-
-``AttentionFunction(site, inputs)`` is ``f(W_Q, W_K, W_V) = vec(output of site.module(**inputs))``
-with every other parameter and buffer of the module held fixed. The weights are substituted with
-``torch.func.functional_call``, so whatever the module does (windows, relative positions, masks,
-XCiT's cross-covariance attention and temperature, pooling, ``nn.MultiheadAttention``'s
-``(query, key, value)`` signature) is part of ``f``. Fused ``qkv`` weights are rebuilt from the
-three role blocks, so rows that belong to no role keep their value.
-
-Output projection: by default (``include_output_proj=False``, the paper's form) the output
-projection is replaced by the identity (weight ``I``, bias ``0``) during evaluation, so ``f`` is
-``concat_h softmax(.) V_h`` plus whatever else the module does before its output projection
-(e.g. the q/k/v biases and relative positions). This needs a square output projection; others
-raise. With ``include_output_proj=True`` the module's output projection is kept.
-For ``nn.MultiheadAttention`` (and any module returning a tuple) ``f`` is the first output.
-Evaluation is in float64 with the module in eval mode (no dropout), and with the math kernel of
-``scaled_dot_product_attention`` (same values; the fused kernels lack forward-mode derivatives).
+"""The attention map as a function of its query, key and value weights, ``f(W_Q, W_K, W_V) = vec(site.module(
+**inputs))``, in float64 through the layer's own forward. See docs/conditioning.md#what-is-measured.
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["AttentionFunction", "bind_inputs", "eval_mode", "cast_floating"]
+__all__ = ["AttentionFunction", "as_function", "bind_inputs", "detached_copy", "eval_mode"]
 
 _QKV = ("q", "k", "v")
 
 
 def bind_inputs(module: nn.Module, args: tuple, kwargs: dict) -> Dict[str, object]:
     """Name every positional argument of ``module.forward`` (so inputs can be edited by name)."""
+    signature = inspect.signature(module.forward)
     try:
-        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        named = dict(signature.bind(*args, **kwargs).arguments)
     except TypeError as err:
-        raise TypeError(f"inputs do not match {type(module).__name__}.forward{inspect.signature(module.forward)}: "
-                        f"{err}") from err
-    named = dict(bound.arguments)
+        raise TypeError(f"inputs do not match {type(module).__name__}.forward{signature}: {err}") from err
     # **kwargs of the forward arrive as one dict entry; flatten it back.
-    for pname, param in inspect.signature(module.forward).parameters.items():
+    for pname, param in signature.parameters.items():
         if param.kind is inspect.Parameter.VAR_KEYWORD and pname in named:
             named.update(named.pop(pname))
         if param.kind is inspect.Parameter.VAR_POSITIONAL and pname in named:
@@ -49,15 +33,16 @@ def bind_inputs(module: nn.Module, args: tuple, kwargs: dict) -> Dict[str, objec
     return named
 
 
-def cast_floating(obj, dtype: torch.dtype):
-    """Detached copy of tensors (floating ones cast to ``dtype``) inside nested tuples/lists/dicts."""
+def detached_copy(obj, dtype: Optional[torch.dtype] = None):
+    """Detached tensors inside nested tuples/lists/dicts: floating ones cast to ``dtype``, the rest (all of them
+    when ``dtype`` is None) cloned."""
     if isinstance(obj, torch.Tensor):
         obj = obj.detach()
-        return obj.to(dtype) if obj.is_floating_point() else obj
+        return obj.to(dtype) if dtype is not None and obj.is_floating_point() else obj.clone()
     if isinstance(obj, (list, tuple)):
-        return type(obj)(cast_floating(o, dtype) for o in obj)
+        return type(obj)(detached_copy(o, dtype) for o in obj)
     if isinstance(obj, dict):
-        return {k: cast_floating(v, dtype) for k, v in obj.items()}
+        return {k: detached_copy(v, dtype) for k, v in obj.items()}
     return obj
 
 
@@ -74,13 +59,10 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
 
 
 class AttentionFunction:
-    """``f(W_Q, W_K, W_V) -> vec(output)`` for one attention site at fixed inputs.
-
-    site: an ``AttentionSite`` (``condinit_det.init.find_attention``).
-    inputs: the forward's arguments by name (see :func:`bind_inputs`); tensors are cast to ``dtype``.
-    Attributes: ``weights`` = (W_Q [D, D_in], W_K [D, D_k_in], W_V [D_v, D_v_in]) at the current
-    values; ``rows`` = output size; ``cols`` = total weight count; ``output_shape``.
-    """
+    """``f(W_Q, W_K, W_V) -> vec(output)`` of an ``AttentionSite`` at fixed ``inputs`` (the forward's arguments by
+    name), in ``dtype``; a tuple output's first element is f. Attributes: ``weights`` (W_Q [D, D_in], W_K [D, D_k_in],
+    W_V [D_v, D_v_in]), ``rows`` (output size), ``cols`` (weight count), ``output_shape``, ``output_proj``
+    ("identity", "kept" or "absent")."""
 
     def __init__(self, site, inputs: Dict[str, object], *, include_output_proj: bool = False,
                  dtype: torch.dtype = torch.float64):
@@ -88,14 +70,11 @@ class AttentionFunction:
         self.module = site.module
         self.include_output_proj = bool(include_output_proj)
         self.dtype = dtype
-        for role in _QKV:
-            if role not in site.projections:
-                raise ValueError(f"attention site {site.name!r} has no {role!r} projection")
-        self.inputs = cast_floating(dict(inputs), dtype)
+        self.inputs = detached_copy(dict(inputs), dtype)
         self.state = {name: t.detach().to(dtype) if t.is_floating_point() else t.detach()
                       for name, t in list(self.module.named_parameters()) + list(self.module.named_buffers())}
         self.weights: Tuple[torch.Tensor, ...] = tuple(
-            self._param(site.projections[r].weight)[site.projections[r].rows].clone() for r in _QKV)
+            self.state[site.projections[r].weight][site.projections[r].rows].clone() for r in _QKV)
         self.output_proj = "kept" if self.include_output_proj else self._identity_output()
         with torch.no_grad(), eval_mode(self.module):
             out = self(*self.weights)
@@ -103,24 +82,16 @@ class AttentionFunction:
         self.output_shape = tuple(self._last_shape)
         self.cols = sum(w.numel() for w in self.weights)
 
-    def _param(self, name: str) -> torch.Tensor:
-        if name not in self.state:
-            raise KeyError(f"{name!r} is not a parameter or buffer of {type(self.module).__name__} "
-                           f"(site {self.site.name!r})")
-        return self.state[name]
-
     def _identity_output(self) -> str:
         proj = self.site.projections.get("o")
         if proj is None:
             return "absent"
-        weight = self._param(proj.weight)
+        weight = self.state[proj.weight]
         block = weight[proj.rows]
         if block.shape[0] != block.shape[1] or block.shape[0] != weight.shape[0]:
-            raise ValueError(
-                f"attention site {self.site.name!r}: the output projection {proj.weight} has shape "
-                f"{tuple(block.shape)}; replacing it by the identity (include_output_proj=False, the paper's "
-                f"form without W_O) needs a square, unfused [D_v, D_v] weight. Pass include_output_proj=True "
-                f"to measure the layer with its output projection.")
+            raise ValueError(f"attention site {self.site.name!r}: the output projection {proj.weight} has shape "
+                             f"{tuple(block.shape)}; the paper's form replaces it by the identity, which needs a "
+                             f"square, unfused [D_v, D_v] weight. Pass include_output_proj=True to keep it.")
         self.state[proj.weight] = torch.eye(block.shape[0], dtype=weight.dtype, device=weight.device)
         if proj.bias is not None and proj.bias in self.state:
             self.state[proj.bias] = torch.zeros_like(self.state[proj.bias])
@@ -131,20 +102,15 @@ class AttentionFunction:
         params = dict(self.state)
         for role, w in zip(_QKV, (wq, wk, wv)):
             proj = self.site.projections[role]
-            rows = proj.rows
-            if rows == slice(None):
+            if proj.rows == slice(None):
                 params[proj.weight] = w
-                continue
-            if rows.step not in (None, 1):
-                raise ValueError(f"site {self.site.name!r}: strided row block {rows} is not supported")
-            base = params[proj.weight]
-            start, stop, _ = rows.indices(base.shape[0])
-            params[proj.weight] = base.slice_scatter(w, dim=0, start=start, end=stop)
+            else:
+                start, stop, step = proj.rows.indices(params[proj.weight].shape[0])
+                params[proj.weight] = params[proj.weight].slice_scatter(w, dim=0, start=start, end=stop, step=step)
         return params
 
     def __call__(self, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor) -> torch.Tensor:
-        # The math kernel of scaled_dot_product_attention is the one with forward-mode and
-        # higher-order derivatives (the fused CPU/GPU kernels have neither).
+        # Only the math kernel of scaled_dot_product_attention has forward-mode derivatives.
         with sdpa_kernel([SDPBackend.MATH]):
             out = functional_call(self.module, self.parameters_with(wq, wk, wv), args=(), kwargs=self.inputs)
         if isinstance(out, (tuple, list)):
@@ -155,18 +121,48 @@ class AttentionFunction:
         self._last_shape = out.shape
         return out.reshape(-1)
 
-    # Flat-vector views, convenient for dense Jacobians and Krylov methods.
-    def split(self, theta: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Flat ``[cols]`` vector -> (W_Q, W_K, W_V) shaped like ``weights``."""
-        parts, start = [], 0
-        for w in self.weights:
-            parts.append(theta[start:start + w.numel()].reshape(w.shape))
-            start += w.numel()
-        return tuple(parts)
-
     def flat(self, theta: torch.Tensor) -> torch.Tensor:
-        """``f`` of a flat weight vector ``[cols]`` -> ``[rows]``."""
-        return self(*self.split(theta))
+        """``f`` of the flat weight vector ``theta [cols]`` (vec W_Q, vec W_K, vec W_V) -> ``[rows]``."""
+        parts = theta.split([w.numel() for w in self.weights])
+        return self(*(p.reshape(w.shape) for p, w in zip(parts, self.weights)))
 
     def theta(self) -> torch.Tensor:
+        """The current weights as one flat vector ``[cols]``."""
         return torch.cat([w.reshape(-1) for w in self.weights])
+
+    def projection_inputs(self) -> Optional[Dict[str, torch.Tensor]]:
+        """Tokens entering each of the q/k/v projections, ``{role: [M, D_in]}`` (every call stacked), or None when
+        a projection weight is not owned by an ``nn.Linear``."""
+        if isinstance(self.module, nn.MultiheadAttention):
+            return {r: self.inputs[name].reshape(-1, self.inputs[name].shape[-1])
+                    for r, name in zip(_QKV, ("query", "key", "value"))}
+        owners = {}
+        for role in _QKV:
+            wname = self.site.projections[role].weight
+            owner = self.module.get_submodule(wname.rsplit(".", 1)[0]) if "." in wname else None
+            if not isinstance(owner, nn.Linear):
+                return None
+            owners[role] = owner
+        seen: Dict[nn.Module, List[torch.Tensor]] = {}
+
+        def record(linear, args):
+            seen.setdefault(linear, []).append(args[0].detach().reshape(-1, args[0].shape[-1]))
+
+        handles = [linear.register_forward_pre_hook(record) for linear in set(owners.values())]
+        try:
+            with torch.no_grad(), eval_mode(self.module):
+                self(*self.weights)
+        finally:
+            for h in handles:
+                h.remove()
+        return {r: torch.cat(seen[owners[r]], dim=0).to(self.dtype) for r in _QKV}
+
+
+def as_function(site, inputs: Optional[Dict[str, object]] = None, *,
+                include_output_proj: bool = False) -> AttentionFunction:
+    """``site`` itself when it is an :class:`AttentionFunction`, else the ``AttentionSite``'s function at ``inputs``."""
+    if isinstance(site, AttentionFunction):
+        return site
+    if inputs is None:
+        raise ValueError("inputs are required (the forward's arguments by name; see capture_site_inputs)")
+    return AttentionFunction(site, inputs, include_output_proj=include_output_proj)

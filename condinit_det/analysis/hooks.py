@@ -1,100 +1,58 @@
-"""Track kappa of the attention Jacobian during detectron2 training.
-
-``ConditioningHook`` measures chosen attention sites (default: first, middle and last) on a fixed
-batch at the start of training (the initialization, or the resumed iteration), every ``period``
-iterations, and after the last iteration, on X captured from the fixed batch with the current
-weights. ``method="auto"`` (default) takes the exact per-head method when one head's factor fits
-(:mod:`condinit_det.analysis.heads`; at the default 16 tokens it does at ViT-B width) and the
-matrix-free estimate (block Lanczos on jvp/vjp products) otherwise. It writes
-
-- event storage scalars ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}``, and
-- one results record per site (``condinit_det.records.results.ResultsFile(output_dir).add``)::
-
-    {"kind": "conditioning", "iteration": <completed iterations>, "site": <name>, "kappa",
-     "sigma_max", "sigma_min", "bound", "kappa_wq", "kappa_wk", "kappa_wv", "kappa_x",
-     "kappa_softmax", "kappa_lambda", "converged", "iterations_lanczos", "rows", "cols",
-     "tokens", "method", "include_output_proj", "reduction", "arm", "seed", "config", "structure",
-     "num_heads", "sigma_max_heads", "sigma_min_heads", "kappa_heads"}
-
-  (the ``*_heads`` lists hold one value per head for the exact method without W_O; the site's
-  sigma_max / sigma_min are their max / min, and its kappa their ratio).
-
-Measurement does not advance any global RNG and does not change parameters or their gradients.
-Only the main process measures.
+"""kappa of the attention Jacobian during detectron2 training (main process only; no RNG advances). See
+docs/conditioning.md#during-training.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from detectron2.engine import HookBase
 from detectron2.utils import comm
+from torch.utils.data import IterableDataset
 
+from ..records.results import ResultsFile
+from .options import ANALYSIS_DEFAULTS
 from .training import (
-    ANALYSIS_DEFAULTS,
     analysis_options,
     conditioning_records,
     measure_conditioning,
     measurement_options,
 )
 
-__all__ = ["ConditioningHook", "build_conditioning_hook", "ANALYSIS_DEFAULTS", "conditioning_records"]
+# ANALYSIS_DEFAULTS: the node's keys, for the config tests.
+__all__ = ["ANALYSIS_DEFAULTS", "ConditioningHook", "build_conditioning_hook", "fixed_batch"]
 
 _logger = logging.getLogger(__name__)
 
 
-def _unwrap(model):
-    return model.module if hasattr(model, "module") else model
-
-
 class ConditioningHook(HookBase):
-    """Measure kappa(J) of attention sites on a fixed batch during training (see module doc).
+    """Measure kappa(J) on a fixed ``batch`` (detectron2 input dicts) at the start, every ``period`` iterations and at
+    the end, into event storage and ``results`` (default: ``ResultsFile(output_dir)``) as records carrying ``arm``,
+    ``seed`` and ``config``; ``options``: the measurement keys of ``ANALYSIS_DEFAULTS``."""
 
-    batch: list of detectron2 input dicts (what the model's forward takes), kept fixed.
-    sites: fnmatch patterns on site names, or None for first / middle / last site.
-    period: measure every ``period`` iterations (and at the start and end); must be positive.
-    output_dir: where results.json lives (None: storage only). results: an object with ``add(record)``
-        replacing the default ``ResultsFile(output_dir)``.
-    arm / seed / config: copied into every record.
-    Remaining keywords go to :func:`condinit_det.analysis.measure.measure_site`.
-    """
-
-    def __init__(self, batch, *, period: int, sites: Optional[Sequence[str]] = None, output_dir: Optional[str] = None,
-                 results=None, arm: Optional[str] = None, seed: Optional[int] = None, config: Optional[str] = None,
-                 method: str = "auto", max_batch: Optional[int] = 1, max_tokens: Optional[int] = 16,
-                 max_iter: int = 100, block_size: int = 16, tol: float = 1e-3, include_output_proj: bool = False,
-                 bound: bool = True):
+    def __init__(self, batch, *, period: int, output_dir: Optional[str] = None, results=None, arm: Optional[str] = None,
+                 seed: Optional[int] = None, config: Optional[str] = None, **options):
         if int(period) <= 0:
             raise ValueError(f"period must be a positive number of iterations, got {period}")
         if not isinstance(batch, (list, tuple)) or not batch:
             raise ValueError("batch must be a non-empty list of model inputs (e.g. one data-loader batch)")
         self.batch = list(batch)
         self.period = int(period)
+        self.measure_kwargs = measurement_options(analysis_options(options))
+        sites = self.measure_kwargs.pop("sites")
         self.patterns = [sites] if isinstance(sites, str) else (list(sites) if sites else None)
-        self.output_dir = output_dir
-        self._results = results
+        self.capture_kwargs = {key: self.measure_kwargs.pop(key) for key in ("max_batch", "max_tokens")}
+        self.results = ResultsFile(output_dir) if results is None and output_dir else results
         self.arm, self.seed, self.config = arm, seed, config
-        self.capture_kwargs = dict(max_batch=max_batch, max_tokens=max_tokens)
-        self.measure_kwargs = dict(method=method, max_iter=max_iter, block_size=block_size, tol=tol,
-                                   include_output_proj=include_output_proj, bound=bound)
         self._last_measured = None
-
-    @property
-    def results(self):
-        if self._results is None and self.output_dir:
-            from condinit_det.records.results import ResultsFile
-
-            self._results = ResultsFile(self.output_dir)
-        return self._results
 
     def measure(self, iteration: int):
         """Measure now; write storage scalars and records for ``iteration`` (completed iterations)."""
         if not comm.is_main_process() or self._last_measured == iteration:
             return []
-        model = _unwrap(self.trainer.model)
-        storage = getattr(self.trainer, "storage", None)
-        rows = measure_conditioning(model, self.batch, sites=self.patterns, storage=storage,
-                                    at=f"iteration {iteration}", logger=_logger, **self.capture_kwargs,
+        model = getattr(self.trainer.model, "module", self.trainer.model)  # unwrap DistributedDataParallel
+        rows = measure_conditioning(model, self.batch, sites=self.patterns, at=f"iteration {iteration}", logger=_logger,
+                                    storage=getattr(self.trainer, "storage", None), **self.capture_kwargs,
                                     **self.measure_kwargs)
         records = conditioning_records(rows, iteration=iteration, arm=self.arm, seed=self.seed, config=self.config)
         if self.results is not None:
@@ -117,30 +75,34 @@ class ConditioningHook(HookBase):
             self.measure(self.trainer.max_iter)
 
 
-def _fixed_batch(cfg, num_images: int):
-    """``num_images`` inputs from the test loader's dataset (deterministic; no sampler RNG is used)."""
+def fixed_batch(cfg, num_images: int, *, split: str = "test") -> list:
+    """The first ``num_images`` inputs of ``cfg.dataloader[split]``: read by index from its dataset where it has
+    one (no sampler, no RNG), else from its first batches. Raises KeyError without that loader."""
     from detectron2.config import instantiate
 
-    node = cfg.dataloader.test
+    if "dataloader" not in cfg or split not in cfg.dataloader:
+        raise KeyError(f"the config has no dataloader.{split} to take the batch from")
+    node = cfg.dataloader[split]
     if "num_workers" in node:
         node = node.copy() if hasattr(node, "copy") else node
         node.num_workers = 0
     loader = instantiate(node)
     dataset = getattr(loader, "dataset", None)
-    if dataset is not None and hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and not isinstance(dataset, IterableDataset):
         return [dataset[i] for i in range(min(num_images, len(dataset)))]
-    return list(next(iter(loader)))[:num_images]
+    batch = []
+    for chunk in loader:
+        batch.extend(chunk)
+        if len(batch) >= num_images:
+            break
+    if not batch:
+        raise RuntimeError(f"dataloader.{split} gave no data")
+    return batch[:num_images]
 
 
-def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = None) -> Optional[
-        ConditioningHook]:
-    """The hook described by ``cfg.condinit_analysis`` (keys: ``ANALYSIS_DEFAULTS``), or None when
-    the node is missing or ``period <= 0``.
-
-    batch: fixed inputs; default: the first ``num_images`` images of ``cfg.dataloader.test``'s
-    dataset (the training loader is not touched, so data order and RNG state are unchanged).
-    Records carry ``cfg.condinit.arm`` / ``.seed``, ``config_name`` and go to ``cfg.train.output_dir``.
-    """
+def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = None) -> Optional[ConditioningHook]:
+    """The hook described by ``cfg.condinit_analysis`` (None when it is missing or ``period <= 0``), writing to
+    ``cfg.train.output_dir``; ``batch`` defaults to :func:`fixed_batch` of the test loader."""
     node: Mapping[str, Any] = cfg.get("condinit_analysis", None) if hasattr(cfg, "get") else None
     if not node:
         return None
@@ -148,7 +110,7 @@ def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = Non
     if int(opts["period"] or 0) <= 0:
         return None
     if batch is None:
-        batch = _fixed_batch(cfg, int(opts["num_images"]))
+        batch = fixed_batch(cfg, int(opts["num_images"]))
     condinit = cfg.get("condinit", None) or {}
     output_dir = cfg.train.output_dir if "train" in cfg and "output_dir" in cfg.train else None
     return ConditioningHook(batch, period=int(opts["period"]), output_dir=output_dir,

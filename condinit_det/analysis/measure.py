@@ -1,8 +1,5 @@
-"""Per-site measurement: kappa(J) (exact or matrix-free) next to the Theorem 3.1 terms and bound.
-
-``measure_sites(model, batched_inputs, sites)`` captures X on the batch (see
-:mod:`condinit_det.analysis.capture`) and returns one :class:`SiteMeasurement` per site;
-``write_table(rows, output_dir)`` saves them as CSV and Markdown.
+"""Per-site measurement: kappa(J) by the route :func:`choose_method` picks, next to the Theorem 3.1 terms, as one
+:class:`SiteMeasurement` per site; :func:`write_table` saves them as CSV and Markdown. See docs/conditioning.md.
 """
 from __future__ import annotations
 
@@ -10,32 +7,30 @@ import csv
 import io
 import math
 import os
-from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Dict, List, Optional, Sequence, Union
 
 from tabulate import tabulate
 from torch import nn
 
+from ..init import find_attention, select_sites
 from ..utils.fileio import atomic_write
 from .bound import theorem_terms
-from .capture import capture_site_inputs, token_matrix
-from .conditioning import DEFAULT_MAX_ENTRIES, dense_conditioning, estimate_conditioning, exact_conditioning
+from .capture import capture_site_inputs
 from .functional import AttentionFunction
-from .heads import factor_entries
+from .heads import exact_conditioning, factor_entries
+from .matrix_free import estimate_conditioning
+from .options import DEFAULT_MAX_ENTRIES, METHODS
 
-__all__ = ["SiteMeasurement", "measure_site", "measure_sites", "resolve_sites", "write_table",
-           "TABLE_COLUMNS", "default_sites"]
-
-METHODS = ("matrix_free", "exact", "dense", "auto")
+__all__ = ["METHODS", "SiteMeasurement", "TABLE_COLUMNS", "choose_method", "format_markdown", "measure_site",
+           "measure_sites", "resolve_sites", "write_table"]
 
 
-@dataclass
+
+@dataclass(kw_only=True)
 class SiteMeasurement:
-    """kappa(J) of one site at a fixed input with the bound's terms (all floats; inf = singular).
-
-    sigma_max_heads / sigma_min_heads / kappa_heads: per head (exact method without the output
-    projection; empty otherwise). structure: "closed_form", "autodiff", "dense" or "" (matrix-free).
-    """
+    """kappa(J) of one site at a fixed input (fields of :class:`.spectrum.SpectrumResult`) with the Theorem 3.1 terms
+    (:class:`.bound.BoundTerms`; NaN, -1 and [] when not computed)."""
 
     site: str
     kind: str
@@ -51,22 +46,22 @@ class SiteMeasurement:
     residual_max: float
     rows: int
     cols: int
-    bound: float
-    kappa_wq: float
-    kappa_wk: float
-    kappa_wv: float
-    kappa_x: float
-    kappa_softmax: float
-    kappa_lambda: float
-    tokens: int
+    bound: float = math.nan
+    kappa_wq: float = math.nan
+    kappa_wk: float = math.nan
+    kappa_wv: float = math.nan
+    kappa_x: float = math.nan
+    kappa_softmax: float = math.nan
+    kappa_lambda: float = math.nan
+    tokens: int = -1
     num_heads: int
     include_output_proj: bool
     output_proj: str
     reduction: str
-    kappa_wq_heads: list
-    kappa_wk_heads: list
-    kappa_wv_heads: list
-    bound_heads: list
+    kappa_wq_heads: list = field(default_factory=list)
+    kappa_wk_heads: list = field(default_factory=list)
+    kappa_wv_heads: list = field(default_factory=list)
+    bound_heads: list = field(default_factory=list)
     structure: str = ""
     sigma_max_heads: list = field(default_factory=list)
     sigma_min_heads: list = field(default_factory=list)
@@ -80,89 +75,71 @@ TABLE_COLUMNS = ("site", "kind", "kappa", "sigma_max", "sigma_min", "bound", "ka
                  "kappa_x", "kappa_softmax", "kappa_lambda", "method", "converged", "rows", "cols", "tokens")
 
 
-def default_sites(sites: Sequence) -> List:
-    """First, middle and last site (in module order), without repeats."""
-    sites = list(sites)
-    if len(sites) <= 3:
+def resolve_sites(model: nn.Module, patterns: Union[str, Sequence[str], None] = None, *, default: str = "all") -> List:
+    """Sites of ``model`` matching fnmatch ``patterns`` (one or several; None: all sites, or the first, middle and
+    last with ``default="ends"``). Raises ValueError when the model has no attention site."""
+    sites = find_attention(model)
+    if not sites:
+        raise ValueError(f"{type(model).__name__} has no attention site that condinit_det.init recognises")
+    if default not in ("all", "ends"):
+        raise ValueError(f"default must be 'all' or 'ends', got {default!r}")
+    if patterns:
+        return select_sites(sites, include=[patterns] if isinstance(patterns, str) else list(patterns))
+    if default == "all" or len(sites) <= 3:
         return sites
     picked = [sites[0], sites[len(sites) // 2], sites[-1]]
     return [s for i, s in enumerate(picked) if s.name not in {p.name for p in picked[:i]}]
 
 
-def resolve_sites(model: nn.Module, patterns: Optional[Sequence[str]] = None, *, default: str = "all") -> List:
-    """Sites of ``model`` selected by fnmatch ``patterns`` (None: all sites, or first/middle/last
-    when ``default="ends"``). Raises ValueError when the model has no attention site."""
-    from condinit_det.init import find_attention, select_sites
-
-    sites = find_attention(model)
-    if not sites:
-        raise ValueError(f"{type(model).__name__} has no attention site that condinit_det.init recognises")
-    if patterns:
-        return select_sites(sites, include=list(patterns))
-    if default == "ends":
-        return default_sites(sites)
-    if default != "all":
-        raise ValueError(f"default must be 'all' or 'ends', got {default!r}")
-    return sites
+def choose_method(fn: AttentionFunction, method: str = "auto", *, max_entries: int = DEFAULT_MAX_ENTRIES) -> str:
+    """The route that measures ``fn``: ``method`` itself when it is "exact" or "matrix_free"; for "auto", "exact"
+    (per head) when one head's factor fits ``max_entries`` float64 entries, else "matrix_free"."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method != "auto":
+        return method
+    return "exact" if factor_entries(fn) <= max_entries else "matrix_free"
 
 
 def measure_site(site, inputs: Dict[str, object], *, method: str = "matrix_free", include_output_proj: bool = False,
                  tol: float = 1e-4, max_iter: int = 60, block_size: int = 8, rank_tol: float = 1e-7,
                  max_entries: int = DEFAULT_MAX_ENTRIES, seed: int = 0, bound: bool = True,
                  reduction: str = "") -> SiteMeasurement:
-    """Measure one site at the given (already reduced) inputs.
-
-    method: "matrix_free" (block Lanczos on jvp/vjp products), "exact" (per-head factors, see
-    :mod:`condinit_det.analysis.heads`; refuses when one head's factor exceeds ``max_entries``),
-    "dense" (the dense Jacobian, the reference; refuses above ``max_entries``) or "auto" (exact
-    when it fits, else matrix-free).
-    bound: also compute the Theorem 3.1 terms (NaN otherwise, and for a site whose queries are a single token).
-    """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    """Measure one site at its (already reduced) inputs by :func:`choose_method`'s route for ``method``; ``bound``:
+    also the Theorem 3.1 terms. The other arguments: see the two routes."""
     fn = AttentionFunction(site, inputs, include_output_proj=include_output_proj)
-    if method == "auto":
-        method = "exact" if factor_entries(fn) <= max_entries else "matrix_free"
-    if method == "exact":
-        spec = exact_conditioning(fn, include_output_proj=include_output_proj, max_entries=max_entries)
-    elif method == "dense":
-        spec = dense_conditioning(fn, max_entries=max_entries)
+    if choose_method(fn, method, max_entries=max_entries) == "exact":
+        spec = exact_conditioning(fn, max_entries=max_entries)
     else:
         spec = estimate_conditioning(fn, tol=tol, max_iter=max_iter, block_size=block_size, rank_tol=rank_tol,
                                      seed=seed)
-    nan = float("nan")
-    terms = None
-    if bound:
-        x = token_matrix(site, inputs)
-        # One query token (class attention's class token) has no softmax Jacobian to bound: terms stay NaN.
-        if x.shape[0] >= 2:
-            wq, wk, wv = fn.weights
-            terms = theorem_terms(x, wq, wk, wv, num_heads=site.num_heads)
-    return SiteMeasurement(
-        site=site.name, kind=site.kind, kappa=spec.kappa, sigma_max=spec.sigma_max, sigma_min=spec.sigma_min,
-        rank_deficient=spec.rank_deficient, converged=spec.converged, method=spec.method,
-        iterations=spec.iterations, products=spec.products, residual_min=spec.residual_min,
-        residual_max=spec.residual_max, rows=fn.rows, cols=fn.cols,
-        bound=terms.bound if terms else nan, kappa_wq=terms.kappa_wq if terms else nan,
-        kappa_wk=terms.kappa_wk if terms else nan, kappa_wv=terms.kappa_wv if terms else nan,
-        kappa_x=terms.kappa_x if terms else nan, kappa_softmax=terms.kappa_softmax if terms else nan,
-        kappa_lambda=terms.kappa_lambda if terms else nan, tokens=terms.tokens if terms else -1,
-        num_heads=site.num_heads, include_output_proj=include_output_proj, output_proj=fn.output_proj,
-        reduction=reduction,
-        kappa_wq_heads=terms.kappa_wq_heads if terms else [], kappa_wk_heads=terms.kappa_wk_heads if terms else [],
-        kappa_wv_heads=terms.kappa_wv_heads if terms else [], bound_heads=terms.bound_heads if terms else [],
-        structure=spec.structure, sigma_max_heads=spec.sigma_max_heads, sigma_min_heads=spec.sigma_min_heads,
-        kappa_heads=spec.kappa_heads,
-    )
+    terms = _theorem_terms(fn) if bound else None
+    return SiteMeasurement(site=site.name, kind=site.kind, rows=fn.rows, cols=fn.cols, num_heads=site.num_heads,
+                           include_output_proj=include_output_proj, output_proj=fn.output_proj, reduction=reduction,
+                           **_measured(spec), **(_measured(terms) if terms else {}))
+
+
+def _measured(result) -> dict:
+    """The fields of a SpectrumResult or BoundTerms that a SiteMeasurement records."""
+    names = {f.name for f in fields(SiteMeasurement)}
+    return {key: value for key, value in vars(result).items() if key in names}
+
+
+def _theorem_terms(fn: AttentionFunction):
+    """Theorem 3.1 terms on the tokens entering the q projection; None for a single query token (class attention's
+    class token), which has no softmax Jacobian to bound."""
+    tokens = fn.projection_inputs()
+    if tokens is None:
+        raise RuntimeError(f"site {fn.site.name!r}: cannot find the tokens entering the query projection")
+    if tokens["q"].shape[0] < 2:
+        return None
+    return theorem_terms(tokens["q"], *fn.weights, num_heads=fn.site.num_heads)
 
 
 def measure_sites(model: nn.Module, batched_inputs, sites: Sequence, *, max_batch: Optional[int] = 1,
                   max_tokens: Optional[int] = 256, **kwargs) -> List[SiteMeasurement]:
-    """Capture X for ``sites`` on ``batched_inputs`` and :func:`measure_site` each one.
-
-    kwargs go to :func:`measure_site`. Gradients are not touched: the model's parameters are only
-    read (copies in float64).
-    """
+    """Capture X for ``sites`` on ``batched_inputs`` and :func:`measure_site` (``kwargs``) each one; the model's
+    parameters are only read."""
     captured = capture_site_inputs(model, batched_inputs, sites, max_batch=max_batch, max_tokens=max_tokens)
     return [measure_site(s, captured[s.name].inputs, reduction=captured[s.name].reduction, **kwargs) for s in sites]
 
@@ -170,13 +147,7 @@ def measure_sites(model: nn.Module, batched_inputs, sites: Sequence, *, max_batc
 def _fmt(value) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf"
-        if math.isnan(value):
-            return "nan"
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)  # inf and nan as such
 
 
 def format_markdown(rows: Sequence[dict], columns: Sequence[str]) -> str:
@@ -185,17 +156,14 @@ def format_markdown(rows: Sequence[dict], columns: Sequence[str]) -> str:
     return tabulate(body, list(columns), tablefmt="pipe", disable_numparse=True) + "\n"
 
 
-def write_table(rows: Sequence[dict], output_dir: str, *, name: str = "attention_conditioning",
-                columns: Sequence[str] = TABLE_COLUMNS) -> Dict[str, str]:
+def write_table(rows: Sequence[dict], output_dir: str, *, columns: Sequence[str] = TABLE_COLUMNS) -> Dict[str, str]:
     """Write ``rows`` (dicts, e.g. ``SiteMeasurement.to_dict()`` plus an ``arm`` key) as
-    ``<output_dir>/<name>.csv`` (full precision) and ``.md``, atomically; return both paths."""
-    rows = [dict(r) for r in rows]
+    ``<output_dir>/attention_conditioning.csv`` (full precision) and ``.md``, atomically; return both paths."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=list(columns))
     writer.writeheader()
-    for row in rows:
-        writer.writerow({c: row.get(c, "") for c in columns})
-    paths = {"csv": os.path.join(output_dir, f"{name}.csv"), "md": os.path.join(output_dir, f"{name}.md")}
+    writer.writerows({c: row.get(c, "") for c in columns} for row in rows)
+    paths = {ext: os.path.join(output_dir, f"attention_conditioning.{ext}") for ext in ("csv", "md")}
     atomic_write(paths["csv"], buf.getvalue())
     atomic_write(paths["md"], format_markdown(rows, columns))
     return paths

@@ -1,20 +1,12 @@
-"""``condinit-conditioning`` (``tools/attention_conditioning.py``): per-site condition number of the
-attention Jacobian at initialization, for each arm.
+"""``condinit-conditioning`` (``tools/attention_conditioning.py``): kappa of the attention Jacobian per arm and site.
 
-    condinit-conditioning --config-file zoo:demo/mask_rcnn_vit_tiny.py \
-        --arm all --output output/conditioning [key=value overrides]
+    condinit-conditioning --config-file zoo:demo/mask_rcnn_vit_tiny.py --arm all --output output/conditioning
 
-For every arm: build cfg.model with the arm (cfg.condinit with its arm replaced), optionally
-load --weights, capture X for the chosen attention sites on one batch, and measure
-kappa(J) (J = d vec f(X) / d vec(W_Q, W_K, W_V), output projection replaced by the identity
-unless --include-output-proj) next to Theorem 3.1's bound and terms. Prints a Markdown table
-and writes <output>/attention_conditioning.{csv,md} and .json (with each head's sigma_max,
-sigma_min and kappa for the exact method).
-
---method: auto (default; exact when one head's factor fits, else matrix_free), exact (per-head,
-exact), dense (the dense Jacobian, small layers only), matrix_free (block Lanczos; labelled
-converged or not). When a method cannot run, the command ends with one error line naming the
-alternative.
+For every arm: build cfg.model with it (optionally loading --weights), capture X for the attention sites on one
+batch and measure kappa(J) (output projection the identity unless --include-output-proj) next to Theorem 3.1's
+bound and terms. Prints a Markdown table and writes <output>/attention_conditioning.{csv,md,json}. --method auto
+(default) is exact per head when one head's factor fits --max-entries, else matrix_free (block Lanczos, labelled
+converged or not). A failure ends the command with one error line. See docs/conditioning.md.
 """
 import argparse
 import json
@@ -23,16 +15,10 @@ import math
 import os
 import sys
 
-import torch
-
-from condinit_det.analysis import DEFAULT_MAX_ENTRIES, measure_sites, resolve_sites, write_table
-from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown
-from condinit_det.init import ARMS, PAPER_ARMS
-from condinit_det.model_zoo import resolve_config_file
+from condinit_det.analysis.options import DEFAULT_MAX_ENTRIES, METHODS
+from condinit_det.init.options import ARMS, PAPER_ARMS
 from condinit_det.utils.checkpoint_io import TRUST_FLAG, check_loadable
 from condinit_det.utils.fileio import atomic_write
-
-COLUMNS = ("arm",) + TABLE_COLUMNS
 
 
 def get_parser():
@@ -47,8 +33,8 @@ def get_parser():
                    help="let --weights be a .pkl or a .pth that needs full unpickling (can run code stored in it)")
     p.add_argument("--sites", nargs="*", default=None, help="fnmatch patterns on site names (default: all sites)")
     p.add_argument("--output", default=None, help="directory for the CSV / Markdown / JSON tables")
-    p.add_argument("--method", default="auto", choices=("auto", "exact", "dense", "matrix_free"),
-                   help="auto: exact when it fits, else matrix_free (default)")
+    p.add_argument("--method", default="auto", choices=METHODS,
+                   help="auto: exact when one head's factor fits --max-entries, else matrix_free (default)")
     p.add_argument("--split", default="test", choices=("test", "train"), help="data loader giving the batch")
     p.add_argument("--num-images", type=int, default=1, help="images in the batch")
     p.add_argument("--max-batch", type=int, default=1, help="sequences (windows) kept per site")
@@ -57,7 +43,7 @@ def get_parser():
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--max-entries", type=float, default=DEFAULT_MAX_ENTRIES,
-                   help="largest float64 matrix exact / dense may form (default %(default).3g)")
+                   help="largest float64 matrix the exact method may form (default %(default).3g)")
     p.add_argument("--include-output-proj", action="store_true", help="keep W_O in f (default: identity)")
     p.add_argument("--device", default="cpu")
     p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value")
@@ -65,35 +51,10 @@ def get_parser():
 
 
 def _load_cfg(spec, opts):
-    from detectron2.config import LazyConfig
+    from condinit_det import model_zoo
+    from condinit_det.engine.config import OPTIONAL_KEYS
 
-    cfg = LazyConfig.load(resolve_config_file(spec))
-    return LazyConfig.apply_overrides(cfg, [o for o in opts if o != "--"])
-
-
-def _first_batch(cfg, split, num_images):
-    from detectron2.config import instantiate
-
-    try:
-        from condinit_det.data import register_embedded_datasets
-
-        register_embedded_datasets()
-    except ImportError:
-        pass
-    if "dataloader" not in cfg or split not in cfg.dataloader:
-        raise KeyError(f"the config has no dataloader.{split}; pass --split train or add one")
-    node = cfg.dataloader[split]
-    if "num_workers" in node:
-        node.num_workers = 0
-    loader = instantiate(node)
-    batch = []
-    for chunk in loader:
-        batch.extend(chunk)
-        if len(batch) >= num_images:
-            break
-    if not batch:
-        raise RuntimeError(f"dataloader.{split} gave no data")
-    return batch[:num_images]
+    return model_zoo.load_config(spec, [o for o in opts if o != "--"], optional=OPTIONAL_KEYS)
 
 
 def build_model(cfg, arm, device):
@@ -109,6 +70,8 @@ def build_model(cfg, arm, device):
         cfg.condinit.arm = arm
     if not armed_nodes(cfg.model):
         armed(cfg.model)
+    import torch
+
     torch.manual_seed(int(cfg.train.get("seed", 0) or 0) if "train" in cfg else 0)
     return instantiate(cfg.model).to(device)
 
@@ -127,11 +90,19 @@ def _json_safe(value):
 def measure(argv=None):
     """Run the command line ``argv`` and return the table's rows; bad input raises."""
     args = get_parser().parse_args(argv)
+    import torch
+
+    from condinit_det.analysis.hooks import fixed_batch
+    from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown, measure_sites, resolve_sites, write_table
+    from condinit_det.data import register_embedded_datasets
+
+    columns = ("arm",) + TABLE_COLUMNS
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cfg = _load_cfg(args.config_file, args.opts)
     if args.weights:  # refuse an unsafe or unreadable file before any work
         check_loadable(args.weights, trust_pickle=args.trust_pickle)
-    batch = _first_batch(cfg, args.split, args.num_images)
+    register_embedded_datasets()  # a config may name the embedded datasets
+    batch = fixed_batch(cfg, args.num_images, split=args.split)
     arms = PAPER_ARMS if args.arm == "all" else (args.arm,)
     rows = []
     for arm in arms:
@@ -145,9 +116,9 @@ def measure(argv=None):
                                method=args.method, max_iter=args.max_iter, block_size=args.block_size, tol=args.tol,
                                include_output_proj=args.include_output_proj, max_entries=int(args.max_entries)):
             rows.append({"arm": arm, **m.to_dict()})
-    print(format_markdown(rows, COLUMNS), end="")
+    print(format_markdown(rows, columns), end="")
     if args.output:
-        paths = write_table(rows, args.output, columns=COLUMNS)
+        paths = write_table(rows, args.output, columns=columns)
         json_path = os.path.join(args.output, "attention_conditioning.json")
         atomic_write(json_path, json.dumps({"config": args.config_file, "weights": args.weights,
                                             "rows": [_json_safe(r) for r in rows]}, indent=1, allow_nan=False))

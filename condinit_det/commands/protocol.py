@@ -5,15 +5,16 @@
 import sys
 from typing import List, Optional
 
-from condinit_det.engine import DetectionStage
 from condinit_det.launch.protocol import build_protocol_parser, submit_protocol
-from condinit_det.pretrain import PretrainStage
 from condinit_det.utils.errors import UsageError
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_protocol_parser()
     args = parser.parse_args(argv)
+    from condinit_det.engine import DetectionStage
+    from condinit_det.pretrain import PretrainStage
+
     try:
         return submit_protocol(args, upstream=PretrainStage(), downstream=DetectionStage())
     except (UsageError, RuntimeError) as e:  # RuntimeError: no sbatch / srun on this machine

@@ -1,21 +1,43 @@
 """``condinit-train`` (``tools/train_net.py``): train / evaluate a detector with an attention-initialization arm.
 
-Lazy (.py) and yacs (.yaml) configs, as a path or a model-zoo name (``zoo:demo/...``,
-:mod:`condinit_det.model_zoo`); detectron2's command line (--num-gpus, --num-machines, --machine-rank, --dist-url,
---resume, --eval-only, trailing key=value overrides) plus the experiment flags (--arm, --seeds, --lr-scale,
---retry-failed, ...) and --slurm with its resource flags (:mod:`condinit_det.launch.arguments`). Everything that can
-be checked is checked before any process starts; a bad input ends with one error line and exit status 2. A run that
-fails or diverges is recorded and the others go on; the exit status is then 1.
+Lazy (.py) and yacs (.yaml) configs, as a path or a model-zoo name (``zoo:demo/...``); detectron2's command line plus
+the experiment and Slurm flags (:mod:`condinit_det.launch.arguments`). A bad input ends with one error line and exit
+status 2; a run that fails or diverges is recorded, the others go on, and the exit status is 1.
 """
 import sys
 from typing import List, Optional
 
-from condinit_det.engine import DetectionStage
 from condinit_det.launch.command import run_command
+
+EXAMPLES = """
+Examples:
+
+Train one arm on this machine (lazy config, CPU); every run goes to <output_dir>/<arm>/seed<k>/:
+    $ condinit-train --config-file configs/demo/mask_rcnn_vit_tiny.py --arm conditioned
+
+The three arms over three seeds with a learning-rate scan on the first seed, then the comparison in
+<output_dir>/report/; resume it, or train its failed and diverged runs afresh:
+    $ condinit-train --config-file cfg.py --arm all --seeds 0,1,2 --lr-scale 0.5,1,2 train.output_dir=output/exp1
+    $ condinit-train --config-file cfg.py --arm all --seeds 0,1,2 --lr-scale 0.5,1,2 --resume train.output_dir=...
+    $ condinit-train --config-file cfg.py --arm all --retry-failed train.output_dir=output/exp1
+
+Fine-tune each arm from its own pretrained backbone; run on 8 GPUs:
+    $ condinit-train --config-file cfg.py --arm all "train.init_checkpoint='output/pretrain/{arm}/seed{seed}'"
+    $ condinit-train --num-gpus 8 --config-file cfg.py train.device=cuda
+"""
+
+
+def _stage():
+    from condinit_det.engine import DetectionStage
+
+    return DetectionStage()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_command(DetectionStage(), argv)
+    return run_command(_stage, argv, description="Train or evaluate a detectron2 detector with an "
+                       "attention-initialization arm.", examples=EXAMPLES,
+                       config_help="a lazy .py or yacs .yaml config: a path, or a model-zoo name zoo:NAME (NAME = its "
+                       "path under configs/)")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
-"""Datasets generated on first use into a folder, atomically, for every embedded dataset.
+"""How every embedded dataset is stored: a folder per version, generated atomically, in PNG, ImageFolder and COCO.
 
 A dataset ``<version>`` lives in ``$CONDINIT_DATA/<version>`` (default ``~/.cache/condinit_det/<version>``,
-:func:`cache_root`) unless a root is passed. A generated dataset root holds its files and ``manifest.json``
-(the generator's parameters, written last). It is built in a temporary sibling folder
-``.<root name>.tmp-<host>-<pid>-*`` and renamed into place, so an interrupted run never leaves half a
-dataset, concurrent first uses are safe (the loser of the rename keeps the winner's copy), and a temporary
-folder whose process is gone is removed by the next generation on that host.
+:func:`cache_root`) unless a root is passed. A root holds the dataset's files and ``manifest.json`` (the
+generator's parameters, written last). It is built in a temporary sibling folder ``.<root name>.tmp-<host>-<pid>-*``
+and renamed into place, so readers never see half a dataset and concurrent first uses are safe; a temporary folder
+whose process is gone is removed by the next generation on that host.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -16,19 +16,22 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
+import pycocotools.mask as mask_util
 
-__all__ = ["EMBEDDED_PREFIX", "cache_root", "generate_atomically", "read_manifest", "same_generator", "write_png"]
+__all__ = ["cache_root", "check_counts", "expected_manifest", "generate_atomically", "read_manifest",
+           "write_coco_split", "write_image_folder", "write_png"]
 
 logger = logging.getLogger(__name__)
 
+PathLike = Union[str, os.PathLike]
+DEFAULT_SEED = 2026  # of every embedded dataset
 MANIFEST = "manifest.json"
-_KEYS = ("version", "seed", "num_images", "spec", "classes")
-# Embedded datasets are named "embedded:<name>" where a path is expected (e.g. a pretraining data.root).
-EMBEDDED_PREFIX = "embedded:"
+# The manifest entries that say how a dataset was made; the other entries describe what was made.
+_GENERATOR_KEYS = ("version", "seed", "num_images", "spec", "classes")
 
 
 def cache_root(version: str) -> Path:
@@ -54,9 +57,22 @@ def read_manifest(root: Path) -> Optional[dict]:
         return None
 
 
-def same_generator(found: dict, expected: dict) -> bool:
-    """Whether a manifest records the expected generator parameters (JSON round trip: tuples are lists)."""
-    return all(json.loads(json.dumps(found.get(k))) == json.loads(json.dumps(expected.get(k))) for k in _KEYS)
+def expected_manifest(version: str, seed: int, num_images: Dict[str, int], spec, classes: Sequence[str]) -> dict:
+    """The generator's entries of a manifest; ``spec`` is the generator's dataclass of knobs."""
+    return {"version": version, "seed": int(seed), "num_images": {k: int(v) for k, v in num_images.items()},
+            "spec": dataclasses.asdict(spec), "classes": list(classes)}
+
+
+def check_counts(minimum: int, **counts) -> None:
+    """Raise a ValueError naming the first count (e.g. ``num_val=0``) that is not an int >= ``minimum``."""
+    for name, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {n!r}")
+
+
+def _same_generator(found: dict, expected: dict) -> bool:
+    # A JSON round trip, because the manifest on disk holds lists where the expected one holds tuples.
+    return all(json.loads(json.dumps(found.get(k))) == json.loads(json.dumps(expected.get(k))) for k in _GENERATOR_KEYS)
 
 
 def _temp_prefix(root: Path) -> str:
@@ -80,18 +96,23 @@ def _remove_abandoned_temp_dirs(root: Path) -> None:
             pass  # alive, owned by someone else
 
 
-def generate_atomically(root: Path, expected: dict, write: Callable[[Path], dict], *, replace_stale: bool) -> Path:
-    """Make sure ``root`` holds the dataset ``expected`` (its manifest) describes; return ``root``.
+def generate_atomically(root: Optional[PathLike], expected: dict, write: Callable[[Path], dict], *,
+                        replace_stale: Optional[bool] = None) -> Path:
+    """Make sure ``root`` holds the dataset that ``expected`` (:func:`expected_manifest`) describes; return the root.
 
-    write: fills a temporary folder with the dataset and returns extra manifest entries.
-    replace_stale: replace a dataset made with other parameters, or a folder without a manifest
-    (both expected only in a cache); otherwise such a root raises a ValueError saying what was found.
+    Args:
+        root: the dataset's folder; None for its cache folder, :func:`cache_root` of ``expected["version"]``.
+        write: fills a temporary folder with the dataset and returns the manifest's other entries.
+        replace_stale: replace a dataset made with other parameters, or a folder without a manifest (default: only
+            in the cache folder); otherwise such a root raises a ValueError saying what was found.
     """
-    version = expected["version"]
+    if replace_stale is None:
+        replace_stale = root is None
+    root = cache_root(expected["version"]) if root is None else Path(root).expanduser()
 
     def complete() -> bool:
         found = read_manifest(root)
-        if found is not None and same_generator(found, expected):
+        if found is not None and _same_generator(found, expected):
             return True
         if root.exists() and not replace_stale:
             if found is not None:
@@ -100,8 +121,8 @@ def generate_atomically(root: Path, expected: dict, write: Callable[[Path], dict
                     f"(seed={found.get('seed')}, num_images={found.get('num_images')}); expected seed="
                     f"{expected['seed']}, num_images={expected['num_images']}. Delete it or pass another root.")
             if any(root.iterdir()):
-                raise ValueError(f"{root} is not a complete {version} dataset (it holds files but no {MANIFEST}); "
-                                 "delete it or pass another root")
+                raise ValueError(f"{root} is not a complete {expected['version']} dataset (it holds files but no "
+                                 f"{MANIFEST}); delete it or pass another root")
         return False
 
     if complete():
@@ -125,10 +146,54 @@ def generate_atomically(root: Path, expected: dict, write: Callable[[Path], dict
             if not complete():  # another process renamed its copy first: keep it if it is valid
                 raise
         else:
-            logger.info("Generated the %s dataset at %s", version, root)
+            logger.info("Generated the %s dataset at %s", expected["version"], root)
         if stale is not None:
             shutil.rmtree(stale, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def write_image_folder(root: Path, split: str, images: Iterable[Tuple[str, int, np.ndarray]], *,
+                       classes: Sequence[str]) -> None:
+    """Write ``(file stem, label, image)`` triples as ``<root>/<split>/<classes[label]>/<stem>.png`` (the
+    ImageFolder layout); every class gets its folder, even an empty one."""
+    for name in classes:
+        (root / split / name).mkdir(parents=True)
+    for stem, label, img in images:
+        write_png(root / split / classes[label] / f"{stem}.png", img)
+
+
+def write_coco_split(root: Path, split: str, scenes: Iterable[Tuple[np.ndarray, Sequence[tuple]]], *,
+                     classes: Sequence[str], version: str, supercategory: str) -> int:
+    """Write the images of ``split`` (``<root>/<split>/000000.png``, ...) and their COCO json
+    (``<root>/annotations/instances_<split>.json``); returns the number of instances.
+
+    scenes: (HxWx3 image, its instances), an instance being (1-based category id, HxW bool mask, extra annotation
+    fields). Each instance's box is tight around its mask (``x + w`` one past the last column), its area the mask's
+    pixel count, its segmentation the mask as COCO RLE; category ids are 1-based indices into ``classes``.
+    """
+    (root / split).mkdir(parents=True)
+    images: List[dict] = []
+    annotations: List[dict] = []
+    for idx, (img, instances) in enumerate(scenes):
+        file_name = f"{split}/{idx:06d}.png"
+        write_png(root / file_name, img)
+        images.append({"id": idx + 1, "file_name": file_name, "height": img.shape[0], "width": img.shape[1]})
+        for category_id, mask, extra in instances:
+            ys, xs = np.nonzero(mask)
+            x0, y0 = int(xs.min()), int(ys.min())
+            w, h = int(xs.max()) + 1 - x0, int(ys.max()) + 1 - y0
+            rle = mask_util.encode(np.asfortranarray(mask.astype(np.uint8)))
+            segmentation = {"size": list(rle["size"]), "counts": rle["counts"].decode("ascii")}
+            annotations.append({"id": len(annotations) + 1, "image_id": idx + 1, "category_id": int(category_id),
+                                "bbox": [float(x0), float(y0), float(w), float(h)], "area": float(mask.sum()),
+                                "iscrowd": 0, "segmentation": segmentation, **extra})
+    coco = {"info": {"description": f"condinit-det embedded {version} {split}", "version": version},
+            "licenses": [], "images": images, "annotations": annotations,
+            "categories": [{"id": i + 1, "name": n, "supercategory": supercategory} for i, n in enumerate(classes)]}
+    (root / "annotations").mkdir(exist_ok=True)
+    with open(root / "annotations" / f"instances_{split}.json", "w") as f:
+        json.dump(coco, f)
+    return len(annotations)

@@ -1,24 +1,11 @@
-"""Two embedded datasets of real handwritten digits: ``digits-cls`` (classification) and ``digits-det`` (detection).
+"""The embedded datasets of real handwritten digits: ``digits-cls-v1`` (classification) and ``digits-det-v2``.
 
-Source: the 1,797 digits (8x8 block counts 0..16, 10 classes) of UCI's "Optical Recognition of Handwritten
-Digits" (E. Alpaydin and C. Kaynak, 1998; CC BY 4.0) that scikit-learn ships in its wheel
-(``sklearn.datasets.load_digits``): nothing is downloaded. scikit-learn is imported only to generate.
-The digits are split once, per class, into train (80%) and val (20%) from a fixed seed (:func:`split_digits`);
-both datasets record the split in their manifest, and no val digit appears in a train image of either.
-
-- ``digits-cls-v1`` (``data.root="embedded:digits-cls"``): every digit upscaled (bicubic, one blank source
-  pixel around it) to a 64x64 grey RGB image, white ink on black, in the ImageFolder layout
-  ``<root>/{train,val}/<digit>/<source index>.png``.
-- ``digits-det-v2`` (detectron2 ``condinit_digits_train`` / ``condinit_digits_val``, COCO layout as
-  :mod:`.embedded`): 128x128 scenes of 1 to 5 digits of the split's own digits, their 8x8 cells 20 to 48 px
-  tall (the ink reaches a little beyond), in light ink on a dark plain or textured canvas (the polarity of
-  the source digits, so that a backbone pretrained on ``digits-cls`` sees strokes as it learnt them). A
-  digit's mask is its upscaled ink above ``mask_threshold``; masks never touch and boxes overlap by at most
-  ``max_box_overlap``, so every mask is the whole visible digit. Category ids are digit + 1
-  (``"0"``..``"9"``); each annotation names its source digit (``digit_index``).
-
-Both are generated on first use into ``$CONDINIT_DATA/<version>`` (:mod:`.cache`: atomic, reused when the
-manifest matches, the same bytes every time); a changed source (its checksum) stops generation.
+Source: the 1,797 digits (8x8 counts 0..16) of UCI's "Optical Recognition of Handwritten Digits" (Alpaydin and
+Kaynak, 1998; CC BY 4.0) that scikit-learn ships (imported only to generate; a changed checksum stops generation),
+split once per class into train and val (:func:`split_digits`), as both manifests record. ``digits-cls``: each digit
+as a 64x64 grey image, ImageFolder ``<split>/<digit>/<source index>.png``. ``digits-det``: 128x128 COCO scenes of
+1 to 5 of the split's digits, a mask each (masks never touch), category id = digit + 1, each annotation naming its
+``digit_index``. Details: docs/configs.md.
 """
 from __future__ import annotations
 
@@ -31,38 +18,25 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import cv2
 import numpy as np
 
-from .cache import cache_root, generate_atomically, read_manifest, write_png
-from .embedded import PathLike, write_coco_split
-from .shapes import background, desaturate, image_rng
+from .cache import (
+    DEFAULT_SEED,
+    PathLike,
+    check_counts,
+    expected_manifest,
+    generate_atomically,
+    write_coco_split,
+    write_image_folder,
+)
+from .shapes import add_noise, background, desaturate, image_rng
 
-__all__ = [
-    "CLASSES",
-    "CLS_VERSION",
-    "DET_DATASET_NAMES",
-    "DET_VERSION",
-    "DigitsClsSpec",
-    "DigitsDetSpec",
-    "PlacedDigit",
-    "SOURCE",
-    "default_cls_root",
-    "default_det_root",
-    "digit_ink",
-    "existing_or_generated_det",
-    "generate_digits_cls_dataset",
-    "generate_digits_det_dataset",
-    "load_source_digits",
-    "render_digit_image",
-    "render_digits_scene",
-    "split_digits",
-]
+__all__ = ["CLASSES", "CLS_VERSION", "DET_VERSION", "DigitsClsSpec", "DigitsDetSpec", "PlacedDigit", "SOURCE",
+           "digit_ink", "generate_digits_cls_dataset", "generate_digits_det_dataset", "load_source_digits",
+           "render_digit_image", "split_digits"]
 
 CLS_VERSION = "digits-cls-v1"
 DET_VERSION = "digits-det-v2"
-DET_DATASET_NAMES = ("condinit_digits_train", "condinit_digits_val")
 # One character each, so that sorted class folders (timm, torchvision) are in label order.
 CLASSES = tuple(str(d) for d in range(10))
-DEFAULT_SEED = 2026
-DEFAULT_NUM_SCENES = {"train": 512, "val": 64}
 DEFAULT_VAL_FRACTION = 0.2
 
 # The data the datasets are made from, as load_digits returns it: the sha256 of its pixels (uint8, 1797x8x8)
@@ -139,32 +113,17 @@ class PlacedDigit(NamedTuple):
     digit_index: int  # index into the source digits
 
 
-# ---------------------------------------------------------------------------------------------
-# Source and split
-# ---------------------------------------------------------------------------------------------
-def _digest(pixels: np.ndarray, labels: np.ndarray) -> str:
-    return hashlib.sha256(pixels.astype(np.uint8).tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
-
-
 @functools.lru_cache(maxsize=1)
 def load_source_digits() -> Tuple[np.ndarray, np.ndarray]:
     """The 1,797 source digits: (pixels uint8 [N, 8, 8] in 0..16, labels int64 [N]), read-only.
 
     Raises RuntimeError when scikit-learn's copy is not the one the datasets were made from (checksum).
     """
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise ImportError("the digits datasets are generated from scikit-learn's copy of the UCI digits: "
-                          "pip install scikit-learn") from e
+    from sklearn.datasets import load_digits
+
     bunch = load_digits()
-    pixels = np.asarray(bunch.images)
-    labels = np.asarray(bunch.target)
-    if pixels.shape != (SOURCE["num_digits"], 8, 8) or not np.array_equal(pixels, np.round(pixels)):
-        raise RuntimeError(f"load_digits returned {pixels.shape} images, expected {SOURCE['num_digits']} of 8x8 "
-                           "integer counts")
-    pixels, labels = pixels.astype(np.uint8), labels.astype(np.int64)
-    digest = _digest(pixels, labels)
+    pixels, labels = np.asarray(bunch.images).astype(np.uint8), np.asarray(bunch.target).astype(np.int64)
+    digest = hashlib.sha256(pixels.tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
     if digest != _SOURCE_SHA256:
         raise RuntimeError(f"scikit-learn's load_digits data has sha256 {digest}, not {_SOURCE_SHA256} of the "
                            f"data {CLS_VERSION} and {DET_VERSION} are made from; install a scikit-learn whose "
@@ -207,9 +166,6 @@ def split_digits(labels: np.ndarray, seed: int = DEFAULT_SEED,
     return {"train": np.sort(np.concatenate(train)), "val": np.sort(np.concatenate(val))}
 
 
-# ---------------------------------------------------------------------------------------------
-# Rendering
-# ---------------------------------------------------------------------------------------------
 def digit_ink(pixels: np.ndarray, width: int, height: int, margin: int = 1) -> np.ndarray:
     """A digit's ink in [0, 1] as a float32 ``height x width`` array: the 8x8 counts with ``margin`` blank
     pixels around them, upscaled bicubically (the blank border lets the strokes fade out instead of being cut)."""
@@ -245,11 +201,6 @@ def _ink_color(rng: np.random.Generator, under: np.ndarray, spec: DigitsDetSpec)
     return np.full(3, 255.0, np.float32)
 
 
-def _box(mask: np.ndarray) -> Tuple[int, int, int, int]:
-    ys, xs = np.nonzero(mask)
-    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
-
-
 def _box_overlap(a: Tuple[int, int, int, int], b: Tuple[int, int, int, int]) -> float:
     """Intersection of two boxes over the smaller one's area."""
     w = min(a[2], b[2]) - max(a[0], b[0])
@@ -278,12 +229,13 @@ def _scene(rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, poo
         stroke = ink > spec.mask_threshold
         if int(stroke.sum()) < spec.min_mask_pixels:
             continue
+        ys, xs = np.nonzero(stroke)
         # Rejection sampling of the position: the whole digit in the frame, apart from the others.
         for _attempt in range(spec.place_attempts):
             y0, x0 = int(rng.integers(0, size - ph + 1)), int(rng.integers(0, size - pw + 1))
             mask = np.zeros((size, size), bool)
             mask[y0:y0 + ph, x0:x0 + pw] = stroke
-            box = _box(mask)
+            box = (x0 + int(xs.min()), y0 + int(ys.min()), x0 + int(xs.max()) + 1, y0 + int(ys.max()) + 1)
             if taken[mask].any() or any(_box_overlap(box, b) > spec.max_box_overlap for b in boxes):
                 continue
             region = img[y0:y0 + ph, x0:x0 + pw]
@@ -294,97 +246,44 @@ def _scene(rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, poo
             boxes.append(box)
             placed.append(PlacedDigit(int(labels[digit]), mask, digit))
             break
-    img = img + rng.normal(0.0, rng.uniform(*spec.noise_std), img.shape).astype(np.float32)
-    return np.clip(np.round(img), 0, 255).astype(np.uint8), placed
+    return add_noise(img, rng, spec.noise_std), placed
 
 
-def render_digits_scene(seed: int, split: str, index: int,
-                        spec: DigitsDetSpec = DigitsDetSpec()) -> Tuple[np.ndarray, List[PlacedDigit]]:
-    """Scene ``index`` of ``split``: (HxWx3 uint8 BGR image, its digits), drawn from its own generator seeded by
-    ``(seed, split, index)`` and using only the digits of ``split`` (:func:`split_digits` of the spec)."""
-    pixels, labels = load_source_digits()
-    pool = split_digits(labels, spec.split_seed, spec.val_fraction)[split]
-    return _scene(image_rng(seed, split, index), pixels, labels, pool, spec)
-
-
-# ---------------------------------------------------------------------------------------------
-# Generation
-# ---------------------------------------------------------------------------------------------
-def default_cls_root() -> Path:
-    """``$CONDINIT_DATA/digits-cls-v1`` if the variable is set, else ``~/.cache/condinit_det/digits-cls-v1``."""
-    return cache_root(CLS_VERSION)
-
-
-def default_det_root() -> Path:
-    """``$CONDINIT_DATA/digits-det-v2`` if the variable is set, else ``~/.cache/condinit_det/digits-det-v2``."""
-    return cache_root(DET_VERSION)
-
-
-def _split_manifest(split: Dict[str, np.ndarray]) -> Dict[str, List[int]]:
-    return {k: [int(i) for i in v] for k, v in split.items()}
-
-
-def generate_digits_cls_dataset(
-    root: Optional[PathLike] = None,
-    *,
-    seed: int = DEFAULT_SEED,
-    spec: DigitsClsSpec = DigitsClsSpec(),
-    replace_stale: Optional[bool] = None,
-) -> Path:
-    """Make sure ``digits-cls`` made with ``seed`` (the split's) and ``spec`` exists at ``root``; return the root.
-
-    root: default :func:`default_cls_root` (a cache). The manifest records the source, the split sizes
-    (``num_images``) and the source indices of each split (``split``). A dataset made with other parameters,
-    or a folder without a manifest, is replaced when ``replace_stale`` (default: True for the default root,
-    else False); otherwise a ValueError says what was found.
+def generate_digits_cls_dataset(root: Optional[PathLike] = None, *, seed: int = DEFAULT_SEED,
+                                spec: DigitsClsSpec = DigitsClsSpec(), replace_stale: Optional[bool] = None) -> Path:
+    """Make sure ``digits-cls`` made with ``seed`` (the split's) and ``spec`` exists at ``root`` (default: its cache
+    folder); return the root. The manifest records the source, the split sizes (``num_images``) and the
+    source indices of each split (``split``). ``replace_stale``: as in :func:`.cache.generate_atomically`.
     """
     _check_val_fraction(spec.val_fraction)
-    if replace_stale is None:
-        replace_stale = root is None
-    root = Path(root).expanduser() if root is not None else default_cls_root()
 
     def write(tmp: Path) -> dict:
         pixels, labels = load_source_digits()
         split = split_digits(labels, seed, spec.val_fraction)
         for name, indices in split.items():
-            for c in CLASSES:
-                (tmp / name / c).mkdir(parents=True)
-            for i in indices:
-                write_png(tmp / name / CLASSES[labels[i]] / f"{int(i):04d}.png", render_digit_image(pixels[i], spec))
-        return {"image_size": spec.image_size, "source": SOURCE, "split": _split_manifest(split)}
+            images = ((f"{int(i):04d}", int(labels[i]), render_digit_image(pixels[i], spec)) for i in indices)
+            write_image_folder(tmp, name, images, classes=CLASSES)
+        return {"image_size": spec.image_size, "source": SOURCE, "split": {k: v.tolist() for k, v in split.items()}}
 
-    expected = {"version": CLS_VERSION, "seed": int(seed), "num_images": _split_sizes(spec.val_fraction),
-                "spec": dataclasses.asdict(spec), "classes": list(CLASSES)}
+    expected = expected_manifest(CLS_VERSION, seed, _split_sizes(spec.val_fraction), spec, CLASSES)
     return generate_atomically(root, expected, write, replace_stale=replace_stale)
 
 
-def generate_digits_det_dataset(
-    root: Optional[PathLike] = None,
-    *,
-    seed: int = DEFAULT_SEED,
-    num_train: int = DEFAULT_NUM_SCENES["train"],
-    num_val: int = DEFAULT_NUM_SCENES["val"],
-    spec: DigitsDetSpec = DigitsDetSpec(),
-    replace_stale: Optional[bool] = None,
-) -> Path:
-    """Make sure ``digits-det`` with these parameters exists at ``root``; return the root.
+def generate_digits_det_dataset(root: Optional[PathLike] = None, *, seed: int = DEFAULT_SEED, num_train: int = 512,
+                                num_val: int = 64, spec: DigitsDetSpec = DigitsDetSpec(),
+                                replace_stale: Optional[bool] = None) -> Path:
+    """Make sure ``digits-det`` with these parameters exists at ``root`` (default: its cache folder); return the root.
 
-    root: default :func:`default_det_root` (a cache). ``seed`` draws the scenes; ``spec.split_seed`` and
-    ``spec.val_fraction`` choose the digits each split may use (recorded as ``split`` in the manifest). Stale
-    data is handled as by :func:`generate_digits_cls_dataset`.
+    ``seed`` draws the scenes; ``spec.split_seed`` and ``spec.val_fraction`` choose the digits each split may use
+    (recorded as ``split`` in the manifest). ``replace_stale``: as in :func:`.cache.generate_atomically`.
     """
     _check_val_fraction(spec.val_fraction)
-    for name, n in (("num_train", num_train), ("num_val", num_val)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    check_counts(1, num_train=num_train, num_val=num_val)
     if not 1 <= spec.min_objects <= spec.max_objects:
         raise ValueError(f"need 1 <= min_objects <= max_objects, got {spec.min_objects}, {spec.max_objects}")
     if not 8 <= spec.min_size <= spec.max_size <= spec.image_size * 8 / (8 + 2 * spec.margin) / (
             1 + spec.aspect_jitter):
         raise ValueError(f"digit sizes {spec.min_size}..{spec.max_size} px do not fit a {spec.image_size} px image")
-    if replace_stale is None:
-        replace_stale = root is None
-    root = Path(root).expanduser() if root is not None else default_det_root()
 
     def write(tmp: Path) -> dict:
         pixels, labels = load_source_digits()
@@ -399,23 +298,7 @@ def generate_digits_det_dataset(
                                          supercategory="digit")
                   for name, num in (("train", num_train), ("val", num_val))}
         return {"num_instances": counts, "image_size": spec.image_size, "source": SOURCE,
-                "split": _split_manifest(split)}
+                "split": {k: v.tolist() for k, v in split.items()}}
 
-    expected = {"version": DET_VERSION, "seed": int(seed), "num_images": {"train": num_train, "val": num_val},
-                "spec": dataclasses.asdict(spec), "classes": list(CLASSES)}
+    expected = expected_manifest(DET_VERSION, seed, {"train": num_train, "val": num_val}, spec, CLASSES)
     return generate_atomically(root, expected, write, replace_stale=replace_stale)
-
-
-def existing_or_generated_det(root: Optional[PathLike]) -> Path:
-    """The default cache (regenerated if stale), a ``digits-det`` dataset at ``root`` whatever its parameters,
-    else a default one generated there; a root holding another dataset raises ValueError."""
-    if root is None:
-        return generate_digits_det_dataset(None)
-    root = Path(root).expanduser()
-    manifest = read_manifest(root)
-    if manifest is None:
-        return generate_digits_det_dataset(root)
-    if manifest.get("version") != DET_VERSION:
-        raise ValueError(f"{root} holds the {manifest.get('version')} dataset, not {DET_VERSION}")
-    return root
-

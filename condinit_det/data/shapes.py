@@ -1,28 +1,26 @@
-"""Procedural renderer for the embedded "shapes" instance-segmentation dataset.
+"""The embedded "shapes" instance-segmentation dataset (``shapes-v1``): its renderer and its generator.
 
-Every image is drawn from its own ``numpy.random.Generator`` seeded by
-``(seed, split, index)``, so an image does not depend on how many images were
-drawn before it and the whole dataset is bit-for-bit reproducible.
-
-Conventions:
-    * images are HxWx3 uint8 in BGR order (OpenCV), H = W = ``image_size``;
-    * masks are HxW bool arrays of the *visible* pixels of an instance: later
-      objects and occluding clutter are subtracted from earlier objects;
-    * boxes are COCO ``[x, y, w, h]`` in absolute pixels, tight around the
-      visible mask (``x + w`` is one past the last visible column).
+Every image is drawn from its own ``numpy.random.Generator`` seeded by ``(seed, split, index)``, so an image does
+not depend on how many were drawn before it and the dataset is the same, byte for byte, everywhere. Images are
+HxWx3 uint8 BGR; an instance's mask is the HxW bool of its *visible* pixels (later objects and clutter are
+subtracted from earlier ones); COCO layout as :func:`.cache.write_coco_split` writes it. The drawing helpers
+(backgrounds, shapes, colours) are shared by the other embedded datasets. Details: docs/demos.md.
 """
 from dataclasses import dataclass
-from typing import List, Tuple
+from pathlib import Path
+from typing import List, Optional, Tuple
 
 import cv2
 import numpy as np
 
-__all__ = ["SHAPE_CLASSES", "ShapesSpec", "RenderedInstance", "render_image"]
+from .cache import DEFAULT_SEED, PathLike, check_counts, expected_manifest, generate_atomically, write_coco_split
 
+__all__ = ["DATASET_VERSION", "SHAPE_CLASSES", "ShapesSpec", "RenderedInstance", "generate_shapes_dataset",
+           "render_image"]
+
+DATASET_VERSION = "shapes-v1"
 # Category ids are 1-based (COCO style) in this order.
 SHAPE_CLASSES = ("circle", "square", "triangle", "star", "cross")
-
-_SPLIT_IDS = {"train": 0, "val": 1}
 
 
 @dataclass(frozen=True)
@@ -34,8 +32,7 @@ class ShapesSpec:
     max_objects: int = 5
     min_size: int = 18  # diameter of the shape's circumscribed circle, pixels
     max_size: int = 56
-    # An object is placed only if every instance keeps at least this fraction of
-    # its full in-frame area visible, so nothing drawn is left unlabeled.
+    # An object is placed only if every instance keeps this fraction of its in-frame area visible (none is hidden).
     min_visible_fraction: float = 0.55
     min_visible_pixels: int = 40
     max_distractors: int = 6
@@ -54,19 +51,13 @@ class RenderedInstance:
     mask: np.ndarray  # HxW bool, visible pixels
 
 
-def _split_id(split: str) -> int:
-    if split not in _SPLIT_IDS:
-        raise ValueError(f"split must be one of {sorted(_SPLIT_IDS)}, got {split!r}")
-    return _SPLIT_IDS[split]
-
-
 def image_rng(seed: int, split: str, index: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([int(seed), _split_id(split), int(index)]))
+    """The generator of image ``index`` of ``split``: an image does not depend on those drawn before it."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be one of ['train', 'val'], got {split!r}")
+    return np.random.default_rng(np.random.SeedSequence([int(seed), ("train", "val").index(split), int(index)]))
 
 
-# ---------------------------------------------------------------------------
-# Background
-# ---------------------------------------------------------------------------
 def background(rng: np.random.Generator, size: int) -> np.ndarray:
     """Float32 HxWx3 background in [0, 255]: gradient, blotchy noise or stripes."""
     kind = rng.integers(3)
@@ -96,9 +87,6 @@ def desaturate(img: np.ndarray, keep: float) -> np.ndarray:
     return gray + keep * (img - gray)
 
 
-# ---------------------------------------------------------------------------
-# Shapes: each returns a full (unoccluded) HxW bool mask
-# ---------------------------------------------------------------------------
 def rotate(points: np.ndarray, angle: float) -> np.ndarray:
     c, s = np.cos(angle), np.sin(angle)
     return points @ np.array([[c, s], [-s, c]], dtype=np.float64)
@@ -114,6 +102,8 @@ def fill(size: int, polys: List[np.ndarray]) -> np.ndarray:
 
 
 def shape_mask(category: str, center: np.ndarray, diameter: float, angle: float, size: int) -> np.ndarray:
+    """The full (unoccluded) ``size x size`` bool mask of a shape of ``diameter`` (its circumscribed circle's)
+    rotated by ``angle``: a class of SHAPE_CLASSES, or ``hexagon``, ``diamond``, ``ring`` (shapes-cls only)."""
     r = diameter / 2.0
     if category == "circle":
         t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
@@ -136,7 +126,17 @@ def shape_mask(category: str, center: np.ndarray, diameter: float, angle: float,
         bar = np.array([[-r, -w], [r, -w], [r, w], [-r, w]], np.float64)
         bars = [rotate(bar, angle) + center, rotate(bar, angle + np.pi / 2) + center]
         return fill(size, bars)
-    raise ValueError(f"unknown shape category {category!r}; known: {SHAPE_CLASSES}")
+    if category == "hexagon":
+        t = np.arange(6) * np.pi / 3 + angle
+        return fill(size, [np.stack([np.cos(t), np.sin(t)], 1) * r + center])
+    if category == "diamond":
+        pts = np.array([[r, 0.0], [0.0, 0.55 * r], [-r, 0.0], [0.0, -0.55 * r]])
+        return fill(size, [rotate(pts, angle) + center])
+    if category == "ring":
+        t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
+        unit = np.stack([np.cos(t), np.sin(t)], 1)
+        return fill(size, [unit * r + center]) & ~fill(size, [unit * 0.55 * r + center])
+    raise ValueError(f"unknown shape {category!r}")
 
 
 def blob_mask(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -159,13 +159,31 @@ def random_color(rng: np.random.Generator, avoid: np.ndarray) -> np.ndarray:
     return (255.0 - avoid).astype(np.float32)
 
 
-def _class_color(rng: np.random.Generator, cat: int, avoid: np.ndarray, spec: ShapesSpec) -> np.ndarray:
-    """Colour of an instance of class ``cat`` (0-based): a jittered class hue, or sometimes any colour."""
-    if rng.random() < spec.random_color_prob:
-        return random_color(rng, avoid)
-    hue = (cat * 360.0 / len(SHAPE_CLASSES) + rng.normal(0.0, spec.hue_jitter)) % 360.0
+def class_color(rng: np.random.Generator, label: int, num_classes: int, hue_jitter: float) -> np.ndarray:
+    """The colour (BGR, 0..255) of class ``label``: its own hue, evenly spaced around the colour wheel, jittered by
+    ``hue_jitter`` degrees (std), at a random saturation and value."""
+    hue = (label * 360.0 / num_classes + rng.normal(0.0, hue_jitter)) % 360.0
     hsv = np.array([[[hue, rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)]]], np.float32)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0] * 255.0
+
+
+def draw_lines_and_dots(img: np.ndarray, rng: np.random.Generator, count: int, *, max_dot_radius: int) -> None:
+    """Draw ``count`` lines (1 or 2 px thick) or dots of random colours and places on ``img``, in place."""
+    size = img.shape[0]
+    for _ in range(count):
+        color = tuple(float(v) for v in rng.uniform(0, 255, 3))
+        if rng.random() < 0.5:
+            p0, p1 = (tuple(int(v) for v in rng.integers(0, size, 2)) for _ in range(2))
+            cv2.line(img, p0, p1, color, thickness=int(rng.integers(1, 3)))
+        else:
+            center = tuple(int(v) for v in rng.integers(0, size, 2))
+            cv2.circle(img, center, int(rng.integers(1, max_dot_radius + 1)), color, thickness=-1)
+
+
+def add_noise(img: np.ndarray, rng: np.random.Generator, noise_std: Tuple[float, float]) -> np.ndarray:
+    """``img`` plus Gaussian noise of a std drawn from ``noise_std``, rounded to uint8."""
+    img = img + rng.normal(0.0, rng.uniform(*noise_std), img.shape).astype(np.float32)
+    return np.clip(np.round(img), 0, 255).astype(np.uint8)
 
 
 def paint(img: np.ndarray, mask: np.ndarray, color: np.ndarray, rng: np.random.Generator) -> None:
@@ -177,41 +195,21 @@ def paint(img: np.ndarray, mask: np.ndarray, color: np.ndarray, rng: np.random.G
     img[ys, xs] = np.clip(color[None, :] + shade[:, None], 0, 255)
 
 
-# ---------------------------------------------------------------------------
-# One image
-# ---------------------------------------------------------------------------
 def render_image(
     seed: int, split: str, index: int, spec: ShapesSpec = ShapesSpec()
 ) -> Tuple[np.ndarray, List[RenderedInstance]]:
-    """Render image ``index`` of ``split``.
-
-    Returns:
-        image: HxWx3 uint8, BGR.
-        instances: list of RenderedInstance in painting order (later ones are on top).
-    """
+    """Image ``index`` of ``split``: (HxWx3 uint8 BGR image, its instances in painting order, later ones on top)."""
     rng = image_rng(seed, split, index)
     size = spec.image_size
     img = desaturate(background(rng, size), spec.background_saturation)
 
-    # Clutter under the objects: thin lines and dots.
-    canvas = img.copy()
-    for _ in range(int(rng.integers(0, spec.max_distractors + 1))):
-        color = tuple(float(v) for v in rng.uniform(0, 255, 3))
-        if rng.random() < 0.5:
-            p0 = tuple(int(v) for v in rng.integers(0, size, 2))
-            p1 = tuple(int(v) for v in rng.integers(0, size, 2))
-            cv2.line(canvas, p0, p1, color, thickness=int(rng.integers(1, 3)))
-        else:
-            c = tuple(int(v) for v in rng.integers(0, size, 2))
-            cv2.circle(canvas, c, int(rng.integers(1, 4)), color, thickness=-1)
-    img = canvas
+    draw_lines_and_dots(img, rng, int(rng.integers(0, spec.max_distractors + 1)), max_dot_radius=3)
 
     full_masks: List[np.ndarray] = []  # unoccluded, in-frame
     visible: List[np.ndarray] = []
     categories: List[int] = []
     n_target = int(rng.integers(spec.min_objects, spec.max_objects + 1))
-    # Rejection sampling: a placement is kept only if it leaves every object
-    # (itself included) sufficiently visible.
+    # Rejection sampling: a placement is kept only if it leaves every object (itself included) visible enough.
     for _ in range(n_target):
         for _attempt in range(12):
             cat = int(rng.integers(len(SHAPE_CLASSES)))
@@ -231,7 +229,11 @@ def render_image(
                 visible = new_visible + [m]
                 full_masks.append(m)
                 categories.append(cat + 1)
-                paint(img, m, _class_color(rng, cat, img[m].mean(0), spec), rng)
+                if rng.random() < spec.random_color_prob:
+                    color = random_color(rng, img[m].mean(0))
+                else:
+                    color = class_color(rng, cat, len(SHAPE_CLASSES), spec.hue_jitter)
+                paint(img, m, color, rng)
                 break
 
     # Clutter on top of the objects: irregular blobs that may occlude a little.
@@ -242,11 +244,8 @@ def render_image(
             visible = new_visible
             paint(img, b, random_color(rng, img[b].mean(0) if b.any() else np.zeros(3)), rng)
 
-    sigma = rng.uniform(*spec.noise_std)
-    img = img + rng.normal(0.0, sigma, img.shape).astype(np.float32)
-    img = np.clip(np.round(img), 0, 255).astype(np.uint8)
     instances = [RenderedInstance(category_id=c, mask=v) for c, v in zip(categories, visible)]
-    return img, instances
+    return add_noise(img, rng, spec.noise_std), instances
 
 
 def _visible_ok(vis: np.ndarray, full: np.ndarray, spec: ShapesSpec) -> bool:
@@ -262,3 +261,25 @@ AREA_RATIO = {
     "star": 5 * 0.42 * np.sin(np.pi / 5) / np.pi,
     "cross": (8 * 0.36 - 4 * 0.36**2) / np.pi,  # two bars minus their overlap
 }
+
+
+def generate_shapes_dataset(root: Optional[PathLike] = None, *, seed: int = DEFAULT_SEED, num_train: int = 512,
+                            num_val: int = 64, spec: ShapesSpec = ShapesSpec(),
+                            replace_stale: Optional[bool] = None) -> Path:
+    """Make sure ``shapes-v1`` made with these parameters exists at ``root`` (default: its cache folder); return the
+    root. ``replace_stale``: as in :func:`.cache.generate_atomically` (default: only in the cache folder)."""
+    check_counts(1, num_train=num_train, num_val=num_val)
+
+    def scenes(split: str, num: int):
+        for index in range(num):
+            img, instances = render_image(seed, split, index, spec)
+            yield img, [(inst.category_id, inst.mask, {}) for inst in instances]
+
+    def write(tmp: Path) -> dict:
+        counts = {split: write_coco_split(tmp, split, scenes(split, num), classes=SHAPE_CLASSES,
+                                          version=DATASET_VERSION, supercategory="shape")
+                  for split, num in (("train", num_train), ("val", num_val))}
+        return {"num_instances": counts, "image_size": spec.image_size}
+
+    expected = expected_manifest(DATASET_VERSION, seed, {"train": num_train, "val": num_val}, spec, SHAPE_CLASSES)
+    return generate_atomically(root, expected, write, replace_stale=replace_stale)

@@ -1,14 +1,13 @@
 """The detection stage: detectron2 detectors trained and evaluated with an arm (``condinit-train``).
 
-- :mod:`.stage`: :class:`DetectionStage`, the stage the launcher runs (:mod:`condinit_det.launch`);
-- :mod:`.config`: loading configs, one run's settings, the checks made before a process starts;
-- :mod:`.train`: one run in every process (lazy configs); :mod:`.yacs_trainer`: the yacs path;
-- :mod:`.hooks`: the AP hook (``"ap"`` records), the best checkpoint, the requeue checkpoint;
-- :mod:`.checkpoint`: atomic, weights-only checkpoints and pretraining checkpoints converted on load;
-- :mod:`.arm_report`: which arm each attention site got and where its weights finally came from.
-
-The results file shared with the pretraining stage and the report is :mod:`condinit_det.records.results`.
+:mod:`.stage` (the launcher's :class:`DetectionStage`), :mod:`.config` (configs, one run's settings, the checks),
+:mod:`.yacs` (yacs configs made lazy), :mod:`.train` (one run in every process), :mod:`.hooks` (AP records, best
+and requeue checkpoints, the ETA), :mod:`.checkpoint`, :mod:`.arm_report` (where each site's weights came from).
 """
-from .stage import DetectionStage
+import warnings
+
+with warnings.catch_warnings():  # fvcore, which detectron2's layers import, scripts a loss with torch.jit (deprecated)
+    warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
+    from .stage import DetectionStage
 
 __all__ = ["DetectionStage"]

@@ -1,11 +1,6 @@
-"""The arm report of a run: which arm each attention site got, and where its weights finally came from.
-
-Written by the main process as ``<output_dir>/condinit_arm_report.json`` (see
-:func:`condinit_det.records.layout.write_arm_report`): the :class:`~condinit_det.init.InitReport` of the
-build, the run identity checked by ``--resume``, and per site ``weights_from`` -- ``"arm"`` when
-the site kept the arm's init, or the checkpoint that overwrote it (with that checkpoint's own
-arm when it is a pretraining checkpoint).
-"""
+"""The arm report of a run (``condinit_arm_report.json``, :func:`condinit_det.records.identity.write_arm_report`):
+the build's :class:`~condinit_det.init.InitReport`, the run identity ``--resume`` checks, and per site where its
+weights finally came from (``weights_from``: the arm, or the checkpoint that overwrote it)."""
 import logging
 import os
 from typing import Dict, List, Mapping, Optional

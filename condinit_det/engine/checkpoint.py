@@ -1,19 +1,6 @@
-"""Checkpoints of a run: written atomically, read without running code, pretraining checkpoints converted.
-
-:class:`RunCheckpointer` is detectron2's ``DetectionCheckpointer`` with these changes:
-
-- ``save`` writes ``<name>.pth`` and the ``last_checkpoint`` tag through a temporary file in the
-  same folder and ``os.replace``, so a run killed while saving leaves the previous checkpoint and
-  tag intact (no half-written file is ever read by ``--resume``); ``model_final`` is also written
-  as ``model_final.safetensors`` (the weights to share; arm, seed, iteration as metadata);
-- files are read without running code from them (:mod:`condinit_det.utils.checkpoint_io`): ``.pth``
-  with ``weights_only=True``, ``.safetensors`` natively, ``.pkl`` only with ``trust_pickle``; a
-  truncated, corrupt or unsafe checkpoint is reported as one ``ValueError`` naming the file;
-- a checkpoint written by ``tools/pretrain_net.py`` (``{"format": "condinit_det.pretrain/v1",
-  "model": <timm state dict>, "arm": ..., ...}``, or its ``.safetensors`` with that metadata) is
-  converted to the model's detectron2 backbone on load
-  (:func:`condinit_det.modeling.convert.convert_timm_checkpoint`); its metadata is kept on
-  ``pretrain_meta``.
+"""Checkpoints of a detection run: :class:`RunCheckpointer` writes atomically with the run's metadata (arm, seed,
+stage) in every file and ``model_final.safetensors`` to share, reads weights-only (``.pkl`` with ``trust_pickle``)
+and converts a pretraining checkpoint (:data:`PRETRAIN_FORMAT`) to the model's backbone. Detail: docs/checkpoints.md.
 """
 import logging
 import os
@@ -24,7 +11,9 @@ from detectron2.checkpoint import DetectionCheckpointer
 from torch.nn.parallel import DistributedDataParallel
 
 from ..utils.checkpoint_io import (
+    DETECTION_FORMAT,
     PICKLE_SUFFIXES,
+    PRETRAIN_FORMAT,
     SAFETENSORS_SUFFIX,
     check_loadable,
     final_weights_file,
@@ -36,13 +25,11 @@ from ..utils.checkpoint_io import (
 )
 from ..utils.fileio import atomic_torch_save, atomic_write
 
-__all__ = ["DETECTION_FORMAT", "PRETRAIN_FORMAT", "RunCheckpointer", "check_checkpoint_file",
+__all__ = ["RunCheckpointer", "check_checkpoint_file",
            "pretrain_checkpoint_file", "read_pretrain_meta"]
 
 logger = logging.getLogger(__name__)
 
-PRETRAIN_FORMAT = "condinit_det.pretrain/v1"
-DETECTION_FORMAT = "condinit_det.detection/v1"  # the format tag of a detection run's model_final.safetensors
 _FINAL = "model_final"
 _LAST = "last_checkpoint"
 
@@ -76,10 +63,8 @@ def check_checkpoint_file(path: str) -> None:
 
 
 def read_pretrain_meta(path: str, *, trust_pickle: bool = False) -> Optional[dict]:
-    """Metadata (everything but the weights) of a pretraining checkpoint, or None for other files.
-
-    Raises :class:`~condinit_det.utils.checkpoint_io.UnsafeCheckpointError` for a ``.pth`` that needs full
-    unpickling unless ``trust_pickle``."""
+    """Metadata (everything but the weights) of a pretraining checkpoint, or None for other files; a ``.pth`` that
+    needs full unpickling raises ``UnsafeCheckpointError`` unless ``trust_pickle``."""
     if not os.path.isfile(path) or path.endswith(PICKLE_SUFFIXES + (".pyth",)):
         return None
     check_checkpoint_file(path)
@@ -93,13 +78,8 @@ def read_pretrain_meta(path: str, *, trust_pickle: bool = False) -> Optional[dic
 
 
 class RunCheckpointer(DetectionCheckpointer):
-    """``DetectionCheckpointer`` with atomic saves, safe and clear loads and pretraining-checkpoint conversion.
-
-    Args:
-        trust_pickle: load ``.pkl`` files and ``.pth`` files that need full unpickling (both can run
-            code stored in them); refused otherwise.
-        metadata: plain values (arm, seed, ...) written into ``model_final.safetensors``.
-    """
+    """``DetectionCheckpointer`` with atomic saves, safe loads and pretraining-checkpoint conversion; ``metadata``
+    (arm, seed, stage, ...) goes into every checkpoint; ``trust_pickle`` loads files that need full unpickling."""
 
     def __init__(self, model, save_dir="", *, trust_pickle: bool = False, metadata: Optional[dict] = None, **kwargs):
         super().__init__(model, save_dir, **kwargs)
@@ -110,7 +90,7 @@ class RunCheckpointer(DetectionCheckpointer):
     def save(self, name: str, **kwargs) -> None:
         if not self.save_dir or not self.save_to_disk:
             return
-        data = {"model": self.model.state_dict()}
+        data = {**self.metadata, "model": self.model.state_dict()}
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(kwargs)
         basename = f"{name}.pth"
@@ -121,7 +101,8 @@ class RunCheckpointer(DetectionCheckpointer):
                              {"format": DETECTION_FORMAT, **self.metadata, **extra})
         self.logger.info(f"Saving checkpoint to {path}")
         atomic_torch_save(data, path)
-        self.tag_last_checkpoint(basename)
+        if name != "model_best":  # --resume continues from the newest periodic checkpoint
+            self.tag_last_checkpoint(basename)
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         atomic_write(os.path.join(self.save_dir, _LAST), last_filename_basename, fsync=True)

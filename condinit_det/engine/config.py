@@ -1,15 +1,6 @@
-"""Detection configs: loading, one run's settings, and everything checked before a process starts.
-
-Lazy (``.py``) configs follow detectron2's ``tools/lazyconfig_train_net.py`` conventions and read: ``model``
-(armed: :func:`condinit_det.modeling.armed`), ``optimizer``, ``lr_multiplier``, ``dataloader.{train,test,
-evaluator}``, ``train.{output_dir, init_checkpoint, max_iter, eval_period, log_period, checkpointer, ddp,
-amp.enabled, device, seed}``, ``condinit`` (the arm, ``configs/common/condinit.py``) and the optional
-``condinit_analysis`` (the conditioning hook; ``period=0`` or absent: off). yacs (``.yaml``) configs take the
-``DefaultTrainer`` path with the project's keys added by :func:`condinit_det.modeling.yacs_config.add_condinit_config`.
-
-Seeds: a negative ``train.seed`` (detectron2's "random") is replaced by 0, so that separate runs of different arms
-share data order and every non-attention weight; ``--seeds`` or ``train.seed=N`` choose others, and the arm's seed
-follows the training seed.
+"""Detection configs: loading, one run's settings, and everything checked before a process starts. A config is lazy
+as detectron2's ``lazyconfig_train_net.py`` reads it, plus ``condinit`` (the arm) and the optional
+``condinit_analysis``; a yacs config is made lazy at loading (:mod:`.yacs`). Detail: docs/training.md, docs/configs.md.
 """
 from __future__ import annotations
 
@@ -18,120 +9,68 @@ import inspect
 import logging
 import os
 import tempfile
-from typing import List, Optional
+import warnings
+from typing import List, Optional, Sequence
 
 import torch
-from detectron2.config import CfgNode, LazyConfig, instantiate
+from detectron2.config import CfgNode, instantiate
 from omegaconf import OmegaConf, open_dict
 
-from ..init import ARMS
-from ..init.spec import ArmSpec, plain, resolve_arm_node
-from ..model_zoo import is_yacs_file, resolve_config_file
+from .. import model_zoo
+from ..analysis.options import ANALYSIS_DEFAULTS
+from ..init.spec import ARM_NODE_KEYS, ArmSpec, plain, resolve_arm_node
 from ..modeling.arm import armed, armed_nodes, check_arm_agrees, sites_only
 from ..utils.checkpoint_io import check_loadable, final_weights_file, refuse_pickle
 from ..utils.errors import UsageError
 from .checkpoint import check_checkpoint_file, pretrain_checkpoint_file, read_pretrain_meta
+from .yacs import build_yacs_model, lazy_from_yacs
 
-__all__ = [
-    "DEFAULT_SEED",
-    "INFERENCE_DIRNAME",
-    "arm_spec",
-    "check_arm_sites",
-    "check_run",
-    "check_shared_checkpoints",
-    "get_device",
-    "get_init_checkpoint",
-    "get_lr_scale",
-    "get_max_iter",
-    "get_output_dir",
-    "get_seed",
-    "is_yacs",
-    "load_config",
-    "prepare_config",
-    "run_identity",
-]
+__all__ = ["CONDINIT_DEFAULTS", "DEFAULT_SEED", "INFERENCE_DIRNAME", "OPTIONAL_KEYS", "arm_spec", "check_arm_sites",
+           "check_run", "check_shared_checkpoints", "dataset_names", "load_config", "prepare_config", "run_identity"]
 
 logger = logging.getLogger("detectron2")
 
 DEFAULT_SEED = 0
 INFERENCE_DIRNAME = "inference"
+# Keys the stage reads though a config may lack them (their defaults: below and in prepare_config); the arm node's
+# options are judged per arm by its own check.
+OPTIONAL_KEYS = (*(f"condinit.{key}" for key in ARM_NODE_KEYS),
+                 *(f"condinit_analysis.{key}" for key in ANALYSIS_DEFAULTS),
+                 "train.seed", "train.lr_scale", "train.init_checkpoint", "train.trackers", "train.cudnn_benchmark")
+REQUIRED_KEYS = ("model", "optimizer", "lr_multiplier", "dataloader.train", "train.output_dir", "train.max_iter",
+                 "train.eval_period", "train.log_period", "train.checkpointer", "train.amp.enabled", "train.ddp",
+                 "train.device")
+CONDINIT_DEFAULTS = {"arm": "default", "seed": None, "include": None, "exclude": None, "options": {}}
 
 
-def load_config(config_file: str, opts: Optional[List[str]] = None):
-    """Load a lazy (.py, or a saved lazy .yaml) or yacs (.yaml) config and apply overrides.
-
-    ``config_file`` is a path or a model-zoo name ``zoo:<name>`` (:mod:`condinit_det.model_zoo`).
-    """
-    if not config_file:
-        raise UsageError("--config-file is required (a lazy .py config or a yacs .yaml config, a path or zoo:<name>)")
-    try:
-        path = resolve_config_file(config_file)
-    except FileNotFoundError as e:
-        raise UsageError(f"--config-file: {e}") from None
-    opts = list(opts or [])
-    if is_yacs_file(path):
-        from detectron2.config import get_cfg
-
-        from ..modeling.yacs_config import add_condinit_config
-
-        cfg = get_cfg()
-        add_condinit_config(cfg)
-        cfg.merge_from_file(path)
-        cfg.merge_from_list(opts)
-        return cfg
-    if not path.endswith((".py", ".yaml", ".yml")):
-        raise UsageError(f"--config-file {config_file}: expected a .py (lazy) or .yaml (yacs or lazy) config")
-    cfg = LazyConfig.load(path)
-    try:
-        return LazyConfig.apply_overrides(cfg, opts)
-    except Exception as e:  # hydra's parser and OmegaConf raise several types
-        raise UsageError(f"cannot apply overrides {' '.join(opts)!r}: {str(e).splitlines()[0]}") from None
-
-
-def is_yacs(cfg) -> bool:
-    """Whether ``cfg`` is a yacs config (else a lazy one)."""
-    return isinstance(cfg, CfgNode)
-
-
-def get_output_dir(cfg) -> str:
-    return cfg.OUTPUT_DIR if is_yacs(cfg) else cfg.train.output_dir
-
-
-def get_max_iter(cfg) -> int:
-    return int(cfg.SOLVER.MAX_ITER if is_yacs(cfg) else cfg.train.max_iter)
-
-
-def get_seed(cfg) -> int:
-    return int(cfg.SEED if is_yacs(cfg) else cfg.train.get("seed", -1))
-
-
-def get_lr_scale(cfg) -> float:
-    return float(cfg.SOLVER.LR_SCALE if is_yacs(cfg) else cfg.train.get("lr_scale", 1.0))
-
-
-def get_device(cfg) -> str:
-    return str(cfg.MODEL.DEVICE if is_yacs(cfg) else cfg.train.device)
-
-
-def get_init_checkpoint(cfg) -> str:
-    return cfg.MODEL.WEIGHTS if is_yacs(cfg) else cfg.train.get("init_checkpoint", "")
+def load_config(config_file: str, opts: Sequence[str] = ()):
+    """The lazy config of ``config_file`` (a path or ``zoo:<name>``; a yacs ``.yaml`` one converted) with its
+    overrides. A config without a ``condinit`` node gets :data:`CONDINIT_DEFAULTS`; a missing required key is a
+    one-line UsageError."""
+    cfg = model_zoo.load_config(config_file, opts, optional=OPTIONAL_KEYS)
+    if isinstance(cfg, CfgNode):
+        cfg = lazy_from_yacs(cfg)
+    missing = [key for key in REQUIRED_KEYS if OmegaConf.select(cfg, key, default=None) is None]
+    if missing:
+        raise UsageError(f"{config_file}: the config has no {', '.join(missing)}; a detection config defines them as "
+                         "detectron2's lazy configs do (common/train.py holds the train.* keys)")
+    if cfg.get("condinit") is None:
+        with open_dict(cfg):
+            cfg.condinit = dict(CONDINIT_DEFAULTS)
+    with warnings.catch_warnings():  # detectron2's ViT, Swin and MViT blocks import timm's old module name
+        warnings.filterwarnings("ignore", message="Importing from timm.models.layers", category=FutureWarning)
+        import timm.models.layers  # noqa: F401
+    return cfg
 
 
 def arm_spec(cfg) -> ArmSpec:
-    """The validated arm of a prepared config."""
-    if is_yacs(cfg):
-        from ..modeling.yacs_config import condinit_options
-
-        node = cfg.MODEL.CONDINIT
-        return resolve_arm_node({"arm": node.ARM, "seed": node.SEED, "include": list(node.INCLUDE) or None,
-                                 "exclude": list(node.EXCLUDE) or None,
-                                 "options": {node.ARM: condinit_options(node)} if condinit_options(node) else {}})
+    """The validated arm of a config."""
     return resolve_arm_node(cfg.condinit)
 
 
 def run_identity(cfg) -> dict:
-    """What a resumed run must share with the run it continues (:data:`condinit_det.records.layout.IDENTITY_KEYS`)."""
-    return {**arm_spec(cfg).identity(), "seed": get_seed(cfg), "lr_scale": get_lr_scale(cfg)}
+    """What a resumed run must share with the run it continues (:data:`condinit_det.records.identity.IDENTITY_KEYS`)."""
+    return {**arm_spec(cfg).identity(), "seed": int(cfg.train.seed), "lr_scale": float(cfg.train.get("lr_scale", 1.0))}
 
 
 def _format_checkpoint(path: str, arm: str, seed: int) -> str:
@@ -145,6 +84,8 @@ def _format_checkpoint(path: str, arm: str, seed: int) -> str:
 
 def _check_model_arm(cfg) -> None:
     """The model node applies ``cfg.condinit``: arm it when it is not armed; refuse two disagreeing arms."""
+    if cfg.model.get("_target_") is build_yacs_model:  # the backbone builders apply the arm
+        return
     nodes = armed_nodes(cfg.model)
     if not nodes:
         armed(cfg.model)
@@ -158,10 +99,8 @@ def _check_model_arm(cfg) -> None:
 
 
 def check_arm_sites(cfg) -> None:
-    """Build the model once with the arm's sites checked and no weight changed (the default arm's
-    work): a model without attention, an include/exclude pattern that matches nothing or a head
-    count that does not divide the width fails here, before anything is written or launched. The
-    global RNG is left as it was."""
+    """Build the model once with the arm's sites checked and no weight changed: a model without attention, a pattern
+    that matches nothing or a head count that does not divide the width fails here. The global RNG is kept."""
     with sites_only(), torch.random.fork_rng(devices=[]), torch.no_grad():
         instantiate(cfg.model)
     gc.collect()
@@ -169,12 +108,11 @@ def check_arm_sites(cfg) -> None:
 
 def _set_evaluator_output(cfg, output_dir: str) -> None:
     """Let the evaluator save its predictions (``<run>/inference/``), which the report resamples."""
-    node = cfg.dataloader.get("evaluator") if "dataloader" in cfg else None
+    node = cfg.dataloader.get("evaluator")
     if node is None or not OmegaConf.is_dict(node) or node.get("output_dir"):
         return
-    target = node.get("_target_")
     try:
-        accepts = "output_dir" in inspect.signature(target).parameters
+        accepts = "output_dir" in inspect.signature(node.get("_target_")).parameters
     except (TypeError, ValueError):
         accepts = False
     if accepts:
@@ -185,31 +123,7 @@ def prepare_config(cfg, *, arm: Optional[str] = None, output_dir: Optional[str] 
                    seed: Optional[int] = None, lr_scale: float = 1.0):
     """Set the run's arm, output directory, seed and learning-rate scale; resolve ``{arm}`` / ``{seed}``
     in the init checkpoint. Returns cfg (modified in place); raises ValueError on a bad arm node."""
-    if arm is not None and arm not in ARMS:
-        raise ValueError(f"Unknown arm {arm!r}; accepted: {', '.join(ARMS)}")
-    if is_yacs(cfg):
-        cfg.defrost()
-        if arm is not None:
-            cfg.MODEL.CONDINIT.ARM = arm
-        if output_dir is not None:
-            cfg.OUTPUT_DIR = output_dir
-        if seed is not None:
-            cfg.SEED = int(seed)
-        if cfg.SEED < 0:
-            logger.info(f"SEED={cfg.SEED} (random) replaced by {DEFAULT_SEED} so arms stay comparable.")
-            cfg.SEED = DEFAULT_SEED
-        cfg.MODEL.CONDINIT.SEED = cfg.SEED
-        cfg.SOLVER.LR_SCALE = float(lr_scale)
-        cfg.SOLVER.BASE_LR = float(cfg.SOLVER.BASE_LR) * float(lr_scale)
-        cfg.MODEL.WEIGHTS = _format_checkpoint(cfg.MODEL.WEIGHTS, cfg.MODEL.CONDINIT.ARM, cfg.SEED)
-        cfg.freeze()
-        arm_spec(cfg)
-        return cfg
-
     with open_dict(cfg):
-        if "condinit" not in cfg or cfg.condinit is None:
-            cfg.condinit = OmegaConf.create({"arm": "default", "seed": None, "include": None, "exclude": None,
-                                             "options": {}})
         if arm is not None:
             cfg.condinit.arm = arm
         if output_dir is not None:
@@ -236,13 +150,11 @@ def prepare_config(cfg, *, arm: Optional[str] = None, output_dir: Optional[str] 
 # ---------------------------------------------------------------------------------------------
 # Checks before anything is written or launched
 # ---------------------------------------------------------------------------------------------
-def _dataset_names(cfg) -> List[str]:
+def dataset_names(cfg) -> List[str]:
+    """The datasets the config trains on, then those it tests on, the evaluator's last."""
     names = []
-    for split in ("train", "test"):
-        node = cfg.dataloader.get(split) if "dataloader" in cfg else None
-        dataset = node.get("dataset") if node is not None and OmegaConf.is_dict(node) else None
-        value = dataset.get("names") if dataset is not None and OmegaConf.is_dict(dataset) else None
-        value = plain(value)
+    for key in ("dataloader.train.dataset.names", "dataloader.test.dataset.names", "dataloader.evaluator.dataset_name"):
+        value = plain(OmegaConf.select(cfg, key, default=None))
         names += [value] if isinstance(value, str) else list(value or [])
     return list(dict.fromkeys(names))
 
@@ -267,22 +179,14 @@ def _check_datasets(names: List[str]) -> None:
 
 def _check_writable(output_dir: str) -> None:
     """The output directory exists and takes files, or can be created (nothing is created here)."""
-    if not output_dir:
-        raise ValueError("the config has no output directory (train.output_dir / OUTPUT_DIR)")
     existing = os.path.abspath(output_dir)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    problem = None
-    if not os.path.isdir(existing):
-        problem = f"{existing} is not a directory"
-    else:
-        try:  # a real write (permission bits alone say nothing for root or read-only mounts)
-            os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=existing))
-        except OSError as e:
-            problem = e.strerror
-    if problem:
-        raise ValueError(f"cannot write to the output directory {output_dir} ({problem}); choose another with "
-                         "train.output_dir=DIR (OUTPUT_DIR DIR for yacs configs)")
+    try:  # a real write (permission bits alone say nothing for root or read-only mounts)
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=existing))
+    except OSError as e:
+        raise ValueError(f"cannot write to the output directory {output_dir} ({e.strerror}: {existing}); choose "
+                         "another with train.output_dir=DIR (OUTPUT_DIR DIR for yacs configs)") from None
 
 
 def _checkpoint_to_resume(output_dir: str) -> Optional[str]:
@@ -298,26 +202,25 @@ def _checkpoint_to_resume(output_dir: str) -> Optional[str]:
 
 
 def check_run(cfg, *, resume: bool, eval_only: bool, allow_shared_checkpoint: bool = False,
-              trust_pickle: bool = False, upstream: Optional[str] = None) -> None:
-    """Refuse, with one clear error, what would fail later or lose data; changes nothing on disk.
-
-    ``upstream``: an earlier stage's experiment directory; an init checkpoint under it may not exist yet (the run
-    waits for it) and is checked when the run starts."""
-    output_dir = get_output_dir(cfg)
+              trust_pickle: bool = False, upstream: Optional[str] = None, data: bool = True) -> None:
+    """Refuse, with one clear error, what would fail later or lose data; changes nothing on disk. An init checkpoint
+    under ``upstream`` (an earlier stage's experiment) may not exist yet. ``data``: check that the datasets exist."""
+    output_dir = cfg.train.output_dir
     spec = arm_spec(cfg)
-    if not is_yacs(cfg):
-        _check_datasets(_dataset_names(cfg))
+    if data:
+        _check_datasets(dataset_names(cfg))
     _check_writable(output_dir)
     if resume:
         last = _checkpoint_to_resume(output_dir)
         if last:
             check_checkpoint_file(last)
             check_loadable(last, trust_pickle=trust_pickle)
-    init = get_init_checkpoint(cfg)
+    init = cfg.train.get("init_checkpoint") or ""
     if eval_only and not init and not (resume and _checkpoint_to_resume(output_dir)):
         raise UsageError("--eval-only needs train.init_checkpoint=PATH (MODEL.WEIGHTS for yacs) or --resume in a "
                          "run directory with a checkpoint")
-    if init and upstream and not os.path.isfile(init) and _within(init, upstream):
+    under_upstream = upstream and os.path.abspath(init).startswith(os.path.join(os.path.abspath(upstream), ""))
+    if init and under_upstream and not os.path.isfile(init):
         return  # the upstream run has not finished yet: checked when this run starts
     if init:
         refuse_pickle(init, trust_pickle)  # also detectron2:// and http(s):// .pkl files
@@ -331,11 +234,6 @@ def check_run(cfg, *, resume: bool, eval_only: bool, allow_shared_checkpoint: bo
                 f"{spec.arm!r}; use that arm's checkpoint (e.g. a path with {{arm}}) or pass --allow-shared-checkpoint")
 
 
-def _within(path: str, folder: str) -> bool:
-    path, folder = os.path.abspath(path), os.path.abspath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def check_shared_checkpoints(runs, *, allow_shared_checkpoint: bool) -> None:
     """Refuse an experiment whose arms would all start from one checkpoint (for the same seed and lr scale): it
     overwrites the arm at every site it holds. ``runs``: (RunSpec, prepared cfg) pairs."""
@@ -343,7 +241,7 @@ def check_shared_checkpoints(runs, *, allow_shared_checkpoint: bool) -> None:
         return
     by_seed = {}
     for spec, cfg in runs:
-        init = get_init_checkpoint(cfg)
+        init = cfg.train.get("init_checkpoint")
         if init:
             by_seed.setdefault((spec.seed, spec.lr_scale), {})[spec.arm] = init
     for (seed, _), paths in by_seed.items():

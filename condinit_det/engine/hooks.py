@@ -1,4 +1,5 @@
-"""Training hooks: periodic COCO AP evaluation recorded into the run's results file."""
+"""Training hooks: COCO AP records (and the time the evaluations to come will take), the best and requeue
+checkpoints."""
 import logging
 import math
 import os
@@ -12,9 +13,9 @@ from condinit_det.records.per_image import detection_eval_path
 from condinit_det.records.results import ResultsFile
 from condinit_det.stage import DETECTION
 
-__all__ = ["AP_METRICS", "ap_record", "APHook", "build_best_checkpointer"]
+__all__ = ["AP_RECORD_METRICS", "APHook", "ap_record", "build_best_checkpointer"]
 
-AP_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+AP_RECORD_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")  # what an "ap" record holds per task
 _METADATA_KEYS = ("arm", "seed", "lr_scale", "config")
 _TASKS = ("bbox", "segm")
 
@@ -29,108 +30,52 @@ def _finite_or_none(value) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def ap_record(
-    results: Mapping[str, Any],
-    *,
-    iteration: int,
-    arm: Optional[str],
-    seed: Optional[int],
-    config: Optional[str],
-    lr_scale: Optional[float] = 1.0,
-    kind: str = "ap",
-) -> Dict[str, Any]:
-    """
-    A results-file record from a COCO evaluator's output.
-
-    results: ``{"bbox": {"AP": ..., ...}, "segm": {...}}`` as returned by detectron2's
-        COCOEvaluator (AP in percent). A task the evaluator did not run is stored as ``None``;
-        an undefined metric (NaN, e.g. APs without small objects) as ``None``.
-        With several test datasets (``{dataset: {"bbox": ...}}``) the first one is recorded.
-    iteration: number of completed training iterations when the model was evaluated.
-    """
-    if (
-        isinstance(results, Mapping)
-        and results
-        and not any(t in results for t in _TASKS)
-        and all(isinstance(v, Mapping) for v in results.values())
-    ):
-        results = next(iter(results.values()))
-    record: Dict[str, Any] = {
-        "kind": kind,
-        "stage": DETECTION.name,
-        "iteration": int(iteration),
-        "arm": arm,
-        "seed": seed,
-        "lr_scale": lr_scale,
-        "config": config,
-    }
+def ap_record(results: Mapping[str, Any], *, iteration: int, arm: Optional[str], seed: Optional[int],
+              config: Optional[str], lr_scale: Optional[float] = 1.0, kind: str = "ap") -> Dict[str, Any]:
+    """A results-file record of a COCO evaluator's output ``{"bbox": {"AP": ...}, "segm": {...}}`` (percent) after
+    ``iteration`` completed iterations. A task not evaluated is ``None``, an undefined metric (NaN) too."""
+    record: Dict[str, Any] = {"kind": kind, "stage": DETECTION.name, "iteration": int(iteration), "arm": arm,
+                              "seed": seed, "lr_scale": lr_scale, "config": config}
     for task in _TASKS:
         task_results = results.get(task) if isinstance(results, Mapping) else None
-        record[task] = (
-            None
-            if not task_results
-            else {m: _finite_or_none(task_results.get(m)) for m in AP_METRICS}
-        )
+        record[task] = None if not task_results else {
+            m: _finite_or_none(task_results.get(m)) for m in AP_RECORD_METRICS}
     return record
 
 
 class APHook(hooks.EvalHook):
-    """
-    detectron2's :class:`EvalHook` (every ``eval_period`` iterations and after the last; the
-    metrics go to the event storage as ``bbox/AP``, ``segm/AP50``, ...) that also appends an
-    ``"ap"`` record to the run's ``results.json``.
+    """detectron2's ``EvalHook`` that also adds an ``"ap"`` record (with ``metadata``: arm, seed, lr_scale, config)
+    to ``results_file`` in the main process. When an evaluation wrote ``predictions_file`` (the evaluator's COCO
+    predictions), its matches with ``ground_truth`` (the COCO json) are saved (``per_image``; a failure is logged)
+    and the final record names both files."""
 
-    Args:
-        eval_period: evaluate every this many iterations (0: only after the last one).
-        eval_function: no-argument callable returning the evaluator's nested dict of metrics.
-        results_file: where records go (written by the main process only); None: not recorded.
-        metadata: ``arm``, ``seed``, ``lr_scale``, ``config`` copied into every record.
-        predictions_file: where the evaluator writes its COCO-format predictions; when it was
-            written by the final evaluation, the final record names it (``"predictions"``, relative
-            to the run directory) with ``ground_truth`` (the dataset's COCO json), so the report
-            can resample evaluation images.
-        ground_truth: the evaluation dataset's COCO json.
-        per_image: after every evaluation that wrote ``predictions_file``, match its predictions with
-            ``ground_truth`` once (box and mask) and save the matches compactly
-            (``<run>/per_image/ap_iter<k>.npz``, :mod:`condinit_det.records.per_image`), named in the record
-            (``"per_image"``): the report's two-level intervals and the speed-up's image bootstrap resample
-            them. A failure to save them is logged, never raised.
-    """
-
-    def __init__(
-        self,
-        eval_period: int,
-        eval_function: Callable[[], Optional[Mapping[str, Any]]],
-        *,
-        results_file: Optional[ResultsFile],
-        metadata: Optional[Mapping[str, Any]] = None,
-        eval_after_train: bool = True,
-        predictions_file: Optional[str] = None,
-        ground_truth: Optional[str] = None,
-        per_image: bool = True,
-    ):
+    def __init__(self, eval_period: int, eval_function: Callable[[], Optional[Mapping[str, Any]]], *,
+                 results_file: Optional[ResultsFile], metadata: Optional[Mapping[str, Any]] = None,
+                 predictions_file: Optional[str] = None, ground_truth: Optional[str] = None):
         self._evaluate = eval_function
         self._results_file = results_file
-        self._metadata = {k: None for k in _METADATA_KEYS}
-        self._metadata.update(metadata or {})
-        unknown = set(self._metadata) - set(_METADATA_KEYS)
-        if unknown:
-            raise ValueError(f"APHook metadata accepts {', '.join(_METADATA_KEYS)}; got {sorted(unknown)}")
+        self._metadata = {**{k: None for k in _METADATA_KEYS}, **(metadata or {})}
         self._predictions_file = predictions_file
         self._ground_truth = ground_truth
-        self._per_image = per_image
         self._ground_truth_data = None  # the COCO json, read once
         self._iteration = None
-        super().__init__(eval_period, self._evaluate_and_record, eval_after_train=eval_after_train)
+        self._durations = []  # seconds of each evaluation so far
+        self.last_results: Mapping[str, Any] = {}  # of the last evaluation
+        super().__init__(eval_period, self._evaluate_and_record)
+
+    def seconds_left(self, iteration: int) -> float:
+        """Seconds of the evaluations after storage iteration ``iteration``, at the mean of those made so far."""
+        done, end, period = iteration + 1, self.trainer.max_iter, self._period
+        count = ((end - 1) // period - done // period if period > 0 else 0) + (done < end)
+        return count * sum(self._durations) / len(self._durations) if self._durations else 0.0
 
     def before_train(self):
-        # A run killed during an evaluation resumes from the checkpoint saved just before it: that
-        # evaluation is owed, since training continues after it.
+        # A run killed during an evaluation resumes from the checkpoint saved just before it: that evaluation is owed.
         done = self.trainer.iter
         if not (self._period > 0 and 0 < done < self.trainer.max_iter and done % self._period == 0):
             return
-        recorded = self._results_file is not None and any(
-            r["iteration"] == done for r in self._results_file.records("ap")) if comm.is_main_process() else False
+        recorded = comm.is_main_process() and self._results_file is not None and any(
+            r["iteration"] == done for r in self._results_file.records("ap"))
         if not comm.all_gather(recorded)[0]:
             # Stored as the uninterrupted run would have: by the last finished iteration.
             storage, self._iteration = self.trainer.storage, done
@@ -141,17 +86,17 @@ class APHook(hooks.EvalHook):
                 storage.iter, self._iteration = done, None
 
     def after_train(self):
-        # detectron2's train loop calls after_train on the way out of an exception too, with trainer.iter at
-        # the failed step: evaluate only a training that ran to its end (trainer.iter == max_iter then).
+        # detectron2 calls after_train on the way out of an exception too: evaluate only a training that ran to its end
         if self.trainer.iter >= self.trainer.max_iter:
             super().after_train()
 
     def _evaluate_and_record(self):
-        started = time.time()
+        started, clock = time.time(), time.perf_counter()
         results = self._evaluate()
+        self._durations.append(time.perf_counter() - clock)
+        self.last_results = results or {}
         if results and self._results_file is not None and comm.is_main_process():
-            # Completed iterations: trainer.iter is the last finished one inside after_step,
-            # and already max_iter inside after_train.
+            # Completed iterations: trainer.iter is the last finished one in after_step, max_iter in after_train.
             iteration = self._iteration or min(self.trainer.iter + 1, self.trainer.max_iter)
             record = ap_record(results, iteration=iteration, **self._metadata)
             pred = self._predictions_file
@@ -159,15 +104,13 @@ class APHook(hooks.EvalHook):
             if fresh and iteration == self.trainer.max_iter:
                 record["predictions"] = os.path.relpath(pred, self._results_file.output_dir)
                 record["ground_truth"] = os.path.abspath(self._ground_truth)
-            if fresh and self._per_image:
+            if fresh:
                 saved = self._save_matches(iteration, [t for t in _TASKS if record[t] is not None])
                 if saved:
                     record["per_image"] = os.path.relpath(saved, self._results_file.output_dir)
             self._results_file.add(record)
-            logger.info(
-                f"Iteration {iteration}: box AP {_fmt_ap(record['bbox'])}, mask AP {_fmt_ap(record['segm'])} "
-                f"(arm {self._metadata['arm']}) recorded in {self._results_file.path}"
-            )
+            logger.info(f"Iteration {iteration}: box AP {_fmt_ap(record['bbox'])}, mask AP {_fmt_ap(record['segm'])} "
+                        f"(arm {self._metadata['arm']}) recorded in {self._results_file.path}")
         return results
 
     def _save_matches(self, iteration: int, tasks) -> Optional[str]:
@@ -195,29 +138,6 @@ def _fmt_ap(task: Optional[Mapping[str, Any]]) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-class _KeepLastCheckpointTag:
-    """
-    Saves through ``checkpointer`` without moving its ``last_checkpoint`` tag: --resume must
-    continue from the newest periodic checkpoint, not from ``model_best.pth``.
-    """
-
-    def __init__(self, checkpointer):
-        self._checkpointer = checkpointer
-
-    def save(self, name, **kwargs):
-        c = self._checkpointer
-        previous = c.get_checkpoint_file() if c.has_checkpoint() else None
-        c.save(name, **kwargs)
-        if not c.save_to_disk:
-            return
-        if previous:
-            c.tag_last_checkpoint(os.path.basename(previous))
-        else:
-            tag = os.path.join(c.save_dir, "last_checkpoint")
-            if os.path.exists(tag):
-                os.remove(tag)
-
-
 class _BestCheckpointer(hooks.BestCheckpointer):
     """Also considers the evaluation an :class:`APHook` owes at the start of a resumed run."""
 
@@ -227,27 +147,16 @@ class _BestCheckpointer(hooks.BestCheckpointer):
             self._best_checking()
 
 
-def build_best_checkpointer(
-    eval_period: int,
-    checkpointer,
-    *,
-    results_file: Optional[ResultsFile] = None,
-    val_metric: str = "bbox/AP",
-) -> hooks.BestCheckpointer:
-    """
-    detectron2's :class:`BestCheckpointer` keeping ``model_best.pth`` by ``val_metric``
-    (NaN/inf values are never "best"); ``last_checkpoint`` keeps pointing at the newest
-    periodic checkpoint. When the run's results file already holds evaluations
-    (a resumed run), the best so far is restored from it, so a resumed run does not replace a
-    better earlier checkpoint. Register it after the :class:`APHook`.
-    """
-    best = _BestCheckpointer(eval_period, _KeepLastCheckpointTag(checkpointer), val_metric, mode="max")
-    if results_file is not None and results_file.exists():
-        task, _, metric = val_metric.partition("/")
-        for r in results_file.records("ap"):
-            value = (r.get(task) or {}).get(metric)
-            if value is not None and (best.best_metric is None or value > best.best_metric):
-                best.best_metric, best.best_iter = float(value), r["iteration"]
+def build_best_checkpointer(eval_period: int, checkpointer, *, results_file: Optional[ResultsFile] = None,
+                            val_metric: str = "bbox/AP") -> hooks.BestCheckpointer:
+    """detectron2's ``BestCheckpointer`` keeping ``model_best.pth`` by ``val_metric`` (NaN is never "best"), with the
+    best so far of a resumed run restored from its results file. Register it after the :class:`APHook`."""
+    best = _BestCheckpointer(eval_period, checkpointer, val_metric, mode="max")
+    task, _, metric = val_metric.partition("/")
+    for r in results_file.records("ap") if results_file is not None else []:
+        value = (r.get(task) or {}).get(metric)
+        if value is not None and (best.best_metric is None or value > best.best_metric):
+            best.best_metric, best.best_iter = float(value), r["iteration"]
     return best
 
 

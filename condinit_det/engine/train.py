@@ -1,49 +1,71 @@
 """One detection run in every process: build the armed model, train it with detectron2's trainer, evaluate.
 
-Lazy configs train through :func:`do_train` (``SimpleTrainer`` / ``AMPTrainer`` with the project's hooks), yacs
-configs through :mod:`.yacs_trainer`; ``--eval-only`` evaluates one checkpoint (:func:`do_eval_only`).
+:func:`run` trains (:func:`do_train`: ``SimpleTrainer`` / ``AMPTrainer`` with the project's hooks) or, with
+``--eval-only``, evaluates one checkpoint (:func:`do_eval_only`). Operational detail: docs/training.md.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
+import functools
 import logging
 import os
+import time
+import warnings
 
-from detectron2.config import instantiate
-from detectron2.engine import AMPTrainer, SimpleTrainer, default_setup, default_writers, hooks
+import numpy as np
+import torch
+from detectron2.config import LazyConfig, instantiate
+from detectron2.data import MetadataCatalog
+from detectron2.engine import AMPTrainer, SimpleTrainer, hooks
 from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
+from detectron2.utils.env import seed_all_rng
+from detectron2.utils.events import JSONWriter, TensorboardXWriter
 from omegaconf import OmegaConf
 
-from ..model_zoo import resolve_config_file
 from ..modeling.arm import rank0_computes_arm
+from ..records.environment import environment_record
 from ..records.failures import note_failure
-from ..records.identity import read_arm_report
-from ..records.results import ResultsFile
-from ..stage import RunOptions
-from ..tracking.events import tracker_writers
+from ..records.results import METRICS_FILENAME, ResultsFile
+from ..stage import DETECTION, PRETRAIN, RunOptions
+from ..tracking import tracker_writers
 from ..utils.distributed import check_replicas, sync_buffers
-from ..utils.logs import run_logging
+from ..utils.logs import ETAPrinter, run_logging
 from ..utils.preemption import Preempted
 from .arm_report import AttentionSnapshot, log_arm_report, save_arm_report, weights_from
 from .checkpoint import RunCheckpointer, pretrain_checkpoint_file
-from .config import arm_spec, get_lr_scale, get_output_dir, get_seed, is_yacs, run_identity
+from .config import arm_spec, dataset_names, run_identity
 from .hooks import APHook, PreemptionHook, ap_record, build_best_checkpointer
 
-__all__ = ["build_model", "do_eval_only", "do_test", "do_train", "final_recorded", "run"]
+__all__ = ["PREDICTIONS_FIGURE", "build_model", "do_eval_only", "do_test", "do_train", "final_recorded", "run",
+           "save_predictions_figure"]
 
 logger = logging.getLogger("detectron2")
 
+PREDICTIONS_FIGURE = "predictions.png"
 
-def _setup_logging(cfg, options: RunOptions):
-    run_logging(get_output_dir(cfg), rank=comm.get_rank())
-    # detectron2's default_setup reads a namespace; it prints the config file: the one behind a zoo:<name>.
-    config_file = resolve_config_file(options.config_file) if options.config_file else ""
-    default_setup(cfg, argparse.Namespace(**{**dataclasses.asdict(options), "config_file": config_file}))
-    # default_setup also seeds every RNG from train.seed (+ the rank)
+
+def _setup(cfg, options: RunOptions) -> dict:
+    """detectron2's ``default_setup`` without colours and environment dump in log.txt: the logs, ``config.yaml``, the
+    RNGs seeded from ``train.seed`` + the rank; returns the ``"environment"`` record, named in the log."""
+    output_dir, rank = cfg.train.output_dir, comm.get_rank()
+    run_logging(output_dir, rank=rank)
+    # Notices of third-party code about its own coming changes, on every run: detectron2 calls torch.meshgrid without
+    # indexing and torch.fx's is_fx_tracing, and it and pycocotools convert tensors with numpy 1's copy semantics.
+    warnings.filterwarnings("ignore", message="torch.meshgrid: in an upcoming release", category=UserWarning)
+    warnings.filterwarnings("ignore", message="__array__ implementation doesn't", category=DeprecationWarning)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    if comm.is_main_process():
+        os.makedirs(output_dir, exist_ok=True)
+        LazyConfig.save(cfg, os.path.join(output_dir, "config.yaml"))
+    seed_all_rng(int(cfg.train.seed) + rank)
+    torch.backends.cudnn.benchmark = bool(cfg.train.get("cudnn_benchmark", False)) and not options.eval_only
+    environment = environment_record(0, device=str(cfg.train.device))
+    shown = ", ".join(f"{key} {value}" for key, value in environment.items() if key not in ("kind", "iteration"))
+    logger.info(f"Process {rank} of {comm.get_world_size()}, config {options.config_file or '-'} (as run: "
+                f"{os.path.join(output_dir, 'config.yaml')}); environment: {shown}")
+    return environment
 
 
 def build_model(cfg):
@@ -59,16 +81,12 @@ def _create_ddp(model, cfg):
     return create_ddp_model(model, **ddp)
 
 
-def _unwrap(model):
-    return model.module if hasattr(model, "module") else model
-
-
 def do_test(cfg, model):
     """Evaluate ``model`` with ``cfg.dataloader.test`` / ``cfg.dataloader.evaluator``."""
     if "evaluator" not in cfg.dataloader:
         logger.warning("cfg.dataloader.evaluator is not set: no evaluation.")
         return {}
-    sync_buffers(_unwrap(model))  # every shard is scored with the statistics of the weights rank 0 saves
+    sync_buffers(getattr(model, "module", model))  # every shard scored with the statistics rank 0 saves
     ret = inference_on_dataset(model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator))
     if comm.is_main_process():
         print_csv_format(ret)
@@ -76,14 +94,13 @@ def do_test(cfg, model):
 
 
 def _metadata(cfg, config_file):
-    return {"arm": arm_spec(cfg).arm, "seed": get_seed(cfg), "lr_scale": get_lr_scale(cfg),
+    return {"arm": arm_spec(cfg).arm, "seed": int(cfg.train.seed), "lr_scale": float(cfg.train.get("lr_scale", 1.0)),
             "config": config_file or None}
 
 
 def final_recorded(run_dir: str, max_iter: int) -> bool:
     """Whether ``run_dir`` holds an ``"ap"`` evaluation at ``max_iter`` (the run's end)."""
-    rf = ResultsFile(run_dir)
-    return rf.exists() and any(r["iteration"] >= max_iter for r in rf.records("ap"))
+    return any(r["iteration"] >= max_iter for r in ResultsFile(run_dir).records("ap"))
 
 
 def _build_analysis_hook(cfg, config_file):
@@ -96,29 +113,41 @@ def _build_analysis_hook(cfg, config_file):
     return build_conditioning_hook(cfg, config_name=config_file or None)
 
 
-def _dataset_name(cfg):
-    node = cfg.dataloader.get("test")
-    dataset = node.get("dataset") if node is not None and OmegaConf.is_dict(node) else None
-    names = dataset.get("names") if dataset is not None and OmegaConf.is_dict(dataset) else None
-    names = OmegaConf.to_container(names) if OmegaConf.is_config(names) else names
-    names = [names] if isinstance(names, str) else list(names or [])
-    return names[-1] if names else None
-
-
 def _prediction_files(cfg):
     """(path the evaluator writes its COCO predictions to, ground-truth json) or (None, None)."""
-    node = cfg.dataloader.get("evaluator")
-    out = node.get("output_dir") if node is not None and OmegaConf.is_dict(node) else None
-    name = _dataset_name(cfg)
-    if not out or not name:
+    out = OmegaConf.select(cfg, "dataloader.evaluator.output_dir", default=None)
+    names = dataset_names(cfg)
+    if not out or "evaluator" not in cfg.dataloader or not names:
         return None, None
-    from detectron2.data import MetadataCatalog
-
-    return os.path.join(out, "coco_instances_results.json"), MetadataCatalog.get(name).get("json_file", None)
+    return os.path.join(out, "coco_instances_results.json"), MetadataCatalog.get(names[-1]).get("json_file", None)
 
 
-def do_train(options: RunOptions, cfg):
-    """Train one arm as configured (lazy config). Returns the last evaluation results."""
+def save_predictions_figure(cfg, model, path: str, *, num_images: int = 4, min_score: float = 0.5) -> None:
+    """The first ``num_images`` images of the test set side by side, with the model's boxes and masks of score >=
+    ``min_score`` drawn by detectron2's ``Visualizer`` (class names from the dataset's metadata), as a PNG."""
+    from detectron2.data.detection_utils import read_image
+    from detectron2.utils.visualizer import Visualizer
+    from PIL import Image
+
+    metadata = MetadataCatalog.get(dataset_names(cfg)[-1])
+    panels = []
+    model.eval()
+    with torch.no_grad():
+        for batch in instantiate(cfg.dataloader.test):
+            for inputs, outputs in zip(batch, model(batch)):
+                instances = outputs["instances"].to("cpu")
+                image = read_image(inputs["file_name"], format="RGB")
+                drawn = Visualizer(image, metadata).draw_instance_predictions(instances[instances.scores >= min_score])
+                panels.append(drawn.get_image())
+            if len(panels) >= num_images:
+                break
+    height = max(p.shape[0] for p in panels[:num_images])
+    row = [np.pad(p, ((0, height - p.shape[0]), (0, 0), (0, 0))) for p in panels[:num_images]]
+    Image.fromarray(np.concatenate(row, axis=1)).save(path)
+
+
+def do_train(options: RunOptions, cfg, environment: dict):
+    """Train one run; ``environment`` is recorded at the iteration it starts from. Returns the last evaluation."""
     output_dir = cfg.train.output_dir
     max_iter = int(cfg.train.max_iter)
     metadata = _metadata(cfg, options.config_file)
@@ -138,30 +167,27 @@ def do_train(options: RunOptions, cfg):
     ddp_model = _create_ddp(model, cfg)
     trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, train_loader, optim)
     checkpointer = RunCheckpointer(ddp_model, output_dir, optimizer=optim, trainer=trainer,
-                                   trust_pickle=options.trust_pickle, metadata=metadata)
+                                   trust_pickle=options.trust_pickle, metadata={**metadata, "stage": DETECTION.name})
     eval_period = int(cfg.train.eval_period)
-    last_results = {}
-
-    def evaluate():
-        nonlocal last_results
-        last_results = do_test(cfg, ddp_model)
-        return last_results
-
     predictions, ground_truth = _prediction_files(cfg)
+    ap_hook = APHook(eval_period, functools.partial(do_test, cfg, ddp_model), results_file=results_file,
+                     metadata=metadata, predictions_file=predictions, ground_truth=ground_truth)
+    # detectron2's default writers, with an ETA that counts the evaluations still to come
+    writers = [ETAPrinter(max_iter, ap_hook.seconds_left), JSONWriter(os.path.join(output_dir, METRICS_FILENAME)),
+               TensorboardXWriter(output_dir)]
     trainer.register_hooks(
         [
             hooks.IterationTimer(),
             hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
             hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main_process else None,
-            APHook(eval_period, evaluate, results_file=results_file, metadata=metadata,
-                   predictions_file=predictions, ground_truth=ground_truth),
+            ap_hook,
             build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main_process else None,
             PreemptionHook(checkpointer, output_dir),
             _build_analysis_hook(cfg, options.config_file),
-            # + the W&B / MLflow runs of this run (main process; the storage counts from iteration 0)
-            hooks.PeriodicWriter(default_writers(output_dir, max_iter) + tracker_writers(step_offset=1,
-                                                                                         max_step=max_iter),
-                                 period=cfg.train.log_period)
+            # + W&B / MLflow (main process; the storage counts from iteration 0)
+            hooks.PeriodicWriter(writers + tracker_writers(
+                cfg, output_dir, stage=DETECTION.name, params={**metadata, "identity": identity}, step_offset=1,
+                max_step=max_iter), period=cfg.train.log_period)
             if main_process else None,
         ]
     )
@@ -184,17 +210,19 @@ def do_train(options: RunOptions, cfg):
     log_arm_report(report, provenance)
     if main_process and not will_resume:
         save_arm_report(output_dir, report, identity, provenance, init_checkpoint=init or None)
-    check_replicas(_unwrap(ddp_model), "before training")
+    check_replicas(model, "before training")
 
     # The checkpoint stores the iteration that just finished.
     start_iter = trainer.iter + 1 if will_resume else 0
+    if main_process:
+        results_file.add({**environment, "iteration": start_iter})
     if start_iter >= max_iter:
         logger.info(f"{output_dir}: training already finished ({max_iter} iterations).")
         if not final_recorded(output_dir, max_iter):
-            last_results = do_test(cfg, ddp_model)
+            ap_hook.last_results = do_test(cfg, ddp_model)
             if main_process:
-                results_file.add(ap_record(last_results, iteration=max_iter, **metadata))
-        return last_results
+                results_file.add(ap_record(ap_hook.last_results, iteration=max_iter, **metadata))
+        return ap_hook.last_results
     try:
         trainer.train(start_iter, max_iter)
     except Preempted:
@@ -202,45 +230,46 @@ def do_train(options: RunOptions, cfg):
     except Exception as e:
         note_failure(output_dir, e, rank=comm.get_rank(), iteration=trainer.iter)
         raise
-    check_replicas(_unwrap(ddp_model), "after training")
-    return last_results
+    check_replicas(model, "after training")
+    if main_process and "evaluator" in cfg.dataloader:
+        try:  # a look at what the model finds, never a reason to fail the run
+            save_predictions_figure(cfg, model, os.path.join(output_dir, PREDICTIONS_FIGURE))
+        except Exception as e:  # noqa: BLE001
+            logger.warning(f"{PREDICTIONS_FIGURE} not drawn ({type(e).__name__}: {e})")
+    return ap_hook.last_results
 
 
 def do_eval_only(options: RunOptions, cfg):
-    """
-    Evaluate ``train.init_checkpoint`` (or, with --resume, the run's last checkpoint) and add an
-    ``"eval"`` record. The checkpoint supplies every weight; the record names the arm of the run
-    directory's arm report when there is one.
-    """
+    """Evaluate ``train.init_checkpoint`` (with --resume: the run's last checkpoint) and add an ``"eval"`` record
+    under the checkpoint's own arm and stage (the config's arm when the checkpoint names none)."""
     model, _ = build_model(cfg)
     model.to(cfg.train.device)
     model = _create_ddp(model, cfg)
     checkpointer = RunCheckpointer(model, cfg.train.output_dir, trust_pickle=options.trust_pickle)
     path = checkpointer.get_checkpoint_file() if options.resume and checkpointer.has_checkpoint() \
         else cfg.train.init_checkpoint
-    if not path:
-        raise ValueError("--eval-only needs train.init_checkpoint=PATH (or --resume in a run directory).")
     extra = checkpointer.load(path)
     results = do_test(cfg, model)
     if comm.is_main_process() and results:
-        it = extra.get("iteration") if isinstance(extra, dict) else None
         metadata = _metadata(cfg, options.config_file)
-        previous = (read_arm_report(cfg.train.output_dir) or {}).get("run") or {}
-        metadata["arm"] = previous.get("arm", metadata["arm"])
-        record = ap_record(results, iteration=0 if it is None else int(it) + 1, kind="eval", **metadata)
-        record["checkpoint"] = path
+        origin = checkpointer.pretrain_meta or extra
+        if origin.get("arm"):
+            metadata["arm"] = origin["arm"]
+        else:
+            logger.info(f"{path} does not name its arm: recorded under the config's arm '{metadata['arm']}'")
+        iteration = extra.get("iteration")
+        record = ap_record(results, iteration=0 if iteration is None else int(iteration) + 1, kind="eval", **metadata)
+        record.update(stage=PRETRAIN.name if checkpointer.pretrain_meta else extra.get("stage", DETECTION.name),
+                      checkpoint=path)
         ResultsFile(cfg.train.output_dir).add(record)
     return results
 
 
 def run(options: RunOptions, cfg) -> dict:
     """Train (or with ``options.eval_only`` evaluate) one run as ``cfg`` says, in this process (every process of
-    the run calls it). Returns the last evaluation's results (yacs training: None)."""
-    _setup_logging(cfg, options)
-    if is_yacs(cfg):
-        from .yacs_trainer import run_yacs
-
-        return run_yacs(options, cfg, run_identity(cfg))
-    if options.eval_only:
-        return do_eval_only(options, cfg)
-    return do_train(options, cfg)
+    the run calls it). Returns the last evaluation's results."""
+    environment = _setup(cfg, options)
+    results = do_eval_only(options, cfg) if options.eval_only else do_train(options, cfg, environment)
+    logger.info(f"Run ended at {time.strftime('%Y-%m-%d %H:%M:%S')}; results in "
+                f"{ResultsFile(cfg.train.output_dir).path}")
+    return results

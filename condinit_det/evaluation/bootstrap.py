@@ -1,30 +1,14 @@
-"""Paired bootstrap over evaluation images.
+"""Paired bootstrap over evaluation images, without detectron2.
 
-Two models evaluated on the same images are compared on resamples of those images: each
-resample draws as many images as the evaluation set holds, with replacement, and both models
-are scored on the *same* resample; an image drawn k times counts k times. For classification the
-per-image correctness is resampled directly.
-
-For COCO detection, a resample is scored as if it were a new COCO dataset whose j-th image is the
-j-th draw (a fresh image id, in draw order) and AP were re-evaluated on it. That evaluation does
-not have to be run: COCO's per-image matching (which detection matches which ground truth at each
-IoU threshold, which are ignored) does not depend on the resample, only its accumulation does. So
-each model and task is matched once, with faster-coco-eval's per-image results (``COCOeval_faster``;
-its versions that keep them in the layout read here are the range ``setup.py`` declares), and every
-resample's AP, AP50 and AP75 is COCO's accumulation with per-image multiplicities: cumulative true / false positives
-over the detections of all images sorted by score, each weighted by how often its image was drawn,
-over ground-truth counts weighted the same way; 101-point interpolated precision envelope; -1 (left
-out of the mean) for a category without a non-ignored ground truth in the resample. Detections of
-equal score in one category keep COCO's order among them (stable sort over the images in draw
-order), so the result equals the re-evaluation's for the same draws (to rounding, ~1e-15).
-Area range "all" and 100 detections per image, as COCO's AP / AP50 / AP75.
-
-A run keeps the matches of every evaluation (:func:`save_matches` / :func:`load_matches`, one ``.npz``
-per evaluation, named by :mod:`condinit_det.records.per_image`), so the report can resample the images
-of any evaluation without the predictions: two-level (seeds x images) intervals and the speed-up's
-image bootstrap need them.
-
-No detectron2 import.
+Two models evaluated on the same images are compared on resamples of those images, both scored on the *same*
+resample (an image drawn k times counts k times). Classification resamples the per-image correctness. For COCO, a
+resample is scored as if it were a new COCO dataset whose j-th image is the j-th draw: COCO's per-image matching does
+not depend on the resample, only its accumulation does, so each model and task is matched once (faster-coco-eval's
+per-image results, in the versions ``setup.py`` declares) and every resample's AP, AP50 and AP75 is COCO's
+accumulation with per-image multiplicities (101-point interpolated precision, -1 for a category without ground truth
+in the resample; equal scores keep COCO's order, so it equals re-evaluating the resample to ~1e-15). Area "all",
+100 detections per image. A run saves the matches of every evaluation (:func:`save_matches`, named by
+:mod:`condinit_det.records.per_image`), so the report resamples any evaluation without the predictions.
 """
 from __future__ import annotations
 

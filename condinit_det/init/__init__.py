@@ -4,79 +4,24 @@
     report = apply_init(model, "conditioned", seed=0, include=["backbone.*"])
 
 Arms (:data:`ARMS`): the paper's ``default``, ``mimetic`` and ``conditioned`` (:data:`PAPER_ARMS`),
-and the control ``scale_matched`` (the default init at the conditioned arm's per-head norms); their
-definitions are in :mod:`condinit_det.init.apply`.
+and the control ``scale_matched``; definitions in docs/arms.md. The names are loaded on first use, so that the arms'
+names and options (:mod:`.options`) are read without importing torch.
 """
-from .apply import (
-    ARM_OPTIONS,
-    ARMS,
-    PAPER_ARMS,
-    InitReport,
-    SiteReport,
-    apply_init,
-    conditioned_head_norms,
-    resolve_options,
-    site_generator,
-)
-from .arms import (
-    SOLVERS,
-    TopSingular,
-    haar_semi_orthogonal,
-    haar_semi_orthogonal_batch,
-    mimetic_noise,
-    mimetic_noise_batch,
-    mimetic_qk,
-    mimetic_qk_batch,
-    mimetic_vo,
-    rectangular_identity,
-    standard_normal,
-    top_singular,
-    working_dtype,
-)
-from .sites import (
-    ROLES,
-    AttentionLayout,
-    AttentionSite,
-    Projection,
-    find_attention,
-    fused_qkv_layout,
-    register_attention_adapter,
-    select_sites,
-    separate_qkv_layout,
-    supported_layouts,
-)
+import importlib
 
-__all__ = [
-    "ARMS",
-    "ARM_OPTIONS",
-    "PAPER_ARMS",
-    "ROLES",
-    "SOLVERS",
-    "AttentionLayout",
-    "AttentionSite",
-    "InitReport",
-    "Projection",
-    "SiteReport",
-    "TopSingular",
-    "apply_init",
-    "conditioned_head_norms",
-    "find_attention",
-    "fused_qkv_layout",
-    "haar_semi_orthogonal",
-    "haar_semi_orthogonal_batch",
-    "mimetic_noise",
-    "mimetic_noise_batch",
-    "mimetic_qk",
-    "mimetic_qk_batch",
-    "mimetic_vo",
-    "rectangular_identity",
-    "register_attention_adapter",
-    "resolve_options",
-    "select_sites",
-    "separate_qkv_layout",
-    "site_generator",
-    "standard_normal",
-    "supported_layouts",
-    "top_singular",
-    "working_dtype",
-]
+_MODULES = {
+    "options": ("ARMS", "ARM_OPTIONS", "PAPER_ARMS", "SOLVERS", "resolve_options"),
+    "apply": ("InitReport", "SiteReport", "apply_init", "conditioned_head_norms", "site_generator"),
+    "arms": ("TopSingular", "haar_semi_orthogonal_batch", "mimetic_noise_batch", "mimetic_qk_batch", "mimetic_vo",
+             "standard_normal", "top_singular", "working_dtype"),
+    "sites": ("ROLES", "AttentionLayout", "AttentionSite", "Projection", "find_attention", "fused_qkv_layout",
+              "register_attention_adapter", "select_sites", "separate_qkv_layout", "supported_layouts"),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,41 +1,10 @@
-"""The math of the arms: weight blocks drawn on the CPU from a caller's generator.
+"""The arms' math: weight blocks drawn on the CPU from a caller's generator.
 
-Shapes follow PyTorch ``Linear``: a block for a projection is ``[out, in]``; batched functions
-return ``[count, out, in]`` (one block per head).
-
-Precision: draws are float32 (one stream whatever the parameters' dtype or device); the
-factorizations run in the *working precision* of the parameters they are for
-(:func:`working_dtype`: float64 for float64 parameters, float32 for float32, float16 and
-bfloat16 ones), so every result is exact to the dtype it is written in. The dense reference
-solver of :func:`top_singular` always computes in float64; callers keep truncated targets (a best
-rank-k approximation, which rounding of the target moves by about eps over the relative gap at
-s_k) in float64.
-
-- :func:`standard_normal` — float32 N(0, 1) samples (``torch.randn`` on the generator).
-- :func:`haar_semi_orthogonal` / :func:`haar_semi_orthogonal_batch` — Haar-distributed blocks
-  with orthonormal rows (or columns), so every singular value is 1 (conditioned Q/K).
-- :func:`rectangular_identity` — ones on the main diagonal (conditioned V).
-- :func:`mimetic_qk` / :func:`mimetic_qk_batch` / :func:`mimetic_vo` — the factorisations of
-  Trockman & Kolter's target products.
-- :func:`top_singular` — the top-k singular triplets of a batch of matrices, by a dense float64
-  SVD or by a float32 subset eigensolver refined in the working precision (checked, with a dense
-  fall-back).
-
-Random draws always happen on the CPU, so the values a seed gives do not depend on the device;
-``device`` arguments only say where the factorizations run (a CUDA device, or the CPU). Two more
-rules keep the results device-independent:
-
-- Singular vectors are signed by one convention on every solver path (:func:`sign_convention`:
-  the largest-magnitude entry of each left singular vector is positive; its right vector flips with
-  it, so every product is unchanged). The CPU's LAPACK routines, the CPU subspace solver and
-  CUDA's ``torch.linalg.svd`` / ``eigh`` then give the same vectors up to rounding. (A vector whose
-  two largest-magnitude entries agree to within rounding, and differ in sign, can still come out
-  with opposite signs on two solvers; in a float32 factorization (mimetic V/O for float32, float16
-  and bfloat16 parameters) vectors whose singular values agree to within float32 rounding can come
-  out rotated within their cluster. The products agree to the working precision either way.)
-- Float32 matrix products on CUDA run in full float32 (TF32 off while an arm computes, restored
-  after): with TF32 the CholeskyQR of the conditioned arm would keep orthogonality only to about
-  1e-3.
+Blocks follow PyTorch ``Linear`` (``[out, in]``); batched functions return ``[count, out, in]``, one
+block per head. Draws are float32 on the CPU, so a seed gives the same values on every device and
+for every dtype; factorizations run in the working precision (:func:`working_dtype`) on the device
+of their input, and singular vectors are signed by :func:`sign_convention` on every solver path.
+Definitions, precision and solvers: docs/arms.md.
 """
 from __future__ import annotations
 
@@ -45,24 +14,10 @@ from typing import Optional, Tuple
 
 import torch
 
-from .lapack import all_eigenpairs, gram_upper, single_threaded, top_eigenpairs
+from .options import SOLVERS
 
-__all__ = [
-    "working_dtype",
-    "standard_normal",
-    "haar_semi_orthogonal",
-    "haar_semi_orthogonal_batch",
-    "rectangular_identity",
-    "mimetic_noise",
-    "mimetic_noise_batch",
-    "mimetic_qk",
-    "mimetic_qk_batch",
-    "mimetic_vo",
-    "sign_convention",
-    "top_singular",
-    "TopSingular",
-    "SOLVERS",
-]
+__all__ = ["TopSingular", "haar_semi_orthogonal_batch", "mimetic_noise_batch", "mimetic_qk_batch",
+           "mimetic_vo", "sign_convention", "standard_normal", "top_singular", "working_dtype"]
 
 _F64 = torch.float64
 _F32 = torch.float32
@@ -80,10 +35,10 @@ def _working(z: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _full_fp32(device: torch.device):
-    """CUDA float32 matrix products in IEEE float32 (no TF32) inside the block; the setting is restored after.
+    """CUDA float32 matrix products in IEEE float32 (no TF32) inside the block, restored after.
 
-    The backend's own setting (``torch.backends.cuda.matmul.fp32_precision``) is used, so that a
-    setting made through either of torch's TF32 interfaces reads back as it was.
+    TF32 would leave the conditioned arm's CholeskyQR orthogonal only to about 1e-3. The backend's
+    own setting is saved, so that a setting made through either of torch's TF32 interfaces reads back.
     """
     if device.type != "cuda":
         yield
@@ -111,34 +66,26 @@ def sign_convention(u: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, tor
 def standard_normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
     """float32 samples of N(0, 1) with the given shape, drawn on the CPU from ``generator``.
 
-    The stream is ``torch.randn(shape, generator=generator, dtype=torch.float32)`` (row-major), the
-    same for parameters of any dtype and on any device, so a seed gives the same weights up to
-    the rounding of each working precision.
+    The stream is ``torch.randn(shape, generator=generator, dtype=torch.float32)`` (row-major),
+    whatever the parameters' dtype or device.
     """
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         shape = tuple(shape[0])
     return torch.randn(shape, generator=generator, dtype=_F32)
 
 
-# Wide blocks (columns >= this x rows) are orthonormalized by CholeskyQR: the condition number of
-# a Gaussian block of that shape is at most about 3, so its orthogonality error, about
-# eps * cond^2, matches Householder's, at about half the cost (two batched GEMMs and a small
-# triangular inverse).
+# Wide blocks (columns >= this x rows) are orthonormalized by CholeskyQR: a Gaussian block of that
+# shape has a condition number of at most about 3, so its orthogonality error, about eps * cond^2,
+# matches Householder's, at about half the cost.
 _CHOLESKY_MIN_ASPECT = 4
-
-
-def _orthonormal_columns(g: torch.Tensor) -> torch.Tensor:
-    """Q of the reduced QR ``g = Q R`` (batched, ``[..., m, n]``, m >= n) with diag(R) >= 0."""
-    return _orthonormal_rows(g.mT).mT
 
 
 def _orthonormal_rows(h: torch.Tensor) -> torch.Tensor:
     """``Q^T`` of the reduced QR ``h^T = Q R`` with diag(R) >= 0 (batched, h: ``[..., n, m]``, n <= m).
 
     That QR is unique, so both routes give the same rows up to rounding: CholeskyQR (``h h^T =
-    L L^T``, rows ``L^-1 h``) for wide blocks, else Householder with the signs of diag(R) moved
-    into Q. A block whose Gram matrix is not numerically positive definite goes the Householder
-    way too.
+    L L^T``, rows ``L^-1 h``) for wide blocks whose Gram matrix is numerically positive definite,
+    else Householder with the signs of diag(R) moved into Q.
     """
     n, m = h.shape[-2:]
     if m >= _CHOLESKY_MIN_ASPECT * n:
@@ -157,11 +104,9 @@ def haar_semi_orthogonal_batch(count: int, rows: int, cols: int, *, generator: t
                                device: Optional[torch.device] = None, dtype: torch.dtype = _F64) -> torch.Tensor:
     """``[count, rows, cols]`` independent Haar blocks with orthonormal rows (rows <= cols) or columns.
 
-    One draw H of shape ``[count, min(rows, cols), max(rows, cols)]`` (:func:`standard_normal`,
-    CPU); with G = H^T, one batched reduced QR ``G = Q R`` with diag(R) > 0 in ``dtype`` (float32
-    or float64) on ``device`` (default: the CPU), so that each Q is Haar-distributed (CholeskyQR
-    for tall G, else Householder with signs fixed by sign(diag(R))). Block i is ``Q[i]^T`` when
-    rows <= cols, else ``Q[i]``. All singular values equal 1 to the accuracy of ``dtype``.
+    One draw H of shape ``[count, min(rows, cols), max(rows, cols)]`` (:func:`standard_normal`);
+    with G = H^T, the reduced QR ``G = Q R`` with diag(R) > 0, in ``dtype`` (float32 or float64)
+    on ``device`` (default: the CPU). Block i is ``Q[i]^T`` when rows <= cols, else ``Q[i]``.
     """
     short, tall = min(rows, cols), max(rows, cols)
     h = standard_normal(count, short, tall, generator=generator).to(device=device, dtype=dtype)
@@ -169,28 +114,13 @@ def haar_semi_orthogonal_batch(count: int, rows: int, cols: int, *, generator: t
     return q_t if rows <= cols else q_t.mT
 
 
-def haar_semi_orthogonal(rows: int, cols: int, *, generator: torch.Generator,
-                         device: Optional[torch.device] = None, dtype: torch.dtype = _F64) -> torch.Tensor:
-    """``[rows, cols]`` Haar block with orthonormal rows (rows <= cols) or columns (rows > cols).
-
-    The single-block case of :func:`haar_semi_orthogonal_batch`: G with N(0, 1) entries of shape
-    ``[max, min]``, reduced QR G = QR with signs fixed by sign(diag(R)).
-    """
-    return haar_semi_orthogonal_batch(1, rows, cols, generator=generator, device=device, dtype=dtype)[0]
-
-
-def rectangular_identity(rows: int, cols: int, *, device: Optional[torch.device] = None) -> torch.Tensor:
-    """``[rows, cols]`` with ones on the main diagonal: ``x @ I.T`` keeps the first coordinates of x."""
-    return torch.eye(rows, cols, dtype=_F64, device=device)
-
-
 def mimetic_noise_batch(count: int, rows: int, cols: int, *, std: float, noise: str,
                         generator: torch.Generator, dtype: torch.dtype = _F64) -> torch.Tensor:
     """``[count, rows, cols]`` zero-mean noise with standard deviation ``std`` (one draw, CPU).
 
-    noise: ``"normal"`` (Gaussian, :func:`standard_normal`) or ``"uniform"`` (uniform on
-    [-sqrt(3) std, sqrt(3) std], from float32 ``torch.Tensor.uniform_``). The float32 draw is
-    converted to ``dtype`` before it is scaled.
+    noise: ``"normal"`` (:func:`standard_normal`) or ``"uniform"`` (uniform on [-sqrt(3) std,
+    sqrt(3) std], from float32 ``torch.Tensor.uniform_``). The float32 draw is converted to
+    ``dtype`` before it is scaled.
     """
     if noise == "normal":
         return standard_normal(count, rows, cols, generator=generator).to(dtype).mul_(std)
@@ -200,19 +130,12 @@ def mimetic_noise_batch(count: int, rows: int, cols: int, *, std: float, noise: 
     raise ValueError(f"noise must be 'normal' or 'uniform', got {noise!r}")
 
 
-def mimetic_noise(rows: int, cols: int, *, std: float, noise: str, generator: torch.Generator,
-                  dtype: torch.dtype = _F64) -> torch.Tensor:
-    """``[rows, cols]`` zero-mean noise with standard deviation ``std`` (:func:`mimetic_noise_batch` of one)."""
-    return mimetic_noise_batch(1, rows, cols, std=std, noise=noise, generator=generator, dtype=dtype)[0]
-
-
 # ----------------------------------------------------------------------------------------------
 # Top singular triplets
 
-SOLVERS = ("auto", "dense", "subspace")
 
-# "auto" uses the subspace solver on the CPU from this size on (below it a batched dense SVD is
-# as fast), when k + oversampling leaves at least half of the spectrum out.
+# "auto" takes the subspace solver on the CPU from this size on (below it the dense SVD is as
+# fast), when k + oversampling leaves at least half of the spectrum out.
 _SUBSPACE_MIN_DIM = 192
 
 
@@ -221,10 +144,9 @@ class TopSingular:
     """``m ≈ u diag(s) v^T`` restricted to the top k triplets of each matrix of a batch.
 
     u: ``[B, p, k]``; s: ``[B, k]`` (descending); v: ``[B, q, k]``; in m's dtype, on m's device.
-    solver: the solver asked for after resolving "auto". fallback: ``[B]`` bool, True where the
-    subspace solver's check failed and the dense SVD was used instead. estimate: ``[B]`` the
-    check's bound on the relative Frobenius error of ``u diag(s) v^T`` against the best rank-k
-    approximation (0 for dense results).
+    solver: the solver used ("auto" resolved). fallback: ``[B]`` bool, True where the subspace
+    solver's check failed and the dense SVD was used instead. estimate: ``[B]`` the check's bound
+    on the relative Frobenius error of the rank-k product (0 for dense results).
     """
 
     u: torch.Tensor
@@ -253,36 +175,21 @@ def _dense_top(m: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor, tor
     return tuple(x.to(m.dtype) for x in (u[..., :k], s[..., :k], vh[..., :k, :].mT))
 
 
-def _default_oversample(k: int, small: int) -> int:
-    return max(0, min(max(16, k // 4), small - k))
-
-
 def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: Optional[int] = None,
                  tol: float = 1e-4) -> TopSingular:
     """The top-k singular triplets of each matrix of ``m`` (``[B, p, q]``, float32 or float64).
 
-    Results are in m's dtype (the working precision), signed by :func:`sign_convention` whatever the solver.
+    Results are in m's dtype, signed by :func:`sign_convention` whatever the solver.
 
-    solver:
-    - ``"dense"``: ``torch.linalg.svd`` in float64 (the reference), cast to m's dtype.
-    - ``"subspace"`` (CPU): only the top singular subspace is computed. The float32 Gram matrix
-      of the smaller side is handed to LAPACK's subset eigensolver (``?syevr`` through
-      ``scipy.linalg.eigh``, see :mod:`condinit_det.init.lapack`) for its top ``k + oversample``
-      eigenvectors (tridiagonalization plus the wanted eigenvectors only). That block is orthonormalized and
-      a Rayleigh–Ritz step in m's dtype (``Y = m Q``, eigen-decomposition of ``Y^T Y``) gives the
-      triplets: the step resolves close singular values inside the block to the working
-      precision, so the float32 eigensolver only limits how well the block contains the top-k
-      subspace (products within about 1e-6 relative of the dense ones). Check, per matrix:
-      with ``R = (m^T u - v diag(s)) diag(s)`` (the Ritz residual of ``m^T m``),
-      ``estimate = sqrt(2) s_1 ||R||_F / ((s_k^2 - s_l^2) ||s||)`` (s_l: the block's last Ritz
-      value), a first-order bound on the relative Frobenius error of the rank-k product, must be
-      <= ``tol``, and the block's Ritz values must match the float32 eigenvalues (a block that
-      missed a top singular vector fails this). Matrices that fail are recomputed by the dense
-      solver (``fallback``).
-    - ``"auto"``: ``"subspace"`` on the CPU for matrices of at least 192 rows and columns when
-      ``k + oversample`` is at most half of that, else ``"dense"``.
-    oversample: extra eigenvectors in the block (default ``max(16, k // 4)``).
-    tol: the check's bound on the relative Frobenius error of the rank-k product.
+    Args:
+        solver: ``"dense"``: ``torch.linalg.svd`` in float64 (the reference). ``"subspace"`` (CPU):
+            scipy's subset eigensolver (``?syevr``) on the float32 Gram matrix of the smaller side
+            for its top ``k + oversample`` eigenvectors, then a Rayleigh–Ritz step in m's dtype; a
+            matrix whose error bound exceeds ``tol`` (or whose block missed a top vector) is
+            recomputed densely. ``"auto"``: ``"subspace"`` on the CPU for matrices of at least 192
+            rows and columns when ``k + oversample`` is at most half of that, else ``"dense"``.
+        oversample: extra eigenvectors in the subspace block (default ``max(16, k // 4)``).
+        tol: bound on the relative Frobenius error of the rank-k product (subspace solver).
     """
     if m.dim() != 3:
         raise ValueError(f"top_singular takes a batch [B, p, q], got shape {tuple(m.shape)}")
@@ -291,7 +198,7 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
     if not 1 <= k <= small:
         raise ValueError(f"k must be in [1, {small}] for a {tuple(m.shape[-2:])} matrix, got {k}")
     if oversample is None:
-        oversample = _default_oversample(k, small)
+        oversample = max(0, min(max(16, k // 4), small - k))
     solver = _resolve_solver(solver, m, k, oversample)
     batch = m.shape[0]
     if solver == "dense":
@@ -313,19 +220,22 @@ def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: O
 
 def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
     import numpy as np
+    import scipy.linalg
 
     batch, _, q = m.shape
     width = k + oversample
     m32 = m.to(_F32).numpy()
     blocks = np.empty((batch, q, width), dtype=np.float32)
     eig32 = np.empty((batch, width), dtype=np.float64)
-    with single_threaded():  # scipy's OpenBLAS is loaded now: limit it too
-        for i in range(batch):  # LAPACK has no batched subset solver; one dense q x q solve per matrix
-            w, vec = top_eigenpairs(gram_upper(m32[i]), width)  # ssyrk, ssyevr
-            blocks[i] = vec[:, ::-1]
-            eig32[i] = w[::-1]
+    for i in range(batch):  # LAPACK has no batched subset solver: one dense q x q solve per matrix
+        side = np.ascontiguousarray(m32[i])
+        # side^T side of one buffer is NumPy's ?syrk; ?syevr reads its upper triangle.
+        w, vec = scipy.linalg.eigh(side.T @ side, lower=False, subset_by_index=(q - width, q - 1), driver="evr",
+                                   check_finite=False)
+        blocks[i] = vec[:, ::-1]
+        eig32[i] = w[::-1]
     del m32
-    basis = _orthonormal_columns(torch.from_numpy(blocks).to(m.dtype))
+    basis = _orthonormal_rows(torch.from_numpy(blocks).to(m.dtype).mT).mT  # orthonormal columns
     y = torch.bmm(m, basis)  # [B, p, width]
     theta, w = torch.linalg.eigh(torch.bmm(y.mT, y))  # Rayleigh-Ritz of m^T m on the block
     theta, w = theta.flip(-1), w.flip(-1)
@@ -370,11 +280,9 @@ def mimetic_qk_batch(z: torch.Tensor, *, alpha: float, beta: float, head_dim: in
     """Query and key blocks of several heads from their noises ``z`` (``[H, D_in, D_k_in]``).
 
     Per head, target M = alpha * z + beta * I (rectangular identity when D_in != D_k_in). With
-    the top-dh singular triplets M ≈ U S V^T (:func:`top_singular`), returns
+    the top-dh singular triplets M ≈ U S V^T (:func:`top_singular` with ``solver``), returns
     ``W_q = (U sqrt(S))^T`` (``[H, dh, D_in]``) and ``W_k = (V sqrt(S))^T`` (``[H, dh, D_k_in]``),
-    so ``W_q^T W_k`` is the best rank-dh approximation of M. The factorization runs in z's dtype
-    (the working precision: float32 or float64) on z's device; ``solver`` is passed to
-    :func:`top_singular`.
+    so ``W_q^T W_k`` is the best rank-dh approximation of M; in z's working precision, on z's device.
     """
     if head_dim > min(z.shape[-2:]):
         raise ValueError(
@@ -387,49 +295,34 @@ def mimetic_qk_batch(z: torch.Tensor, *, alpha: float, beta: float, head_dim: in
     return (top.u * root).mT.contiguous(), (top.v * root).mT.contiguous()
 
 
-def mimetic_qk(z: torch.Tensor, *, alpha: float, beta: float, head_dim: int,
-               solver: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
-    """One head's query and key blocks from the noise ``z`` (``[D_in, D_k_in]``).
-
-    Target M = alpha * z + beta * I; returns ``W_q = (U[:, :dh] sqrt(S[:dh]))^T`` (``[dh, D_in]``)
-    and ``W_k = (V[:, :dh] sqrt(S[:dh]))^T`` (``[dh, D_k_in]``), so ``W_q^T W_k`` is the best
-    rank-dh approximation of M (see :func:`mimetic_qk_batch`).
-    """
-    w_q, w_k = mimetic_qk_batch(z.unsqueeze(0), alpha=alpha, beta=beta, head_dim=head_dim, solver=solver)
-    return w_q[0], w_k[0]
-
-
 def _gram_eigenvectors(side: torch.Tensor) -> torch.Tensor:
-    """Eigenvectors of ``side^T side`` (float32 or float64) by descending eigenvalue (all of them).
+    """Eigenvectors of ``side^T side`` (float32 or float64) by descending eigenvalue, all of them.
 
-    On the CPU the Gram product is NumPy's ``?syrk`` (half the work of a general product); the
-    eigen-decomposition is ``torch.linalg.eigh`` on every device.
+    On the CPU: NumPy's ``?syrk`` and scipy's ``?syevd`` (the roundings the arm's values are made
+    with); on other devices ``torch.linalg.eigh``.
     """
     if side.device.type != "cpu":
         return torch.linalg.eigh(side.mT @ side)[1].flip(-1)
-    with single_threaded():
-        _, vec = all_eigenpairs(gram_upper(side.numpy()))
+    import numpy as np
+    import scipy.linalg
+
+    a = np.ascontiguousarray(side.numpy())
+    _, vec = scipy.linalg.eigh(a.T @ a, lower=False, driver="evd", check_finite=False)
     return torch.from_numpy(vec[:, ::-1].copy())
 
 
-def mimetic_vo(
-    z: torch.Tensor, *, alpha: float, beta: float, dim_v: int, w_v_default: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+def mimetic_vo(z: torch.Tensor, *, alpha: float, beta: float, dim_v: int,
+               w_v_default: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, bool]:
     """Value and output blocks from the noise ``z`` (``[D_v_in, D_out]``), in z's dtype on z's device.
 
     Target M = alpha * z - beta * I (rectangular identity when non-square). With the SVD
     M = U S V^T and r = min(D_v_in, D_out, dim_v), value rows j < r are ``sqrt(s_j) U[:, j]^T`` and
-    output columns j < r are ``sqrt(s_j) V[:, j]``. When ``dim_v`` exceeds the rank, the extra
-    value rows keep ``w_v_default`` and the matching output columns are zero, so
-    ``W_v^T W_o^T = M`` holds exactly whenever dim_v >= min(D_v_in, D_out); otherwise the product
-    is the best rank-dim_v approximation of M.
+    output columns j < r are ``sqrt(s_j) V[:, j]``. Extra value rows (dim_v above the rank) keep
+    ``w_v_default`` and their output columns are zero, so ``W_v^T W_o^T = M`` exactly when
+    dim_v >= min(D_v_in, D_out), else the best rank-dim_v approximation of M.
 
-    The SVD comes from the symmetric eigen-decomposition of the smaller Gram matrix (about half
-    the cost of a full SVD): with M^T M = V diag(S^2) V^T, the other side is ``M V = U S``; the
-    pairs are signed by :func:`sign_convention` (on U).
-    The columns of ``M V`` scaled by ``1/sqrt(s)`` are the value rows, so the product is
-    ``M V V^T = M`` to the accuracy of z's dtype (V is orthogonal), however small a singular
-    value is.
+    The SVD comes from the eigen-decomposition of the smaller Gram matrix (``M V = U S``), so the
+    product is ``M V V^T = M`` to z's precision however small a singular value is.
 
     Returns ``(W_v [dim_v, D_v_in], W_o [D_out, dim_v], exact)``.
     """

@@ -9,7 +9,7 @@ projections. Every projection is a PyTorch ``Linear``-style weight of shape ``[o
 
 Layouts are recognised by class through adapters. Built-in adapters match classes by their
 qualified name, so this module never imports detectron2 or timm. Register your own with
-:func:`register_attention_adapter`.
+:func:`register_attention_adapter`; the built-in layouts are listed in docs/arms.md.
 """
 from __future__ import annotations
 
@@ -20,18 +20,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-__all__ = [
-    "ROLES",
-    "Projection",
-    "AttentionLayout",
-    "AttentionSite",
-    "register_attention_adapter",
-    "supported_layouts",
-    "find_attention",
-    "select_sites",
-    "fused_qkv_layout",
-    "separate_qkv_layout",
-]
+__all__ = ["ROLES", "AttentionLayout", "AttentionSite", "Projection", "find_attention", "fused_qkv_layout",
+           "register_attention_adapter", "select_sites", "separate_qkv_layout", "supported_layouts"]
 
 ROLES = ("q", "k", "v", "o")
 
@@ -63,10 +53,18 @@ class AttentionLayout:
 AdapterFn = Callable[[nn.Module], AttentionLayout]
 
 
-def _get_param(module: nn.Module, dotted: str) -> torch.Tensor:
+def getattr_path(module: nn.Module, dotted: str):
+    """The attribute at the dotted path ``dotted`` of ``module``; None where a part is missing or None."""
     obj = module
     for part in dotted.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _get_param(module: nn.Module, dotted: str) -> torch.Tensor:
+    obj = getattr_path(module, dotted)
     if not isinstance(obj, torch.Tensor):
         raise TypeError(f"{dotted!r} of {type(module).__name__} is not a tensor")
     return obj
@@ -147,16 +145,8 @@ class AttentionSite:
 
     def describe(self) -> dict:
         """JSON-able summary of the site's kind and dimensions."""
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "dim_in": self.dim_in,
-            "dim": self.dim,
-            "dim_v": self.dim_v,
-            "dim_out": self.dim_out,
-            "num_heads": self.num_heads,
-            "head_dim": self.head_dim,
-        }
+        keys = ("name", "kind", "dim_in", "dim", "dim_v", "dim_out", "num_heads", "head_dim")
+        return {key: getattr(self, key) for key in keys}
 
     def validate(self) -> None:
         """Check shapes; raise ValueError naming the site and what is accepted."""
@@ -184,15 +174,6 @@ class AttentionSite:
                 f"attention site {self.name!r}: the output projection takes {self.weight('o').shape[1]} inputs "
                 f"but the value width is {self.dim_v}"
             )
-
-
-def getattr_path(module: nn.Module, dotted: str):
-    obj = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
 
 
 def fused_qkv_layout(module: nn.Module, *, num_heads: int, qkv: str = "qkv", proj: str = "proj") -> AttentionLayout:

@@ -10,7 +10,7 @@ A config's arm node (``configs/common/condinit.py``)::
 - ``include`` / ``exclude``: fnmatch patterns on attention-site names (None: every site).
 - ``options``: per arm, that arm's keyword options (:data:`condinit_det.init.ARM_OPTIONS`). Every
   arm's entry is validated whichever arm runs, so ``--arm all`` fails before the first run, not
-  after two. Only the running arm's entry is used.
+  after two. Only the running arm's entry is used. The arms and their options: docs/arms.md.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from typing import Dict, List, Mapping, Optional
 
 from torch import nn
 
-from .apply import ARM_OPTIONS, ARMS, InitReport, apply_init, resolve_options
+from .apply import InitReport, apply_init
+from .options import ARM_OPTIONS, ARMS, resolve_options
 
 __all__ = ["ARM_NODE_KEYS", "ArmError", "ArmSpec", "apply_arm_spec", "plain", "prefixed", "resolve_arm_node"]
 

@@ -1,19 +1,24 @@
 """The command line of every training command: detectron2's flags, the experiment flags and the Slurm flags.
 
-Both training commands (``condinit-train``, ``condinit-pretrain``) build their parser here, so every shared flag
-has one text and one default. :func:`experiment_namespace` gives the same namespace to callers without a command
-line (the protocol, scripts).
+Both training commands and the protocol build their parsers here, so every shared flag has one text and one
+default. Building a parser imports neither torch nor detectron2: ``--help`` answers at once.
 """
 from __future__ import annotations
 
 import argparse
-from typing import Optional
+import os
+import re
+from typing import Callable, Optional, Tuple
 
-from ..init import ARMS, PAPER_ARMS
+from ..init.options import ARMS, PAPER_ARMS
 from ..utils.checkpoint_io import TRUST_FLAG
-from .slurm import add_slurm_arguments
 
-__all__ = ["add_cost_arguments", "add_experiment_arguments", "build_parser", "experiment_namespace"]
+__all__ = ["add_cost_arguments", "add_experiment_arguments", "add_slurm_arguments", "build_parser",
+           "experiment_namespace", "parse_time_minutes"]
+
+_EXTRA_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
+_MEM = re.compile(r"^[0-9]+[KMGT]?$")
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
 
 
 def add_experiment_arguments(parser: argparse.ArgumentParser, *, cost: bool = True) -> argparse.ArgumentParser:
@@ -73,26 +78,128 @@ def add_cost_arguments(group, *, prefixes=("",)) -> None:
         stage = f" of the {prefix.rstrip('-')} runs" if prefix else ""
         group.add_argument(
             f"--{prefix}step-time", type=float, default=None, metavar="SECONDS",
-            help=f"with --dry-run: seconds per optimizer step{stage} (all GPUs of a run together), for the cost "
+            help=f"with --dry-run: seconds per optimizer step{stage} (all devices of a run together), for the cost "
             "estimate instead of --step-bench")
 
 
-def build_parser(*, description: str = "", examples: str = "", config_help: str = "") -> argparse.ArgumentParser:
-    """detectron2's ``default_argument_parser`` (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``,
-    ``--num-machines``, ``--machine-rank``, ``--dist-url``, trailing ``key=value`` overrides) with the experiment
-    and Slurm flags. ``description``/``examples``/``config_help``: the command's own texts."""
-    from detectron2.engine import default_argument_parser
+def parse_time_minutes(value: str) -> int:
+    """A time limit as whole minutes: ``"90"`` (minutes), ``"HH:MM:SS"`` or ``"D-HH:MM:SS"`` (seconds round up)."""
+    text = str(value).strip()
+    if text.isdigit():
+        minutes = int(text)
+    else:
+        m = _TIME.match(text)
+        if m is None:
+            raise argparse.ArgumentTypeError(
+                f"invalid time {value!r}: give minutes (e.g. 90), HH:MM:SS (e.g. 01:30:00) or D-HH:MM:SS")
+        days, hours, mins, secs = (int(g) if g else 0 for g in m.groups())
+        if mins >= 60 or secs >= 60:
+            raise argparse.ArgumentTypeError(f"invalid time {value!r}: minutes and seconds must be below 60")
+        minutes = (((days * 24 + hours) * 60 + mins) * 60 + secs + 59) // 60
+    if minutes <= 0:
+        raise argparse.ArgumentTypeError(f"invalid time {value!r}: the time limit must be at least one minute")
+    return minutes
 
-    parser = default_argument_parser(epilog=examples)
-    parser.description = description or None
-    actions = parser._option_string_actions  # detectron2's texts describe its own trainer: say what these do here
-    actions["--config-file"].help = config_help or "a config file: a path, or a model-zoo name zoo:NAME"
-    actions["--resume"].help = (
-        "continue every planned run from its last checkpoint; finished runs are skipped, a diverged run is not "
+
+def _at_least(name: str, minimum: int = 1) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < minimum:
+            raise argparse.ArgumentTypeError(f"invalid {name} {value!r}: expected an integer >= {minimum}")
+        return number
+
+    return parse
+
+
+def _mem(value: str) -> str:
+    text = value.strip().upper().removesuffix("B")  # "64GB" is sbatch's "64G"
+    if not _MEM.match(text):
+        raise argparse.ArgumentTypeError(f"invalid memory {value!r}: expected a number with an optional unit K, M, "
+                                         "G or T (e.g. 64G; 0 = all of the node's)")
+    return text
+
+
+def _extra(value: str) -> Tuple[str, str]:
+    key, sep, val = value.partition("=")
+    key = key.strip().lstrip("-")
+    if not sep or not _EXTRA_KEY.match(key) or not val:
+        raise argparse.ArgumentTypeError(f"invalid --slurm-extra {value!r}: expected KEY=VALUE with an sbatch option "
+                                         "name as KEY (e.g. reservation=mine, exclusive=true)")
+    return key.replace("_", "-"), val
+
+
+def _name(kind: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if not value or any(c.isspace() for c in value):
+            raise argparse.ArgumentTypeError(f"invalid {kind} {value!r}: expected a non-empty name without spaces")
+        return value
+
+    return parse
+
+
+def add_slurm_arguments(parser: argparse.ArgumentParser, *, switch: bool = True) -> argparse.ArgumentParser:
+    """Add the submission flags (one argument group); ``switch``: with the ``--slurm`` flag itself (a command that
+    always submits has only the resource flags). Each array element is one run with ``--nodes`` nodes, one Slurm
+    task per node holding ``--gpus-per-node`` GPUs and ``--cpus-per-task`` CPUs."""
+    g = parser.add_argument_group("Slurm (submit the runs as a job array instead of running them here)")
+    if switch:
+        g.add_argument("--slurm", action="store_true", help="submit to Slurm with submitit and return")
+    g.add_argument("--nodes", type=_at_least("node count"), default=1, help="nodes per run (default 1)")
+    g.add_argument("--gpus-per-node", type=_at_least("GPU count", 0), default=0,
+                   help="GPUs per node (default 0: CPU, gloo)")
+    g.add_argument("--cpus-per-task", type=_at_least("CPU count"), default=None,
+                   help="CPUs per node (one task per node); the run's processes on a node divide them into threads "
+                   "and data-loader workers (also for a run on this machine when given)")
+    g.add_argument("--mem", type=_mem, default=None, help="memory per node, e.g. 64G (0: all of it)")
+    g.add_argument("--time", type=parse_time_minutes, default=60,
+                   help="time limit per job: minutes or HH:MM:SS (default 60)")
+    g.add_argument("--signal-delay", type=_at_least("signal delay"), default=120,
+                   help="seconds before the time limit at which the job gets USR2, checkpoints and requeues itself "
+                   "(default 120)")
+    g.add_argument("--partition", type=_name("partition"), default=None,
+                   help="Slurm partition (default: the cluster's)")
+    g.add_argument("--account", type=_name("account"), default=None)
+    g.add_argument("--qos", type=_name("QOS"), default=None)
+    g.add_argument("--constraint", type=str, default=None, help="node features, sbatch syntax (e.g. 'a100|h100')")
+    g.add_argument("--slurm-extra", type=_extra, action="append", default=[], metavar="KEY=VALUE",
+                   help="any other sbatch option, repeatable (e.g. --slurm-extra reservation=mine)")
+    g.add_argument("--max-parallel", type=_at_least("--max-parallel"), default=None,
+                   help="array elements running at once")
+    g.add_argument("--slurm-folder", default=None, help="submitit's scripts and logs (default <output_dir>/slurm/)")
+    return parser
+
+
+def build_parser(*, description: str = "", examples: str = "", config_help: str = "") -> argparse.ArgumentParser:
+    """detectron2's command line (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``,
+    ``--num-machines``, ``--machine-rank``, ``--dist-url``, trailing ``key=value`` overrides; the flags and defaults
+    of ``detectron2.engine.default_argument_parser``) with the experiment and Slurm flags."""
+    parser = argparse.ArgumentParser(description=description or None, epilog=examples or None,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-file", default="", metavar="FILE",
+                        help=config_help or "a config file: a path, or a model-zoo name zoo:NAME")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="continue every planned run from its last checkpoint; finished runs are skipped, a diverged run is not "
         "retried; a run directory is never resumed with another arm, seed, patterns, options or lr scale")
-    actions["--eval-only"].help = (
-        "evaluate a checkpoint instead of training: train.init_checkpoint=PATH, else the run's final weights (with "
-        "--resume: its last checkpoint), and add an evaluation record to the run's results.json")
+    parser.add_argument(
+        "--eval-only", action="store_true",
+        help="evaluate a checkpoint instead of training: train.init_checkpoint=PATH, else the run's final weights "
+        "(with --resume: its last checkpoint), and add an evaluation record, under the checkpoint's own arm, to the "
+        "run's results.json")
+    parser.add_argument("--num-gpus", type=int, default=1,
+                        help="processes per machine: GPUs, or CPU processes with train.device=cpu")
+    parser.add_argument("--num-machines", type=int, default=1, help="total number of machines")
+    parser.add_argument("--machine-rank", type=int, default=0, help="the rank of this machine (unique per machine)")
+    # detectron2's default: a port derived from the user id, so that an orphaned run's port is recognisable.
+    port = 2 ** 15 + 2 ** 14 + hash(os.getuid()) % 2 ** 14
+    parser.add_argument("--dist-url", default=f"tcp://127.0.0.1:{port}",
+                        help="initialization URL of torch.distributed")
+    parser.add_argument("opts", default=None, nargs=argparse.REMAINDER,
+                        help='config overrides at the end of the command: "path.key=value" (lazy configs; '
+                        '"+path.key=value" adds a key the config lacks), "PATH.KEY VALUE" pairs (yacs configs)')
     add_experiment_arguments(parser)
     add_slurm_arguments(parser)
     return parser

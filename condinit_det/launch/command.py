@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from ..stage import Stage
 from ..utils.errors import UsageError
@@ -11,19 +11,25 @@ from .arguments import build_parser
 __all__ = ["run_command"]
 
 
-def run_command(stage: Stage, argv: Optional[List[str]] = None) -> int:
-    """The training command of ``stage`` (``condinit-train``, ``condinit-pretrain``): returns the exit status.
+def run_command(make_stage: Callable[[], Stage], argv: Optional[List[str]] = None, *, description: str = "",
+                examples: str = "", config_help: str = "") -> int:
+    """The training command of a stage (``condinit-train``, ``condinit-pretrain``): returns the exit status.
+
+    Args:
+        make_stage: returns the stage; called after the command line is parsed, so that ``--help`` imports
+            nothing of the stage.
+        description, examples, config_help: the command's ``--help`` texts.
 
     Bad input ends with one error line and exit status 2, before anything is written; ``--dry-run`` prints the
     plan; ``--slurm`` submits the runs as a job array and returns 0; otherwise the runs train here, one after
     another, and a run that failed or diverged makes the status 1 (the others go on)."""
-    from ..records.lock import RunInUse
-    from .experiment import execute, plan_experiment
-
-    parser = build_parser(description=stage.description, examples=stage.examples, config_help=stage.config_help)
+    parser = build_parser(description=description, examples=examples, config_help=config_help)
     args = parser.parse_args(argv)
+    from ..records.lock import RunInUse
+    from .plan import plan_experiment
+
     try:
-        experiment = plan_experiment(stage, args)
+        experiment = plan_experiment(make_stage(), args)
     except UsageError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -33,11 +39,13 @@ def run_command(stage: Stage, argv: Optional[List[str]] = None) -> int:
         print(describe_plan(experiment))
         return 0
     if args.slurm:
-        from .cluster import submit_experiment
+        from .slurm import submit_experiment
 
         experiment.write_plan()
-        submit_experiment(experiment, name="condinit-" + stage.name, report=len(experiment.runs) > 1)
+        submit_experiment(experiment, name="condinit-" + experiment.stage.name, report=len(experiment.runs) > 1)
         return 0
+    from .run import execute
+
     try:
         return execute(experiment)
     except RunInUse as e:  # the one planned run: another process trains it

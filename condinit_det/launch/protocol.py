@@ -4,24 +4,26 @@ pretraining run, then one report of both stages (``condinit-protocol``).
 Layout under ``--output DIR``: ``DIR/pretrain/<arm>/seed<k>/`` (the upstream stage's experiment),
 ``DIR/finetune/<arm>/seed<k>/`` (the downstream stage's experiment; each run starts from the final weights of
 ``DIR/pretrain/<arm>/seed<k>/``), ``DIR/report/`` (the comparison of both stages). The two stages are planned and
-checked like any experiment (:func:`condinit_det.launch.experiment.plan_experiment`), then submitted: the upstream
-array; the downstream runs, each after its own upstream run succeeded (one array with Slurm's ``aftercorr`` when
-they pair element by element, else one job each with ``afterok``; none for a run whose upstream run finished
-earlier); the report job after every job of both stages, the ones already in flight included (``afterany``).
-Runs that finished earlier are not resubmitted; runs in flight keep their job.
+checked like any experiment (:func:`condinit_det.launch.plan.plan_experiment`), then submitted together
+(:func:`condinit_det.launch.slurm.submit_stages`). Runs that finished earlier are not resubmitted; runs in flight keep
+their job. The protocol's flags: docs/slurm.md.
 """
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Dict, List
+from typing import List
 
-from ..records.layout import REPORT_DIRNAME, RunSpec
+from ..records.layout import REPORT_DIRNAME
 from ..stage import Stage
-from .arguments import add_cost_arguments, add_experiment_arguments, build_parser, experiment_namespace
-from .cluster import describe_submission, replace_report, submission_plan, submit_report, submit_runs
-from .experiment import Experiment, plan_experiment
-from .slurm import add_slurm_arguments, after, after_each, slurm_folder
+from .arguments import (
+    add_cost_arguments,
+    add_experiment_arguments,
+    add_slurm_arguments,
+    build_parser,
+    experiment_namespace,
+)
+from .plan import plan_experiment
 
 __all__ = ["build_protocol_parser", "plan_protocol", "submit_protocol"]
 
@@ -74,16 +76,12 @@ def plan_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: Stag
     return pre, fine
 
 
-def _upstream_of(spec: RunSpec) -> RunSpec:
-    return RunSpec(spec.arm, spec.seed)
-
-
 def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: Stage, log=print) -> int:
-    """Plan and check both stages, then submit them and the report (module docstring); returns 0."""
+    """Plan and check both stages, then print the plan and its cost (``--dry-run``) or submit them and the report
+    (:func:`condinit_det.launch.slurm.submit_stages`); returns 0."""
     pre, fine = plan_protocol(args, upstream=upstream, downstream=downstream)
     if args.dry_run:
-        from .cost import format_cost
-        from .plan import describe_plan, plan_costs, step_time_of
+        from .plan import describe_plan, format_cost, plan_costs, step_time_of
 
         costs = []
         for experiment, seconds in ((pre, args.pretrain_step_time), (fine, args.finetune_step_time)):
@@ -91,44 +89,7 @@ def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: St
             costs += plan_costs(experiment, step_time_of(experiment, seconds))
         log("\n" + format_cost(costs))
         return 0
-    pre.write_plan()
-    fine.write_plan()
-    pre_plan = submission_plan(pre)
-    describe_submission(pre, pre_plan, log)
-    pre_jobs = dict(zip(pre_plan.todo, submit_runs(pre, pre_plan.todo, name="condinit-pretrain", log=log)))
-    fine_plan = submission_plan(fine)
-    describe_submission(fine, fine_plan, log)
-    jobs = [str(j.job_id) for j in pre_jobs.values()] + list(pre_plan.in_flight.values())
-    jobs += list(fine_plan.in_flight.values())
-    jobs += _submit_downstream(pre, fine, fine_plan.todo, pre_jobs, pre_plan.in_flight, log)
-    if jobs:
-        job = submit_report(args, [pre.base, fine.base], os.path.join(args.output, REPORT_DIRNAME), jobs=jobs,
-                            folder=slurm_folder(args, args.output), name="condinit-protocol-report", log=log,
-                            trackers=fine.trackers)
-        replace_report(args.output, str(job.job_id), log=log)
+    from .slurm import submit_stages
+
+    submit_stages(pre, fine, os.path.join(args.output, REPORT_DIRNAME), log=log)
     return 0
-
-
-def _submit_downstream(pre: Experiment, fine: Experiment, todo: List[RunSpec], pre_jobs: Dict[RunSpec, object],
-                       pre_in_flight: Dict[RunSpec, str], log) -> List[str]:
-    """Submit the downstream runs each after its upstream run; returns their job ids."""
-    after_new = [s for s in todo if _upstream_of(s) in pre_jobs]
-    if after_new and [_upstream_of(s) for s in after_new] == list(pre_jobs):  # element i after element i
-        jobs = submit_runs(fine, after_new, name="condinit-finetune", dependency=after_each(list(pre_jobs.values())),
-                           log=log)
-    else:
-        jobs = [job for s in after_new for job in submit_runs(
-            fine, [s], name="condinit-finetune", dependency=after("afterok", [pre_jobs[_upstream_of(s)]]), log=log)]
-    ready = []
-    for spec in todo:
-        if spec in after_new:
-            continue
-        if _upstream_of(spec) in pre_in_flight:
-            jobs += submit_runs(fine, [spec], name="condinit-finetune",
-                                dependency=after("afterok", [pre_in_flight[_upstream_of(spec)]]), log=log)
-        elif pre.finished(_upstream_of(spec)):
-            ready.append(spec)
-        else:
-            log(f"  {spec.dir}: its pretraining run did not finish (failed or diverged): not submitted")
-    jobs += submit_runs(fine, ready, name="condinit-finetune", log=log)
-    return [str(j.job_id) for j in jobs]

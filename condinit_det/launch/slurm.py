@@ -1,165 +1,44 @@
-"""Building blocks for submitting runs to Slurm with submitit; stage-agnostic (no detectron2/timm import).
+"""Experiments on a Slurm cluster with submitit: each planned run is one element of a job array, a report job follows.
 
-- :func:`add_slurm_arguments` / :func:`make_executor`: the command-line flags of a submission and the
-  :class:`submitit.SlurmExecutor` they configure (``--signal=USR2@<signal delay>`` before the time
-  limit, array parallelism ``--max-parallel``, ``--slurm-extra`` passed to sbatch as is).
-- :func:`submit`: a list of picklable callables as ONE job array (one callable: a plain job),
-  optionally depending on earlier jobs through :func:`after` (``afterany:``/``afterok:`` on each
-  listed job) or :func:`after_each` (element ``i`` of the new array waits for element ``i`` of an
-  earlier array to succeed: Slurm's ``aftercorr:``).
-- :func:`slurm_rendezvous`: ``(num_machines, machine_rank, num_gpus_per_machine, dist_url)`` for
-  detectron2's ``launch`` inside an allocation; :func:`restart_count`: how often this job was requeued.
-
-Job states come from ``squeue`` (:mod:`condinit_det.utils.squeue`), not ``sacct``: clusters without accounting
-have none. What a job sees on the time-limit signal, on ``scancel`` and on ``scontrol requeue``, as observed with
-submitit 1.5 on Slurm 22.05, and why the elements checkpoint the way they do: docs/slurm.md.
+Every stage submits the same way (``--slurm`` on ``condinit-train`` and ``condinit-pretrain``, and
+``condinit-protocol``): :func:`submit_experiment` submits the runs that need a job as one array
+(:func:`make_executor`: ``--signal=USR2@<signal delay>`` before the time limit, ``--max-parallel``, ``--slurm-extra``)
+and a report job after them. An element (:class:`RunElement`) trains one run with every GPU and node of its
+allocation: one Slurm task per node starts a supervising process, which takes the rendezvous from Slurm's environment
+(:func:`slurm_rendezvous`) and runs the experiment reduced to that run with ``--resume`` semantics. On the time-limit
+signal the training processes stop at the next step boundary and the element requeues itself. Submitting again knows
+what is in flight (``<base>/slurm.json``): a run whose current job may still run is not submitted again, and the new
+report job waits for it too. Job states come from ``squeue`` (:mod:`condinit_det.utils.squeue`), not ``sacct``.
+What a job sees on the time-limit signal, ``scancel`` and ``scontrol requeue``: docs/slurm.md.
 """
 import argparse
+import copy
+import multiprocessing
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import submitit
+from submitit.helpers import Checkpointable, DelayedSubmission
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from ..utils.squeue import squeue_command
+from ..records.failures import failure_of
+from ..records.jobs import read_report_jobs, record_jobs
+from ..records.layout import REPORT_DIRNAME, RunSpec
+from ..utils.preemption import PREEMPTED_FILENAME, PREEMPTIBLE_ENV, Preempted
+from ..utils.squeue import is_pending, query_jobs, squeue_command
+from .plan import Experiment, in_flight
+from .run import execute
 
-__all__ = [
-    "add_slurm_arguments",
-    "make_executor",
-    "slurm_folder",
-    "submit",
-    "after",
-    "after_each",
-    "SqueueWatcher",
-    "slurm_rendezvous",
-    "first_hostname",
-    "restart_count",
-    "cancel_job",
-    "parse_time_minutes",
-]
-
-# Sbatch option names accepted by --slurm-extra (e.g. "exclusive=true", "mail-type=END", "reservation=x").
-_EXTRA_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
-_MEM = re.compile(r"^[0-9]+[KMGT]?$")
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
-
-
-def parse_time_minutes(value: str) -> int:
-    """A time limit as whole minutes: ``"90"`` (minutes), ``"HH:MM:SS"`` or ``"D-HH:MM:SS"`` (seconds round up)."""
-    text = str(value).strip()
-    if text.isdigit():
-        minutes = int(text)
-    else:
-        m = _TIME.match(text)
-        if m is None:
-            raise argparse.ArgumentTypeError(
-                f"invalid time {value!r}: give minutes (e.g. 90), HH:MM:SS (e.g. 01:30:00) or D-HH:MM:SS"
-            )
-        days, hours, mins, secs = (int(g) if g else 0 for g in m.groups())
-        if mins >= 60 or secs >= 60:
-            raise argparse.ArgumentTypeError(f"invalid time {value!r}: minutes and seconds must be below 60")
-        minutes = (((days * 24 + hours) * 60 + mins) * 60 + secs + 59) // 60
-    if minutes <= 0:
-        raise argparse.ArgumentTypeError(f"invalid time {value!r}: the time limit must be at least one minute")
-    return minutes
-
-
-def _positive_int(name: str, minimum: int = 1) -> Callable[[str], int]:
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            number = None
-        if number is None or number < minimum:
-            raise argparse.ArgumentTypeError(f"invalid {name} {value!r}: expected an integer >= {minimum}")
-        return number
-
-    return parse
-
-
-def _mem(value: str) -> str:
-    text = value.strip().upper()
-    if text.endswith("B"):  # "64GB" is sbatch's "64G"
-        text = text[:-1]
-    if not _MEM.match(text):
-        raise argparse.ArgumentTypeError(
-            f"invalid memory {value!r}: expected a number with an optional unit K, M, G or T "
-            "(e.g. 64G; 0 = all of the node's)"
-        )
-    return text
-
-
-def _extra(value: str) -> Tuple[str, str]:
-    key, sep, val = value.partition("=")
-    key = key.strip().lstrip("-")
-    if not sep or not _EXTRA_KEY.match(key) or not val:
-        raise argparse.ArgumentTypeError(
-            f"invalid --slurm-extra {value!r}: expected KEY=VALUE with an sbatch option name as KEY "
-            "(e.g. reservation=mine, exclusive=true)"
-        )
-    return key.replace("_", "-"), val
-
-
-def _name(kind: str) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        if not value or any(c.isspace() for c in value):
-            raise argparse.ArgumentTypeError(f"invalid {kind} {value!r}: expected a non-empty name without spaces")
-        return value
-
-    return parse
-
-
-def add_slurm_arguments(parser: argparse.ArgumentParser, *, switch: bool = True) -> argparse.ArgumentParser:
-    """Add the submission flags to ``parser`` (one argument group); returns the parser. ``switch``: with the
-    ``--slurm`` flag itself (a command that always submits has only the resource flags).
-
-    Each array element is one run with ``--nodes`` nodes, one Slurm task per node holding
-    ``--gpus-per-node`` GPUs and ``--cpus-per-task`` CPUs. ``--slurm-folder`` defaults to ``None``:
-    :func:`slurm_folder` puts it at ``<output_dir>/slurm``.
-    """
-    g = parser.add_argument_group("Slurm (submit the runs as a job array instead of running them here)")
-    if switch:
-        g.add_argument("--slurm", action="store_true", help="submit to Slurm with submitit and return")
-    g.add_argument("--nodes", type=_positive_int("node count"), default=1, help="nodes per run (default 1)")
-    g.add_argument(
-        "--gpus-per-node", type=_positive_int("GPU count", 0), default=0, help="GPUs per node (default 0: CPU, gloo)"
-    )
-    g.add_argument(
-        "--cpus-per-task", type=_positive_int("CPU count"), default=None,
-        help="CPUs per node (one task per node); the run's processes on a node divide them into threads and "
-        "data-loader workers (also for a run on this machine when given)")
-    g.add_argument("--mem", type=_mem, default=None, help="memory per node, e.g. 64G (0: all of it)")
-    g.add_argument(
-        "--time", type=parse_time_minutes, default=60, help="time limit per job: minutes or HH:MM:SS (default 60)"
-    )
-    g.add_argument(
-        "--signal-delay",
-        type=_positive_int("signal delay"),
-        default=120,
-        help="seconds before the time limit at which the job gets USR2, checkpoints and requeues itself (default 120)",
-    )
-    g.add_argument(
-        "--partition", type=_name("partition"), default=None, help="Slurm partition (default: the cluster's)"
-    )
-    g.add_argument("--account", type=_name("account"), default=None)
-    g.add_argument("--qos", type=_name("QOS"), default=None)
-    g.add_argument("--constraint", type=str, default=None, help="node features, sbatch syntax (e.g. 'a100|h100')")
-    g.add_argument(
-        "--slurm-extra",
-        type=_extra,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other sbatch option, repeatable (e.g. --slurm-extra reservation=mine)",
-    )
-    g.add_argument(
-        "--max-parallel", type=_positive_int("--max-parallel"), default=None, help="array elements running at once"
-    )
-    g.add_argument("--slurm-folder", default=None, help="submitit's scripts and logs (default <output_dir>/slurm/)")
-    return parser
+__all__ = ["ReportJob", "RunElement", "Submission", "after", "after_each", "cancel_job", "describe_submission",
+           "first_hostname", "make_executor", "replace_report", "slurm_folder", "slurm_rendezvous", "submission_plan",
+           "submit", "submit_experiment", "submit_report", "submit_runs"]
 
 
 def slurm_folder(args: argparse.Namespace, output_dir: str) -> str:
@@ -168,39 +47,20 @@ def slurm_folder(args: argparse.Namespace, output_dir: str) -> str:
 
 
 def make_executor(args: argparse.Namespace, folder: str, name: str) -> submitit.SlurmExecutor:
-    """A :class:`submitit.SlurmExecutor` writing into ``folder``, configured from :func:`add_slurm_arguments`'s flags.
-
-    ``folder`` must be on a file system the compute nodes share. It holds one subfolder per job id:
-    ``<job>/`` (a plain job: ``<job>_submission.sh``, ``<job>_0_log.out``/``.err``, pickles) or, for an
-    array, ``<array>/<array>_submission.sh`` and ``<array>_<i>/<array>_<i>_0_log.out``/``.err`` per element.
-    """
+    """A :class:`submitit.SlurmExecutor` writing into ``folder`` (on a file system the compute nodes share; one
+    subfolder per job id), configured from the submission flags (:mod:`condinit_det.launch.arguments`)."""
     if shutil.which("sbatch") is None or shutil.which("srun") is None:
-        raise RuntimeError(
-            "--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start tools/slurm_local.sh)"
-        )
+        raise RuntimeError("--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start "
+                           "tools/slurm_local.sh)")
     executor = submitit.SlurmExecutor(folder=os.path.join(folder, "%j"))
-    params: Dict[str, Any] = dict(
-        job_name=name,
-        nodes=args.nodes,
-        ntasks_per_node=1,  # one process per node starts the run's workers (detectron2's launch)
-        time=args.time,
-        signal_delay_s=args.signal_delay,
-    )
-    if args.gpus_per_node:
-        params["gpus_per_node"] = args.gpus_per_node
-    optional = dict(
-        cpus_per_task=args.cpus_per_task,
-        partition=args.partition,
-        account=args.account,
-        qos=args.qos,
-        constraint=args.constraint,
-        array_parallelism=args.max_parallel,
-    )
+    # One task per node: its process starts the run's workers (detectron2's launch).
+    params: Dict[str, Any] = dict(job_name=name, nodes=args.nodes, ntasks_per_node=1, time=args.time,
+                                  signal_delay_s=args.signal_delay)
+    optional = dict(gpus_per_node=args.gpus_per_node or None, cpus_per_task=args.cpus_per_task,
+                    partition=args.partition, account=args.account, qos=args.qos, constraint=args.constraint,
+                    array_parallelism=args.max_parallel, mem=args.mem,
+                    additional_parameters=dict(args.slurm_extra) if args.slurm_extra else None)
     params.update({k: v for k, v in optional.items() if v is not None})
-    if args.mem is not None:
-        params["mem"] = args.mem
-    if args.slurm_extra:
-        params["additional_parameters"] = dict(args.slurm_extra)
     executor.update_parameters(**params)
     return executor
 
@@ -309,15 +169,10 @@ def _gpus_on_node(env) -> int:
 
 
 def slurm_rendezvous(cpu_processes_per_machine: int = 1, environ=None) -> Tuple[int, int, int, str]:
-    """``(num_machines, machine_rank, num_gpus_per_machine, dist_url)`` for detectron2's ``launch``
-    from Slurm's environment, in the one task per node of a job made by :func:`make_executor`.
-
-    ``num_gpus_per_machine`` is the node's GPUs (``SLURM_GPUS_ON_NODE``), or
-    ``cpu_processes_per_machine`` gloo processes on a node without GPUs. ``dist_url`` is
-    ``tcp://<first node of SLURM_JOB_NODELIST>:<port>`` with the port derived from ``SLURM_JOB_ID``
-    (10000-29999, below Linux's ephemeral range): every node computes the same one, two jobs on a
-    node differ, and a requeued job keeps it.
-    """
+    """``(num_machines, machine_rank, num_gpus_per_machine, dist_url)`` for detectron2's ``launch`` from Slurm's
+    environment, in the one task per node of a job made by :func:`make_executor`: the node's GPUs, or
+    ``cpu_processes_per_machine`` gloo processes; ``tcp://<first node>:<port>`` with the port derived from the job id
+    (10000-29999, below Linux's ephemeral range), the same on every node and after a requeue."""
     env = os.environ if environ is None else environ
     if not env.get("SLURM_JOB_ID") or not env.get("SLURM_JOB_NODELIST"):
         raise RuntimeError("slurm_rendezvous: not inside a Slurm job (SLURM_JOB_ID/SLURM_JOB_NODELIST are not set)")
@@ -329,7 +184,234 @@ def slurm_rendezvous(cpu_processes_per_machine: int = 1, environ=None) -> Tuple[
     return num_machines, machine_rank, per_machine, f"tcp://{first_hostname(env['SLURM_JOB_NODELIST'])}:{port}"
 
 
-def restart_count(environ=None) -> int:
-    """How many times this Slurm job was requeued (0 on its first run or outside Slurm)."""
-    env = os.environ if environ is None else environ
-    return int(env.get("SLURM_RESTART_COUNT") or 0)
+_PREEMPTED_EXIT = 75
+
+
+def _element_main(experiment: Experiment, spec: RunSpec) -> None:
+    """The supervising process of an element on one node: the experiment reduced to ``spec``."""
+    os.environ[PREEMPTIBLE_ENV] = "1"
+    signal.signal(signal.SIGUSR2, lambda *_: None)  # the training processes act on it, this one must not die
+    experiment = experiment.only(spec)
+    args = experiment.args = copy.copy(experiment.args)
+    args.num_machines, args.machine_rank, args.num_gpus, args.dist_url = slurm_rendezvous(
+        cpu_processes_per_machine=max(int(args.num_gpus), 1))
+    args.resume = True
+    try:
+        code = execute(experiment)
+    except Preempted:
+        code = _PREEMPTED_EXIT
+    sys.exit(code)
+
+
+def _wait_for(path: str, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(path):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+class RunElement(Checkpointable):
+    """One planned run as a submitit callable (a job-array element); requeues itself on the time-limit signal."""
+
+    def __init__(self, experiment: Experiment, spec: RunSpec):
+        if spec not in experiment.runs:
+            raise ValueError(f"{spec} is not a planned run of {experiment.base}")
+        self.experiment, self.spec = experiment, spec
+
+    @property
+    def run_dir(self) -> str:
+        return self.experiment.run_dir(self.spec)
+
+    def __call__(self) -> str:
+        process = multiprocessing.get_context("spawn").Process(target=_element_main,
+                                                               args=(self.experiment, self.spec))
+        process.start()
+        process.join()
+        if process.exitcode == 0:
+            return f"{self.run_dir}: finished"
+        if process.exitcode == _PREEMPTED_EXIT:  # checkpoint() is requeueing this job
+            time.sleep(max(int(self.experiment.args.signal_delay), 1))
+        failure = failure_of(self.run_dir)
+        why = failure.get("message") if failure else f"exit status {process.exitcode}"
+        raise RuntimeError(f"{self.run_dir} did not finish: {why}")
+
+    def checkpoint(self, *args, **kwargs):
+        """USR2 (time limit): the training processes stop at their next step boundary and leave
+        ``<run>/preempted``; wait for it (within the signal delay), then requeue this element."""
+        delay = max(int(self.experiment.args.signal_delay), 10)
+        _wait_for(os.path.join(self.run_dir, PREEMPTED_FILENAME), timeout=0.75 * delay)
+        return DelayedSubmission(RunElement(self.experiment, self.spec))
+
+
+class ReportJob:
+    """The comparison of an experiment (or of both stages of a protocol), written after its runs; with
+    ``trackers`` enabling one, attached to a tracker run of its own in the group of ``experiment`` (the experiment
+    directory; for a protocol, its fine-tuning stage's)."""
+
+    def __init__(self, paths: Sequence[str], output_dir: str, bootstrap: int, *, trackers: Optional[dict] = None,
+                 experiment: Optional[str] = None):
+        self.paths, self.output_dir, self.bootstrap = list(paths), output_dir, int(bootstrap)
+        self.trackers, self.experiment = trackers, experiment or (self.paths[-1] if self.paths else output_dir)
+
+    def __call__(self) -> str:
+        from ..report import compare_arms
+        from ..tracking import attach_report
+
+        _, text = compare_arms(self.paths, output_dir=self.output_dir, bootstrap=self.bootstrap)
+        print(text, flush=True)
+        attach_report(self.trackers, self.experiment, self.output_dir)
+        return text
+
+
+def replace_report(base: str, job_id: str, *, log=print) -> None:
+    """Record ``job_id`` as the report job of ``base`` and cancel the previous one if it is still pending: the new
+    one waits for every run the old one waited for, so one report covers them all and no two write at once."""
+    earlier = read_report_jobs(base)
+    record_jobs(base, {}, job_id)
+    if earlier and is_pending(query_jobs([earlier[-1]]).get(earlier[-1])):
+        cancel_job(earlier[-1])
+        log(f"Report job {earlier[-1]} (pending) is replaced by report job {job_id}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Submitting
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Submission:
+    """What submitting an experiment does with each planned run."""
+
+    todo: List[RunSpec] = field(default_factory=list)  # submitted now
+    in_flight: Dict[RunSpec, str] = field(default_factory=dict)  # run -> its pending or running job
+    done: List[RunSpec] = field(default_factory=list)  # finished, or diverged (not retried)
+
+
+def submission_plan(experiment: Experiment) -> Submission:
+    """Sort the planned runs into the ones to submit, the ones in flight (their current job is pending or
+    running) and the ones that need nothing (finished, or diverged and not ``--retry-failed``)."""
+    plan = Submission(in_flight=in_flight(experiment))
+    for spec in experiment.runs:
+        if spec in plan.in_flight or spec in experiment.unreadable:
+            continue
+        failure = failure_of(experiment.run_dir(spec))
+        if failure is not None and failure.get("reason") == "diverged" and not experiment.args.retry_failed:
+            plan.done.append(spec)
+        elif failure is None and experiment.finished(spec):
+            plan.done.append(spec)
+        else:
+            plan.todo.append(spec)
+    return plan
+
+
+def submit_runs(experiment: Experiment, specs: Sequence[RunSpec], *, name: str, dependency: Optional[str] = None,
+                log=print) -> list:
+    """Submit ``specs`` (planned runs of ``experiment``) as one job array, each element after ``dependency``
+    (sbatch's), and record their jobs in ``<base>/slurm.json``. Returns the submitit jobs, in the order of
+    ``specs``."""
+    if not specs:
+        return []
+    executor = make_executor(experiment.args, slurm_folder(experiment.args, experiment.base), name)
+    jobs = submit(executor, [RunElement(experiment, spec) for spec in specs], dependency=dependency)
+    record_jobs(experiment.base, {s.dir: str(j.job_id) for s, j in zip(specs, jobs)})
+    what = f"job array {str(jobs[0].job_id).split('_')[0]}" if len(jobs) > 1 else f"job {jobs[0].job_id}"
+    log(f"Submitted {len(jobs)} run(s) of {experiment.base} as {what}" + (f" after {dependency}" if dependency else ""))
+    for spec, job in zip(specs, jobs):
+        log(f"  {job.job_id}: {spec.dir}")
+    return jobs
+
+
+def describe_submission(experiment: Experiment, plan: Submission, log=print) -> None:
+    """Say what a submission leaves out: the runs in flight (with their job) and those that need nothing."""
+    for spec, job in plan.in_flight.items():
+        log(f"  {spec.dir}: in flight as job {job}: not resubmitted")
+    if plan.done:
+        log(f"  {len(plan.done)} run(s) of {experiment.base} finished or diverged earlier: not resubmitted")
+    if not plan.todo:
+        log(f"Nothing new to submit for {experiment.base}"
+            + (f": {len(plan.in_flight)} run(s) in flight" if plan.in_flight else ""))
+
+
+def submit_experiment(experiment: Experiment, *, name: str, report: bool = True, log=print):
+    """Submit the runs of ``experiment`` that need a job (:func:`submission_plan`) as one job array and, with
+    ``report``, a report job after them and after the runs still in flight (``afterany``). Returns (the submitted
+    jobs, their specs, the in-flight runs' job ids, the report job or None)."""
+    plan = submission_plan(experiment)
+    describe_submission(experiment, plan, log)
+    jobs = submit_runs(experiment, plan.todo, name=name, log=log)
+    report_job = None
+    waits = [str(j.job_id) for j in jobs] + list(plan.in_flight.values())
+    if report and waits:
+        report_job = submit_report(experiment.args, [experiment.base],
+                                   os.path.join(experiment.base, REPORT_DIRNAME), jobs=waits,
+                                   folder=slurm_folder(experiment.args, experiment.base), name=f"{name}-report",
+                                   log=log, trackers=experiment.trackers)
+        replace_report(experiment.base, str(report_job.job_id), log=log)
+    log(f"Watch it with: condinit-status {experiment.base}   (submitit logs: "
+        f"{slurm_folder(experiment.args, experiment.base)})")
+    return jobs, plan.todo, dict(plan.in_flight), report_job
+
+
+def submit_report(args, paths: Sequence[str], output_dir: str, *, jobs: Sequence[str], folder: str, name: str,
+                  log=print, trackers: Optional[dict] = None):
+    """A one-node, CPU-only job writing the comparison of ``paths`` once every job in ``jobs`` (ids) ended in any
+    way (none: at once); ``trackers``: see :class:`ReportJob` (the last of ``paths`` is the experiment)."""
+    report_args = copy.copy(args)
+    report_args.nodes, report_args.gpus_per_node, report_args.max_parallel = 1, 0, None
+    report = ReportJob(paths, output_dir, args.bootstrap, trackers=trackers)
+    (job,) = submit(make_executor(report_args, folder, name), [report],
+                    dependency=after("afterany", jobs) if jobs else None)
+    log(f"Report job {job.job_id} writes {output_dir} after them")
+    return job
+
+
+def _upstream_of(spec: RunSpec) -> RunSpec:
+    return RunSpec(spec.arm, spec.seed)
+
+
+def submit_stages(pre: Experiment, fine: Experiment, report_dir: str, *, log=print) -> None:
+    """Two stages of a protocol (:mod:`condinit_det.launch.protocol`): the upstream array; each downstream run after
+    its own upstream run succeeded (one array with ``aftercorr`` when they pair element by element, else one job
+    each with ``afterok``; at once when its upstream run finished earlier); the report of both stages after every
+    job of both, the ones already in flight included."""
+    args = fine.args
+    pre.write_plan()
+    fine.write_plan()
+    pre_plan = submission_plan(pre)
+    describe_submission(pre, pre_plan, log)
+    pre_jobs = dict(zip(pre_plan.todo, submit_runs(pre, pre_plan.todo, name="condinit-pretrain", log=log)))
+    fine_plan = submission_plan(fine)
+    describe_submission(fine, fine_plan, log)
+    jobs = [str(j.job_id) for j in pre_jobs.values()] + list(pre_plan.in_flight.values())
+    jobs += list(fine_plan.in_flight.values())
+    jobs += _submit_downstream(pre, fine, fine_plan.todo, pre_jobs, pre_plan.in_flight, log)
+    if jobs:
+        output = os.path.dirname(report_dir)
+        job = submit_report(args, [pre.base, fine.base], report_dir, jobs=jobs, folder=slurm_folder(args, output),
+                            name="condinit-protocol-report", log=log, trackers=fine.trackers)
+        replace_report(output, str(job.job_id), log=log)
+
+
+def _submit_downstream(pre: Experiment, fine: Experiment, todo: List[RunSpec], pre_jobs: Dict[RunSpec, object],
+                       pre_in_flight: Dict[RunSpec, str], log) -> List[str]:
+    """Submit the downstream runs each after its upstream run; returns their job ids."""
+    after_new = [s for s in todo if _upstream_of(s) in pre_jobs]
+    if after_new and [_upstream_of(s) for s in after_new] == list(pre_jobs):  # element i after element i
+        jobs = submit_runs(fine, after_new, name="condinit-finetune", dependency=after_each(list(pre_jobs.values())),
+                           log=log)
+    else:
+        jobs = [job for s in after_new for job in submit_runs(
+            fine, [s], name="condinit-finetune", dependency=after("afterok", [pre_jobs[_upstream_of(s)]]), log=log)]
+    ready = []
+    for spec in todo:
+        if spec in after_new:
+            continue
+        if _upstream_of(spec) in pre_in_flight:
+            jobs += submit_runs(fine, [spec], name="condinit-finetune",
+                                dependency=after("afterok", [pre_in_flight[_upstream_of(spec)]]), log=log)
+        elif pre.finished(_upstream_of(spec)):
+            ready.append(spec)
+        else:
+            log(f"  {spec.dir}: its pretraining run did not finish (failed or diverged): not submitted")
+    jobs += submit_runs(fine, ready, name="condinit-finetune", log=log)
+    return [str(j.job_id) for j in jobs]

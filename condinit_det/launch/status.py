@@ -1,11 +1,9 @@
-"""Where an experiment stands, read from its directory alone, for any stage (``condinit-status``).
+"""Where an experiment stands, read from its files alone, for any stage (``condinit-status``).
 
-One entry per planned run (the plan ``experiment.json``), then the run directories under the path that no plan
-lists. Each run is read through its stage's descriptor (:class:`condinit_det.stage.StageDescriptor`), looked up by
-the plan's ``stage`` field (or, outside any plan, its records' ``"stage"`` field): progress, the last evaluation's
-headline metrics, the finished rule and the ETA. Slurm runs also show their job and what ``squeue`` says of it.
-Reads files only (``results.json``, ``metrics.json``, ``log.txt``, the plan, ``slurm.json``). The states and how
-each is decided: docs/training.md.
+One entry per planned run (``experiment.json``), then the run directories no plan lists, each read through its
+stage's descriptor: state, progress, the last evaluation's headline metrics, the ETA and, for Slurm runs, the job
+and what ``squeue`` says of it. A run whose records cannot be read is shown as such; the others are read as usual.
+The states and how each is decided: docs/training.md.
 """
 from __future__ import annotations
 
@@ -23,25 +21,24 @@ from ..records.failures import describe_failure
 from ..records.identity import ARM_REPORT_FILENAME
 from ..records.jobs import read_jobs
 from ..records.layout import find_plans, is_set_aside, read_plan
-from ..records.results import FAILED_KIND, RESULTS_FILENAME, ResultsFile
+from ..records.results import FAILED_KIND, METRICS_FILENAME, RESULTS_FILENAME, ResultsFile
 from ..stage import StageDescriptor, stage_of
 from ..stage.descriptor import UNITS
 from ..utils.squeue import is_pending, query_jobs, still_runs
 
 __all__ = ["STALE_AFTER", "STATES", "RunStatus", "experiment_status", "format_table", "summary_line"]
 
-STATES = ("not started", "queued", "running", "stopped", "cancelled", "finished", "failed", "diverged")
+STATES = ("not started", "queued", "running", "stopped", "cancelled", "finished", "failed", "diverged", "unreadable")
 STALE_AFTER = 600.0  # seconds without a log or metrics write after which a run counts as stopped
-METRICS_FILENAME = "metrics.json"
 LOG_FILENAME = "log.txt"
-_ENDED = ("finished", "failed", "diverged")
+_ENDED = ("finished", "failed", "diverged", "unreadable")
 _TAIL_BYTES = 1 << 16  # the last training line of metrics.json lies in its tail
 
 
 @dataclass
 class RunStatus:
-    """One run's state. ``last`` is the progress in ``unit`` (a fraction while inside an epoch); ``evaluation`` is
-    the latest evaluation's x (``"at"``) and headline metrics; ``iteration`` counts completed optimizer steps."""
+    """One run's state: ``last`` is the progress in ``unit`` (a fraction inside an epoch), ``evaluation`` the latest
+    evaluation's x (``"at"``) and headline metrics, ``iteration`` the completed optimizer steps."""
 
     arm: str
     seed: Optional[int]
@@ -60,6 +57,7 @@ class RunStatus:
     updated: Optional[float] = None  # last write of log.txt / metrics.json (seconds since the epoch)
     log: Optional[str] = None
     failure: Optional[Dict] = None  # {"reason", "message", "iteration"[, "epoch"]}
+    problem: Optional[str] = None  # why its records cannot be read
     job: Optional[Dict] = None  # {"id", "state"}: the run's current Slurm job and what squeue says of it
     descriptor: Optional[StageDescriptor] = field(default=None, repr=False)
     _end: Optional[int] = field(default=None, repr=False)  # the length this run itself shows (outside a plan)
@@ -78,9 +76,6 @@ class RunStatus:
         return d
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading one run directory
-# ---------------------------------------------------------------------------------------------
 def _mtime(path: str) -> Optional[float]:
     try:
         return os.path.getmtime(path)
@@ -89,8 +84,7 @@ def _mtime(path: str) -> Optional[float]:
 
 
 def _last_training_line(path: str) -> Optional[dict]:
-    """The last ``metrics.json`` line of a training step (it has ``"time"``); evaluation lines and lines torn by a
-    killed writer are skipped."""
+    """The last ``metrics.json`` line of a training step (it has ``"time"``), skipping evaluation and torn lines."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -192,8 +186,8 @@ def _settle(status: RunStatus, total: Optional[int], now: float) -> None:
 
 
 def _eta(status: RunStatus, now: float) -> Optional[float]:
-    """Seconds left as of now: the estimate at the last training line less the time since it was written. The
-    writer's own estimate where the stage names one, else the units left x the steps per unit x the step time."""
+    """Seconds left as of now: the writer's own estimate (or units left x steps per unit x step time) at the last
+    training line, less the time since it was written."""
     line, d = status._line, status.descriptor
     if line is None or d is None:
         return None
@@ -212,8 +206,7 @@ def _eta(status: RunStatus, now: float) -> Optional[float]:
 
 
 def _add_jobs(base: str, runs: List[RunStatus], now: float) -> None:
-    """The current Slurm job of each run and what squeue says of it: a run that has not ended is queued while its
-    job waits, running while it runs, cancelled when it was cancelled."""
+    """Each run's current Slurm job and its squeue state: a run not ended is queued, running or cancelled with it."""
     jobs = read_jobs(base)
     if not jobs:
         return
@@ -235,17 +228,13 @@ def _add_jobs(base: str, runs: List[RunStatus], now: float) -> None:
             r.eta_seconds = _eta(r, now)
 
 
-# ---------------------------------------------------------------------------------------------
-# An experiment directory
-# ---------------------------------------------------------------------------------------------
 def _within(path: str, root: str) -> bool:
     path, root = os.path.realpath(path), os.path.realpath(root)
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _run_dirs(root: str) -> List[str]:
-    """Run directories under ``root`` (sorted, depth first), skipping runs set aside by --retry-failed and the
-    report folder."""
+    """Run directories under ``root`` (sorted), without runs set aside by --retry-failed and the report folder."""
     found = []
     for here, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not is_set_aside(d) and d != "report")
@@ -254,15 +243,28 @@ def _run_dirs(root: str) -> List[str]:
     return found
 
 
-def _records(path: str) -> List[dict]:
+def _records(path: str) -> Tuple[List[dict], Optional[str]]:
+    """The run's records, or none and why its results file cannot be read (the other runs are still shown)."""
     rf = ResultsFile(path)
-    return rf.records() if rf.exists() else []
+    try:
+        return (rf.records() if rf.exists() else []), None
+    except ValueError as e:
+        return [], str(e)
+
+
+def _read(status: RunStatus, now: float, stale_after: float) -> RunStatus:
+    records, problem = _records(status.path)
+    if problem is not None:
+        status.state, status.problem = "unreadable", problem
+        return status
+    return _read_run(status, records, now, stale_after)
 
 
 def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optional[float] = None) -> List[RunStatus]:
     """Every run under ``path`` (an experiment directory, a folder of experiments or one run directory): the planned
     runs in plan order, then the runs no plan lists. Raises ValueError for a path that is not a directory, holds
-    neither a plan nor a run, or has an unreadable plan or results file."""
+    neither a plan nor a run, or has an unreadable plan; a run whose results file cannot be read is shown
+    ``"unreadable"``, with why."""
     if not os.path.isdir(path):
         raise ValueError(f"{path} is not a directory; expected an experiment directory (with experiment.json) "
                          "or a run directory")
@@ -285,8 +287,8 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
             if not _within(run_path, path) and not _within(path, run_path):
                 continue
             seen.add(os.path.realpath(run_path))
-            status = RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True, descriptor=descriptor)
-            runs.append(_read_run(status, _records(run_path), now, stale_after))
+            runs.append(_read(RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True, descriptor=descriptor),
+                              now, stale_after))
         for r in runs:
             _settle(r, plan.length if plan.unit == descriptor.unit else None, now)
         _add_jobs(base, runs, now)
@@ -295,19 +297,16 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
     for run_path in run_dirs:
         if os.path.realpath(run_path) in seen:
             continue
-        records = _records(run_path)
+        records, _ = _records(run_path)
         arm, seed, scale = _identity(run_path, records)
         status = RunStatus(arm or "?", seed, scale, run_path, False, descriptor=_stage_in_records(records))
-        found.append(_read_run(status, records, now, stale_after))
+        found.append(_read(status, now, stale_after))
     for r in found:  # outside a plan the length is what the run itself shows, else the longest of its stage's runs
         shown = max((f._end for f in found if f._end is not None and f.stage == r.stage), default=None)
         _settle(r, r._end if r._end is not None else shown, now)
     return out + found
 
 
-# ---------------------------------------------------------------------------------------------
-# Output
-# ---------------------------------------------------------------------------------------------
 def _duration(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
@@ -348,6 +347,7 @@ def format_table(statuses: Sequence[RunStatus], base: str = "") -> str:
     header = ("arm", "seed", "lr", "state", "progress", "last evaluation", "s/it", "ETA", "log")
     table = tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, stralign="left")
     notes = [f"  {s.name}: {describe_failure(s.failure)}" for s in statuses if s.failure is not None]
+    notes += [f"  {s.name}: {s.problem}" for s in statuses if s.problem is not None]
     unplanned = [s for s in statuses if not s.planned]
     if unplanned and len(unplanned) < len(statuses):
         notes.append(f"  {len(unplanned)} run(s) listed in no plan: " + ", ".join(s.path for s in unplanned))

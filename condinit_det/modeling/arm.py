@@ -1,27 +1,9 @@
-"""The arm inside the model node of a lazy config: whatever calls ``instantiate(cfg.model)`` gets it.
+"""The arm inside the model node of a lazy config, so that whatever calls ``instantiate(cfg.model)`` gets it.
 
-A lazy config keeps the arm in one top-level node (``configs/common/condinit.py``)::
-
-    condinit = dict(arm="default", seed="${train.seed}", include=None, exclude=None, options={})
-
-and its model node is *armed*::
-
-    model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
-
-:func:`armed` swaps the node's ``_target_`` for :func:`build_armed`, keeps the original target in
-``_arm_target_``, adds ``condinit: "${condinit}"`` and a reference to the config's top-level
-``condinit`` (``_arm_config_condinit_``); every other key stays where it was, so
-overrides such as ``model.backbone.net.embed_dim=...`` keep their paths. ``instantiate(cfg.model)``
--- from ``tools/train_net.py``, detectron2's ``tools/lazyconfig_train_net.py``, detrex or a
-notebook -- builds the model exactly as before (state_dict keys unchanged, so ViTDet / MAE / Swin
-checkpoints load), then applies the arm in place, before any checkpoint is loaded. The report is
-kept on ``model.condinit_report``.
-
-Any node can be armed, e.g. only a backbone: ``model.backbone = armed(model.backbone,
-site_prefix="backbone.")`` (``site_prefix`` names the sites as they appear in the full model).
-One arm per model, set in one place: an armed node inside another armed node is an error, and so
-is an armed node whose ``condinit`` (a literal, or an override of it) disagrees with the config's
-top-level ``condinit`` -- under a plain ``instantiate`` too.
+The arm lives in the top-level ``condinit`` node (``configs/common/condinit.py``) and :func:`armed` swaps the model
+node's ``_target_`` for :func:`build_armed` (the original kept in ``_arm_target_``; other keys keep their paths).
+Instantiating it builds the model as before, then applies the arm in place before any checkpoint is loaded; the
+report is kept on ``model.condinit_report``. One arm per model, set in one place (anything else is an error).
 """
 from __future__ import annotations
 
@@ -35,12 +17,11 @@ from torch import nn
 from ..init import InitReport
 from ..init.spec import ArmSpec, apply_arm_spec, plain, resolve_arm_node
 
-__all__ = ["ARM_NODE_REF", "armed", "armed_nodes", "build_armed", "check_arm_agrees", "is_armed",
-           "rank0_computes_arm", "sites_only", "unarmed"]
+__all__ = ["armed", "armed_nodes", "build_armed", "check_arm_agrees", "is_armed", "rank0_computes_arm", "sites_only"]
 
 _logger = logging.getLogger(__name__)
 
-ARM_NODE_REF = "${condinit}"
+_ARM_NODE_REF = "${condinit}"
 _TARGET_KEY = "_arm_target_"
 _PREFIX_KEY = "_arm_site_prefix_"
 _REFERENCE_KEY = "_arm_config_condinit_"
@@ -77,12 +58,6 @@ def sites_only():
     return _building("sites")
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def _target_name(target) -> str:
     return target if isinstance(target, str) else f"{target.__module__}.{target.__qualname__}"
 
@@ -96,7 +71,7 @@ def is_armed(node) -> bool:
     return target is build_armed or target == _target_name(build_armed)
 
 
-def armed(node, *, condinit=ARM_NODE_REF, site_prefix: str = ""):
+def armed(node, *, condinit=_ARM_NODE_REF, site_prefix: str = ""):
     """Make a LazyCall node apply the arm when instantiated; returns the node (changed in place).
 
     condinit: the arm node, by default an interpolation of the config's top-level ``condinit``.
@@ -113,20 +88,6 @@ def armed(node, *, condinit=ARM_NODE_REF, site_prefix: str = ""):
     if site_prefix:
         node[_PREFIX_KEY] = site_prefix
     return node
-
-
-def unarmed(node):
-    """A copy of an armed lazy-config node that builds the bare model, with no arm code at all (the
-    inverse of :func:`armed`; interpolations stay unresolved)."""
-    from omegaconf import OmegaConf
-
-    if not is_armed(node):
-        raise ValueError("unarmed() takes an armed node (see armed())")
-    plain_node = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else dict(node)
-    plain_node["_target_"] = plain_node.pop(_TARGET_KEY)
-    for key in ("condinit", _PREFIX_KEY, _REFERENCE_KEY):
-        plain_node.pop(key, None)
-    return OmegaConf.create(plain_node, flags={"allow_objects": True})
 
 
 def armed_nodes(node, path: str = "model") -> List[Tuple[str, object]]:
@@ -147,10 +108,6 @@ def armed_nodes(node, path: str = "model") -> List[Tuple[str, object]]:
     return found
 
 
-def _existing_reports(module: nn.Module):
-    return [(name, m) for name, m in module.named_modules() if getattr(m, _REPORT_ATTR, None) is not None]
-
-
 def check_arm_agrees(condinit, config_condinit, *, where: str = "the armed node's condinit") -> ArmSpec:
     """The validated arm of an armed node; raises ValueError when the config's top-level arm node
     ``config_condinit`` (None, or an unresolved reference, when there is none) says otherwise."""
@@ -161,12 +118,13 @@ def check_arm_agrees(condinit, config_condinit, *, where: str = "the armed node'
         if top_identity != identity:
             raise ValueError(
                 f"the arm is set in two places that disagree: condinit ({top_identity}) and {where} ({identity}); "
-                f"set it once, in condinit, and leave the armed node's condinit = '{ARM_NODE_REF}'")
+                f"set it once, in condinit, and leave the armed node's condinit = '{_ARM_NODE_REF}'")
     return spec
 
 
 def build_armed(*, condinit=None, **kwargs) -> nn.Module:
     """Build ``_arm_target_(**kwargs)`` and apply the arm node ``condinit`` to it in place."""
+    from detectron2.utils import comm
     from detectron2.utils.registry import locate
 
     target = kwargs.pop(_TARGET_KEY)
@@ -175,7 +133,7 @@ def build_armed(*, condinit=None, **kwargs) -> nn.Module:
                             where=f"the condinit of the armed {_target_name(target)} node")  # before the build
     target = locate(target) if isinstance(target, str) else target
     module = target(**kwargs)
-    inner = _existing_reports(module)
+    inner = [(name, m) for name, m in module.named_modules() if getattr(m, _REPORT_ATTR, None) is not None]
     if inner:
         where = ", ".join(f"{name or '<root>'} ({m.condinit_report.arm})" for name, m in inner)
         raise ValueError(
@@ -184,12 +142,11 @@ def build_armed(*, condinit=None, **kwargs) -> nn.Module:
         )
     if _build_mode == "sites":
         report = apply_arm_spec(module, dataclasses.replace(spec, arm="default"), site_prefix=site_prefix)
-    elif _build_mode == "broadcast" and _rank() != 0:
+    elif _build_mode == "broadcast" and comm.get_rank() != 0:
         report = InitReport(arm=spec.arm, seed=spec.seed, options=spec.identity()["options"], sites=[])
         _logger.info("Attention init %s: computed on rank 0 and broadcast by DistributedDataParallel", spec.arm)
     else:
         report = apply_arm_spec(module, spec, site_prefix=site_prefix)
         _logger.info("Attention init %s", report.summary())
     setattr(module, _REPORT_ATTR, report)
-    module.condinit_spec = spec
     return module

@@ -1,21 +1,7 @@
-"""yacs-config backbone builders (``MODEL.BACKBONE.NAME``) that apply the attention-init arm.
-
-Registered in detectron2's ``BACKBONE_REGISTRY`` (importing this module registers them):
-
-- ``build_condinit_vit_backbone``: detectron2 ``ViT`` + ``SimpleFeaturePyramid`` (ViTDet).
-- ``build_condinit_swin_fpn_backbone``: detectron2 ``SwinTransformer`` + ``FPN``.
-- ``build_condinit_xcit_backbone``: :class:`condinit_det.modeling.xcit.XCiT` + ``SimpleFeaturePyramid``.
-
-Both simple-pyramid builders use :class:`PaddedSimpleFeaturePyramid`, which tells detectron2 the padding
-the pyramid needs (lazy configs may use it as well).
-
-Each builds the backbone with its constructor's init and then applies ``MODEL.CONDINIT``'s arm
-with :func:`condinit_det.init.apply_init`, before detectron2 builds the heads and before any
-checkpoint is loaded. Site names are those of the full model (``backbone.net.blocks.0.attn``),
-so ``MODEL.CONDINIT.INCLUDE`` patterns read the same as the lazy configs' ``condinit.include``.
-The arm draws from its own generator, so the rest of the model is initialized exactly as
-without it. The report is kept on ``backbone.condinit_report``. Requires
-:func:`condinit_det.modeling.yacs_config.add_condinit_config`.
+"""yacs backbone builders (``MODEL.BACKBONE.NAME``, registered on import) that apply ``MODEL.CONDINIT``'s arm under
+the full model's site names (``backbone.net.blocks.0.attn``) before any checkpoint is loaded; the report is kept on
+``backbone.condinit_report``. Requires :func:`condinit_det.modeling.yacs_config.add_condinit_config`; see
+docs/configs.md.
 """
 import logging
 import math
@@ -30,13 +16,8 @@ from ..init import apply_init
 from .xcit import XCiT
 from .yacs_config import condinit_options
 
-__all__ = [
-    "PaddedSimpleFeaturePyramid",
-    "apply_condinit_cfg",
-    "build_condinit_vit_backbone",
-    "build_condinit_swin_fpn_backbone",
-    "build_condinit_xcit_backbone",
-]
+__all__ = ["PaddedSimpleFeaturePyramid", "build_condinit_swin_fpn_backbone", "build_condinit_vit_backbone",
+           "build_condinit_xcit_backbone"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +30,13 @@ def _check_cfg(cfg) -> None:
         )
 
 
-def apply_condinit_cfg(cfg, backbone: Backbone) -> Backbone:
+def _arguments(node, *, exclude=()) -> dict:
+    """A ``MODEL.VIT`` / ``SWIN`` / ``XCIT`` node as keyword arguments (its keys are the constructor's, upper case)."""
+    return {key.lower(): value for key, value in node.items() if key not in exclude}
+
+
+def _apply_condinit_cfg(cfg, backbone: Backbone) -> Backbone:
     """Apply ``cfg.MODEL.CONDINIT``'s arm to ``backbone`` (as ``model.backbone``); return it."""
-    _check_cfg(cfg)
     node = cfg.MODEL.CONDINIT
     if not node.ENABLED:
         return backbone
@@ -113,26 +98,9 @@ def _simple_feature_pyramid(cfg, net: Backbone) -> SimpleFeaturePyramid:
 def build_condinit_vit_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
     """ViTDet backbone (plain ViT + simple feature pyramid) from ``MODEL.VIT`` / ``MODEL.SIMPLE_FPN``."""
     _check_cfg(cfg)
-    v = cfg.MODEL.VIT
-    net = ViT(
-        img_size=v.IMG_SIZE,
-        patch_size=v.PATCH_SIZE,
-        in_chans=input_shape.channels,
-        embed_dim=v.EMBED_DIM,
-        depth=v.DEPTH,
-        num_heads=v.NUM_HEADS,
-        mlp_ratio=v.MLP_RATIO,
-        qkv_bias=v.QKV_BIAS,
-        drop_path_rate=v.DROP_PATH_RATE,
-        norm_layer=partial(nn.LayerNorm, eps=1e-6),
-        window_size=v.WINDOW_SIZE,
-        window_block_indexes=tuple(v.WINDOW_BLOCK_INDEXES),
-        use_rel_pos=v.USE_REL_POS,
-        use_act_checkpoint=v.USE_ACT_CHECKPOINT,
-        pretrain_img_size=v.PRETRAIN_IMG_SIZE,
-        out_feature="last_feat",
-    )
-    return apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))
+    net = ViT(in_chans=input_shape.channels, norm_layer=partial(nn.LayerNorm, eps=1e-6), out_feature="last_feat",
+              **_arguments(cfg.MODEL.VIT))
+    return _apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))
 
 
 @BACKBONE_REGISTRY.register()
@@ -148,21 +116,8 @@ def build_condinit_swin_fpn_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
                 f"{['p%d' % i for i in range(len(s.DEPTHS))]}"
             )
         out_indices.append(int(name[1:]))
-    bottom_up = SwinTransformer(
-        patch_size=4,
-        in_chans=input_shape.channels,
-        embed_dim=s.EMBED_DIM,
-        depths=tuple(s.DEPTHS),
-        num_heads=tuple(s.NUM_HEADS),
-        window_size=s.WINDOW_SIZE,
-        mlp_ratio=s.MLP_RATIO,
-        qkv_bias=s.QKV_BIAS,
-        drop_path_rate=s.DROP_PATH_RATE,
-        ape=s.APE,
-        patch_norm=s.PATCH_NORM,
-        out_indices=tuple(out_indices),
-        use_checkpoint=s.USE_CHECKPOINT,
-    )
+    bottom_up = SwinTransformer(patch_size=4, in_chans=input_shape.channels, out_indices=tuple(out_indices),
+                                **_arguments(s, exclude=("OUT_FEATURES",)))
     backbone = FPN(
         bottom_up=bottom_up,
         in_features=cfg.MODEL.FPN.IN_FEATURES,
@@ -171,26 +126,12 @@ def build_condinit_swin_fpn_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
         top_block=LastLevelMaxPool(),
         fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
     )
-    return apply_condinit_cfg(cfg, backbone)
+    return _apply_condinit_cfg(cfg, backbone)
 
 
 @BACKBONE_REGISTRY.register()
 def build_condinit_xcit_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
     """XCiT + simple feature pyramid from ``MODEL.XCIT`` / ``MODEL.SIMPLE_FPN``."""
     _check_cfg(cfg)
-    x = cfg.MODEL.XCIT
-    net = XCiT(
-        patch_size=x.PATCH_SIZE,
-        in_chans=input_shape.channels,
-        embed_dim=x.EMBED_DIM,
-        depth=x.DEPTH,
-        num_heads=x.NUM_HEADS,
-        mlp_ratio=x.MLP_RATIO,
-        qkv_bias=x.QKV_BIAS,
-        eta=x.ETA,
-        drop_path_rate=x.DROP_PATH_RATE,
-        sync_bn=x.SYNC_BN,
-        use_act_checkpoint=x.USE_ACT_CHECKPOINT,
-        out_feature="last_feat",
-    )
-    return apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))
+    net = XCiT(in_chans=input_shape.channels, out_feature="last_feat", **_arguments(cfg.MODEL.XCIT))
+    return _apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))

@@ -1,21 +1,5 @@
-"""XCiT (Cross-Covariance Image Transformer) as a detectron2 backbone, and XCiT's own detection neck.
-
-The trunk :class:`XCiT` is timm's XCiT (``timm.models.xcit``): a convolutional patch embedding
-(``ConvPatchEmbed``, stride 8 or 16), Fourier positional encoding, and ``XCABlock``s
-(cross-covariance attention ``XCA`` + local patch interaction ``LPI`` + MLP, each with
-LayerScale). The classification-only parts (class token, class-attention layers, final
-norm, head) are dropped. By default the output is one feature map at the patch stride, like
-ViTDet's ``last_feat``, for :class:`detectron2.modeling.SimpleFeaturePyramid`; with
-``out_indices`` it returns the maps of several blocks instead.
-
-:class:`XCiTDeconvPyramid` is the neck of XCiT's own detection code (facebookresearch/xcit,
-``detection/backbone/xcit.py``): the outputs of blocks 3, 5, 7, 11 (XCiT-S12) become maps at
-strides 4, 8, 16, 32 (deconvolutions / identity / max-pooling), which a standard
-:class:`detectron2.modeling.FPN` takes as ``bottom_up``.
-
-Parameter names are timm's (``patch_embed.*``, ``pos_embed.*``, ``blocks.{i}.*``), so a timm /
-official XCiT ImageNet checkpoint loads after :func:`condinit_det.modeling.convert.convert_timm_xcit_checkpoint`
-(or :func:`condinit_det.modeling.convert.convert_timm_checkpoint`) adds the model prefix.
+"""XCiT (Cross-Covariance Image Transformer) as a detectron2 backbone: timm's trunk without the classification parts,
+under timm's parameter names (so converted timm / official checkpoints load), and the neck of XCiT's detection code.
 """
 from functools import partial
 from typing import Dict, Optional, Sequence
@@ -23,7 +7,6 @@ from typing import Dict, Optional, Sequence
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
-from detectron2.layers import ShapeSpec
 from detectron2.modeling import Backbone
 from timm.layers import trunc_normal_
 from timm.models.xcit import ConvPatchEmbed, PositionalEncodingFourier, XCABlock
@@ -67,29 +50,16 @@ class XCiT(Backbone):
         """
         Args:
             patch_size: 16 or 8 (the strides timm's ConvPatchEmbed supports).
-            in_chans: input image channels.
-            embed_dim: token width D; must be divisible by 8 (patch-embed stem widths) and by
-                ``num_heads``.
-            depth: number of XCA blocks.
-            num_heads: XCA heads; head width dh = embed_dim / num_heads.
-            mlp_ratio: MLP hidden width / embed_dim.
-            qkv_bias: bias on the fused qkv projection.
-            drop_path_rate: stochastic depth, the same rate in every block (XCiT's rule,
-                unlike ViT's linear ramp).
+            embed_dim: token width D, divisible by 8 (patch-embed stem widths) and by ``num_heads``.
+            drop_path_rate: stochastic depth, the same rate in every block (XCiT's rule).
             eta: LayerScale init value (gamma1/2/3). XCiT-S12 uses 1.0, deeper models 1e-5.
-            use_pos_embed: add the Fourier positional encoding after the patch embedding.
-            norm_layer: token norm of the blocks (default: LayerNorm with eps 1e-6).
-            act_layer: activation in patch embedding, LPI and MLP.
-            sync_bn: convert the BatchNorm2d layers of the patch embedding and LPI to
-                SyncBatchNorm; detection batches are ~2 images per GPU, too few for per-GPU
-                batch statistics. Parameter names are unchanged.
+            sync_bn: SyncBatchNorm in the patch embedding and LPI (detection batches are ~2 images
+                per GPU); parameter names are unchanged.
             use_act_checkpoint: recompute block activations in the backward pass to save memory.
             out_feature: name of the output feature when ``out_indices`` is None.
-            out_indices: blocks (0-based; negative counts from the end) whose outputs are returned,
-                as ``block{i}`` maps at the patch stride, e.g. ``(3, 5, 7, 11)`` for XCiT's detection
-                neck (:class:`XCiTDeconvPyramid`). None (default): only the last block, named
-                ``out_feature``. Blocks after the last listed one are not run (their parameters then
-                get no gradient).
+            out_indices: blocks (0-based; negative counts from the end) whose outputs are returned as
+                ``block{i}`` maps, e.g. ``(3, 5, 7, 11)`` for :class:`XCiTDeconvPyramid`. None: the last
+                block only, named ``out_feature``. Blocks after the last listed one are not run.
         """
         super().__init__()
         if patch_size not in (8, 16):
@@ -130,17 +100,10 @@ class XCiT(Backbone):
         if out_indices is None:
             self._out_blocks = {depth - 1: out_feature}
         else:
-            indices = [int(i) for i in out_indices]
-            if not indices:
-                raise ValueError("XCiT out_indices must list at least one block (or be None for the last block)")
-            normalized = [i + depth if i < 0 else i for i in indices]
-            bad = [i for i, n in zip(indices, normalized) if not 0 <= n < depth]
-            if bad:
-                raise ValueError(
-                    f"XCiT out_indices {bad} out of range for depth {depth} (valid: 0..{depth - 1} or negative)"
-                )
-            if len(set(normalized)) != len(normalized):
-                raise ValueError(f"XCiT out_indices must be distinct blocks, got {indices} (depth {depth})")
+            normalized = [int(i) + depth if int(i) < 0 else int(i) for i in out_indices]
+            if not normalized or len(set(normalized)) < len(normalized) or not all(0 <= i < depth for i in normalized):
+                raise ValueError(f"XCiT out_indices must be distinct blocks in 0..{depth - 1} (or negative, from the "
+                                 f"end), got {tuple(out_indices)} for depth {depth}; None: the last block")
             self._out_blocks = {i: f"block{i}" for i in sorted(normalized)}
         self.out_indices = tuple(self._out_blocks)
         self._last_block = max(self._out_blocks)
@@ -197,34 +160,12 @@ class XCiT(Backbone):
                 outputs[self._out_blocks[i]] = x.transpose(1, 2).reshape(B, self.embed_dim, Hp, Wp)
         return outputs
 
-    def output_shape(self) -> Dict[str, ShapeSpec]:
-        return {
-            name: ShapeSpec(channels=self._out_feature_channels[name], stride=self._out_feature_strides[name])
-            for name in self._out_features
-        }
-
 
 class XCiTDeconvPyramid(Backbone):
-    """XCiT's own detection neck: four block outputs at the patch stride -> maps at strides 4, 8, 16, 32.
-
-    As in XCiT's detection code (facebookresearch/xcit ``detection/backbone/xcit.py``, modules
-    ``fpn1``..``fpn4``; XCiT-S12 uses blocks 3, 5, 7, 11), for patch size 16:
-
-    - stride 4:  ConvTranspose2d(D, D, 2, stride 2) -> BatchNorm2d -> GELU -> ConvTranspose2d(D, D, 2, stride 2)
-    - stride 8:  ConvTranspose2d(D, D, 2, stride 2)
-    - stride 16: identity
-    - stride 32: MaxPool2d(2, stride 2)
-
-    and for patch size 8: ConvTranspose2d (stride 4), identity (8), MaxPool2d(2) (16), MaxPool2d(4) (32).
-    The i-th listed block feeds the i-th level (shallowest block -> finest map). Every output keeps
-    the trunk width D; a :class:`detectron2.modeling.FPN` on top (``in_features=out_features``)
-    projects them to its width and adds p6, as the mmdetection FPN of XCiT's recipe does.
-    Deconvolutions and the BatchNorm keep PyTorch's default init, as in XCiT's code (which
-    initializes only Linear and LayerNorm layers).
-
-    Module names (``fpn1.0``, ``fpn1.1``, ``fpn1.3``, ``fpn2.0``) follow XCiT's code, and the trunk
-    sits under ``net``: in a detectron2 FPN model the attention sites are
-    ``backbone.bottom_up.net.blocks.{i}.attn``.
+    """XCiT's own detection neck (facebookresearch/xcit ``detection/backbone/xcit.py``): the i-th of four block outputs
+    at the patch stride becomes the map at stride 4, 8, 16 or 32 (deconvolutions, identity or max pooling, PyTorch's
+    default init as there), of the trunk width D, for an FPN on top (``in_features=out_features``). The trunk sits
+    under ``net`` (attention sites ``backbone.bottom_up.net.blocks.{i}.attn`` in a detectron2 FPN model).
     """
 
     def __init__(self, net: XCiT, *, sync_bn: bool = False, out_features: Sequence[str] = ("s4", "s8", "s16", "s32")):
@@ -239,10 +180,9 @@ class XCiTDeconvPyramid(Backbone):
         if not isinstance(net, XCiT):
             raise TypeError(f"XCiTDeconvPyramid takes an XCiT trunk, got {type(net).__name__}")
         in_features = net._out_features
-        if len(in_features) != 4 or set(in_features) != {f"block{i}" for i in net.out_indices}:
-            raise ValueError(
-                f"XCiTDeconvPyramid needs an XCiT with four out_indices (e.g. (3, 5, 7, 11)), got outputs {in_features}"
-            )
+        if len(net.out_indices) != 4:
+            raise ValueError(f"XCiTDeconvPyramid needs an XCiT with four out_indices (e.g. (3, 5, 7, 11)), got outputs "
+                             f"{in_features}")
         out_features = list(out_features)
         if len(out_features) != 4 or len(set(out_features)) != 4:
             raise ValueError(f"XCiTDeconvPyramid out_features must be four distinct names, got {out_features}")
@@ -285,9 +225,3 @@ class XCiTDeconvPyramid(Backbone):
         feats = self.net(x)
         ops = (self.fpn1, self.fpn2, self.fpn3, self.fpn4)
         return {name: op(feats[src]) for name, op, src in zip(self._out_features, ops, self.in_features)}
-
-    def output_shape(self) -> Dict[str, ShapeSpec]:
-        return {
-            name: ShapeSpec(channels=self._out_feature_channels[name], stride=self._out_feature_strides[name])
-            for name in self._out_features
-        }

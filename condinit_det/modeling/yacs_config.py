@@ -1,24 +1,6 @@
-"""yacs config keys of condinit-det (for detectron2's ``get_cfg()`` / yaml workflow).
-
-    from detectron2.config import get_cfg
-    from condinit_det.modeling.yacs_config import add_condinit_config
-    cfg = get_cfg()
-    add_condinit_config(cfg)
-    cfg.merge_from_file("configs/yacs/mask_rcnn_vit_tiny_embedded.yaml")
-    model = build_model(cfg)   # the backbone builder applies cfg.MODEL.CONDINIT's arm
-
-Keys added:
-- ``MODEL.CONDINIT``: the attention-init arm (ARM, SEED, INCLUDE, EXCLUDE) and its options.
-  Options left at ``None`` take :func:`condinit_det.init.apply_init`'s defaults; an option key is
-  passed only to the arms that accept it (GAIN_QK, GAIN_V and VALUE_MODE to both ``conditioned``
-  and its control ``scale_matched``, so that the control matches the conditioned run's scale).
-- ``MODEL.VIT``, ``MODEL.SWIN``, ``MODEL.XCIT``: backbone hyper-parameters for the builders in
-  :mod:`condinit_det.modeling.backbones`.
-- ``MODEL.SIMPLE_FPN``: the simple feature pyramid put on the single-scale ViT / XCiT output.
-- ``SOLVER.OPTIMIZER`` ("SGD" | "ADAMW"), ``SOLVER.BETAS`` and ``SOLVER.NO_WEIGHT_DECAY_KEYS``, read
-  by :func:`build_optimizer` (detectron2's yacs trainer only builds SGD).
-- ``TRACKERS.WANDB`` (ENABLED, PROJECT, ENTITY, MODE, GROUP) and ``TRACKERS.MLFLOW`` (ENABLED, TRACKING_URI,
-  EXPERIMENT): the experiment trackers (:mod:`condinit_det.tracking.settings`), off by default.
+"""yacs config keys of condinit-det (detectron2's ``get_cfg()`` / yaml workflow): the arm, the backbones of
+:mod:`condinit_det.modeling.backbones`, the optimizer and the trackers. Usage: ``cfg = get_cfg();
+add_condinit_config(cfg); cfg.merge_from_file(...); build_model(cfg)``; see docs/configs.md.
 """
 import torch
 from detectron2.config import CfgNode as CN
@@ -30,19 +12,9 @@ __all__ = ["add_condinit_config", "build_optimizer", "condinit_options"]
 
 OPTIMIZERS = ("SGD", "ADAMW")
 
-# yacs key -> apply_init keyword
-_OPTION_KEYS = {
-    "GAIN_QK": "gain_qk",
-    "GAIN_V": "gain_v",
-    "VALUE_MODE": "value_mode",
-    "CONDITION_OUTPUT": "condition_output",
-    "ALPHA1": "alpha1",
-    "BETA1": "beta1",
-    "ALPHA2": "alpha2",
-    "BETA2": "beta2",
-    "NOISE": "noise",
-    "NORM": "norm",
-}
+# The arms' options under MODEL.CONDINIT: apply_init's keywords in upper case.
+_OPTION_KEYS = ("GAIN_QK", "GAIN_V", "VALUE_MODE", "CONDITION_OUTPUT", "ALPHA1", "BETA1", "ALPHA2", "BETA2", "NOISE",
+                "NORM")
 
 
 def add_condinit_config(cfg: CN) -> CN:
@@ -72,6 +44,7 @@ def add_condinit_config(cfg: CN) -> CN:
     for key in _OPTION_KEYS:
         setattr(_C.MODEL.CONDINIT, key, None)
 
+    # The backbone nodes' keys are their constructors' keyword arguments, in upper case.
     # Plain ViT (detectron2.modeling.ViT) for build_condinit_vit_backbone.
     _C.MODEL.VIT = CN()
     _C.MODEL.VIT.IMG_SIZE = 1024  # input size; sizes the relative-position tables of global blocks
@@ -170,13 +143,10 @@ def build_optimizer(cfg: CN, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def condinit_options(node: CN) -> dict:
-    """``apply_init`` keyword options of ``node.ARM`` from a ``MODEL.CONDINIT`` node (the keys that are set).
-
-    Only the keys the arm accepts are passed, so the options set for one arm leave the others alone
-    (``--arm all`` runs with custom mimetic or conditioned options); the keys conditioned and
-    scale_matched share (GAIN_QK, GAIN_V, VALUE_MODE) reach both.
-    """
+    """``apply_init`` keyword options of ``node.ARM`` from a ``MODEL.CONDINIT`` node: the keys that are set and that
+    arm accepts, so that ``--arm all`` runs leave the other arms' options alone (conditioned and scale_matched share
+    GAIN_QK, GAIN_V and VALUE_MODE)."""
     from ..init import ARM_OPTIONS
 
     accepted = ARM_OPTIONS.get(node.ARM, {})
-    return {kw: node[key] for key, kw in _OPTION_KEYS.items() if node.get(key) is not None and kw in accepted}
+    return {key.lower(): node[key] for key in _OPTION_KEYS if node.get(key) is not None and key.lower() in accepted}

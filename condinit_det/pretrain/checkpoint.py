@@ -1,16 +1,7 @@
-"""Checkpoints of a pretraining run: one per epoch, written atomically, and the final weights to fine-tune from.
-
-Files in a run directory::
-
-    checkpoint_epoch0007.pth   training state after 7 epochs (the newest ``keep`` are kept)
-    model_final.safetensors    the final weights, to share; the rest of model_final.pth as metadata
-    model_final.pth            the weights detection fine-tunes from (:data:`FINAL_FORMAT`)
-
-Files are written atomically (:mod:`condinit_det.utils.fileio`: a temporary name in the same folder,
-flushed to disk, renamed), so a crash (even SIGKILL) leaves either the previous checkpoint or the
-new one, never a torn file. Every file holds tensors, plain containers, numbers and strings only,
-so it loads with ``torch.load(weights_only=True)`` (:mod:`condinit_det.utils.checkpoint_io`).
-"""
+"""Checkpoints of a pretraining run, written atomically and loadable weights-only: ``checkpoint_epoch<NNNN>.pth``
+(the training state after NNNN epochs; the newest ``keep`` are kept), and the final weights ``model_final.safetensors``
+(to share; the rest as metadata) and ``model_final.pth`` (format ``PRETRAIN_FORMAT``, what detection fine-tunes
+from)."""
 from __future__ import annotations
 
 import os
@@ -22,28 +13,12 @@ from fvcore.common.checkpoint import Checkpointer, PeriodicCheckpointer
 from ..utils.checkpoint_io import load_checkpoint, save_safetensors
 from ..utils.fileio import atomic_torch_save
 
-__all__ = [
-    "CHECKPOINT_PATTERN",
-    "EpochCheckpointer",
-    "FINAL_FILENAME",
-    "FINAL_FORMAT",
-    "FINAL_SAFETENSORS",
-    "checkpoint_path",
-    "find_checkpoints",
-    "last_checkpoint",
-    "periodic_checkpointer",
-    "save_final",
-]
+__all__ = ["EpochCheckpointer", "FINAL_FILENAME", "FINAL_SAFETENSORS", "find_checkpoints",
+           "last_checkpoint", "periodic_checkpointer", "save_final"]
 
 FINAL_FILENAME = "model_final.pth"
 FINAL_SAFETENSORS = "model_final.safetensors"
-FINAL_FORMAT = "condinit_det.pretrain/v1"
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint_epoch(\d{4,})\.pth$")
-
-
-def checkpoint_path(run_dir: str, epoch: int) -> str:
-    """``<run_dir>/checkpoint_epoch<NNNN>.pth``: the state after ``epoch`` completed epochs."""
-    return os.path.join(run_dir, f"checkpoint_epoch{int(epoch):04d}.pth")
+_CHECKPOINT = re.compile(r"^checkpoint_epoch(\d{4,})\.pth$")
 
 
 def find_checkpoints(run_dir: str) -> Dict[int, str]:
@@ -51,7 +26,7 @@ def find_checkpoints(run_dir: str) -> Dict[int, str]:
     found = {}
     if os.path.isdir(run_dir):
         for name in os.listdir(run_dir):
-            m = CHECKPOINT_PATTERN.match(name)
+            m = _CHECKPOINT.match(name)
             if m:
                 found[int(m.group(1))] = os.path.join(run_dir, name)
     return found
@@ -83,7 +58,7 @@ class EpochCheckpointer(Checkpointer):
         data = {"model": self.model.state_dict()}
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(kwargs)
-        path = checkpoint_path(self.save_dir, int(match.group(1)) + 1)
+        path = os.path.join(self.save_dir, f"checkpoint_epoch{int(match.group(1)) + 1:04d}.pth")
         self.logger.info(f"Saving checkpoint to {path}")
         atomic_torch_save(data, path)
 

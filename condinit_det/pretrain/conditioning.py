@@ -1,23 +1,8 @@
-"""kappa of the attention Jacobian along pretraining: the ``condinit_analysis`` node, with its period in epochs.
+"""kappa of the attention Jacobian along pretraining: the ``condinit_analysis`` node with its period in epochs.
 
-With ``condinit_analysis.period > 0`` (keys and defaults: :data:`condinit_det.analysis.ANALYSIS_DEFAULTS`, as in
-detection) the main process measures the chosen sites (default: first, middle and last) on a fixed batch, the first
-``num_images`` evaluation images as the evaluation transform gives them, with the weights being trained (not the
-EMA's). It measures at the start of training (epoch 0, the initialization; or the epoch a run resumes at, unless
-the run it continues measured that epoch already), after every ``period``-th epoch and after the last one, never
-twice at one epoch, and before the epoch's evaluation and checkpoint. Each measurement adds one record per site to
-``results.json`` (:func:`condinit_det.analysis.training.conditioning_records`)::
-
-    {"kind": "conditioning", "iteration": <optimizer steps completed>, "epoch": <epochs completed>, "site",
-     "kappa", "sigma_max", "sigma_min", "bound", ..., "stage": "pretrain", "arm", "seed", "lr_scale", "config"}
-
-``epoch`` is the stage's unit (:data:`condinit_det.stage.PRETRAIN`) and ``iteration`` counts steps as the ``"cls"``
-records do, so the records of one epoch share both with its evaluation. The event storage gets
-``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}`` at the measured step (``metrics.json``, TensorBoard),
-except for a resumed run's first measurement: the step it resumes at has its ``metrics.json`` line already.
-
-Measuring reads the batch with no sampler and no random transform, runs the model in eval mode without
-gradients and advances no RNG: a run measures its training bit for bit as it would without measuring.
+The main process measures on a fixed batch of evaluation images at the start, after every ``period``-th epoch and
+after the last one (never twice at one epoch), adding ``"conditioning"`` records with ``epoch`` and ``stage`` to
+``results.json``; no RNG advances. See docs/pretraining.md#κ-of-the-attention-jacobian-along-pretraining.
 """
 from __future__ import annotations
 
@@ -32,7 +17,7 @@ from ..analysis.training import analysis_options, conditioning_records, measure_
 from ..init.spec import plain
 from ..utils.errors import UsageError
 
-__all__ = ["EpochConditioning", "conditioning_options", "fixed_batch", "measured_epochs"]
+__all__ = ["EpochConditioning", "conditioning_options", "fixed_batch"]
 
 logger = logging.getLogger("condinit_det.pretrain")
 
@@ -52,13 +37,6 @@ def conditioning_options(cfg) -> Optional[Dict]:
     return opts
 
 
-def measured_epochs(num_epochs: int, period: int, start: int = 0) -> List[int]:
-    """The epochs (completed epochs) at which a run from ``start`` to ``num_epochs`` measures: ``start``, every
-    multiple of ``period`` after it, and ``num_epochs``."""
-    after = [e for e in range(start + 1, num_epochs + 1) if e % period == 0 or e == num_epochs]
-    return [start] + after
-
-
 def fixed_batch(dataset, num_images: int) -> torch.Tensor:
     """The first ``num_images`` images of ``dataset`` (fewer if it is smaller) stacked as ``[N, 3, H, W]``: items
     read by index through the dataset's own (evaluation) transform, so no sampler or random draw is involved."""
@@ -71,11 +49,8 @@ def fixed_batch(dataset, num_images: int) -> torch.Tensor:
 class EpochConditioning:
     """Measures kappa(J) at the start of training and after due epochs (see the module doc); main process only.
 
-    Args:
-        batch: the fixed model input ``[N, 3, H, W]``, on the model's device.
-        opts: :func:`conditioning_options`.
-        num_epochs: the run's length in epochs.
-        meta: fields copied into every record (``stage``, ``arm``, ``seed``, ``lr_scale``, ``config``).
+    ``batch``: the fixed input ``[N, 3, H, W]`` on the model's device; ``opts``: :func:`conditioning_options`;
+    ``meta``: fields copied into every record (``stage``, ``arm``, ``seed``, ``lr_scale``, ``config``).
     """
 
     def __init__(self, batch: torch.Tensor, opts: Dict, *, num_epochs: int, meta: Dict):

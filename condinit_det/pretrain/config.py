@@ -1,17 +1,7 @@
-"""Pretraining configs: lazy ``.py`` files, their nodes with defaults, and the run's arm and learning rate.
-
-A config defines (see ``configs/ImageNet/*.py``)::
-
-    model = dict(name="vit_base_patch16_224", kwargs=dict(drop_path_rate=0.1))   # timm.create_model
-    data = dict(root="/path/to/imagenet", num_classes=1000, img_size=224, ...)   # or root="embedded:shapes-cls"
-    augment = dict(auto_augment="rand-m9-mstd0.5-inc1", mixup=0.8, cutmix=1.0, ...)
-    optimizer = dict(opt="adamw", lr_base=5e-4, lr_base_size=512, weight_decay=0.05, ...)
-    scheduler = dict(sched="cosine", warmup_epochs=5, ...)
-    train = dict(output_dir=..., epochs=300, batch_size=1024, seed=0, device="cuda", amp=True, ema=dict(...), ...)
-    condinit = dict(arm="default", seed=..., include=None, exclude=None, options={})          # the arm node
-
-Every node is read through :func:`node`, which fills in :data:`DEFAULTS` and rejects unknown keys,
-so a misspelt override (``augment.mixpu=0``) is an error, not a silent no-op.
+"""Pretraining configs: lazy ``.py`` files with the nodes ``model`` (``timm.create_model``), ``data``, ``augment``,
+``optimizer``, ``scheduler``, ``train``, ``condinit`` (the arm) and the optional ``condinit_analysis`` (see
+``configs/ImageNet/*.py``). :func:`node` reads a node with :data:`DEFAULTS` filled in and refuses unknown keys, so a
+misspelt override (``augment.mixpu=0``) is an error, not a silent no-op. Detail: docs/pretraining.md.
 """
 from __future__ import annotations
 
@@ -19,11 +9,12 @@ import copy
 import math
 from typing import Any, Dict, List, Optional
 
-from ..init.spec import ArmSpec, plain, resolve_arm_node
-from ..model_zoo import resolve_config_file
+from .. import model_zoo
+from ..analysis.options import ANALYSIS_DEFAULTS
+from ..init.spec import ARM_NODE_KEYS, ArmSpec, plain, resolve_arm_node
 from ..utils.errors import UsageError
 
-__all__ = ["DEFAULTS", "arm_spec", "load_config", "node", "resolve_lr", "run_identity"]
+__all__ = ["DEFAULTS", "OPTIONAL_KEYS", "arm_spec", "load_config", "node", "resolve_lr", "run_identity"]
 
 
 # Defaults follow timm's train.py and the DeiT recipe; each recipe states its own values.
@@ -107,26 +98,20 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
     },
 }
 _NESTED = {("train", "ema")}
+# Every key the stage reads, whether the config sets it or not (model.kwargs: timm.create_model's, judged by it).
+OPTIONAL_KEYS = (*(f"{name}.{key}" for name, keys in DEFAULTS.items() for key in keys if (name, key) not in _NESTED),
+                 *(f"{name}.{key}.{sub}" for name, key in _NESTED for sub in DEFAULTS[name][key]),
+                 *(f"condinit.{key}" for key in ARM_NODE_KEYS),
+                 *(f"condinit_analysis.{key}" for key in ANALYSIS_DEFAULTS))
 
 
 def load_config(config_file: str, opts: Optional[List[str]] = None):
-    """Load a lazy ``.py`` config with detectron2's ``LazyConfig`` and apply ``key=value`` overrides."""
-    from detectron2.config import LazyConfig
-
-    if not config_file:
-        raise UsageError("--config-file is required (a lazy .py config, e.g. configs/demo/pretrain_vit_tiny.py "
-                         "or zoo:demo/pretrain_vit_tiny.py)")
-    try:
-        path = resolve_config_file(config_file)
-    except FileNotFoundError as e:
-        raise UsageError(f"--config-file: {e}") from None
-    if not path.endswith(".py"):
-        raise UsageError(f"--config-file {config_file}: expected a lazy .py config")
-    cfg = LazyConfig.load(path)
-    try:
-        return LazyConfig.apply_overrides(cfg, list(opts or []))
-    except Exception as e:  # hydra's parser and OmegaConf raise several types
-        raise UsageError(f"cannot apply overrides {' '.join(opts or [])!r}: {str(e).splitlines()[0]}") from None
+    """A lazy ``.py`` config (a path or ``zoo:<name>``) with its ``key=value`` overrides; bad input is one line."""
+    cfg = model_zoo.load_config(config_file, list(opts or []), optional=OPTIONAL_KEYS)
+    if not hasattr(cfg, "items_ex"):  # a yacs CfgNode
+        raise UsageError(f"--config-file {config_file}: expected a lazy .py config, e.g. "
+                         "zoo:demo/pretrain_vit_tiny.py (yacs configs are for detection)")
+    return cfg
 
 
 def node(cfg, name: str) -> Dict[str, Any]:
@@ -138,16 +123,13 @@ def node(cfg, name: str) -> Dict[str, Any]:
     if unknown:
         raise UsageError(f"{name} has unknown key(s) {', '.join(unknown)}; accepted: {', '.join(defaults)}")
     for key, value in given.items():
-        if (name, key) in _NESTED:
-            value = dict(value or {})
-            bad = sorted(set(value) - set(defaults[key]))
-            if bad:
-                raise UsageError(
-                    f"{name}.{key} has unknown key(s) {', '.join(bad)}; accepted: {', '.join(defaults[key])}"
-                )
-            defaults[key].update(value)
-        else:
+        if (name, key) not in _NESTED:
             defaults[key] = value
+            continue
+        bad = sorted(set(value or {}) - set(defaults[key]))
+        if bad:
+            raise UsageError(f"{name}.{key} has unknown key(s) {', '.join(bad)}; accepted: {', '.join(defaults[key])}")
+        defaults[key].update(value or {})
     return defaults
 
 
@@ -177,6 +159,5 @@ def arm_spec(cfg, train_seed: int) -> ArmSpec:
 
 
 def run_identity(spec: ArmSpec, *, seed: int, lr_scale: float) -> dict:
-    """What a resumed run must share with the run it continues
-    (:func:`condinit_det.records.layout.check_resume_identity`)."""
+    """What a resumed run must share with the run it continues (:data:`condinit_det.records.identity.IDENTITY_KEYS`)."""
     return {**spec.identity(), "seed": int(seed), "lr_scale": float(lr_scale)}

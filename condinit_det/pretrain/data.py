@@ -1,41 +1,22 @@
-"""Data for classification pretraining, built from timm's parts.
-
-- datasets: ``timm.data.create_dataset`` on ``<root>/<split>/<class>/<image>`` (ImageNet's layout; the
-  embedded ``"embedded:shapes-cls"`` is generated in that layout); the evaluation split uses the
-  training split's class map, so label ``k`` means the same folder in both;
-- transforms: ``resolve_data_config`` + ``create_transform`` (RandAugment, random erasing, colour
-  jitter, interpolation as the recipe says);
-- mixup / cutmix with label smoothing: ``timm.data.Mixup``;
-- order: ``DistributedSampler`` (or timm's ``RepeatAugSampler`` for repeated augmentation), re-seeded
-  every epoch from ``(seed, epoch)`` only, so a resumed run sees what an uninterrupted one would,
-  and every arm of one seed sees the same images in the same order.
-"""
+"""Data for classification pretraining, from timm's parts: ``create_dataset`` on ``<root>/<split>/<class>/<image>``
+(the evaluation split reads the training split's class map), ``create_transform``, ``Mixup``, and samplers whose
+order is a function of (seed, epoch) only, the same for every arm of a seed."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from ..data.classification import resolve_classification_root
+from ..data import resolve_classification_root
 from ..utils.errors import UsageError
 
-__all__ = [
-    "count_images",
-    "Datasets",
-    "build_datasets",
-    "build_eval_loader",
-    "build_mixup",
-    "build_train_loader",
-    "build_train_sampler",
-    "check_dataset_folders",
-    "data_config",
-    "epoch_seed",
-    "set_sampler_epoch",
-]
+__all__ = ["Datasets", "build_datasets", "build_mixup", "build_train_loader",
+           "build_train_sampler", "check_dataset_folders", "count_images", "data_config", "epoch_seed",
+           "set_sampler_epoch", "set_transforms"]
 
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 # Sampler "epochs" of different seeds never meet: order(seed, epoch) = shuffle(seed * _SEED_STRIDE + epoch).
@@ -59,13 +40,9 @@ class Datasets:
 def _split_dir(root: str, split: str) -> str:
     path = os.path.join(root, split)
     if not os.path.isdir(path):
-        found = (
-            sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))) if os.path.isdir(root) else []
-        )
-        raise UsageError(
-            f"data.root={root}: no '{split}' folder (found: {', '.join(found) or 'nothing'}); expected "
-            f"<root>/<split>/<class>/<image> with splits data.train_split / data.val_split"
-        )
+        found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        raise UsageError(f"data.root={root}: no '{split}' folder (found: {', '.join(found) or 'nothing'}); expected "
+                         f"<root>/<split>/<class>/<image> with splits data.train_split / data.val_split")
     return path
 
 
@@ -84,12 +61,9 @@ def _class_folders(split_dir: str) -> Tuple[List[str], int]:
 
 
 def check_dataset_folders(data: Dict, *, check_num_classes: bool = True) -> Tuple[str, List[str]]:
-    """Check the folders without reading every file; returns (root, training class names in label order).
-
-    Checks: the root and both split folders exist, every split holds images in class folders, the
-    evaluation classes are training classes, and (``check_num_classes``) their number equals
-    ``data.num_classes``. Raises UsageError saying what was found and what is expected.
-    """
+    """Check (without reading every file) that both splits hold images in class folders, the evaluation classes are
+    training classes and (``check_num_classes``) ``data.num_classes`` of them; returns (root, class names in label
+    order). Raises UsageError saying what was found and what is expected."""
     if not data.get("root"):
         raise UsageError("data.root is not set; pass data.root=/path/to/imagenet or data.root=embedded:shapes-cls")
     try:
@@ -103,10 +77,9 @@ def check_dataset_folders(data: Dict, *, check_num_classes: bool = True) -> Tupl
         split_dir = _split_dir(root, data[key])
         classes, loose = _class_folders(split_dir)
         if not classes:
-            raise UsageError(
-                f"{split_dir} holds no images in class folders (image types: {' '.join(_IMAGE_EXTENSIONS)}"
-                f"{f'; {loose} image(s) lie directly in it' if loose else ''}); expected {split_dir}/<class>/<image>"
-            )
+            raise UsageError(f"{split_dir} holds no images in class folders (image types: {' '.join(_IMAGE_EXTENSIONS)}"
+                             f"{f'; {loose} image(s) lie directly in it' if loose else ''}); expected "
+                             f"{split_dir}/<class>/<image>")
         splits[key] = (split_dir, classes)
     train_dir, classes = splits["train_split"]
     val_dir, val_classes = splits["val_split"]
@@ -165,12 +138,10 @@ def set_transforms(datasets: Datasets, *, data: Dict, augment: Dict, model: Opti
         cfg["input_size"], is_training=True, scale=tuple(augment["scale"]), ratio=tuple(augment["ratio"]),
         hflip=augment["hflip"], vflip=augment["vflip"], color_jitter=augment["color_jitter"],
         auto_augment=auto_augment, interpolation=augment["interpolation"], mean=cfg["mean"], std=cfg["std"],
-        re_prob=augment["re_prob"], re_mode=augment["re_mode"], re_count=augment["re_count"],
-    )
+        re_prob=augment["re_prob"], re_mode=augment["re_mode"], re_count=augment["re_count"])
     datasets.val.transform = create_transform(
         cfg["input_size"], is_training=False, interpolation=cfg["interpolation"], mean=cfg["mean"],
-        std=cfg["std"], crop_pct=cfg["crop_pct"], crop_mode=cfg.get("crop_mode"),
-    )
+        std=cfg["std"], crop_pct=cfg["crop_pct"], crop_mode=cfg.get("crop_mode"))
 
 
 def build_mixup(augment: Dict, num_classes: int):
@@ -210,13 +181,3 @@ def build_train_loader(dataset, sampler: Sampler, *, batch_size: int, workers: i
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin_memory,
                       drop_last=True, generator=torch.Generator(), persistent_workers=False)
 
-
-def eval_indices(num_images: int, *, world_size: int, rank: int) -> List[int]:
-    """This process's share of the evaluation set: images ``rank, rank + W, ...`` (no padding, no duplicates)."""
-    return list(range(rank, num_images, world_size))
-
-
-def build_eval_loader(dataset, indices: Sequence[int], *, batch_size: int, workers: int,
-                      pin_memory: bool) -> DataLoader:
-    return DataLoader(Subset(dataset, list(indices)), batch_size=batch_size, shuffle=False, num_workers=workers,
-                      pin_memory=pin_memory, drop_last=False)

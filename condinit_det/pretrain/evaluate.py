@@ -1,9 +1,5 @@
-"""Top-1 / top-5 evaluation; with several processes every image is evaluated once and the results gathered.
-
-Process ``r`` of ``W`` evaluates images ``r, r + W, ...`` (no padding, no duplicates); the
-per-image predictions are gathered and put back in dataset order, so a distributed evaluation
-gives the same numbers as a single process (up to float rounding of the summed loss).
-"""
+"""Top-1 / top-5 evaluation; process ``r`` of ``W`` evaluates images ``r, r + W, ...`` and the per-image results
+are gathered back in dataset order, so a distributed evaluation equals a single process's (up to float rounding)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,39 +8,29 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from detectron2.utils import comm
 from torch import nn
+from torch.utils.data import DataLoader, Subset
 
 from ..utils.distributed import sync_buffers
-from .data import build_eval_loader, eval_indices
 
-__all__ = ["EvalResult", "evaluate", "sync_buffers"]
+__all__ = ["EvalResult", "evaluate"]
 
 
 @dataclass
 class EvalResult:
-    """Per-image arrays in dataset order ([N] each) and the summary in percent."""
+    """Per-image arrays in dataset order ([N] each)."""
 
     labels: np.ndarray  # int64, true class
     top1: np.ndarray  # int64, predicted class
     top5_hit: np.ndarray  # uint8, 1 when the true class is among the top-5 (top-K for K < 5 classes)
     loss: np.ndarray  # float64, cross-entropy per image
 
-    @property
-    def top1_acc(self) -> float:
-        return float((self.top1 == self.labels).mean() * 100.0)
-
-    @property
-    def top5_acc(self) -> float:
-        return float(self.top5_hit.mean() * 100.0)
-
-    @property
-    def mean_loss(self) -> float:
-        return float(self.loss.mean())
-
     def summary(self) -> Dict[str, float]:
-        return {"top1": self.top1_acc, "top5": self.top5_acc, "eval_loss": self.mean_loss}
+        """top-1 and top-5 accuracy in percent, mean loss."""
+        return {"top1": float((self.top1 == self.labels).mean() * 100.0), "top5": float(self.top5_hit.mean() * 100.0),
+                "eval_loss": float(self.loss.mean())}
 
     def predictions(self, epoch: int) -> dict:
         """The ``eval_predictions.json`` payload."""
@@ -52,20 +38,15 @@ class EvalResult:
                 "top5_hit": self.top5_hit.astype(int).tolist()}
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset, *, device: torch.device, batch_size: int, workers: int,
              amp_dtype: Optional[torch.dtype] = None) -> EvalResult:
     """Evaluate ``model`` (not a DDP wrapper) on ``dataset``; every process returns the full result."""
-    world = dist.get_world_size() if _distributed() else 1
-    rank = dist.get_rank() if _distributed() else 0
+    world, rank = comm.get_world_size(), comm.get_rank()
     sync_buffers(model)
-    indices = eval_indices(len(dataset), world_size=world, rank=rank)
-    loader = build_eval_loader(dataset, indices, batch_size=batch_size, workers=workers,
-                               pin_memory=device.type == "cuda")
+    indices = list(range(rank, len(dataset), world))  # no padding, no duplicates
+    loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, shuffle=False, num_workers=workers,
+                        pin_memory=device.type == "cuda")
     was_training = model.training
     model.eval()
     labels, preds, hits, losses = [], [], [], []
@@ -91,12 +72,7 @@ def evaluate(model: nn.Module, dataset, *, device: torch.device, batch_size: int
 
     local = (np.asarray(indices, dtype=np.int64), cat(labels, np.int64), cat(preds, np.int64),
              cat(hits, np.bool_).astype(np.uint8), cat(losses, np.float64))
-    if world > 1:
-        from detectron2.utils import comm
-
-        parts = comm.all_gather(local)
-    else:
-        parts = [local]
+    parts = comm.all_gather(local) if world > 1 else [local]
     order = np.concatenate([p[0] for p in parts])
     merged = [np.empty(len(dataset), dtype=parts[0][i].dtype) for i in range(1, 5)]
     for i, arr in enumerate(merged, start=1):

@@ -21,11 +21,8 @@ def check_model_name(name) -> None:
         raise UsageError(f"model.name must be a timm model name, e.g. vit_base_patch16_224; got {name!r}")
     if timm.is_model(name):
         return
-    known = timm.list_models()
-    close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
-    if not close:
-        stem = name.split("_")[0]
-        close = timm.list_models(f"{stem}*")[:5]
+    close = (difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+             or timm.list_models(f"{name.split('_')[0]}*")[:5])  # else the names of the same family
     hint = f"; close names: {', '.join(close)}" if close else ""
     raise UsageError(f"model.name={name!r} is not a timm model{hint} (timm.list_models() lists all)")
 

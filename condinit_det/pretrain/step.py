@@ -1,9 +1,5 @@
-"""One optimizer step of a pretraining recipe, and what it needs: optimizer, scheduler, loss scaling, mixup, loss,
-gradient clipping, EMA (timm's parts, configured by the recipe's nodes).
-
-:class:`PretrainStep` is what the pretraining run (:mod:`.trainer`) and the step bench (``bench/bench_gpu_step.py``)
-both execute, so that the bench times the stage's own step.
-"""
+"""One optimizer step of a pretraining recipe with timm's parts (optimizer, scheduler, loss scaling, mixup, loss,
+gradient clipping, EMA): what the run's epoch loop and the step bench (``bench/bench_gpu_step.py``) both execute."""
 from __future__ import annotations
 
 import contextlib
@@ -37,17 +33,13 @@ class PretrainStep:
     """The training machinery of one run for ``model`` (already on its device).
 
     Args:
-        model: the classifier (its parameters are optimized and clipped; the EMA follows it).
         nodes: the config's nodes (:func:`condinit_det.pretrain.config.node`): ``augment``, ``optimizer``,
             ``scheduler``, ``train``.
-        num_classes: classes of the data (mixup's targets).
         amp_dtype: ``torch.float16`` / ``torch.bfloat16`` under autocast, or None (float32).
         steps_per_epoch: optimizer steps per epoch (the scheduler updates after every step).
-        lr_scale: multiplier of the recipe's learning rate.
 
     Attributes: ``optimizer``, ``scheduler`` (or None), ``num_epochs`` (timm's count: warm-up and cool-down
-    included), ``loss_scaler`` (timm's ``NativeScaler`` for float16, else None), ``mixup`` (or None), ``ema``
-    (``ModelEmaV3`` or None), ``lr``.
+    included), ``loss_scaler`` (float16 only), ``mixup``, ``ema`` (or None), ``lr``.
     """
 
     def __init__(self, model: nn.Module, nodes: Dict[str, Dict], *, num_classes: int,

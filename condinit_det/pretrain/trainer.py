@@ -1,33 +1,7 @@
-"""One pretraining run: build the armed classifier, train epoch by epoch, evaluate, checkpoint, export.
-
-:class:`PretrainRun` reads in steps: :meth:`~PretrainRun.setup` (model + arm, data, optimizer, scheduler),
-:meth:`~PretrainRun.resume` (the last epoch checkpoint), :meth:`~PretrainRun.train` (the epochs; each one
-:meth:`~PretrainRun.train_epoch`, then :meth:`~PretrainRun.evaluate` and a checkpoint), :meth:`~PretrainRun.export`
-(the final weights). It writes with detectron2's event storage and writers (``metrics.json`` lines, TensorBoard,
-the console), scales fp16 losses with timm's ``NativeScaler`` and keeps epoch checkpoints with fvcore's
-``PeriodicCheckpointer``.
-
-Reproducibility contract (same seed => same run, whatever the arm):
-- the global RNGs (python, numpy, torch) are seeded with the training seed on every process before the model is
-  built, so every weight outside the arm's projections is identical across arms and across processes; the arm
-  draws from its own generators and never moves the global RNG;
-- every epoch starts by re-seeding all RNGs from ``(seed, epoch, rank)`` and the sampler from ``(seed, epoch)``:
-  data order, augmentation, mixup and drop-path draws of an epoch do not depend on what ran before it, so a run
-  resumed at an epoch boundary continues exactly as an uninterrupted one (bitwise on the same hardware and thread
-  count).
-
-Per epoch the main process adds ``"conditioning"`` records when ``condinit_analysis.period`` makes the epoch due
-(:mod:`.conditioning`; also at the start of training), a ``"cls"`` record (when evaluated), and then writes the
-checkpoint: the checkpoint is the commit point, so a killed run repeats at most the epoch that had not been
-checkpointed and its records are replaced, never duplicated.
-
-``metrics.json`` holds one line every ``train.log_period`` optimizer steps (``iteration`` counts completed steps,
-from 1)::
-
-    {"iteration": 120, "epoch": 1.5, "total_loss": 1.93, "lr": 0.0004, "time": 0.21, "data_time": 0.01, ...}
-
-``total_loss``, ``time`` and ``data_time`` are medians of the last 20 steps, as detectron2 logs them; evaluation
-scalars (``eval/top1``, ...) come on lines of their own. On resume, lines past the checkpoint's step are dropped.
+"""One pretraining run (:class:`PretrainRun`): the armed classifier trained epoch by epoch, evaluated, checkpointed
+(the commit point of an epoch's records) and exported. Every RNG is seeded with the training seed before the model is
+built and re-seeded from (seed, epoch, rank) every epoch, so a run resumed at an epoch boundary continues exactly as
+an uninterrupted one, whatever the arm. Detail: docs/pretraining.md.
 """
 from __future__ import annotations
 
@@ -37,27 +11,29 @@ import math
 import os
 import random
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn as nn
+from detectron2.utils import comm
+from detectron2.utils.env import seed_all_rng
 
+from ..records.environment import environment_record
+from ..records.failures import note_failure
 from ..records.identity import write_arm_report
 from ..records.per_image import write_classification_eval
-from ..records.results import ResultsFile
+from ..records.results import METRICS_FILENAME, ResultsFile
 from ..stage import PRETRAIN
-from ..tracking import active_run
-from ..tracking.events import tracker_writers
-from ..utils.checkpoint_io import load_checkpoint
-from ..utils.distributed import check_replicas, rank
+from ..tracking import tracker_writers
+from ..utils.checkpoint_io import PRETRAIN_FORMAT, load_checkpoint
+from ..utils.distributed import check_replicas
 from ..utils.errors import UsageError
 from ..utils.fileio import atomic_write, remove_stale_temp_files
-from ..utils.logs import run_logging
-from ..utils.preemption import PreemptionWatch
+from ..utils.logs import ETAPrinter, run_logging
+from ..utils.preemption import Preempted, PreemptionWatch
 from .checkpoint import (
     FINAL_FILENAME,
-    FINAL_FORMAT,
     FINAL_SAFETENSORS,
     EpochCheckpointer,
     last_checkpoint,
@@ -79,67 +55,34 @@ from .evaluate import evaluate
 from .model import build_armed_model, create_classifier
 from .step import PretrainStep, current_lr
 
-__all__ = ["METRICS_FILENAME", "PREDICTIONS_FILENAME", "PretrainRun", "evaluate_checkpoint", "run_finished",
+__all__ = ["PREDICTIONS_FILENAME", "PretrainRun", "evaluate_checkpoint", "run_finished",
            "total_epochs", "truncate_metrics"]
 
 PREDICTIONS_FILENAME = "eval_predictions.json"
-METRICS_FILENAME = "metrics.json"
 logger = logging.getLogger("condinit_det.pretrain")
 
 
-# ---------------------------------------------------------------------------------------------
-# Small helpers
-# ---------------------------------------------------------------------------------------------
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _synchronize() -> None:
-    from detectron2.utils import comm
-
-    comm.synchronize()
-
-
-def seed_all(seed: int) -> None:
-    """Seed python, numpy and torch (CPU and CUDA) global RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2 ** 32)
-    torch.manual_seed(seed)
-
-
-def _device(train: Dict) -> torch.device:
-    kind = str(train["device"])
-    if kind.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError("train.device='cuda' but no CUDA device is available; pass train.device=cpu")
-        from detectron2.utils import comm
-
-        return torch.device("cuda", comm.get_local_rank())
-    if kind != "cpu":
+def _device(train: Dict) -> Tuple[torch.device, Optional[torch.dtype]]:
+    """This process's device and its autocast dtype (None: float32; AMP is CUDA only)."""
+    kind, dtypes = str(train["device"]), {"float16": torch.float16, "bfloat16": torch.bfloat16}
+    if kind not in ("cpu", "cuda") and not kind.startswith("cuda:"):
         raise UsageError(f"train.device={kind!r}; accepted: cuda, cpu")
-    return torch.device("cpu")
-
-
-def _amp_dtype(train: Dict, device: torch.device) -> Optional[torch.dtype]:
-    if not train["amp"] or device.type != "cuda":
-        return None
-    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+    if kind.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("train.device='cuda' but no CUDA device is available; pass train.device=cpu")
     if train["amp_dtype"] not in dtypes:
         raise UsageError(f"train.amp_dtype={train['amp_dtype']!r}; accepted: {', '.join(dtypes)}")
-    return dtypes[train["amp_dtype"]]
+    if kind == "cpu":
+        return torch.device("cpu"), None
+    return torch.device("cuda", comm.get_local_rank()), dtypes[train["amp_dtype"]] if train["amp"] else None
 
 
-def _track_evaluation(record: dict, epoch: int) -> None:
-    """An evaluation to the run's W&B / MLflow runs (when it has any), with the epoch as its step."""
-    tracking = active_run()
-    if not tracking:
-        return
+def _track_evaluation(writers, record: dict, epoch: int) -> None:
+    """An evaluation to the run's W&B / MLflow writers, with the epoch as its step."""
     keys = ("top1", "top5", "eval_loss")
     metrics = {f"eval/{k}": record.get(k) for k in keys + ("train_loss",)}
     metrics.update({f"eval/ema_{k}": v for k, v in (record.get("ema") or {}).items() if k in keys})
-    tracking.log_metrics(metrics, epoch, "epoch")
+    for writer in writers:
+        writer.log(metrics, step=epoch, step_name="epoch")
 
 
 def total_epochs(cfg) -> int:
@@ -173,9 +116,7 @@ def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
 
 
 def rng_state() -> Dict[str, torch.Tensor]:
-    """The global RNG states as tensors (so checkpoints load with ``weights_only=True``): python's and
-    numpy's Mersenne Twister words with their position last, torch's byte state. A record only: each
-    epoch re-seeds every RNG from ``(seed, epoch, rank)``, so resuming needs none of them."""
+    """The global RNG states as tensors (loadable weights-only); a record only: every epoch re-seeds them."""
     _, words, _ = random.getstate()
     _, keys, pos, _, _ = np.random.get_state()
     return {"python": torch.tensor(words, dtype=torch.int64),
@@ -184,8 +125,6 @@ def rng_state() -> Dict[str, torch.Tensor]:
 
 
 def _mean_over_processes(total: float, count: int) -> float:
-    from detectron2.utils import comm
-
     parts = comm.all_gather((total, count)) if comm.get_world_size() > 1 else [(total, count)]
     n = sum(c for _, c in parts)
     return sum(t for t, _ in parts) / n if n else float("nan")
@@ -195,15 +134,8 @@ def _mean_over_processes(total: float, count: int) -> float:
 # The run
 # ---------------------------------------------------------------------------------------------
 class PretrainRun:
-    """One pretraining run in this process (every process of the run builds one).
-
-    Args:
-        cfg: the run's config (arm, seed, lr scale and output directory set).
-        run_dir: the run directory.
-        config_file: recorded in every record.
-        trust_pickle: let :meth:`resume` load an epoch checkpoint that needs full unpickling (written before
-            checkpoints held tensors and plain containers only).
-    """
+    """One pretraining run of ``cfg`` (arm, seed, lr scale and output directory set) in this process; ``trust_pickle``
+    lets :meth:`resume` load an epoch checkpoint that needs full unpickling."""
 
     def __init__(self, cfg, run_dir: str, *, config_file: Optional[str], trust_pickle: bool = False):
         self.cfg, self.run_dir, self.trust_pickle = cfg, run_dir, trust_pickle
@@ -213,28 +145,27 @@ class PretrainRun:
         self.lr_scale = float(self.train_node["lr_scale"])
         self.spec = arm_spec(cfg, self.seed)
         self.identity = run_identity(self.spec, seed=self.seed, lr_scale=self.lr_scale)
-        self.rank, self.world = rank(), _world_size()
+        self.rank, self.world = comm.get_rank(), comm.get_world_size()
         self.main = self.rank == 0
-        self.device = _device(self.train_node)
-        self.amp_dtype = _amp_dtype(self.train_node, self.device)
+        self.device, self.amp_dtype = _device(self.train_node)
         self.meta = {"stage": PRETRAIN.name, "arm": self.spec.arm, "seed": self.seed, "lr_scale": self.lr_scale,
                      "config": config_file}
         self.analysis = conditioning_options(cfg)  # checked on every process; the main one measures
         self.epoch, self.step = 0, 0  # completed epochs and optimizer steps
+        self.eval_seconds = []  # how long each evaluation took
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
-        """Model (from the training seed, identical on every process) and arm; data; optimizer, scheduler, loss
-        scaler, EMA; the checkpointers."""
+        """Model (from the training seed, identical on every process) and arm; data; the step; the checkpointers."""
         data, augment, train = (self.nodes[k] for k in ("data", "augment", "train"))
         if self.main:
             os.makedirs(self.run_dir, exist_ok=True)
             remove_stale_temp_files(self.run_dir)
-        _synchronize()
+        comm.synchronize()
         logger.info(f"Run {self.run_dir}: arm {self.spec.arm}, seed {self.seed}, lr scale {self.lr_scale:g}, "
                     f"{self.world} process(es), device {self.device}"
                     + (f", AMP {str(self.amp_dtype).split('.')[-1]}" if self.amp_dtype else ""))
-        seed_all(self.seed)
+        seed_all_rng(self.seed)
         self.model, report = build_armed_model(self.nodes["model"], int(data["num_classes"]), self.spec)
         digest = check_replicas(self.model, "at initialization")
         logger.info(f"{report.summary()}; initial weights sha1 {digest[:12]}")
@@ -282,9 +213,8 @@ class PretrainRun:
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> Optional[dict]:
-        """Train the remaining epochs, evaluating and checkpointing each, then :meth:`export`. Returns the last
-        ``"cls"`` record."""
-        from detectron2.utils.events import CommonMetricPrinter, EventStorage, JSONWriter, TensorboardXWriter
+        """Train the remaining epochs, then :meth:`export`. Returns the last ``"cls"`` record."""
+        from detectron2.utils.events import EventStorage, JSONWriter, TensorboardXWriter
 
         if self.optimization.scheduler is not None:
             self.optimization.scheduler.step_update(num_updates=self.step)
@@ -292,15 +222,22 @@ class PretrainRun:
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-        self.writers = []
+        self.writers, self.trackers = [], []
         if self.main:
             truncate_metrics(self.run_dir, max_iteration=self.step)
             total = self.num_epochs * self.steps_per_epoch
-            self.writers = [CommonMetricPrinter(max_iter=total + 1),
+            self.writers = [ETAPrinter(total + 1, self._evaluations_left),
                             JSONWriter(os.path.join(self.run_dir, METRICS_FILENAME)),
                             TensorboardXWriter(self.run_dir, purge_step=self.step)]
-            self.writers += tracker_writers(exclude=("eval/",))  # W&B / MLflow; evaluations go per epoch
+            self.trackers = tracker_writers(self.cfg, self.run_dir, stage=PRETRAIN.name, exclude=("eval/",),
+                                            params={**self.meta, "identity": self.identity})  # evaluations: per epoch
+            self.writers += self.trackers  # W&B / MLflow
         self.results = ResultsFile(self.run_dir)
+        environment = environment_record(self.step, device=str(self.device))
+        logger.info("Environment: " + ", ".join(f"{k} {v}" for k, v in environment.items() if k not in ("kind",
+                                                                                                    "iteration")))
+        if self.main:
+            self.results.add(environment)
         self.watch = PreemptionWatch()
         last_record = None
         try:
@@ -319,13 +256,19 @@ class PretrainRun:
                     self._write()  # the epoch's last step (and its evaluation) on one line
                     if self.main:
                         self.periodic.step(epoch, **self._training_state(done))
-                    _synchronize()
+                    comm.synchronize()
                     self.epoch = done
         finally:
             for writer in self.writers:
                 writer.close()
         self.export()
         return last_record
+
+    def _evaluations_left(self, step: int) -> float:
+        """Seconds the evaluations after ``step`` completed steps will take, at the mean of those made so far."""
+        period, done = max(int(self.train_node["eval_period"]), 1), step // self.steps_per_epoch
+        count = sum(1 for e in range(done + 1, self.num_epochs + 1) if e % period == 0 or e == self.num_epochs)
+        return count * sum(self.eval_seconds) / len(self.eval_seconds) if self.eval_seconds else 0.0
 
     def _write(self) -> None:
         for writer in self.writers:
@@ -337,15 +280,14 @@ class PretrainRun:
                 "steps_per_epoch": self.steps_per_epoch, "rng": rng_state(), "identity": self.identity}
 
     def start_epoch(self, epoch: int) -> None:
-        """Re-seed every RNG from ``(seed, epoch, rank)`` and the sampler from ``(seed, epoch)``: the epoch's data
-        order and random draws depend on nothing that ran before it."""
+        """Re-seed every RNG from ``(seed, epoch, rank)`` and the sampler from ``(seed, epoch)``."""
         s = epoch_seed(self.seed, epoch, self.rank)
-        seed_all(s)
+        seed_all_rng(s)
         self.loader.generator.manual_seed(s)
         set_sampler_epoch(self.sampler, seed=self.seed, epoch=epoch)
 
     def train_epoch(self, epoch: int) -> None:
-        """One epoch of optimizer steps; the mean training loss over the processes is kept for the record."""
+        """One epoch of optimizer steps; keeps the mean training loss over the processes."""
         self.start_epoch(epoch)
         self.ddp.train()
         log_period = max(int(self.train_node["log_period"]), 1)
@@ -378,9 +320,8 @@ class PretrainRun:
         self.train_loss = _mean_over_processes(total, count)
 
     def evaluate(self, done: int) -> dict:
-        """Top-1 / top-5 on the evaluation set after ``done`` epochs (and of the EMA weights); the ``"cls"``
-        record (added by the main process, with the per-image predictions after the last epoch)."""
-        train = self.train_node
+        """The ``"cls"`` record of ``done`` epochs (top-1 / top-5, also of the EMA weights); the main one adds it."""
+        train, started = self.train_node, time.perf_counter()
         eval_batch = int(train["eval_batch_size"] or max(1, int(1.5 * self.batch)))
         kwargs = dict(device=self.device, batch_size=eval_batch, workers=int(train["workers"]),
                       amp_dtype=self.amp_dtype)
@@ -399,24 +340,23 @@ class PretrainRun:
             self.results.add(record)
             self.storage.put_scalars(**{f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")},
                                      smoothing_hint=False)
-            _track_evaluation(record, done)
+            _track_evaluation(self.trackers, record, done)
             if done == self.num_epochs:
                 atomic_write(os.path.join(self.run_dir, PREDICTIONS_FILENAME), json.dumps(result.predictions(done)))
+        self.eval_seconds.append(time.perf_counter() - started)
         return record
 
     # ------------------------------------------------------------------ the end
     def export(self) -> None:
-        """Check the replicas, then write ``model_final.safetensors`` and ``model_final.pth`` (the EMA weights
-        when the recipe keeps an EMA): what detection fine-tunes from."""
-        # Parameters (and EMA weights) must agree; unsynchronized BatchNorm statistics differ per process (the
-        # evaluation and the saved weights use rank 0's).
+        """Check the replicas (BatchNorm statistics may differ: rank 0's are saved), then write the final weights (the
+        EMA's when the recipe keeps an EMA)."""
         check_replicas(self.model, "at the end")
         if self.ema is not None:
             check_replicas(self.ema.module, "at the end (EMA weights)")
         if self.main:
             final = self.ema.module if self.ema is not None else self.model
             data, model = self.nodes["data"], self.nodes["model"]
-            payload = {"format": FINAL_FORMAT, "model": final.state_dict(),
+            payload = {"format": PRETRAIN_FORMAT, "model": final.state_dict(),
                        "weights": "ema" if self.ema is not None else "model", "timm_model": model["name"],
                        "model_kwargs": dict(model["kwargs"] or {}), "num_classes": int(data["num_classes"]),
                        "img_size": int(data["img_size"]), "arm": self.spec.arm, "seed": self.seed,
@@ -427,40 +367,42 @@ class PretrainRun:
             save_final(payload, self.run_dir)
             logger.info(f"Final weights ({payload['weights']}) written to "
                         f"{os.path.join(self.run_dir, FINAL_FILENAME)} and {FINAL_SAFETENSORS}")
-        _synchronize()
+        comm.synchronize()
 
 
 def train_run(cfg, *, run_dir: str, config_file: Optional[str], resume: bool,
               trust_pickle: bool = False) -> Optional[dict]:
-    """Train one run into ``run_dir`` (every process calls it; with ``resume`` from its last epoch checkpoint);
-    returns the last ``"cls"`` record. A failure leaves a note for the launcher (the step and epoch it stopped
-    at) and is re-raised."""
-    from ..records.failures import note_failure
-    from ..utils.preemption import Preempted
-
-    run_logging(run_dir, rank=rank())
+    """Train one run into ``run_dir`` in every process (``resume``: from its last epoch checkpoint); returns the last
+    ``"cls"`` record. A failure leaves a note for the launcher and is re-raised."""
+    run_logging(run_dir, rank=comm.get_rank())
     run = PretrainRun(cfg, run_dir, config_file=config_file, trust_pickle=trust_pickle)
     run.setup()
     path = last_checkpoint(run_dir) if resume else None
     if path:
         run.resume(path)
     try:
-        return run.train()
+        record = run.train()
     except Preempted:
         raise
     except Exception as e:
         if note_failure(run_dir, e, rank=run.rank, iteration=getattr(e, "step", run.step), epoch=run.epoch):
             logger.exception(f"Run {run_dir} failed:")  # the traceback, in the run's log
         raise
+    _log_end(run_dir)
+    return record
+
+
+def _log_end(run_dir: str) -> None:
+    logger.info(f"Run ended at {time.strftime('%Y-%m-%d %H:%M:%S')}; results in {ResultsFile(run_dir).path}")
 
 
 def evaluate_checkpoint(cfg, *, run_dir: str, checkpoint: str, config_file: Optional[str],
                         trust_pickle: bool = False) -> dict:
     """Evaluate the weights of a ``model_final.{safetensors,pth}`` or epoch checkpoint; adds a ``"cls_eval"``
     record to ``run_dir``."""
-    run_logging(run_dir, rank=rank())
+    run_logging(run_dir, rank=comm.get_rank())
     data, train = node(cfg, "data"), node(cfg, "train")
-    device = _device(train)
+    device, amp_dtype = _device(train)
     state = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
     if not isinstance(state, dict) or "model" not in state:
         raise UsageError(f"{checkpoint} holds no 'model' state dict")
@@ -469,20 +411,24 @@ def evaluate_checkpoint(cfg, *, run_dir: str, checkpoint: str, config_file: Opti
     datasets = build_datasets(data)
     set_transforms(datasets, data=data, augment=node(cfg, "augment"), model=model)
     model.to(device)
-    batch = int(train["eval_batch_size"] or max(1, int(1.5 * int(train["batch_size"]) // _world_size())))
+    batch = int(train["eval_batch_size"] or max(1, int(1.5 * int(train["batch_size"]) // comm.get_world_size())))
     result = evaluate(model, datasets.val, device=device, batch_size=batch, workers=int(train["workers"]),
-                      amp_dtype=_amp_dtype(train, device))
+                      amp_dtype=amp_dtype)
     seed = int(train["seed"])
-    # A final file counts its steps in "iteration"; an epoch checkpoint in "step" (its "iteration" is fvcore's
-    # epoch index).
+    # A final file counts its steps in "iteration" and names its arm; an epoch checkpoint counts them in "step" (its
+    # "iteration" is fvcore's epoch index) and names its arm in its run identity.
     steps = state.get("step", state.get("iteration", 0))
+    arm = state.get("arm") or (state.get("identity") or {}).get("arm")
+    if not arm:
+        arm = arm_spec(cfg, seed).arm
+        logger.info(f"{checkpoint} does not name its arm: recorded under the config's arm '{arm}'")
     record = {"kind": "cls_eval", "stage": PRETRAIN.name, "iteration": int(steps), "epoch": int(state.get("epoch", 0)),
-              **result.summary(),
-              "checkpoint": os.path.abspath(checkpoint), "weights": state.get("weights", "model"),
-              "arm": state.get("arm", arm_spec(cfg, seed).arm), "seed": int(state.get("seed", seed)),
-              "lr_scale": float(train["lr_scale"]), "config": config_file}
+              **result.summary(), "checkpoint": os.path.abspath(checkpoint), "weights": state.get("weights", "model"),
+              "arm": arm, "seed": int(state.get("seed", seed)), "lr_scale": float(train["lr_scale"]),
+              "config": config_file}
     logger.info(f"{checkpoint}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
                 f"eval loss {record['eval_loss']:.4f}")
-    if rank() == 0:
+    if comm.get_rank() == 0:
         ResultsFile(run_dir).add(record)
+    _log_end(run_dir)
     return record

@@ -1,8 +1,5 @@
-"""Failure records: a run that raises is a result, recorded in its ``results.json``.
-
-A training process whose run raises leaves a note (:func:`note_failure`); the launching process
-turns the notes into one ``"failed"`` record (:func:`record_failure`: ``"diverged"`` or
-``"error"``, the iteration, the exception in one line). :func:`failure_of` reads it back.
+"""Failure records: a run that raises is a result. Each training process leaves a note (:func:`note_failure`); the
+launching process turns them into one ``"failed"`` record in ``results.json`` (:func:`record_failure`).
 """
 from __future__ import annotations
 
@@ -15,15 +12,8 @@ from typing import List, Mapping, Optional
 from ..utils.fileio import atomic_write
 from .results import FAILED_KIND, ResultsFile
 
-__all__ = [
-    "describe_failure",
-    "discard_notes",
-    "failure_of",
-    "failure_reason",
-    "note_failure",
-    "one_line",
-    "record_failure",
-]
+__all__ = ["describe_failure", "discard_notes", "failure_of", "failure_reason", "note_failure", "one_line",
+           "record_failure"]
 
 _NOTE_PREFIX = "failure.rank"
 

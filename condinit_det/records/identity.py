@@ -1,9 +1,5 @@
-"""A run's identity: what its arm report records and what a resumed run must share with it.
-
-A run directory holds ``condinit_arm_report.json``: the arm's report of the build (which sites,
-what changed) and a ``run`` section with the run's *identity* (arm, seeds, include/exclude
-patterns, arm options, lr scale), against which a ``--resume`` is checked: a run directory never
-changes arm, seed or patterns silently.
+"""The arm report ``condinit_arm_report.json`` (what the arm did to each attention site) and the run identity it
+holds (arm, seeds, patterns, options, lr scale), which a ``--resume`` must match.
 """
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ from ..utils.fileio import atomic_write
 
 __all__ = ["ARM_REPORT_FILENAME", "IDENTITY_KEYS", "check_resume_identity", "read_arm_report", "write_arm_report"]
 
-# What the arm did to each attention site, and the run's identity (arm, seeds, patterns), beside results.json.
 ARM_REPORT_FILENAME = "condinit_arm_report.json"
 # What a resumed run must share with the run it continues.
 IDENTITY_KEYS = ("arm", "seed", "arm_seed", "include", "exclude", "options", "lr_scale")
@@ -61,5 +56,3 @@ def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool
             "another output directory, or pass --allow-changed-run to continue anyway"
         )
     return previous
-
-

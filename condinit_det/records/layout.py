@@ -1,14 +1,6 @@
-"""Where the runs of an experiment live: the arm x seed x learning-rate layout and the plan file.
-
-Both training stages lay their runs out the same way and the report reads them back::
-
-    <base>/experiment.json                 the plan: the stage and its description, the config, the length, every run
-    <base>/<arm>/seed<k>/                  one run (seed k, the config's learning rate)
-    <base>/<arm>/seed<k>-lr<s>/            one run of a learning-rate scan (s x the config's lr)
-    <base>/<arm>/seed<k>.failed<n>/        a failed run moved aside by ``--retry-failed``
-    <base>/report/                         the comparison
-
-No detectron2 or timm import.
+"""Where the runs of an experiment live, for both stages: ``<base>/experiment.json`` (the plan),
+``<base>/<arm>/seed<k>[-lr<s>]/`` (one run), ``<base>/<arm>/seed<k>.failed<n>/`` (set aside by ``--retry-failed``),
+``<base>/report/``. docs/training.md ("Where runs go"). No detectron2 or timm import.
 """
 from __future__ import annotations
 
@@ -19,24 +11,11 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from ..init import ARMS, PAPER_ARMS
+from ..init.options import ARMS, PAPER_ARMS
 from ..utils.fileio import atomic_write
 
-__all__ = [
-    "PLAN_FILENAME",
-    "REPORT_DIRNAME",
-    "Plan",
-    "RunSpec",
-    "find_plans",
-    "is_set_aside",
-    "parse_arms",
-    "parse_lr_scales",
-    "parse_seeds",
-    "plan_runs",
-    "read_plan",
-    "set_aside",
-    "write_plan",
-]
+__all__ = ["PLAN_FILENAME", "REPORT_DIRNAME", "Plan", "RunSpec", "find_plans", "is_set_aside", "parse_arms",
+           "parse_lr_scales", "parse_seeds", "plan_runs", "read_plan", "set_aside", "write_plan"]
 
 PLAN_FILENAME = "experiment.json"
 REPORT_DIRNAME = "report"
@@ -87,10 +66,6 @@ def parse_lr_scales(text: str) -> List[float]:
     return scales
 
 
-def _format_scale(scale: float) -> str:
-    return f"{scale:g}"
-
-
 @dataclass(frozen=True)
 class RunSpec:
     """One run of an experiment: arm, training seed and learning-rate multiplier."""
@@ -102,12 +77,11 @@ class RunSpec:
     @property
     def name(self) -> str:
         """``seed<k>`` or ``seed<k>-lr<s>``: the run's folder under ``<base>/<arm>/``."""
-        return f"seed{self.seed}" + ("" if self.lr_scale == 1.0 else f"-lr{_format_scale(self.lr_scale)}")
+        return f"seed{self.seed}" + ("" if self.lr_scale == 1.0 else f"-lr{self.lr_scale:g}")
 
     @property
     def dir(self) -> str:
-        """``<arm>/seed<k>[-lr<s>]``: the run's folder relative to its experiment directory (also its name in
-        messages)."""
+        """``<arm>/seed<k>[-lr<s>]``: the run's folder under its experiment (also its name in messages)."""
         return os.path.join(self.arm, self.name)
 
     def path(self, base: str) -> str:
@@ -118,12 +92,8 @@ class RunSpec:
 
 
 def plan_runs(arms: Sequence[str], seeds: Sequence[int], lr_scales: Sequence[float] = (1.0,)) -> List[RunSpec]:
-    """Every run of an experiment, in the order they are trained.
-
-    All arms at the config's learning rate for every seed (seed by seed, so an interrupted
-    experiment holds complete paired sets), then the learning-rate scan: the other scales for
-    every arm on the first seed.
-    """
+    """Every run of an experiment, in training order: all arms seed by seed (so an interrupted experiment holds
+    complete paired sets), then the other lr scales for every arm on the first seed."""
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
         raise ValueError(f"unknown arm(s) {unknown}; accepted: {', '.join(ARMS)} (or 'all')")
@@ -138,8 +108,9 @@ def plan_runs(arms: Sequence[str], seeds: Sequence[int], lr_scales: Sequence[flo
 class Plan:
     """An experiment plan ``<base>/experiment.json``: the stage, the config and every run the report expects.
 
-    ``stage`` is the stage's name and ``stage_description`` the stage's descriptor as the plan stores it
-    (:meth:`condinit_det.stage.StageDescriptor.to_dict`); ``length`` is how long each run trains, in ``unit``."""
+    ``stage_description``: :meth:`condinit_det.stage.StageDescriptor.to_dict`; ``length``: each run's, in
+    ``unit``; ``setup``: the config every run shares (dotted key -> text, without the keys a run sets);
+    ``dataset``: the training data's name. ``setup`` and ``dataset`` are None in older plans."""
 
     base: str
     runs: Tuple[RunSpec, ...]
@@ -148,20 +119,23 @@ class Plan:
     config: Optional[str]
     length: Optional[int]
     unit: Optional[str]
+    setup: Optional[dict] = None
+    dataset: Optional[str] = None
 
 
-def write_plan(base: str, runs: Sequence[RunSpec], *, stage, config: Optional[str], length: int) -> str:
+def write_plan(base: str, runs: Sequence[RunSpec], *, stage, config: Optional[str], length: int,
+               setup: Optional[dict] = None, dataset: Optional[str] = None) -> str:
     """Write ``<base>/experiment.json``; returns its path.
 
     Args:
-        stage: the stage's descriptor (:class:`condinit_det.stage.StageDescriptor`); the plan stores it, so that
-            the status command and the report read any stage's runs.
-        config: the config file the runs train with.
-        length: how long each run trains, in the stage's unit.
+        stage: the stage's :class:`condinit_det.stage.StageDescriptor`, stored so that status and the report read
+            any stage's runs.
+        config, length, setup, dataset: as in :class:`Plan`.
     """
     path = os.path.join(base, PLAN_FILENAME)
     payload = {"version": 1, "stage": stage.name, "stage_description": stage.to_dict(), "config": config,
-               "length": {"unit": stage.unit, "total": int(length)}, "runs": [r.to_dict() for r in runs]}
+               "length": {"unit": stage.unit, "total": int(length)}, "setup": setup, "dataset": dataset,
+               "runs": [r.to_dict() for r in runs]}
     atomic_write(path, json.dumps(payload, indent=1))
     return path
 
@@ -186,7 +160,8 @@ def read_plan(base: str) -> Optional[Plan]:
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path} is not an experiment plan ({type(e).__name__}: {e})") from None
     return Plan(base=base, runs=runs, stage=data.get("stage"), stage_description=data.get("stage_description"),
-                config=data.get("config"), length=total, unit=length.get("unit"))
+                config=data.get("config"), length=total, unit=length.get("unit"),
+                setup=data.get("setup") if isinstance(data.get("setup"), dict) else None, dataset=data.get("dataset"))
 
 
 def find_plans(path: str) -> List[str]:

@@ -1,14 +1,8 @@
-"""One owner per run directory: an OS-level lock on ``<run>/.owner.lock`` and the owner's record in it.
+"""One owner per run directory: ``flock`` on ``<run>/.owner.lock`` plus the owner's record in it.
 
-The launcher takes a :class:`RunLock` before a run touches its directory (training, ``--eval-only``, resume,
-retry) and releases it on every exit path; a second process that tries to own the same run gets
-:class:`RunInUse` (one line naming the owner). The lock is ``flock(LOCK_EX | LOCK_NB)`` on the file, held for
-the run's whole duration, plus the owner's record (host, pid and its start time, boot id, pid namespace, Slurm job,
-start, user, command) written into it; the record decides where ``flock`` cannot (a file system whose ``flock`` is
-per node or a no-op): a live process on this host or a live foreign Slurm job owns the run, a dead owner or an ended
-job is taken over with a log line, a requeued Slurm job takes its own run back. The file is never deleted (an empty
-record means nobody owns the run); forked children close their copy of the descriptor. The rules, what each file
-system guarantees and what to do by hand: docs/run_ownership.md.
+A second process gets :class:`RunInUse`. Where ``flock`` cannot decide (per node or a no-op), the record does: a live
+process here or a live foreign Slurm job owns the run; a dead owner or an ended job is taken over with a log line; a
+requeued job takes its own run back. The rules per file system: docs/run_ownership.md.
 """
 from __future__ import annotations
 
@@ -29,15 +23,7 @@ from typing import Mapping, Optional, Tuple
 
 from ..utils.squeue import query_jobs, still_runs
 
-__all__ = [
-    "LOCK_FILENAME",
-    "RunInUse",
-    "RunLock",
-    "describe_owner",
-    "owner_record",
-    "read_owner",
-    "slurm_job_id",
-]
+__all__ = ["LOCK_FILENAME", "RunInUse", "RunLock", "describe_owner", "owner_record", "slurm_job_id"]
 
 LOCK_FILENAME = ".owner.lock"
 # How long a reader waits for a record being written, and a locker for the record of an owner that has just taken
@@ -45,22 +31,20 @@ LOCK_FILENAME = ".owner.lock"
 _RECORD_WAIT_S = 2.0
 _MAX_RECORD_BYTES = 1 << 16
 _UNREADABLE = "unreadable"
+_BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
-# Locks held by this process: a forked child closes its inherited descriptors (see the module docstring).
+# Locks held by this process: a forked child closes its inherited descriptors, so it never releases the parent's.
 _HELD: "weakref.WeakSet[RunLock]" = weakref.WeakSet()
 
 
 class RunInUse(ValueError):
-    """Another process owns the run directory. ``owner`` is its record (:func:`read_owner`), ``run_dir`` the run."""
+    """Another process owns the run directory. ``owner`` is its record in the lock file, ``run_dir`` the run."""
 
     def __init__(self, run_dir: str, owner: Optional[dict]):
         self.run_dir, self.owner = run_dir, owner
         super().__init__(f"{run_dir} is in use by {describe_owner(owner)}; wait for it, or stop it")
 
 
-# ---------------------------------------------------------------------------------------------
-# This process and other ones
-# ---------------------------------------------------------------------------------------------
 def slurm_job_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """This process's Slurm job: ``"<array job>_<task>"`` for an array element, else ``SLURM_JOB_ID``; None outside
     Slurm. A requeued job keeps it."""
@@ -77,10 +61,6 @@ def _read_text(path: str) -> Optional[str]:
             return f.read().strip()
     except OSError:
         return None
-
-
-def _boot_id() -> Optional[str]:
-    return _read_text("/proc/sys/kernel/random/boot_id")
 
 
 def _pid_namespace() -> Optional[str]:
@@ -112,7 +92,7 @@ def owner_record(environ: Optional[Mapping[str, str]] = None) -> dict:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "pid_start": _process_start(os.getpid()),
-        "boot_id": _boot_id(),
+        "boot_id": _read_text(_BOOT_ID_FILE),
         "pid_namespace": _pid_namespace(),
         "slurm_job": slurm_job_id(environ),
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -125,7 +105,7 @@ def _same_machine(record: dict) -> bool:
     """Whether the record's pid can be checked here: same host name, and same boot and pid namespace when recorded."""
     if record.get("host") != socket.gethostname():
         return False
-    for key, here in (("boot_id", _boot_id()), ("pid_namespace", _pid_namespace())):
+    for key, here in (("boot_id", _read_text(_BOOT_ID_FILE)), ("pid_namespace", _pid_namespace())):
         if record.get(key) and here and record[key] != here:
             return False
     return True
@@ -157,9 +137,6 @@ def _job_alive(job_id: str) -> Tuple[bool, str]:
     return still_runs(state), f"squeue says {state}"
 
 
-# ---------------------------------------------------------------------------------------------
-# The record
-# ---------------------------------------------------------------------------------------------
 def _parse_record(data: bytes) -> Optional[dict]:
     """The record in ``data`` (its first line); {} when empty, None when incomplete or not a record."""
     if not data.strip():
@@ -190,22 +167,6 @@ def _read_record(read, wait_s: float = _RECORD_WAIT_S) -> Optional[dict]:
         time.sleep(0.05)
 
 
-def read_owner(run_dir: str) -> Optional[dict]:
-    """The record of the process that owns ``run_dir`` (or owned it until it died): a dict with ``host``,
-    ``pid``, ``slurm_job``, ``started``, ``command``...; None when nobody does (no lock file, or an empty record).
-    A record that cannot be parsed is ``{"unreadable": <its first bytes>}``. Never takes the lock."""
-    path = os.path.join(run_dir, LOCK_FILENAME)
-
-    def read() -> bytes:
-        try:
-            with open(path, "rb") as f:
-                return f.read(_MAX_RECORD_BYTES)
-        except FileNotFoundError:
-            return b""
-
-    return _read_record(read)
-
-
 def describe_owner(record: Optional[dict]) -> str:
     """``"pid 1234 on host h (Slurm job 5_0) since 12:03:04"`` (the date too when not today, in local time)."""
     if not record:
@@ -223,25 +184,18 @@ def describe_owner(record: Optional[dict]) -> str:
     return text + " since " + started.strftime("%H:%M:%S" if started.date() == today else "%Y-%m-%d %H:%M:%S")
 
 
-# ---------------------------------------------------------------------------------------------
-# The lock
-# ---------------------------------------------------------------------------------------------
 def _close_inherited_locks() -> None:
     for lock in list(_HELD):
         lock._forget()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_inherited_locks)
+os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 class RunLock:
-    """Exclusive ownership of one run directory by this process.
-
-    Use as ``with RunLock(run_dir, log=logger): ...`` or :meth:`acquire` / :meth:`release`. :meth:`acquire`
-    creates the directory if needed and raises :class:`RunInUse` when another process owns the run; it takes a
-    stale lock over (a dead owner, an ended Slurm job, our own requeued Slurm job) with a log line naming the
-    former owner, kept in :attr:`previous_owner`.
+    """Exclusive ownership of one run directory by this process: ``with RunLock(run_dir): ...`` or
+    :meth:`acquire` / :meth:`release`. A stale lock is taken over with a log line; the former owner's record is
+    kept in :attr:`previous_owner`.
 
     Args:
         run_dir: the run directory; the lock file is ``<run_dir>/.owner.lock``.

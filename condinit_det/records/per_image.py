@@ -1,51 +1,25 @@
-"""Per-image evaluation data of every evaluation of a run, kept so the report can resample images.
+"""Per-image data of every evaluation of a run, one file each, which the report's bootstrap resamples.
 
-Layout inside a run directory::
-
-    <run>/per_image/ap_iter<0000400>.npz      detection: COCO matches (box and mask) of the evaluation
-                                              after 400 iterations (written by the AP hook; the format is
-                                              :func:`condinit_det.evaluation.bootstrap.save_matches`)
-    <run>/per_image/cls_epoch<0010>.npz       classification: per-image top-1 / top-5 correctness after
-                                              10 completed epochs (:func:`write_classification_eval`)
-
-One file per evaluation, written atomically, so a resumed run that re-evaluates an iteration replaces
-its file. The "ap" record of an evaluation names its file (``"per_image"``, relative to the run).
-
-A classification file holds, for N evaluation images in dataset order: ``top1`` and ``top5``
-(``np.packbits`` of the 0/1 correctness, N bits each), ``num_images``, ``epoch`` and ``labels_sha1``
-(SHA-1 of the labels as int64: two runs were evaluated on the same images in the same order when
-their digests agree). About N / 4 bytes per epoch (12.5 kB for ImageNet's 50 000 images).
-
-Pure Python and numpy: no detectron2, timm or torch import.
+``<run>/per_image/ap_iter<7 digits>.npz`` holds a detection evaluation's COCO matches
+(:func:`condinit_det.evaluation.bootstrap.save_matches`), ``<run>/per_image/cls_epoch<4 digits>.npz`` a
+classification evaluation's per-image top-1 / top-5 correctness (:func:`write_classification_eval`). An evaluation
+record names its file (``"per_image"``). Formats: docs/statistics.md. No detectron2, timm or torch import.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import os
-import re
 from dataclasses import dataclass
-from typing import Dict
 
 import numpy as np
 
 from ..utils.fileio import atomic_write
 
-__all__ = [
-    "PER_IMAGE_DIRNAME",
-    "ClassificationEval",
-    "classification_eval_path",
-    "detection_eval_path",
-    "find_classification_evals",
-    "find_detection_evals",
-    "labels_digest",
-    "read_classification_eval",
-    "write_classification_eval",
-]
+__all__ = ["PER_IMAGE_DIRNAME", "ClassificationEval", "classification_eval_path", "detection_eval_path",
+           "labels_digest", "read_classification_eval", "write_classification_eval"]
 
 PER_IMAGE_DIRNAME = "per_image"
-_DETECTION = re.compile(r"^ap_iter(\d+)\.npz$")
-_CLASSIFICATION = re.compile(r"^cls_epoch(\d+)\.npz$")
 
 
 def detection_eval_path(run_dir: str, iteration: int) -> str:
@@ -56,28 +30,6 @@ def detection_eval_path(run_dir: str, iteration: int) -> str:
 def classification_eval_path(run_dir: str, epoch: int) -> str:
     """``<run_dir>/per_image/cls_epoch<epoch, 4 digits>.npz``."""
     return os.path.join(run_dir, PER_IMAGE_DIRNAME, f"cls_epoch{int(epoch):04d}.npz")
-
-
-def _find(run_dir: str, pattern) -> Dict[int, str]:
-    folder = os.path.join(run_dir, PER_IMAGE_DIRNAME)
-    if not os.path.isdir(folder):
-        return {}
-    found = {}
-    for name in os.listdir(folder):
-        m = pattern.match(name)
-        if m:
-            found[int(m.group(1))] = os.path.join(folder, name)
-    return dict(sorted(found.items()))
-
-
-def find_detection_evals(run_dir: str) -> Dict[int, str]:
-    """Iteration -> path of every detection per-image file of a run, in increasing iteration."""
-    return _find(run_dir, _DETECTION)
-
-
-def find_classification_evals(run_dir: str) -> Dict[int, str]:
-    """Epoch -> path of every classification per-image file of a run, in increasing epoch."""
-    return _find(run_dir, _CLASSIFICATION)
 
 
 def labels_digest(labels) -> str:
@@ -107,8 +59,8 @@ def _vector(name: str, value, dtype) -> np.ndarray:
 
 
 def write_classification_eval(run_dir: str, epoch: int, *, labels, top1, top5_hit) -> str:
-    """
-    Save one evaluated epoch's per-image correctness (call it on the main process after each evaluation).
+    """Save one evaluated epoch's per-image correctness (on the main process, after each evaluation): ``top1`` and
+    ``top5`` as ``np.packbits`` of N bits each, ``num_images``, ``epoch`` and ``labels_sha1`` (:func:`labels_digest`).
 
     Args:
         run_dir: the run directory (holding ``results.json``).

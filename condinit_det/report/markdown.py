@@ -1,474 +1,285 @@
-"""The comparison as Markdown: per stage the paper-layout table, convergence, paired statistics,
-learning-rate sensitivity and missing runs; then the runs and the method."""
+"""The comparison as Markdown: the table of every comparison and its forest plot; per section the paper's table,
+figures, convergence, paired statistics, κ, lr scan and missing runs; the seed plan, the method and environment."""
 from __future__ import annotations
 
-import io
 import math
-from typing import List, Optional
+import re
+from typing import List, Mapping, Optional
 
 from tabulate import tabulate
 
-from .contrasts import contrast_meaning
-from .loss import SMOOTHING_WINDOW
-from .paired import ALPHA, METRIC, SPEEDUP, PairedStat
-from .speedup import Bound
-from .statistics import IMAGES
-from .summary import LOSS, ArmsReport, StageReport, arm_sort_key
+from .discovery import SMOOTHING_WINDOW
+from .paired import ALPHA, DEFAULT, Comparison
+from .plots import EFFECTS_FIGURE
+from .summary import LOSS, ArmsReport, StageReport, arm_sort_key, environment
 
-__all__ = ["format_markdown"]
+# What a contrast answers, for the contrasts whose arms isolate a question.
+_QUESTIONS = {("conditioned", "scale_matched"): "whether the conditioning adds anything to the weights' scale (better: "
+                                                "it does; worse: the scale alone does better)"}
 
 
-def fmt_value(mean: float, std: float = float("nan"), n: int = 1, digits: int = 1) -> str:
-    """``"41.0 ± 1.4"`` (several seeds), ``"30.0"`` (one), ``"n/a"`` (undefined)."""
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _value(mean: float, std: float = float("nan"), n: int = 1) -> str:
+    """A metric over seeds: ``"41.0 ± 1.4"`` (several), ``"30.0"`` (one), ``"n/a"`` (undefined)."""
     if not math.isfinite(mean):
         return "n/a"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 and math.isfinite(std) else f"{mean:.{digits}f}"
+    return f"{mean:.1f} ± {std:.1f}" if n > 1 and math.isfinite(std) else f"{mean:.1f}"
 
 
-def _signed(v: float, digits: int = 1) -> str:
-    return "n/a" if not math.isfinite(v) else f"{v:+.{digits}f}"
-
-
-def _scale(s: float) -> str:
-    return f"{s:g}"
-
-
-def _table(out: io.StringIO, header: List[str], rows: List[List[str]], align: Optional[str] = None) -> None:
-    """A Markdown table; ``align`` has one letter per column, "l" or "r" (default: text first column, numbers after)."""
-    align = align or "l" + "r" * (len(header) - 1)
-    out.write(tabulate(rows, header, tablefmt="pipe", disable_numparse=True,
-                       colalign=["left" if a == "l" else "right" for a in align]) + "\n\n")
-
-
-def _seeds(seeds) -> str:
-    return ",".join("?" if s is None else str(s) for s in seeds)
-
-
-def _span(xs: List[int]) -> str:
-    xs = sorted(set(xs))
-    return str(xs[0]) if len(xs) == 1 else f"{xs[0]}-{xs[-1]}"
-
-
-def _main_table(out, sr: StageReport) -> None:
-    st = sr.stage
-    multi = any(len(g.runs) > 1 for g in sr.arms)
-    out.write(f"Final-{st.unit} {', '.join(m.header for m in st.table)} (%)"
-              + (", mean ± sample std over seeds" if multi else "")
-              + f", learning-rate scale {_scale(sr.scale)}"
-              + (" (no runs at the config's learning rate)" if sr.scale != 1.0 else "") + ".\n\n")
-    final = "final iter" if st.unit == "iteration" else f"final {st.unit}"
-    header = ["arm"] + [m.header for m in st.table] + ["seeds", final]
-    rows = []
-    for arm in _arms_shown(sr):
-        groups = [g for g in sr.arms if g.arm == arm]
-        for g in groups:
-            rows.append([g.arm] + [fmt_value(*g.final[m.header], len(g.runs)) for m in st.table]
-                        + [_seeds(g.seeds), _span(g.final_x)])
-        rows += _failed_rows(sr.failed_at(arm, sr.scale), len(st.table))
-    _table(out, header, rows)
-
-
-def _arms_shown(sr: StageReport, scale: Optional[float] = None) -> List[str]:
-    """Arms with finished or failed runs at ``scale`` (default: the main comparison's), in arm order."""
-    scale = sr.scale if scale is None else scale
-    arms = {g.arm for g in sr.groups if g.lr_scale == scale} | {m.arm for m in sr.failed if m.lr_scale == scale}
-    return sorted(arms, key=arm_sort_key)
-
-
-def _failed_rows(failed, width: int) -> List[List[str]]:
-    """One table row per failed run: what became of it where its values would be, never a number."""
-    return [[m.arm, m.reason] + [""] * (width - 1) + [_seeds([m.seed]), ""] for m in failed]
-
-
-def _convergence(out, sr: StageReport) -> None:
-    st = sr.stage
-    out.write("### Convergence\n\n")
-    if not sr.target:
-        out.write("No runs of the default arm: the speed-up needs one as the reference.\n\n")
-        return
-    out.write(f"First {st.unit} at which an arm's seed-mean curve reaches the default arm's final value, and the "
-              f"speed-up (1 - {st.unit} / {st.unit}_default_final) x 100 %. LOSS: first iteration at which the "
-              "smoothed training loss falls to or below the default arm's final smoothed loss.\n\n")
-    arms = _arms_shown(sr)
-    groups = {g.arm: g for g in sr.arms}
-
-    def cell(arm, key, loss=False):
-        g = groups.get(arm)
-        if g is None:  # every run of the arm stopped early
-            return "diverged" if any(m.failure.get("reason") == "diverged" for m in sr.failed_at(arm, sr.scale)) \
-                else "failed"
-        if loss and g.loss is None:
-            return "no loss logged"
-        return _reach_cell(g.reach.get(key), g.speedup.get(key))
-
-    rows = []
-    for m in st.headline:
-        x_final, value = sr.target[m.key]
-        if x_final is None or not math.isfinite(value):
-            continue
-        rows.append([m.header, f"{value:.1f} at {st.unit} {x_final}"] + [cell(a, m.key) for a in arms])
-    x_final, value = sr.target.get(LOSS, (None, float("nan")))
-    if x_final is not None:
-        rows.append(["LOSS", f"{value:.4g} at iteration {x_final}"] + [cell(a, LOSS, loss=True) for a in arms])
-    _table(out, ["metric", "default final"] + arms, rows)
-    if x_final is None:
-        out.write("LOSS: no training loss logged (metrics.json) for the default arm.\n\n")
-
-
-def _reach_cell(reached, speedup) -> str:
-    if reached is None:
-        return "not reached"
-    return f"{reached}" if speedup is None else f"{reached} ({speedup:.1f}%)"
-
-
-def _interval_text(iv) -> str:
-    return f"[{iv.low:+.1f}, {iv.high:+.1f}]" if iv is not None else ""
+def _span(low: float, high: float, spec: str = "+.1f") -> str:
+    """An interval: ``"[-0.5, +4.5]"``."""
+    return f"[{low:{spec}}, {high:{spec}}]"
 
 
 def _p(p: float) -> str:
-    if not math.isfinite(p):
-        return ""
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+    return "" if not math.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
 
 
-def _more_seeds(s: PairedStat) -> str:
-    """What a one-seed comparison lacks, and how many seeds the question needs."""
-    if s.plan is not None and s.plan.needed is not None:
-        return f"training-run variance not measured: run ≥ {max(s.plan.needed, 2)} seeds"
-    return ("training-run variance not measured: run ≥ 2 seeds to measure it (condinit-compare --plan-seeds "
-            "--delta D --std S gives the number a difference D needs)")
+def _table(out: List[str], header: List[str], rows: List[List[str]], align: Optional[str] = None) -> None:
+    """A Markdown table; ``align``: "l" or "r" per column (default: text first, numbers after)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    out.append(tabulate(rows, header, tablefmt="pipe", disable_numparse=True,
+                        colalign=["left" if a == "l" else "right" for a in align]) + "\n")
 
 
-def verdict_line(s: PairedStat) -> str:
-    """``"- conditioned, AP^b: better than default (Δ +0.6, 95% interval [+0.2, +1.0], <unit>; Holm p = ...)"``;
-    a contrast: ``"- conditioned vs scale_matched, AP^b: better than scale_matched (...): the conditioning adds to
-    the scale's effect"``."""
-    iv = s.interval
-    if iv is None:
-        return f"- {s.label}, {s.metric}: no verdict ({s.method})"
-    text = (f"- {s.label}, {s.metric}: {s.verdict} (Δ {_signed(s.mean_difference)}, 95% interval "
-            f"{_interval_text(iv)}, {iv.unit}; p = {_p(iv.p_value)}, Holm-adjusted p = {_p(s.p_holm)})")
-    meaning = contrast_meaning(s.arm, s.reference, s.verdict, iv.replication, len(s.differences)) \
-        if s.is_contrast else None
-    if meaning:
-        text += f": {meaning}"
-    if iv.replication == IMAGES:
-        text += f" — {_more_seeds(s)}"
-    elif s.note and iv.replication != "both":
-        text += f" — {s.note}"
-    return text
+def _figure(out: List[str], name: str, figures: Mapping[str, str]) -> None:
+    if name in figures:
+        out.append(f"![{name}]({name})\n\n`{name}`: {figures[name]}\n")
 
 
-def _family_text(sr: StageReport) -> str:
-    """``"mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m} (4 comparisons against default)"``; with contrasts
-    ``"...; conditioned vs scale_matched × {AP^b, AP^m} (6 comparisons: 4 against default, 2 in contrasts between
-    arms)"``."""
-    fam = sr.family
-    by_label = {}
-    for s in fam:
-        by_label.setdefault(s.label, []).append(s.metric)
-    parts = [f"{label} × {{{', '.join(ms)}}}" for label, ms in by_label.items()]
-    contrasts = sum(s.is_contrast for s in fam)
-    size = f"{len(fam)} comparison{'s' * (len(fam) != 1)}"
-    if not contrasts:
-        return f"{'; '.join(parts)} ({size} against default)"
-    against = len(fam) - contrasts
-    if not against:
-        return f"{'; '.join(parts)} ({size}, all in contrasts between arms)"
-    return f"{'; '.join(parts)} ({size}: {against} against default, {contrasts} in contrasts between arms)"
+def _headline(out: List[str], report: ArmsReport, figures: Mapping[str, str]) -> None:
+    sections = [sr for sr in report.stages if sr.family]
+    several = len(report.stages) > 1
+    rows = []
+    for sr in sections:
+        for s in sr.family:  # Δ with its interval when it is over training runs, verdict, seeds, unit
+            iv, n = s.interval, len(s.differences)
+            delta = f"{s.mean_difference:+.1f}" if math.isfinite(s.mean_difference) else "n/a"
+            unit = "one seed: no interval over training runs" if n else "no paired seeds"
+            if iv is not None and iv.num_seeds >= 2:
+                delta, unit = f"{delta} {_span(iv.low, iv.high)}", iv.unit
+            rows.append(([sr.title] if several else []) + [s.label, s.metric, delta, s.verdict, str(n), unit])
+    if rows:
+        _table(out, (["stage"] if several else []) + ["arm", "metric", "Δ vs default, 95% interval", "verdict",
+                                                     "seeds", "unit of the interval"], rows,
+               ("l" if several else "") + "llrlrl")
+        out.append(f"Δ: the arm minus default at the final {'/'.join(sorted({sr.stage.unit for sr in sections}))} "
+                   "(A minus B in an \"A vs B\" row), paired by training seed. Verdict: better or worse when the "
+                   f"Holm-adjusted p over the stage's comparisons is at most {ALPHA:g} with two or more seeds per arm; "
+                   "too few seeds with one.\n")
+    else:
+        out.append("No comparison: no stage has runs of the default arm and another arm, or two arms to contrast.\n")
+    _figure(out, EFFECTS_FIGURE, figures)
+    out += [f"{a} vs {b} asks {question}.\n" for sr in sections for (a, b), question in _QUESTIONS.items()
+            if any(s.arm == a and s.reference == b for s in sr.family)]
+    for sr in report.stages:
+        differ = [f for f, values in environment(sr.runs).items() if len(values) > 1]
+        if differ:
+            out.append(f"**Warning**: the runs pooled in {sr.title} ran in different environments: "
+                       f"{', '.join(differ)} differ (see Method).\n")
+    out += [f"**Skipped** (unreadable, left out): {problem}\n" for problem in report.skipped]
+    out += [f"**Left out** (no stage): {m.describe()} — {m.path}\n" for m in report.missing if m.stage is None]
 
 
-def _improvement_cell(s: PairedStat) -> str:
+def _arms_shown(sr: StageReport, scale: Optional[float] = None) -> List[str]:
+    """Arms with finished or failed runs at ``scale`` (default: any), in arm order."""
+    return sorted({x.arm for x in [*sr.groups, *sr.failed] if scale in (None, x.lr_scale)}, key=arm_sort_key)
+
+
+def _arm_rows(sr: StageReport, arm: str, scale: float, headers: List[str], last) -> List[List[str]]:
+    """The arm's row at ``scale`` (values over seeds, seeds, ``last(group)``), or each failed run's (what it became)."""
+    rows = [[_value(*g.final[h], len(g.runs)) for h in headers] + [str(len(g.runs)), last(g)]
+            for g in sr.groups if g.arm == arm and g.lr_scale == scale]
+    return rows + [[m.reason] + [""] * len(headers) + [""] for m in sr.failed_at(arm, scale)]
+
+
+def _main_table(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> None:
+    st, headers = sr.stage, [m.header for m in sr.stage.table]
+    out.append(f"Final-{st.unit} {', '.join(headers)} (%)"
+               + (", mean ± sample std over seeds" if any(len(g.runs) > 1 for g in sr.arms) else "")
+               + f", learning-rate scale {sr.scale:g}"
+               + (" (no runs at the config's learning rate)" if sr.scale != 1.0 else "") + ".\n")
+    rows = [[arm] + row for arm in _arms_shown(sr, sr.scale)
+            for row in _arm_rows(sr, arm, sr.scale, headers, lambda g: str(max(g.final_iterations)))]
+    _table(out, ["arm"] + headers + ["seeds", f"final {st.unit}"], rows)
+    for g in sr.arms:
+        _figure(out, f"{sr.prefix}predictions_{g.arm}.png", figures)
+    for _, name in st.plots:
+        _figure(out, sr.prefix + name, figures)
+
+
+def _convergence(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> None:
+    unit = sr.stage.unit
+    out.append("### Convergence\n")
+    if not sr.target:
+        out.append("No runs of the default arm: the speed-up needs one as the reference.\n")
+        return
+    out.append(f"First {unit} at which an arm's seed-mean curve reaches the default arm's final value, and the "
+               f"speed-up (1 - {unit} / {unit}_default_final) x 100 %. LOSS: the smoothed training loss falls to or "
+               "below the default's final smoothed loss. Per seed, with runs that never reach it kept as censored: "
+               "the speed-up rows of stats.csv.\n")
+    arms, groups = _arms_shown(sr, sr.scale), {g.arm: g for g in sr.arms}
+
+    def cell(arm: str, key: str) -> str:
+        g = groups.get(arm)
+        if g is None:  # every run of the arm stopped early
+            failures = [m.failure.get("reason") for m in sr.failed_at(arm, sr.scale)]
+            return "diverged" if "diverged" in failures else "failed"
+        if key == LOSS and g.loss is None:
+            return "no loss logged"
+        if g.reach.get(key) is None:
+            return "not reached"
+        return f"{g.reach[key]} ({g.speedup[key]:.1f}%)" if g.speedup.get(key) is not None else str(g.reach[key])
+
+    rows = [[m.header, f"{sr.target[m.key][1]:.1f} at {unit} {sr.target[m.key][0]}"] + [cell(a, m.key) for a in arms]
+            for m in sr.stage.headline if sr.target[m.key][0] is not None and math.isfinite(sr.target[m.key][1])]
+    x_final, value = sr.target[LOSS]
+    if x_final is not None:
+        rows.append(["LOSS", f"{value:.4g} at iteration {x_final}"] + [cell(a, LOSS) for a in arms])
+    _table(out, ["metric", "default final"] + arms, rows)
+    if x_final is None:
+        out.append("LOSS: no training loss logged (metrics.json) for the default arm.\n")
+    _figure(out, sr.prefix + sr.stage.loss_plot, figures)
+
+
+def _improvement(s: Comparison) -> str:
     imp = s.improvement
     if imp is None:
         return "n/a (one seed)" if len(s.differences) == 1 else ""
-    boot = f"bootstrap [{imp.boot_low:.2f}, {imp.boot_high:.2f}]" if math.isfinite(imp.boot_low) else "bootstrap off"
-    return f"{imp.estimate:.2f} ({boot}; exact [{imp.exact_low:.2f}, {imp.exact_high:.2f}])"
+    boot = f"bootstrap {_span(imp.boot_low, imp.boot_high, '.2f')}" if math.isfinite(imp.boot_low) else "bootstrap off"
+    return f"{float(imp.estimate):.2f} ({boot}; exact {_span(imp.exact_low, imp.exact_high, '.2f')})"
 
 
-def _bound(b: Optional[Bound]) -> str:
-    return "" if b is None else b.text()
-
-
-def _nothing_reached(s: PairedStat) -> bool:
-    """No seed (and, for one seed's image bootstrap, no bound of the interval) reached the reference's final value."""
-    sp = s.speedup
-    return sp.reached == 0 and all(b is None or b.below for b in (sp.estimate, sp.low, sp.high))
-
-
-def _ends_short(s: PairedStat) -> str:
-    """``"every run ends below default's final value"`` (the training loss: above)."""
-    side = "above" if s.key.startswith(LOSS) else "below"
-    return f"{'every run ends' if s.speedup.n > 1 else 'the run ends'} {side} {s.reference}'s final value"
-
-
-def speedup_line(s: PairedStat) -> str:
-    """``"conditioned, speed-up AP^b (%): reached in 3/3 seeds, estimate 25.0 [20.0, 30.0] (coverage 0.750, ...)"``;
-    when no seed reached it: ``"conditioned, speed-up AP^b (%): not reached in 0/3 seeds: every run ends below
-    default's final value"``."""
-    sp = s.speedup
-    if _nothing_reached(s):
-        return f"{s.label}, {s.metric}: not reached in 0/{sp.n} seeds: {_ends_short(s)}"
-    interval = f" [{_bound(sp.low)}, {_bound(sp.high)}]" if sp.low is not None else ""
-    coverage = f"coverage {sp.coverage:.3f}, " if math.isfinite(sp.coverage) else ""
-    return (f"{s.label}, {s.metric}: reached in {sp.reached}/{sp.n} seeds, estimate {sp.estimate.text()}{interval} "
-            f"({coverage}{sp.unit})")
-
-
-def _speedups(out, sr: StageReport) -> None:
-    rows_in = [s for s in sr.stats if s.kind == SPEEDUP]
-    if not rows_in:
-        return
-    st = sr.stage
-    out.write("### Speed-up to the default's final value\n\n")
-    out.write(f"Per seed, the first {st.unit} at which the arm reaches the same seed's default final value; speed-up "
-              f"(1 - {st.unit} / {st.unit}_default_final) x 100 %. A run that never reaches it is censored at its last "
-              "evaluation (its speed-up lies below the bound shown as \"< b\"), never dropped. Estimate: "
-              "Kaplan–Meier median over seeds, interval from order statistics (its coverage stated); one seed: "
-              "image bootstrap of that seed. Descriptive: speed-ups are not in the verdicts' family.\n\n")
-    if any(s.is_contrast for s in rows_in):
-        out.write("Rows \"A vs B\" (contrasts between arms): A's runs to the same seed's B final value, "
-                  f"(1 - {st.unit} / {st.unit}_B_final) x 100 %.\n\n")
-    rows = []
-    for s in rows_in:
-        sp = s.speedup
-        if sp is None:
-            rows.append([s.label, s.metric, "", "", "", "", "", "", s.note or s.method])
-            continue
-        if _nothing_reached(s):
-            rows.append([s.label, s.metric, f"0/{sp.n}", "not reached", "", "", sp.unit, "",
-                         f"{_ends_short(s)} (censored at its last evaluation)"])
-            continue
-        interval = f"[{_bound(sp.low)}, {_bound(sp.high)}]" if sp.low is not None else "none"
-        coverage = f"{sp.coverage:.3f}" if math.isfinite(sp.coverage) else ""
-        mean = fmt_value(sp.mean, sp.std, sp.n) if math.isfinite(sp.mean) else ""
-        rows.append([s.label, s.metric, f"{sp.reached}/{sp.n}", sp.estimate.text(), interval, coverage, sp.unit, mean,
-                     "; ".join(filter(None, [s.note, sp.method]))])
-    _table(out, ["arm", "speed-up", "reached", "estimate (%)", "interval (%)", "coverage", "unit", "mean ± std",
-                 "method"], rows, align="llrrrrlrl")
-
-
-def _beside(out, rows_in: List[PairedStat], who: str, reference: str) -> None:
-    """The intervals shown beside the verdict's, and P(arm run > reference run with the same seed)."""
-    beside = [s for s in rows_in if s.others or s.improvement is not None]
-    if not beside:
-        return
-    out.write("Beside the verdict's interval: the paired t-interval over seeds (evaluation set held fixed), the "
-              f"two-level percentile interval, and P({who} run > {reference} run with the same seed).\n\n")
-    rows = []
-    for s in beside:
-        by_kind = {("t" if "t-interval" in o.method else "percentile"): o for o in s.others}
-        if s.interval is not None and "t-interval" in s.interval.method:
-            by_kind["t"] = s.interval
-        rows.append([s.label, s.metric, _interval_text(by_kind.get("t")), _interval_text(by_kind.get("percentile")),
-                     _improvement_cell(s)])
-    _table(out, ["arm" if reference == "default" else "contrast", "metric", "t over seeds", "two-level percentile",
-                 f"P({who} > {reference})"], rows, align="llrrl")
-
-
-def _contrasts(out, sr: StageReport, rows_in: List[PairedStat]) -> None:
-    """The contrasts between two arms other than default: A minus B, in the stage's family."""
-    out.write("Contrasts between arms: A minus B, paired by training seed exactly as the comparisons with default "
-              "(same data order and non-attention weights, same evaluation images), with the same intervals; their "
-              f"verdicts are in the same Holm family ({len(sr.family)} comparisons).\n\n")
-    rows = []
-    for s in rows_in:
-        iv = s.interval
-        rows.append([s.label, s.metric, str(len(s.differences)), _signed(s.mean_difference) if s.differences else "",
-                     _interval_text(iv), iv.unit if iv is not None else "", _p(iv.p_value) if iv is not None else "",
-                     _p(s.p_holm), s.verdict, s.method])
-    _table(out, ["contrast", "metric", "paired seeds", "Δ (A - B)", "95% interval", "unit", "p", "Holm p", "verdict",
-                 "method"], rows, align="llrrrlrrll")
-    _beside(out, rows_in, "A", "B")
-
-
-def _stats(out, sr: StageReport) -> None:
-    out.write("### Paired statistics\n\n")
-    if not sr.stats:
-        out.write("No runs to compare.\n\n")
-        return
-    metric_rows = [s for s in sr.stats if s.kind == METRIC]
-    contrast_rows = [s for s in metric_rows if s.is_contrast]
-    if not sr.target:
-        out.write("No runs of the default arm: nothing to pair with; mean ± std over seeds only"
-                  + (" (the contrasts between arms below)" if contrast_rows else "") + ".\n\n")
+def _paired(out: List[str], sr: StageReport) -> None:
+    out.append("### Paired statistics\n")
+    if not sr.family:
+        out.append("No runs of the default arm and no two arms to contrast: mean ± std over seeds only.\n")
     else:
-        out.write("Arm minus default, paired by training seed (same data order and non-attention weights, same "
-                  "evaluation images). The unit column says what each interval replicates: training runs (seeds), "
-                  "evaluation images (one trained model per arm), or both. Verdicts: Holm-adjusted p at most "
-                  f"{ALPHA:g} within the family {_family_text(sr)}; the 95% intervals shown are unadjusted.\n\n")
-    rows = []
-    for s in metric_rows:
-        if s.is_contrast:
-            continue
-        iv = s.interval
-        rows.append([s.arm, s.metric, fmt_value(s.mean, s.std, s.n), str(s.n),
-                     _signed(s.mean_difference) if s.differences else "", _interval_text(iv),
-                     iv.unit if iv is not None else "", _p(iv.p_value) if iv is not None else "", _p(s.p_holm),
-                     s.verdict, s.method])
-    _table(out, ["arm", "metric", "mean ± std", "n", "Δ vs default", "95% interval", "unit", "p", "Holm p", "verdict",
-                 "method"], rows, align="llrrrrlrrll")
-    _beside(out, [s for s in metric_rows if not s.is_contrast], "arm", "default")
-    if contrast_rows:
-        _contrasts(out, sr, contrast_rows)
-    notes = [s for s in metric_rows if s.note]
-    for s in notes:
-        out.write(f"- {s.label}, {s.metric}: {s.note}\n")
-    dropped = {}
-    for s in sr.stats:
-        if s.dropped:
-            dropped.setdefault(s.label, s.dropped)
-    for label, d in dropped.items():
-        out.write(f"- {label}: dropped from the pairing: {', '.join(d)}\n")
-    unpaired = [a for a in _arms_shown(sr) if a not in {g.arm for g in sr.arms}]
-    for arm in unpaired:
-        out.write(f"- {arm}: no finished run to pair: "
-                  + ", ".join(f"seed {m.seed} {m.reason}" for m in sr.failed_at(arm, sr.scale)) + "\n")
-    for note in sr.contrast_notes:
-        out.write(f"- {note}\n")
-    if notes or dropped or unpaired or sr.contrast_notes:
-        out.write("\n")
-    _speedups(out, sr)
+        out.append("The comparisons of the first table, paired by training seed (same data order and non-attention "
+                   "weights, same evaluation images): the arm's mean ± std over seeds, the p of the verdict's interval "
+                   "and its Holm-adjusted p, the paired t over seeds (evaluation set held fixed) and the two-level "
+                   "percentile interval beside it, and P(arm run > reference run with the same seed).\n")
+        rows = [[s.label, s.metric, _value(s.mean, s.std, s.n), _p(s.interval.p_value) if s.interval else "",
+                 _p(s.p_holm)] + [_span(iv.low, iv.high) if iv else "" for iv in (s.t, s.percentile)]
+                + [_improvement(s), s.method] for s in sr.family]
+        _table(out, ["arm", "metric", "mean ± std", "p", "Holm p", "t over seeds", "two-level percentile",
+                     "P(arm > reference)", "method"], rows, "llrrrrrll")
+    notes = [f"{s.label}, {s.metric}: {s.note}" for s in sr.family if s.note]
+    dropped = {s.label: s.dropped for s in sr.stats if s.dropped}
+    notes += [f"{label}: dropped from the pairing: {', '.join(d)}" for label, d in dropped.items()]
+    notes += [f"{arm}: no finished run to pair: " + ", ".join(f"seed {m.seed} {m.reason}"
+                                                              for m in sr.failed_at(arm, sr.scale))
+              for arm in _arms_shown(sr, sr.scale) if arm not in {g.arm for g in sr.arms}]
+    out += [f"- {note}" for note in notes + sr.contrast_notes] + ([""] if notes or sr.contrast_notes else [])
 
 
-def _seed_plans(out, sr: StageReport) -> None:
-    """One table: per comparison of the family, the seeds its question needs."""
-    planned = [s for s in sr.family if s.plan is not None]
-    if not planned:
+def _kappa(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> None:
+    if not sr.kappa:
         return
-    first = planned[0].plan
-    holm = f" Holm-adjusted over {first.comparisons} comparisons" if first.comparisons > 1 else ""
-    out.write(f"Seeds per arm for {first.power:.0%} power (two-sided paired t-test over seeds, level "
-              f"{first.level:g}{holm}):\n\n")
-    rows = []
-    for s in planned:
-        p = s.plan
-        needed = str(p.needed) if p.needed is not None else \
-            "none suffices (the image variance every run shares: more evaluation images needed)"
-        rows.append([s.label, s.metric, f"{p.delta:.3g} ({p.delta_source})", f"{p.std:.3g} ({p.std_source})", needed,
-                     str(len(s.differences))])
-    _table(out, ["arm", "metric", "effect Δ", "std of the paired differences", "seeds needed", "seeds now"], rows,
-           align="llllrr")
+    out.append("### Attention conditioning κ\n")
+    out += [f"- {arm}: median κ over sites {med[0]:.3g} at {sr.stage.unit} {xs[0]}"
+            + (f", {med[-1]:.3g} at {sr.stage.unit} {xs[-1]}" if len(xs) > 1 else "")
+            + f" ({_plural(len(xs), 'measured point')})" for arm, (xs, med, _, _) in sr.kappa.items()] + [""]
+    _figure(out, sr.prefix + sr.stage.kappa_plot, figures)
 
 
-def _summary(out, report: ArmsReport) -> None:
-    """Per stage: seeds per arm, the family, every verdict line and the seeds each question needs."""
-    stages = [sr for sr in report.stages if sr.family]
-    if not stages:
-        return
-    out.write("## Summary\n\n")
-    for sr in stages:
-        seeds = ", ".join(f"{arm} {n}" for arm, n in sr.seeds_per_arm.items())
-        out.write(f"**{sr.stage.name.capitalize()}** — seeds per arm: {seeds}; family (Holm, family-wise error "
-                  f"{ALPHA:g}): {_family_text(sr)}.\n\n")
-        for note in sr.contrast_notes:
-            out.write(f"- {note}\n")
-        for s in sr.family:
-            out.write(verdict_line(s) + "\n")
-        for s in sr.stats:
-            if s.kind == SPEEDUP and s.speedup is not None and not s.key.startswith(LOSS):
-                out.write("- " + speedup_line(s) + "\n")
-        out.write("\n")
-        _seed_plans(out, sr)
-
-
-def _lr(out, sr: StageReport) -> None:
+def _lr(out: List[str], sr: StageReport) -> None:
     if len(sr.scales) < 2:
         return
-    st = sr.stage
-    heads = [m.header for m in st.headline]
-    first = st.headline[0].header
-    out.write("### Learning-rate sensitivity\n\n")
-    out.write(f"Final {', '.join(heads)} (%) per learning-rate scale (multiplier of the config's learning rate), "
-              f"mean over seeds; the best scale is the one with the highest {first}.\n\n")
-    arms = sorted({g.arm for g in sr.groups} | {m.arm for m in sr.failed}, key=arm_sort_key)
-    for arm in arms:
-        out.write(f"**{arm}**\n\n")
-        rows = []
-        for scale in sr.scales:
-            rows += [[_scale(g.lr_scale)] + [fmt_value(*g.final[h], len(g.runs)) for h in heads] + [_seeds(g.seeds)]
-                     for g in sr.groups if g.arm == arm and g.lr_scale == scale]
-            rows += [[_scale(scale), m.reason] + [""] * (len(heads) - 1) + [_seeds([m.seed])]
-                     for m in sr.failed_at(arm, scale)]
-        _table(out, ["lr scale"] + heads + ["seeds"], rows)
-    shared = [g for g in sr.groups if g.lr_scale == 1.0]
-    if shared:
-        out.write("At the shared learning rate (scale 1):\n\n")
-        _table(out, ["arm"] + heads, [[g.arm] + [fmt_value(*g.final[h], len(g.runs)) for h in heads] for g in shared])
-    else:
-        out.write("No runs at the shared learning rate (scale 1).\n\n")
-    out.write(f"Each arm at its own best scale (by {first}):\n\n")
-    rows = []
-    for arm in arms:
-        best = sr.best_scale(arm)
-        if best is None:
-            rows.append([arm, "n/a"] + ["n/a"] * len(heads))
-            continue
-        g = sr.arm(arm, best)
-        rows.append([arm, _scale(best)] + [fmt_value(*g.final[h], len(g.runs)) for h in heads])
-    _table(out, ["arm", "best scale"] + heads, rows)
+    heads = [m.header for m in sr.stage.headline]
+    out.append("### Learning-rate sensitivity\n")
+    out.append(f"Final {', '.join(heads)} (%) per learning-rate scale (multiplier of the config's learning rate), "
+               f"mean over seeds; best: the arm's scale with the highest {heads[0]}.\n")
+    rows = [[arm, f"{scale:g}"] + row for arm in _arms_shown(sr) for scale in sr.scales
+            for row in _arm_rows(sr, arm, scale, heads, lambda g: "best" if g.lr_scale == sr.best_scale(g.arm) else "")]
+    _table(out, ["arm", "lr scale"] + heads + ["seeds", ""], rows, "lr" + "r" * len(heads) + "rl")
 
 
-def _missing(out, sr: StageReport) -> None:
-    out.write("### Missing or unfinished runs\n\n")
+def _missing(out: List[str], sr: StageReport) -> None:
+    out.append("### Missing or unfinished runs\n")
     if sr.missing:
-        out.write("Not in the tables or the statistics:\n\n")
-        for m in sr.missing:
-            out.write(f"- {m.describe()} — {m.path}\n")
-        out.write("\n")
-    elif sr.has_plan:
-        out.write("None: every planned run has finished.\n\n")
+        out += ["Not in the tables or the statistics:\n"] + [f"- {m.describe()} — {m.path}" for m in sr.missing] + [""]
     else:
-        out.write("None found (no experiment plan: only the runs present were checked).\n\n")
+        out.append("None: every planned run has finished.\n" if sr.has_plan
+                   else "None found (no experiment plan: only the runs present were checked).\n")
 
 
-def _runs(out, report: ArmsReport) -> None:
-    out.write("## Runs\n\n")
-    for sr in report.stages:
-        for g in sr.groups:
-            for r in g.runs:
-                out.write(f"- {sr.stage.name}: {r.name}, final {sr.stage.unit} {r.final_x} — {r.path}\n")
-    other = [m for m in report.missing if m.stage is None]
-    for m in other:
-        out.write(f"- {m.describe()} — {m.path}\n")
-    out.write("\n")
+def _seed_plan(out: List[str], report: ArmsReport) -> None:
+    sections = [sr for sr in report.stages if sr.family]
+    out += ["## Seed plan\n"] if sections else []
+    for sr in sections:
+        planned = [s for s in sr.family if s.plan is not None]
+        if planned:
+            first = planned[0].plan
+            holm = f" Holm-adjusted over {first.comparisons} comparisons" if first.comparisons > 1 else ""
+            out.append(f"**{sr.title}**: seeds per arm for {first.power:.0%} power (two-sided paired t-test over "
+                       f"seeds, level {first.level:g}{holm}):\n")
+            none = "none suffices (the image variance every run shares: more evaluation images needed)"
+            rows = [[s.label, s.metric, f"{s.plan.delta:.3g} ({s.plan.delta_source})",
+                     f"{s.plan.std:.3g} ({s.plan.std_source})", none if s.plan.needed is None else str(s.plan.needed),
+                     str(len(s.differences))] for s in planned]
+            _table(out, ["arm", "metric", "effect Δ", "std of the paired differences", "seeds needed", "seeds now"],
+                   rows, "llllrr")
+        for s in sr.family:
+            if s.plan is None and len(s.differences) == 1:
+                half = None if s.interval is None else (s.interval.high - s.interval.low) / 2
+                images = "" if half is None else f"; the image bootstrap alone already bounds the evaluation-image " \
+                                                 f"part at ±{half:.1f}"
+                out.append(f"- {s.label}, {s.metric}: one seed per arm on {sr.dataset or 'unrecorded data'}: the "
+                           "spread between training runs is not measured, and no prior one fits this data; run ≥ 3 "
+                           f"seeds per arm to measure it{images}.")
+        out.append("")
 
 
-def _method(out, report: ArmsReport) -> None:
-    """This report's settings; the methods themselves are written once, in docs/statistics.md."""
+def _method(out: List[str], report: ArmsReport) -> None:
     boot = report.bootstrap
     images = (f"B = {boot} resamples of the evaluation images, generator seed {report.seed} (an image-bootstrap "
               f"p-value is at least 2 / (B + 1) = {2 / (boot + 1):.3g})" if boot > 0
               else "off (--bootstrap 0): intervals over seeds only")
-    out.write("## Method\n\n")
-    out.write(
-        f"- Image resampling: {images}.\n"
-        f"- Verdicts: Holm over each stage's family, family-wise error {ALPHA:g}; the 95% intervals shown are "
-        "unadjusted.\n"
-        "- Only runs at the main learning-rate scale enter the tables, curves and statistics; training loss "
-        f"smoothed by a trailing median over {SMOOTHING_WINDOW} logged points.\n"
-        "- How every number here is computed, and the measured coverage of each interval: docs/statistics.md and "
-        "docs/comparing_arms.md of condinit-det.\n\n"
-    )
-
-
-def format_markdown(report: ArmsReport) -> str:
-    """The comparison of every stage as one Markdown document."""
-    out = io.StringIO()
-    out.write("# Initialization arms\n\n")
-    out.write("Stages: " + "; ".join(
-        f"{sr.stage.name} ({sum(len(g.runs) for g in sr.groups)} finished runs)" for sr in report.stages) + ".\n\n")
-    _summary(out, report)
+    out.append("## Method\n")
     for sr in report.stages:
-        out.write(f"## {sr.stage.title}\n\n")
+        by_label = {k: [s.metric for s in sr.family if s.label == k] for k in dict.fromkeys(s.label for s in sr.family)}
+        if by_label:
+            against = sum(s.reference == DEFAULT for s in sr.family)
+            out.append(f"- Holm family of {sr.title}: " + "; ".join(f"{k} × {{{', '.join(v)}}}" for k, v in
+                                                                    by_label.items())
+                       + f" ({_plural(len(sr.family), 'comparison')}: {against} against default, "
+                       f"{len(sr.family) - against} between two other arms); family-wise error {ALPHA:g}, the 95% "
+                       "intervals shown are unadjusted.")
+    out.append(f"- Image resampling: {images}.\n"
+               "- Only runs at the main learning-rate scale enter the tables, curves and statistics; training loss "
+               f"smoothed by a trailing median over {SMOOTHING_WINDOW} logged points.\n"
+               "- How every number here is computed, and the measured coverage of each interval: docs/statistics.md "
+               "and docs/comparing_arms.md of condinit-det.\n")
+    runs = [r for sr in report.stages for r in sr.runs]
+    unrecorded = sum(not r.environments for r in runs)
+    out.append("### Environment\n\n" + (f"{_plural(unrecorded, 'run')} without an environment record (written before "
+                                        "runs recorded it)." if unrecorded else "Every run recorded its environment.")
+               + "\n")
+    rows = [[f, " / ".join(str(v) for v in vs)] for f, vs in environment(runs).items() if vs]
+    if rows:
+        _table(out, ["field", "value (runs that differ: every value, separated by /)"], rows, "ll")
+
+
+def format_markdown(report: ArmsReport, figures: Mapping[str, str] = {}) -> str:
+    """The report as one Markdown document; ``figures``: file name -> what to read from it (the figures written)."""
+    stages = "; ".join(dict.fromkeys(sr.title[0].lower() + sr.title[1:] for sr in report.stages))
+    out = [f"# Initialization arms: {stages}\n"]
+    _headline(out, report, figures)
+    for sr in report.stages:
+        out.append(f"## {sr.title}\n")
         if sr.groups:
-            _main_table(out, sr)
-            _convergence(out, sr)
-            _stats(out, sr)
+            _main_table(out, sr, figures)
+            _convergence(out, sr, figures)
+            _paired(out, sr)
+            _kappa(out, sr, figures)
             _lr(out, sr)
         else:
-            out.write("No finished runs.\n\n")
+            out.append("No finished runs.\n")
         _missing(out, sr)
-    _runs(out, report)
+    _seed_plan(out, report)
     _method(out, report)
-    return out.getvalue()
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip("\n") + "\n"

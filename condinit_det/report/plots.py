@@ -1,69 +1,67 @@
-"""Plots of the comparison: one colour per arm everywhere, titled, labelled, legend outside."""
+"""The report's figures, one colour per arm everywhere; each comes with the sentence report.md links it with."""
 from __future__ import annotations
 
 import io
-from typing import Callable, Dict, List
+import os
+import shutil
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from condinit_det.stage import Metric
 from condinit_det.utils.fileio import atomic_write
 
-from .summary import StageReport
-
-__all__ = ["ARM_COLORS", "arm_color", "plot_stage"]
+from .discovery import SMOOTHING_WINDOW
+from .statistics import IMAGES
+from .summary import ArmsReport, StageReport
 
 # Fixed mapping (colour-blind safe): the same arm has the same colour in every plot.
 ARM_COLORS = {"default": "#4D4D4D", "mimetic": "#0072B2", "conditioned": "#D55E00", "scale_matched": "#009E73"}
 _EXTRA_COLORS = ("#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
+EFFECTS_FIGURE = "effects.png"
+PREDICTIONS_FIGURE = "predictions.png"  # a detection run's predictions on a few images, drawn at its end
 
 
 def arm_color(arm: str) -> str:
-    if arm in ARM_COLORS:
-        return ARM_COLORS[arm]
-    return _EXTRA_COLORS[sum(map(ord, arm)) % len(_EXTRA_COLORS)]
+    return ARM_COLORS.get(arm, _EXTRA_COLORS[sum(map(ord, arm)) % len(_EXTRA_COLORS)])
 
 
-def _save(path: str, draw: Callable, title: str, xlabel: str, ylabel: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.6, 4.2), dpi=100)
-    try:
-        draw(ax)
-        ax.set_title(title, fontsize=11)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=9, frameon=False)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight")
-    finally:
-        plt.close(fig)
+def _write(path: str, fig) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
     atomic_write(path, buf.getvalue())
 
 
-def _band_note(sr: StageReport) -> str:
-    multi = any(len(g.runs) > 1 for g in sr.arms)
-    return f"lr scale {sr.scale:g}" + ("; mean ± 1 std over seeds" if multi else "")
+def _save(path: str, draw: Callable, title: str, xlabel: str, ylabel: str) -> None:
+    """One titled, labelled plot with its legend outside."""
+    from matplotlib.figure import Figure  # outside pyplot: no global state, nothing to close
+
+    ax = Figure(figsize=(7.6, 4.2), dpi=100).subplots()
+    draw(ax)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=9, frameon=False)
+    _write(path, ax.figure)
 
 
-def _metric_plot(path: str, sr: StageReport, metric: Metric) -> bool:
-    groups = [g for g in sr.arms if len(g.curves[metric.key].x) and np.isfinite(g.curves[metric.key].mean).any()]
-    failed = [(m, *m.run.curve(metric)) for m in sr.failed if m.lr_scale == sr.scale and m.run is not None]
-    failed = [(m, x, y) for m, x, y in failed if len(x) and np.isfinite(y).any()]
+def _band(sr: StageReport) -> str:
+    return f"lr scale {sr.scale:g}" + ("; mean ± 1 std over seeds" if any(len(g.runs) > 1 for g in sr.arms) else "")
+
+
+def _metric_plot(path: str, sr: StageReport, metric: Metric) -> Optional[str]:
+    groups = [g for g in sr.arms if np.isfinite(g.curves[metric.key].mean).any()]
+    failed = [(m, x, y) for m in sr.failed if m.lr_scale == sr.scale for x, y in [m.run.curve(metric)]
+              if np.isfinite(y).any()]
     if not groups and not failed:
-        return False
+        return None
 
     def draw(ax):
         for g in groups:
             c, color = g.curves[metric.key], arm_color(g.arm)
-            seeds = f"{len(g.runs)} seed{'s' * (len(g.runs) > 1)}"
-            ax.plot(c.x, c.mean, marker="o", ms=3, color=color, label=f"{g.arm} ({seeds})")
-            if len(g.runs) > 1:
-                ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=color, alpha=0.2, lw=0)
+            ax.plot(c.x, c.mean, marker="o", ms=3, color=color,
+                    label=f"{g.arm} ({len(g.runs)} seed{'s' * (len(g.runs) > 1)})")
+            ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=color, alpha=0.2, lw=0)  # std 0 for one seed
         for m, x, y in failed:  # each stopped run on its own, ending where it stopped
             ax.plot(x, y, ls=":", marker="x", ms=4, color=arm_color(m.arm), label=f"{m.arm} seed {m.seed}: {m.reason}")
         x_final, value = sr.target.get(metric.key, (None, float("nan")))
@@ -71,15 +69,15 @@ def _metric_plot(path: str, sr: StageReport, metric: Metric) -> bool:
             ax.axhline(value, color=arm_color("default"), ls="--", lw=1, label="default final")
 
     name = metric.label.split(" (")[0]
-    title = f"{name[0].upper() + name[1:]} vs {sr.stage.unit} ({_band_note(sr)})"
-    _save(path, draw, title, sr.stage.unit, metric.label)
-    return True
+    _save(path, draw, f"{name[0].upper() + name[1:]} vs {sr.stage.unit} ({_band(sr)})", sr.stage.unit, metric.label)
+    return (f"{name} against {sr.stage.unit} per arm: how fast each arm learns; the dashed line is the default's final "
+            "value, which the convergence table asks every arm to reach.")
 
 
-def _loss_plot(path: str, sr: StageReport) -> bool:
+def _loss_plot(path: str, sr: StageReport) -> Optional[str]:
     groups = [g for g in sr.arms if g.loss is not None and len(g.loss.x)]
     if not groups:
-        return False
+        return None
 
     def draw(ax):
         lows, highs = [], []
@@ -89,51 +87,84 @@ def _loss_plot(path: str, sr: StageReport) -> bool:
                 its, raw, _ = r.loss()
                 ax.plot(its, raw, color=color, alpha=0.18, lw=0.7, label=f"{g.arm} logged" if i == 0 else None)
                 lows.append(raw.min())
-            c = g.loss
-            ax.plot(c.x, c.mean, color=color, lw=1.8, label=f"{g.arm} smoothed")
-            if len(g.runs) > 1:
-                ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=color, alpha=0.2, lw=0)
-            highs.append(np.max(c.mean[len(c.mean) // 20:]))
-        lo, hi = min(lows), max(highs)
-        pad = 0.05 * max(hi - lo, 1e-12)
-        ax.set_ylim(lo - pad, hi + pad)  # the first logged points would flatten the rest
+            ax.plot(g.loss.x, g.loss.mean, color=color, lw=1.8, label=f"{g.arm} smoothed")
+            ax.fill_between(g.loss.x, g.loss.mean - g.loss.std, g.loss.mean + g.loss.std, color=color, alpha=0.2, lw=0)
+            highs.append(np.max(g.loss.mean[len(g.loss.mean) // 20:]))
+        pad = 0.05 * max(max(highs) - min(lows), 1e-12)
+        ax.set_ylim(min(lows) - pad, max(highs) + pad)  # the first logged points would flatten the rest
 
-    _save(path, draw, f"Training loss vs iteration ({_band_note(sr)}; trailing median of 20 logged points)",
+    _save(path, draw, f"Training loss vs iteration ({_band(sr)}; trailing median of {SMOOTHING_WINDOW} logged points)",
           "iteration", "training loss")
-    return True
+    return "the training loss per arm, smoothed over the faint logged values: the arm whose loss falls first trains " \
+           "fastest."
 
 
-def _kappa_plot(path: str, sr: StageReport) -> bool:
+def _kappa_plot(path: str, sr) -> Optional[str]:
     if not sr.kappa:
-        return False
+        return None
 
     def draw(ax):
-        for arm, (its, med, lo, hi) in sr.kappa.items():
-            color = arm_color(arm)
+        for arm, (xs, med, lo, hi) in sr.kappa.items():
             # the count in the label: two measured points joined by a line are not a trajectory
-            ax.plot(its, med, marker="o", ms=4, color=color,
-                    label=f"{arm} (median over sites, {len(its)} measured point{'s' if len(its) != 1 else ''})")
-            ax.fill_between(its, lo, hi, color=color, alpha=0.15, lw=0)
-        for arm, (its, med) in sr.kappa_heads.items():
-            ax.plot(its, med, ls="--", marker="x", ms=4, color=arm_color(arm),
-                    label=f"{arm} (median over heads, {len(its)} measured point{'s' if len(its) != 1 else ''})")
+            ax.plot(xs, med, marker="o", ms=4, color=arm_color(arm),
+                    label=f"{arm} (median over sites, {len(xs)} measured point{'s' * (len(xs) != 1)})")
+            ax.fill_between(xs, lo, hi, color=arm_color(arm), alpha=0.15, lw=0)
         ax.set_yscale("log")
 
     _save(path, draw, f"Attention conditioning vs {sr.stage.unit} (lr scale {sr.scale:g}; markers: measured points; "
-                      "band: min-max over sites)",
-          sr.stage.unit, "κ (condition number, log scale)")
-    return True
+                      "band: min-max over sites)", sr.stage.unit, "κ (condition number, log scale)")
+    return "κ per arm at each measured point (median over attention sites, band min to max, log scale): how well " \
+           "conditioned each arm starts and how training moves it."
 
 
-def plot_stage(sr: StageReport, output_dir: str) -> Dict[str, str]:
-    """Write the stage's plots into ``output_dir``; returns file name -> path of those written."""
-    import os
+def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
+    """One panel per section: every comparison of its family, Δ with its 95% interval, a line at zero."""
+    panels = [sr for sr in sections if sr.family]
+    if not panels:
+        return None
+    from matplotlib.figure import Figure
 
-    written: Dict[str, str] = {}
-    jobs: List = [(name, lambda p, m=m: _metric_plot(p, sr, m)) for m, name in sr.stage.plots]
-    jobs += [(sr.stage.loss_plot, lambda p: _loss_plot(p, sr)), (sr.stage.kappa_plot, lambda p: _kappa_plot(p, sr))]
-    for name, job in jobs:
-        path = os.path.join(output_dir, name)
-        if job(path):
-            written[name] = path
-    return written
+    heights = [len(sr.family) + 1 for sr in panels]
+    fig = Figure(figsize=(7.6, 0.9 + 0.38 * sum(heights)), dpi=100)
+    axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})
+    for ax, sr in zip(axes[:, 0], panels):
+        rows = sr.family[::-1]  # the table's first row on top
+        for y, s in enumerate(rows):
+            iv, color = s.interval, arm_color(s.arm)
+            one_seed = iv is None or iv.replication == IMAGES
+            if iv is not None:
+                ax.plot([iv.low, iv.high], [y, y], color=color, lw=1.2 if one_seed else 2.2,
+                        ls=":" if one_seed else "-")
+            ax.plot([s.mean_difference], [y], "o", ms=6, color=color, mfc="white" if one_seed else color)
+            ax.annotate(s.verdict, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_yticks(range(len(rows)), [f"{s.label} · {s.metric}" for s in rows])
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.set_title(sr.title, fontsize=10, loc="left")
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("Δ vs reference (points; filled: interval over training runs; hollow, dotted: one seed, "
+                           "evaluation images only)", fontsize=8)
+    fig.tight_layout()
+    _write(path, fig)
+    return ("every comparison of the table, Δ with its 95% interval, one panel per stage: a filled point whose bar "
+            "stays clear of the zero line is a difference over training runs; a hollow point is one seed per arm, "
+            "its dotted bar covering only the evaluation images.")
+
+
+def write_figures(report: ArmsReport, output_dir: str) -> Dict[str, str]:
+    """Write every figure of the report into ``output_dir`` (an arm's first ``predictions.png`` copied in as
+    ``predictions_<arm>.png``); returns file name -> the sentence on what to read from it, per figure written."""
+    written = {EFFECTS_FIGURE: _effects_plot(os.path.join(output_dir, EFFECTS_FIGURE), report.stages)}
+    for sr in (sr for sr in report.stages if sr.groups or sr.failed):
+        jobs = [(name, _metric_plot, (m,)) for m, name in sr.stage.plots]
+        jobs += [(sr.stage.loss_plot, _loss_plot, ()), (sr.stage.kappa_plot, _kappa_plot, ())]
+        for name, plot, args in jobs:
+            written[sr.prefix + name] = plot(os.path.join(output_dir, sr.prefix + name), sr, *args)
+        for g in sr.arms:
+            run = next((r for r in g.runs if os.path.isfile(os.path.join(r.path, PREDICTIONS_FIGURE))), None)
+            if run is not None:
+                name = f"{sr.prefix}predictions_{g.arm}.png"
+                shutil.copyfile(os.path.join(run.path, PREDICTIONS_FIGURE), os.path.join(output_dir, name))
+                written[name] = (f"{run.name}'s predictions on a few evaluation images at the end of training: what "
+                                 "its boxes and masks look like beside the other arms'.")
+    return {name: text for name, text in written.items() if text}

@@ -1,13 +1,5 @@
-"""What a training stage records and how its records are read: one :class:`StageDescriptor` per stage.
-
-A descriptor is plain data, defined once per stage and read everywhere: the stage's command and launcher (its
-name, its unit), the plan ``experiment.json`` (which stores it, so that a plan describes its own runs), the status
-command (progress, the finished rule, the ETA) and the report (tables, curves, statistics, plots). The two stages
-of this package are :data:`DETECTION` and :data:`PRETRAIN`; a third stage defines its own and needs no change in
-the launcher, the status command or the report.
-
-A run's stage is looked up, never guessed: by its plan's ``stage`` field, else by the ``"stage"`` field of its
-records (:func:`stage_of`). No torch, detectron2 or timm import.
+"""What a training stage records and how its records are read: one :class:`StageDescriptor` per stage, plain data
+that the plan stores. A run's stage is looked up, never guessed (:func:`stage_of`). No torch, detectron2 or timm.
 """
 from __future__ import annotations
 
@@ -28,12 +20,8 @@ class Metric:
     """One number of an evaluation record: ``record[section][name]`` (or ``record[name]`` without a section).
 
     Args:
-        key: identifier in CSV columns, file names and ``--delta bbox=0.6``: ``"bbox"``, ``"top1"``.
-        header: table header: ``"AP^b"``, ``"top-1"``.
-        label: axis label with its unit: ``"box AP (%)"``.
-        name: the field's name in the record (section).
-        section: the record's sub-object holding it (``"bbox"``), or None.
-        short: the word the status table shows before it (``"box"``, ``"top-1"``).
+        key: identifier in CSV columns, file names and ``--delta bbox=0.6`` (``"bbox"``); header: table header
+            (``"AP^b"``); label: axis label with its unit; short: the status table's word before it (``"box"``).
     """
 
     key: str
@@ -58,25 +46,16 @@ class StageDescriptor:
     """Everything the launcher, the status command and the report need to know of a stage's runs.
 
     Args:
-        name: the stage's one name in plans, records, reports, status and the docs (``"detection"``).
-        title: the report's heading of the stage.
-        unit: what a run's length and its curves' x axis count, and the record field holding it: ``"iteration"``
-            or ``"epoch"`` (:data:`UNITS`).
-        eval_kind: the results-record kind of the evaluations made while training (``"ap"``).
-        eval_only_kind: the kind ``--eval-only`` records (``"eval"``).
-        table: the report's columns, in the paper's layout.
-        headline: the metrics the statistics compare and the status table shows (a subset of ``table``).
-        plots: (metric, file name) of the report's curves.
-        loss_plot / kappa_plot: file names of the report's training-loss and κ plots.
-        metrics_step_offset: added to a ``metrics.json`` line's ``"iteration"`` to give the optimizer steps
-            completed (detectron2's writer numbers steps from 0: 1; a writer numbering from 1: 0).
-        eta_key: a ``metrics.json`` field holding the writer's own estimate of the seconds left (detectron2's
-            ``"eta_seconds"``), or None: the remaining units times the steps per unit times the step time.
-        final_file: a file a run writes once its training ended; a run listed in no plan (so of unknown length)
-            is finished when it has this file and an evaluation. None: such a run is never called finished.
-        per_image: what the per-image file an evaluation record names holds (``"per_image"``, for the report's
-            image bootstrap): ``"coco"`` (COCO matches of box and mask), ``"labels"`` (each image's top-1 / top-5
-            correctness), or None (the stage keeps none).
+        name: the stage's one name in plans, records, reports and status (``"detection"``); title: its heading.
+        unit: what a run's length and its curves' x axis count, and the record field holding it (:data:`UNITS`).
+        eval_kind / eval_only_kind: the record kinds of evaluations while training / of ``--eval-only``.
+        table: the report's columns; headline: those the statistics compare and status shows; plots: (metric,
+            file name) of the report's curves; loss_plot / kappa_plot: file names of its loss and κ plots.
+        metrics_step_offset: added to a ``metrics.json`` line's ``"iteration"`` to count steps done (detectron2's: 1).
+        eta_key: a ``metrics.json`` field holding the writer's own estimate of the seconds left, or None.
+        final_file: a file a run writes once training ended (a run in no plan is finished with it and an evaluation).
+        per_image: what an evaluation's per-image file holds: ``"coco"`` (COCO matches), ``"labels"`` (per-image
+            top-1 / top-5 correctness) or None (no file).
     """
 
     name: str
@@ -100,16 +79,10 @@ class StageDescriptor:
         if self.per_image not in _PER_IMAGE:
             raise ValueError(f"stage {self.name!r}: per_image {self.per_image!r} is not one of {_PER_IMAGE}")
         keys = {m.key for m in self.table}
-        missing = [m.key for m in self.headline if m.key not in keys] + [m.key for m, _ in self.plots
-                                                                          if m.key not in keys]
+        missing = [m.key for m in (*self.headline, *(m for m, _ in self.plots)) if m.key not in keys]
         if missing or not self.headline:
             raise ValueError(f"stage {self.name!r}: headline and plotted metrics must be table columns; "
                              f"not in the table: {missing}")
-
-    @property
-    def evaluation_kinds(self) -> Tuple[str, str]:
-        """Every record kind that holds an evaluation of this stage."""
-        return (self.eval_kind, self.eval_only_kind)
 
     def to_dict(self) -> dict:
         """Plain JSON data (the plan stores it); :meth:`from_dict` reads it back."""
@@ -125,7 +98,7 @@ class StageDescriptor:
         try:
             table = tuple(Metric(**m) for m in data["table"])
             by_key = {m.key: m for m in table}
-            values = {k: v for k, v in data.items() if k in _FIELDS}
+            values = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
             values["table"] = table
             values["headline"] = tuple(by_key[k] for k in data["headline"])
             values["plots"] = tuple((by_key[p["metric"]], p["file"]) for p in data.get("plots", ()))
@@ -133,8 +106,6 @@ class StageDescriptor:
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a stage description ({type(e).__name__}: {e})") from None
 
-
-_FIELDS = {f.name for f in fields(StageDescriptor)}
 
 _BOX = Metric("bbox", "AP^b", "box AP (%)", "AP", "bbox", short="box")
 _MASK = Metric("segm", "AP^m", "mask AP (%)", "AP", "segm", short="mask")
@@ -157,8 +128,6 @@ DETECTION = StageDescriptor(
     ),
     headline=(_BOX, _MASK),
     plots=((_BOX, "bbox_ap.png"), (_MASK, "segm_ap.png")),
-    loss_plot="loss.png",
-    kappa_plot="kappa.png",
     metrics_step_offset=1,
     eta_key="eta_seconds",
     final_file="model_final.pth",
@@ -176,7 +145,6 @@ PRETRAIN = StageDescriptor(
     plots=((_TOP1, "top1.png"), (_TOP5, "top5.png")),
     loss_plot="cls_loss.png",
     kappa_plot="cls_kappa.png",
-    metrics_step_offset=0,
     final_file="model_final.pth",
     per_image="labels",
 )
@@ -187,8 +155,7 @@ _REGISTRY: Dict[str, StageDescriptor] = {}
 def register_stage(descriptor: StageDescriptor) -> StageDescriptor:
     """Make ``descriptor`` known by its name to runs whose plan does not describe them; returns it. A second,
     different descriptor under a known name raises ValueError."""
-    known = _REGISTRY.get(descriptor.name)
-    if known is not None and known != descriptor:
+    if _REGISTRY.get(descriptor.name, descriptor) != descriptor:
         raise ValueError(f"a different stage named {descriptor.name!r} is registered already")
     _REGISTRY[descriptor.name] = descriptor
     return descriptor

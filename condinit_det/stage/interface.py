@@ -1,22 +1,18 @@
-"""The interface a training stage implements, so that one launcher plans, runs, resumes and submits its runs.
-
-A stage knows its configs and how to train or evaluate one run; the launcher (:mod:`condinit_det.launch`) owns the
-rest once for every stage. A stage object holds no state: it is pickled into every training process and Slurm
-element, and configs are loaded again in each process (:meth:`Stage.load_config`, then :meth:`Stage.configure_run`).
-Bad input found by a stage raises :class:`~condinit_det.utils.errors.UsageError` (or ``ValueError`` /
-``FileNotFoundError``): the launcher reports it in one line with exit status 2. How to add a stage:
-docs/development.md.
+"""The interface a training stage implements, so that one launcher plans, runs, resumes and submits its runs
+(docs/development.md). A stage object holds no state: it is pickled into every training process and Slurm element,
+which load the config again. Bad input raises :class:`~condinit_det.utils.errors.UsageError` (or ``ValueError`` /
+``FileNotFoundError``).
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..records.layout import RunSpec
 from .descriptor import StageDescriptor
 
-__all__ = ["ConfigDefaults", "RunOptions", "Stage"]
+__all__ = ["ConfigDefaults", "RunOptions", "Stage", "flat_config"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +30,11 @@ class RunOptions:
 
     Args:
         config_file: the config as given (a path or ``zoo:<name>``), recorded with the results.
-        resume: continue the run from its last checkpoint.
-        eval_only: evaluate a checkpoint instead of training.
-        trust_pickle: load checkpoints that need full unpickling.
-        allow_shared_checkpoint: let several arms start from the same weights (detection).
+        resume, eval_only, trust_pickle, allow_shared_checkpoint: the command's ``--resume``, ``--eval-only``,
+            ``--trust-pickle`` and ``--allow-shared-checkpoint`` (detection: several arms from the same weights).
         processes: training processes of one run, on all its machines together.
         submitted: the runs go to a cluster (the devices are checked where they run, not here).
+        dry_run: only planned and priced: data or devices this machine lacks are no error.
     """
 
     config_file: str = ""
@@ -49,22 +44,48 @@ class RunOptions:
     allow_shared_checkpoint: bool = False
     processes: int = 1
     submitted: bool = False
+    dry_run: bool = False
+
+
+def _text(value) -> str:
+    """A config value as stable text: objects by their qualified name (never by their address)."""
+    func = getattr(value, "func", None)
+    if func is not None and hasattr(value, "keywords"):  # functools.partial
+        args = ", ".join([_text(a) for a in value.args] + [f"{k}={_text(v)}" for k, v in value.keywords.items()])
+        return f"partial({_text(func)}, {args})"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return repr(value)
+
+
+def flat_config(cfg, prefix: str = "") -> Dict[str, str]:
+    """Every leaf of a config (an OmegaConf config or nested dicts and lists) as ``{dotted key: value as text}``,
+    interpolations unresolved."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    items = cfg.items() if isinstance(cfg, dict) else enumerate(cfg) if isinstance(cfg, list) else None
+    if items is None:
+        return {prefix.rstrip("."): _text(cfg)}
+    flat = {}
+    for key, value in items:
+        flat.update(flat_config(value, f"{prefix}{key}."))
+    return flat
 
 
 class Stage(abc.ABC):
-    """One training stage. Subclasses set :attr:`descriptor` and the command's texts, and implement the methods.
+    """One training stage. Subclasses set the attributes and implement the methods.
 
     Attributes:
         descriptor: what the stage's runs record and how they are read (its name and unit among them).
-        description: the command's one-line description.
-        examples: the command's ``--help`` epilog.
-        config_help: what ``--config-file`` accepts.
+        run_keys: the config keys a run sets for itself (arm, seeds, output directory, trackers), left out of
+            :meth:`setup`; optional_keys: keys a config may lack that the stage reads (overrides accepted).
     """
 
     descriptor: StageDescriptor
-    description: str = ""
-    examples: str = ""
-    config_help: str = ""
+    run_keys: Tuple[str, ...] = ()
+    optional_keys: Tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -74,7 +95,6 @@ class Stage(abc.ABC):
     def unit(self) -> str:
         return self.descriptor.unit
 
-    # ------------------------------------------------------------------ configs
     @abc.abstractmethod
     def load_config(self, config_file: str, opts: Sequence[str]):
         """The config file (a path or ``zoo:<name>``) with the ``key=value`` overrides applied."""
@@ -102,18 +122,24 @@ class Stage(abc.ABC):
 
     @abc.abstractmethod
     def identity(self, cfg) -> dict:
-        """What a resumed run must share with the run it continues
-        (:data:`condinit_det.records.identity.IDENTITY_KEYS`)."""
+        """What a resumed run must share with the run it continues (``records.identity.IDENTITY_KEYS``)."""
 
-    # ------------------------------------------------------------------ checks
+    def dataset(self, cfg) -> Optional[str]:
+        """The name of the training data (a registered dataset, a folder), for the plan and the report."""
+        return None
+
+    def setup(self, cfg) -> Dict[str, str]:
+        """What every run of an experiment shares: the loaded config without :attr:`run_keys`, as text
+        (:func:`flat_config`); runs pool into one arm only when their setups match."""
+        return {key: value for key, value in flat_config(cfg).items()
+                if not any(key == k or key.startswith(k + ".") for k in self.run_keys)}
+
     @abc.abstractmethod
     def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *,
               upstream: Optional[str] = None) -> None:
-        """Everything that can be checked before a process starts (datasets, checkpoints, the arm's attention
-        sites, batch splits, ...) for the planned ``(spec, configured cfg)`` runs; nothing is written. ``upstream``:
-        the earlier stage's experiment directory the runs start from (its runs may not have finished yet)."""
+        """Check all that can be before a process starts (datasets, checkpoints, the arm's sites, ...) for the planned
+        ``(spec, configured cfg)`` runs, writing nothing; ``upstream``: the earlier stage's (maybe unfinished) runs."""
 
-    # ------------------------------------------------------------------ runs
     @abc.abstractmethod
     def finished(self, run_dir: str, length: int) -> bool:
         """Whether the run in ``run_dir`` trained ``length`` units and recorded its final evaluation."""
@@ -128,18 +154,12 @@ class Stage(abc.ABC):
         """``--eval-only``: evaluate a checkpoint of the run and record it; called in every process."""
 
     def loader_workers(self, cfg) -> Optional[int]:
-        """The data-loader worker processes per training process the config asks for (None: unknown)."""
+        """The data-loader workers per training process the config asks for (None: unknown)."""
         return None
 
     def set_loader_workers(self, cfg, workers: int) -> None:
-        """Set the data-loader workers per training process (the launcher's share of a job's CPUs); a stage that
-        cannot keeps the config's own."""
+        """Set the data-loader workers per training process (the launcher's share of a job's CPUs)."""
         return None
-
-    def stale_files(self, run_dir: str) -> List[str]:
-        """Files of an earlier run in ``run_dir`` that a fresh (not resumed) run must not find: they are
-        deleted before it starts (its results and metrics are set aside, never deleted)."""
-        return []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

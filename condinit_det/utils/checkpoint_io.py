@@ -1,18 +1,7 @@
-"""Reading checkpoint files without running code from them, and writing shareable safetensors weights.
+"""Reading checkpoints without running code from them, and writing shareable safetensors weights.
 
-How each format is read:
-
-- ``.safetensors``: tensors plus string metadata; nothing in it can execute. Metadata values
-  written here are JSON (:func:`save_safetensors`); a plain string stays a string.
-- ``.pth`` / ``.pt`` / ``.pyth`` (torch zip files): ``torch.load(weights_only=True)``, which
-  accepts tensors, plain containers, numbers and strings only. A file that needs full unpickling
-  (an object of some class inside) is refused with :class:`UnsafeCheckpointError`.
-- ``.pkl`` / ``.pickle`` (detectron2's pickle path): unpickling runs whatever code the file
-  holds, so it is refused unless the caller trusts the file (``--trust-pickle`` on the tools,
-  ``trust_pickle=True`` in Python). The same flag lets a ``.pth`` that needs full unpickling load.
-
-Run directories of both stages hold ``model_final.pth`` and ``model_final.safetensors`` (the file
-to share); :func:`final_weights_file` prefers the latter.
+``.safetensors`` and weights-only ``.pth`` files are read; a ``.pth`` that needs full unpickling and a ``.pkl`` are
+refused (:class:`UnsafeCheckpointError`) unless the caller trusts the file (``--trust-pickle``): docs/checkpoints.md.
 """
 from __future__ import annotations
 
@@ -22,30 +11,23 @@ import os
 import pickle
 import re
 import zipfile
-from typing import Any, Dict, Mapping, Optional, Tuple
-
-import torch
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from .fileio import atomic_write
 
-__all__ = [
-    "PICKLE_SUFFIXES",
-    "SAFETENSORS_SUFFIX",
-    "TRUST_FLAG",
-    "UnsafeCheckpointError",
-    "check_loadable",
-    "final_weights_file",
-    "load_checkpoint",
-    "load_safetensors",
-    "read_safetensors_metadata",
-    "refuse_pickle",
-    "save_safetensors",
-    "torch_load",
-]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DETECTION_FORMAT", "PICKLE_SUFFIXES", "PRETRAIN_FORMAT", "SAFETENSORS_SUFFIX", "TRUST_FLAG",
+           "UnsafeCheckpointError", "check_loadable", "final_weights_file", "load_checkpoint", "load_safetensors",
+           "read_safetensors_metadata", "refuse_pickle", "save_safetensors", "torch_load"]
 
 logger = logging.getLogger(__name__)
 
 TRUST_FLAG = "--trust-pickle"
+# The format tags of the final weights the two stages write; a detection run fine-tunes from PRETRAIN_FORMAT files.
+PRETRAIN_FORMAT = "condinit_det.pretrain/v1"
+DETECTION_FORMAT = "condinit_det.detection/v1"
 PICKLE_SUFFIXES = (".pkl", ".pickle")
 SAFETENSORS_SUFFIX = ".safetensors"
 _WHAT_TO_DO = (f"re-save its tensors as .safetensors or a weights-only .pth, or pass {TRUST_FLAG} "
@@ -56,15 +38,12 @@ class UnsafeCheckpointError(ValueError):
     """A checkpoint whose loading would run code stored in it (one line: the file, why, what to do)."""
 
 
-def _name(path) -> str:
-    return os.fspath(path)
-
-
 def refuse_pickle(path, trust_pickle: bool = False) -> None:
     """Raise :class:`UnsafeCheckpointError` for a pickle file (``.pkl``) unless ``trust_pickle``."""
-    if _name(path).split("?")[0].endswith(PICKLE_SUFFIXES) and not trust_pickle:
+    path = os.fspath(path)
+    if path.split("?")[0].endswith(PICKLE_SUFFIXES) and not trust_pickle:
         raise UnsafeCheckpointError(
-            f"checkpoint {_name(path)} is a pickle file: loading it runs any code stored in it, so it is not loaded "
+            f"checkpoint {path} is a pickle file: loading it runs any code stored in it, so it is not loaded "
             f"without {TRUST_FLAG}; {_WHAT_TO_DO}")
 
 
@@ -77,14 +56,17 @@ def _why(error: Exception) -> str:
 def torch_load(path, *, trust_pickle: bool = False, mmap: bool = False) -> Any:
     """``torch.load`` to CPU with ``weights_only=True``; a file that needs full unpickling raises
     :class:`UnsafeCheckpointError`, or, with ``trust_pickle``, is loaded in full (with a warning)."""
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
+        name = os.fspath(path)
         if not trust_pickle:
             raise UnsafeCheckpointError(
-                f"checkpoint {_name(path)} needs full unpickling ({_why(e)}), which can run code stored in it, so it "
+                f"checkpoint {name} needs full unpickling ({_why(e)}), which can run code stored in it, so it "
                 f"is not loaded; {_WHAT_TO_DO}") from None
-        logger.warning(f"{_name(path)}: loading with full unpickling ({TRUST_FLAG}): {_why(e)}")
+        logger.warning(f"{name}: loading with full unpickling ({TRUST_FLAG}): {_why(e)}")
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
@@ -107,11 +89,8 @@ def _decode(text: str) -> Any:
 
 def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str,
                      metadata: Optional[Mapping[str, Any]] = None) -> None:
-    """Write ``tensors`` (a state dict) and ``metadata`` (JSON-able values) as safetensors, atomically.
-
-    Tensors are copied to CPU and made contiguous; tensors sharing storage are saved as copies
-    (safetensors stores no aliasing).
-    """
+    """Write ``tensors`` (a state dict, copied to CPU; shared storage saved as copies) and ``metadata`` (JSON-able
+    values) as safetensors, atomically."""
     from safetensors.torch import save
 
     out, seen = {}, set()
@@ -156,12 +135,10 @@ def load_safetensors(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]
 
 
 def load_checkpoint(path, *, trust_pickle: bool = False) -> Any:
-    """Load any checkpoint file the project takes, without running code from it unless ``trust_pickle``.
-
-    ``.safetensors`` gives ``{"model": tensors, **metadata}``; ``.pkl`` is unpickled only when
-    trusted; everything else goes through :func:`torch_load`.
-    """
-    path = _name(path)
+    """Load any checkpoint file the project takes, without running code from it unless ``trust_pickle``;
+    ``.safetensors`` gives ``{"model": tensors, **metadata}``, anything else but ``.pkl`` goes through
+    :func:`torch_load`."""
+    path = os.fspath(path)
     if path.endswith(SAFETENSORS_SUFFIX):
         tensors, meta = load_safetensors(path)
         return {**meta, "model": tensors}
@@ -174,7 +151,7 @@ def load_checkpoint(path, *, trust_pickle: bool = False) -> Any:
 
 def check_loadable(path, *, trust_pickle: bool = False) -> None:
     """Refuse, before anything runs, a file :func:`load_checkpoint` would refuse; cheap (header or mmap)."""
-    path = _name(path)
+    path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.endswith(SAFETENSORS_SUFFIX):

@@ -1,21 +1,7 @@
 """Several processes, for both stages: launching on the CPU or on GPUs, comparing replicas, rank 0's buffers.
 
-- :func:`launch` — detectron2's ``launch`` with the CUDA devices hidden from the workers when the
-  run is on the CPU. detectron2 picks NCCL and asserts ``num_gpus <= device_count`` whenever CUDA
-  is available; hiding the devices makes a ``train.device=cpu`` run take the CPU / gloo path on
-  any machine.
-- :func:`local_buffers` — the buffers each process updates on its own: the running statistics of
-  BatchNorm layers that are not synchronized (``nn.SyncBatchNorm`` and detectron2's
-  ``NaiveSyncBatchNorm`` average their batch statistics over the processes; ``BatchNorm*d`` does
-  not, and DDP copies rank 0's buffers only at the start of a forward pass, and only with
-  ``broadcast_buffers=True``).
-- :func:`replica_fingerprint` — SHA-1 of what every process must hold bitwise equal: the
-  parameters and every other buffer.
-- :func:`check_replicas` — every process holds that fingerprint (multi-process runs start from identical
-  weights and stay so).
-- :func:`sync_buffers` — copy rank 0's buffers to every process, so that an evaluation scores every
-  shard with the statistics rank 0 saves.
-- :func:`rank` — this process's rank (0 without a process group).
+Replicas hold bitwise equal parameters and synchronized buffers (:func:`check_replicas`); an unsynchronized
+``BatchNorm*d``'s running statistics are each process's own (:func:`local_buffers`) until :func:`sync_buffers`.
 """
 from __future__ import annotations
 
@@ -51,10 +37,8 @@ def launch(main_func, num_processes: int, *, device: str, num_machines: int = 1,
            dist_url: str = None, args: tuple = ()) -> None:
     """``detectron2.engine.launch`` (same arguments; ``num_processes``: per machine) for a run on ``device``.
 
-    device: the run's device (``train.device`` / ``MODEL.DEVICE``). On the CPU with several processes
-    the workers start with no CUDA device visible (``CUDA_VISIBLE_DEVICES=""``), so they join a gloo
-    process group even on a machine with GPUs. Each worker leaves its process group when ``main_func``
-    returns or raises.
+    The workers of a several-process CPU run see no CUDA device, so that they join a gloo group (detectron2 picks
+    NCCL whenever CUDA is available). Each worker leaves its process group when ``main_func`` returns or raises.
     """
     from detectron2.engine import launch as d2_launch
 
@@ -86,20 +70,11 @@ def _leaving_group(main_func, *args):
     os._exit(0)
 
 
-def _synchronized_norms() -> tuple:
-    kinds = [nn.SyncBatchNorm]
-    try:
-        from detectron2.layers import NaiveSyncBatchNorm
-
-        kinds.append(NaiveSyncBatchNorm)
-    except ImportError:
-        pass
-    return tuple(kinds)
-
-
 def local_buffers(module: nn.Module) -> Set[str]:
     """State-dict names of the buffers each process updates on its own (unsynchronized BatchNorm statistics)."""
-    synced = _synchronized_norms()
+    from detectron2.layers import NaiveSyncBatchNorm
+
+    synced = (nn.SyncBatchNorm, NaiveSyncBatchNorm)
     names = set()
     for prefix, m in module.named_modules():
         if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and not isinstance(m, synced):

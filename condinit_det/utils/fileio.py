@@ -5,9 +5,9 @@ import contextlib
 import glob
 import os
 import tempfile
-from typing import Any, List, Optional, Union
+from typing import Any, List, Union
 
-__all__ = ["TEMP_SUFFIX", "atomic_torch_save", "atomic_write", "move_aside", "remove_stale_temp_files"]
+__all__ = ["TEMP_SUFFIX", "atomic_torch_save", "atomic_write", "remove_stale_temp_files"]
 
 # Temp files are ".<name>.<random><TEMP_SUFFIX>" beside the file they replace.
 TEMP_SUFFIX = ".tmp"
@@ -41,11 +41,8 @@ def _replacing(path: str, *, binary: bool, fsync: bool):
 
 
 def atomic_write(path: str, data: Union[str, bytes], *, fsync: bool = False) -> None:
-    """Write ``data`` (text or bytes) to ``path`` through a temp file in the same folder and ``os.replace``.
-
-    The folder is created if needed; the file gets the usual 0644 permissions. ``fsync`` flushes the
-    data and the rename to disk.
-    """
+    """Write ``data`` (text or bytes) to ``path`` through a temp file beside it and ``os.replace`` (creating the
+    folder; mode 0644); ``fsync`` flushes the data and the rename to disk."""
     with _replacing(path, binary=isinstance(data, bytes), fsync=fsync) as f:
         f.write(data)
 
@@ -65,16 +62,3 @@ def remove_stale_temp_files(folder: str) -> List[str]:
         with contextlib.suppress(OSError):
             os.remove(path)
     return stale
-
-
-def move_aside(path: str) -> Optional[str]:
-    """Rename ``<name>.<ext>`` to the first free ``<name>.<n>.<ext>.bak`` (n = 0, 1, ...) and return the new path;
-    None when ``path`` does not exist. Used to keep an earlier run's records when a fresh run starts."""
-    if not os.path.isfile(path):
-        return None
-    stem, ext = os.path.splitext(path)
-    n = 0
-    while os.path.exists(f"{stem}.{n}{ext}.bak"):
-        n += 1
-    os.replace(path, f"{stem}.{n}{ext}.bak")
-    return f"{stem}.{n}{ext}.bak"

@@ -1,16 +1,23 @@
-"""Logging of the training processes: detectron2's logger setup, into each run's own ``log.txt``."""
+"""Logging of the training processes: detectron2's logger setup into each run's own ``log.txt`` (colours on a
+terminal only), and the console line's ETA of both stages, which counts the evaluations to come."""
 from __future__ import annotations
 
+import datetime
 import logging
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
-__all__ = ["LOGGER_NAMES", "console_logging", "run_logging"]
+from detectron2.utils.events import CommonMetricPrinter
+
+__all__ = ["ETAPrinter", "LOGGER_NAMES", "console_logging", "run_logging"]
 
 # Loggers whose handlers a run sets up: detectron2's own, fvcore's (checkpointers) and the project's.
 LOGGER_NAMES = ("detectron2", "fvcore", "condinit_det")
 
 
-def _reset() -> None:
+def run_logging(output_dir: Optional[str], *, rank: int) -> None:
+    """Log to the console (rank 0) and to ``<output_dir>/log.txt`` (``log.txt.rank<k>`` on other ranks),
+    dropping the handlers of an earlier run in the same process so that each run logs into its own folder."""
     from detectron2.utils.logger import setup_logger
 
     for name in LOGGER_NAMES:
@@ -19,21 +26,33 @@ def _reset() -> None:
             logger.removeHandler(handler)
             handler.close()
     setup_logger.cache_clear()
-
-
-def run_logging(output_dir: Optional[str], *, rank: int) -> None:
-    """Log to the console (rank 0) and to ``<output_dir>/log.txt`` (``log.txt.rank<k>`` on other ranks),
-    dropping the handlers of an earlier run in the same process so that each run logs into its own folder."""
-    from detectron2.utils.logger import setup_logger
-
-    _reset()
-    # Called exactly as detectron2's default_setup calls it (setup_logger's cache tells calls apart by how their
-    # arguments are passed), so that default_setup afterwards adds no second handler.
-    setup_logger(output_dir, distributed_rank=rank, name="fvcore")
-    setup_logger(output_dir, distributed_rank=rank)
-    setup_logger(output_dir, distributed_rank=rank, name="condinit_det")
+    color = sys.stdout.isatty()  # log.txt is always plain; a piped console too
+    for name in LOGGER_NAMES:
+        setup_logger(output_dir, distributed_rank=rank, name=name, color=color)
 
 
 def console_logging() -> None:
     """The launcher's logging between runs: the console only."""
     run_logging(None, rank=0)
+
+
+class ETAPrinter(CommonMetricPrinter):
+    """detectron2's console printer whose ETA (and the ``eta_seconds`` it stores) adds the evaluations to come.
+
+    Args:
+        max_iter: the run's length in the storage's iterations.
+        seconds_left: iteration -> seconds the evaluations after it will take.
+    """
+
+    def __init__(self, max_iter: int, seconds_left: Callable[[int], float]):
+        super().__init__(max_iter)
+        self._seconds_left = seconds_left
+
+    def _get_eta(self, storage) -> Optional[str]:
+        try:
+            step = storage.history("time").median(1000)
+        except KeyError:  # no step timed yet: detectron2's own estimate
+            return super()._get_eta(storage)
+        eta = step * (self._max_iter - storage.iter - 1) + self._seconds_left(storage.iter)
+        storage.put_scalar("eta_seconds", eta, smoothing_hint=False)
+        return str(datetime.timedelta(seconds=int(eta)))

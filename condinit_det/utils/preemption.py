@@ -1,11 +1,8 @@
 """Stopping a run for a requeue: the time-limit signal, the agreement of every process, the marker file.
 
-Inside a Slurm array element (``CONDINIT_PREEMPTIBLE`` set by the launcher) the scheduler sends
-USR2 ``--signal-delay`` seconds before the time limit to every process. Each training process
-notes it (:func:`requeue_flag`), the processes agree at the next step boundary
-(:meth:`PreemptionWatch.requested`, collective under torch.distributed), the run saves what it
-resumes from and :meth:`PreemptionWatch.stop` leaves ``<run_dir>/preempted`` and raises
-:class:`Preempted`. A preemption is neither a failure nor a finish.
+Inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set) USR2 comes ``--signal-delay`` seconds before the time limit;
+the processes agree at a step boundary, save what they resume from and raise :class:`Preempted`, neither a failure
+nor a finish (docs/slurm.md).
 """
 from __future__ import annotations
 
@@ -26,12 +23,8 @@ class Preempted(Exception):
 
 
 def requeue_flag(signums: Sequence[int] = (signal.SIGUSR2,)) -> threading.Event:
-    """An event set when this process receives one of ``signums`` (default USR2, the time-limit signal).
-
-    Call it once in each worker's main thread (signal handlers can only be installed there); the
-    training loop checks ``is_set()`` at step boundaries to write a checkpoint and stop. It replaces
-    the default action of these signals, which is to terminate the process.
-    """
+    """An event set when this process receives one of ``signums`` (default USR2, the time-limit signal) instead
+    of being terminated. Call it in the main thread (the only one that can install signal handlers)."""
     event = threading.Event()
     for signum in signums:
         signal.signal(signum, lambda *_: event.set())
@@ -39,12 +32,9 @@ def requeue_flag(signums: Sequence[int] = (signal.SIGUSR2,)) -> threading.Event:
 
 
 class PreemptionWatch:
-    """In a training process: whether to stop for a requeue, agreed by every process of the run.
-
-    Active only inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set); create it in the process's main
-    thread (it installs the USR2 handler). :meth:`requested` is collective under torch.distributed: every
-    process calls it at the same step boundary.
-    """
+    """In a training process: whether to stop for a requeue, agreed by every process of the run. Active only
+    with ``CONDINIT_PREEMPTIBLE`` set; create it in the main thread. :meth:`requested` is collective: every process
+    calls it at the same step boundary."""
 
     def __init__(self):
         self._flag: Optional[threading.Event] = requeue_flag() if os.environ.get(PREEMPTIBLE_ENV) else None
@@ -70,10 +60,9 @@ class PreemptionWatch:
     @staticmethod
     def stop(run_dir: str, where: str) -> None:
         """Leave ``<run_dir>/preempted`` (main process) and raise :class:`Preempted`."""
-        import torch.distributed as dist
-
+        from .distributed import rank
         from .fileio import atomic_write
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        if rank() == 0:
             atomic_write(os.path.join(run_dir, PREEMPTED_FILENAME), where)
         raise Preempted(f"stopped for a requeue: {where}")

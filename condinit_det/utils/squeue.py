@@ -1,8 +1,7 @@
 """What Slurm says of some jobs: one ``squeue`` query for the run lock, the submission and the status command.
 
-Array elements are listed one per line (``--array``): without it squeue folds pending elements into one line such
-as ``123_[4-7]``, whose elements would then look unknown. Jobs that ended more than ``MinJobAge`` ago are no longer
-listed. Which states mean what is written once here (:data:`ENDED_STATES`, :func:`is_pending`).
+Array elements are listed one per line (``--array``; else pending ones fold into ``123_[4-7]``). Jobs that ended more
+than ``MinJobAge`` ago are no longer listed.
 """
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ __all__ = ["ENDED_STATES", "JobStates", "is_pending", "query_jobs", "squeue_comm
 # may still run.
 ENDED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
                           "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
-# States of a job that waits to start (again).
 _PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 TIMEOUT_S = 30

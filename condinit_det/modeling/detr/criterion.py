@@ -9,7 +9,7 @@ from torchvision.ops import box_convert, generalized_box_iou, sigmoid_focal_loss
 
 from .matcher import HungarianMatcher
 
-__all__ = ["SetCriterion", "dice_loss", "num_boxes_for_normalization"]
+__all__ = ["SetCriterion", "dice_loss", "flat_indices", "num_boxes_for_normalization"]
 
 Indices = List[Tuple[torch.Tensor, torch.Tensor]]
 
@@ -30,7 +30,8 @@ def num_boxes_for_normalization(targets: List[Dict[str, torch.Tensor]], device) 
     return max(n.item() / comm.get_world_size(), 1.0)
 
 
-def _flat_indices(indices: Indices) -> Tuple[torch.Tensor, torch.Tensor]:
+def flat_indices(indices: Indices) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(image index, query index) of every matched query, from the matcher's per-image (query_idx, target_idx)."""
     batch = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)])
     query = torch.cat([q for q, _ in indices])
     return batch, query
@@ -71,9 +72,6 @@ class SetCriterion(nn.Module):
         empty_weight[-1] = eos_coef
         self.register_buffer("empty_weight", empty_weight, persistent=False)
 
-    def match(self, pred_logits, pred_boxes, targets) -> Indices:
-        return self.matcher(pred_logits, pred_boxes, targets)
-
     def detection_losses(self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor,
                          targets: List[Dict[str, torch.Tensor]], indices: Indices,
                          num_boxes: float, suffix: str = "") -> Dict[str, torch.Tensor]:
@@ -81,7 +79,7 @@ class SetCriterion(nn.Module):
         if pred_logits.shape[-1] != self.num_classes + 1:
             raise ValueError(f"expected {self.num_classes + 1} class logits (incl. no-object), got "
                              f"{pred_logits.shape[-1]}")
-        batch, query = _flat_indices(indices)
+        batch, query = flat_indices(indices)
         target_classes = torch.full(pred_logits.shape[:2], self.num_classes, dtype=torch.int64,
                                     device=pred_logits.device)
         matched_labels = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
@@ -128,10 +126,10 @@ class SetCriterion(nn.Module):
         Returns (losses, indices of the last layer, num_boxes)."""
         if num_boxes is None:
             num_boxes = num_boxes_for_normalization(targets, pred_logits.device)
-        indices = self.match(pred_logits, pred_boxes, targets)
+        indices = self.matcher(pred_logits, pred_boxes, targets)
         losses = self.detection_losses(pred_logits, pred_boxes, targets, indices, num_boxes)
         for i, (logits_i, boxes_i) in enumerate(aux_outputs or ()):
-            idx_i = self.match(logits_i, boxes_i, targets)
+            idx_i = self.matcher(logits_i, boxes_i, targets)
             losses.update(self.detection_losses(logits_i, boxes_i, targets, idx_i, num_boxes,
                                                 suffix=f"_{i}"))
         return losses, indices, num_boxes

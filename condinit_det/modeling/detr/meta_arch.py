@@ -8,8 +8,7 @@ from detectron2.structures import BitMasks, Boxes, ImageList, Instances, Polygon
 from torch import nn
 from torchvision.ops import box_convert
 
-from .criterion import SetCriterion, num_boxes_for_normalization
-from .mlp import MLP
+from .criterion import SetCriterion, flat_indices, num_boxes_for_normalization
 from .position_encoding import PositionEmbeddingSine
 from .segmentation import MaskHead
 from .transformer import Transformer
@@ -24,6 +23,22 @@ def _groups_to_batch(x: torch.Tensor, groups: int) -> torch.Tensor:
     layers, b, kq = x.shape[:3]
     x = x.reshape(layers, b, groups, kq // groups, *x.shape[3:]).transpose(1, 2)
     return x.reshape(layers, groups * b, kq // groups, *x.shape[4:])
+
+
+class MLP(nn.Module):
+    """``num_layers`` linear layers with ReLU in between (none after the last): DETR's box head."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int):
+        super().__init__()
+        dims = [input_dim] + [hidden_dim] * (num_layers - 1) + [output_dim]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = x.relu()
+        return x
 
 
 @META_ARCH_REGISTRY.register()
@@ -55,19 +70,10 @@ class DETRInstanceSeg(nn.Module):
         size_divisibility: pad batched images to a multiple of this; None uses the backbone's.
         position_embedding: :class:`PositionEmbeddingSine` with ``2 * num_pos_feats == D``;
             None is DETR's (normalized, temperature 10000).
-        reference_points: False is DETR: each query is a learned embedding used as the decoder's
-            positional query, and boxes are predicted absolutely. True gives each query a learned
-            point (x, y) in (0, 1) instead (uniform at init): its positional query is the sine
-            encoding of that point, in the same space as the memory's positional encoding, and
-            the box centre is predicted as an offset from it in logit space (the static anchor
-            points of Anchor DETR / DAB-DETR). Queries then start spatially distinct, which
-            shortens DETR's long matching plateau on small budgets.
-        query_groups: training only (Group DETR). K > 1 trains K independent groups of
-            ``num_queries`` queries: each group is matched one-to-one to the targets on its own,
-            decoder self-attention stays within a group, and the class/box losses are averaged
-            over the groups, so every object supervises K queries per step. The mask losses
-            use group 0, and inference runs group 0 alone: the trained model is a plain
-            ``num_queries`` detector. K = 1 is DETR.
+        reference_points: True gives each query a learned anchor point, its positional query and box centre
+            (Anchor DETR / DAB-DETR; docs/detr.md); False is DETR.
+        query_groups: K > 1 trains K independently matched groups of ``num_queries`` queries (Group DETR;
+            docs/detr.md); inference runs group 0 alone. K = 1 is DETR.
     """
 
     def __init__(
@@ -165,7 +171,6 @@ class DETRInstanceSeg(nn.Module):
     def device(self):
         return self.pixel_mean.device
 
-    # ------------------------------------------------------------------ preprocessing
     def preprocess_image(self, batched_inputs: List[Dict]) -> Tuple[ImageList, torch.Tensor]:
         """Normalize and pad; returns the ImageList and the padding mask (bool [B, Hp, Wp],
         True on padded pixels)."""
@@ -202,7 +207,6 @@ class DETRInstanceSeg(nn.Module):
             targets.append(t)
         return targets
 
-    # ------------------------------------------------------------------ network
     def _detect(self, images: ImageList, pad_mask: torch.Tensor, groups: int = 1):
         """Runs the first ``groups`` query groups; queries of group g are at [g*Q, (g+1)*Q)."""
         features = self.backbone(images.tensor)
@@ -254,7 +258,7 @@ class DETRInstanceSeg(nn.Module):
             out = self._detect(images, pad_mask, groups)
         num_boxes = num_boxes_for_normalization(targets, self.device)
         if masks_only:
-            indices = self.criterion.match(out["logits"][-1], out["boxes"][-1], targets)
+            indices = self.criterion.matcher(out["logits"][-1], out["boxes"][-1], targets)
             losses = {}
         else:
             # The groups are independent one-to-one problems: fold them into the batch (image i of
@@ -266,11 +270,9 @@ class DETRInstanceSeg(nn.Module):
                                                 aux_outputs=aux, num_boxes=num_boxes * groups)
             indices = indices[:len(targets)]  # group 0
         if self.mask_head is not None:
-            batch_idx = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(indices)]).to(self.device)
-            query_idx = torch.cat([q for q, _ in indices]).to(self.device)
+            batch_idx, query_idx = (t.to(self.device) for t in flat_indices(indices))
             logits = self._masks(out, batch_idx, query_idx)
-            gt = [t["masks"][j.to(self.device)] for t, (_, j) in zip(targets, indices)]
-            gt = torch.cat(gt) if gt else logits.new_zeros((0,) + logits.shape[-2:], dtype=torch.bool)
+            gt = torch.cat([t["masks"][j.to(self.device)] for t, (_, j) in zip(targets, indices)])
             if len(gt):
                 gt = F.interpolate(gt[:, None].float(), size=logits.shape[-2:], mode="bilinear",
                                    align_corners=False, antialias=True)[:, 0] > 0.5

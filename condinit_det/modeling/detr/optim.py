@@ -23,12 +23,11 @@ class AdamWFullModelClip(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):
+        loss = None
         if closure is not None:
             # The closure recomputes the gradients, so it must run before they are clipped.
             with torch.enable_grad():
                 loss = closure()
-        else:
-            loss = None
         if self.clip_max_norm is not None and self.clip_max_norm > 0:
             params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, self.clip_max_norm)

@@ -72,12 +72,10 @@ class PositionEmbeddingSine(nn.Module):
         """y, x: [...] positions -> [..., 2 * num_pos_feats] (y half first)."""
         idx = torch.arange(self.num_pos_feats, dtype=torch.float32, device=y.device)
         freq = self.temperature ** (2 * torch.div(idx, 2, rounding_mode="floor") / self.num_pos_feats)
-        pos_x = x[..., None] / freq
-        pos_y = y[..., None] / freq
+        halves = [position[..., None] / freq for position in (y, x)]
         # Interleave sin (even channels) and cos (odd channels).
-        pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=-1).flatten(-2)
-        pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=-1).flatten(-2)
-        return torch.cat((pos_y, pos_x), dim=-1)
+        return torch.cat([torch.stack((h[..., 0::2].sin(), h[..., 1::2].cos()), dim=-1).flatten(-2) for h in halves],
+                         dim=-1)
 
     def extra_repr(self) -> str:
         return (

@@ -1,13 +1,6 @@
-"""Instance-mask head of a DETR-style detector (DETR, Sec. 4.4 and Fig. 8).
-
-For each object query the head computes one attention map per head over the encoder memory,
-concatenates those maps with the projected backbone features and refines them with a small
-convolutional decoder that upsamples FPN-style (adding higher-resolution backbone features when
-they are given, plain upsampling otherwise) to one mask logit map per query.
-
-The attention maps here are not an arm site: :class:`MaskAttentionMap` has only query/key
-projections (its output *is* the attention map; there are no values and no output projection), and
-it is not an ``nn.MultiheadAttention``, so the init arms never touch it.
+"""Instance-mask head of a DETR-style detector (DETR, Sec. 4.4 and Fig. 8): per query, per-head attention maps over
+the encoder memory and the projected features, upsampled FPN-style to one mask logit map. :class:`MaskAttentionMap`
+has query/key projections only and is not an ``nn.MultiheadAttention``, so it is not an arm site.
 """
 import math
 from typing import Optional, Sequence

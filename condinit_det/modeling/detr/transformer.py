@@ -1,13 +1,5 @@
-"""Encoder-decoder transformer of a DETR-style detector, built on ``torch.nn.MultiheadAttention``.
-
-Attention sites (qualified names inside :class:`Transformer`), the places an initialization arm
-can reach through the ``mha`` layout:
-
-- ``encoder.layers.N.self_attn``  — encoder self-attention over the flattened feature map;
-- ``decoder.layers.N.self_attn``  — decoder self-attention among object queries;
-- ``decoder.layers.N.cross_attn`` — decoder cross-attention, object queries over the encoder memory.
-
-All attention modules use ``batch_first=True``: every sequence tensor here is [B, L, D].
+"""Encoder-decoder transformer of a DETR-style detector on ``torch.nn.MultiheadAttention`` (the arms' ``mha``
+layout: ``encoder.layers.N.self_attn``, ``decoder.layers.N.{self,cross}_attn``); sequences are [B, L, D].
 """
 import copy
 from typing import Optional, Tuple
@@ -16,8 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
-           "TransformerDecoderLayer"]
+__all__ = ["Transformer"]
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
