@@ -12,17 +12,14 @@ import importlib.util
 import sys
 import warnings
 
+from .utils.lazy import lazy_exports
+
 __version__ = "0.1.0"
-__all__ = ["ARMS", "AttentionSite", "InitReport", "apply_init", "find_attention", "register_attention_adapter"]
+__all__, __getattr__ = lazy_exports(__name__, {"init": ("ARMS", "AttentionSite", "InitReport", "apply_init",
+                                                        "find_attention", "register_attention_adapter")})
 
 _DETECTRON2_MODELING = "detectron2.modeling"
 _FOCAL_LOSS = "fvcore.nn.focal_loss"  # scripts its losses with torch.jit at import, which recent torch deprecates
-
-
-def __getattr__(name):
-    if name in __all__:
-        return getattr(importlib.import_module(".init", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @contextlib.contextmanager

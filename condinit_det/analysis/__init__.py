@@ -2,9 +2,9 @@
 matrix-free (:func:`choose_method`). Names load on first use: :mod:`.options` (the methods and the config node's
 keys) without torch, the detectron2 hook (:mod:`.hooks`) only when asked for. See docs/conditioning.md.
 """
-import importlib
+from ..utils.lazy import lazy_exports
 
-_MODULES = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "options": ("ANALYSIS_DEFAULTS", "DEFAULT_MAX_ENTRIES", "METHODS"),
     "bound": ("theorem_terms",),
     "capture": ("capture_site_inputs",),
@@ -15,12 +15,4 @@ _MODULES = {
     "spectrum": ("SpectrumResult",),
     "training": ("conditioning_records", "measure_conditioning"),
     "hooks": ("ConditioningHook", "build_conditioning_hook"),
-}
-_WHERE = {name: module for module, names in _MODULES.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+})

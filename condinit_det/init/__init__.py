@@ -7,21 +7,13 @@ Arms (:data:`ARMS`): the paper's ``default``, ``mimetic`` and ``conditioned`` (:
 and the control ``scale_matched``; definitions in docs/arms.md. The names are loaded on first use, so that the arms'
 names and options (:mod:`.options`) are read without importing torch.
 """
-import importlib
+from ..utils.lazy import lazy_exports
 
-_MODULES = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "options": ("ARMS", "ARM_OPTIONS", "PAPER_ARMS", "SOLVERS", "resolve_options"),
     "apply": ("InitReport", "SiteReport", "apply_init", "conditioned_head_norms", "site_generator"),
     "arms": ("TopSingular", "haar_semi_orthogonal_batch", "mimetic_noise_batch", "mimetic_qk_batch", "mimetic_vo",
              "standard_normal", "top_singular", "working_dtype"),
     "sites": ("ROLES", "AttentionLayout", "AttentionSite", "Projection", "find_attention", "fused_qkv_layout",
               "register_attention_adapter", "select_sites", "separate_qkv_layout", "supported_layouts"),
-}
-_WHERE = {name: module for module, names in _MODULES.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+})

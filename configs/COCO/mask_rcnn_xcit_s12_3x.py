@@ -11,8 +11,7 @@
 # Heads: the standard Mask R-CNN FPN heads of the recipe (2fc box head, 4conv mask head).
 #
 # To start this variant from an ImageNet XCiT checkpoint anyway, convert it with
-# condinit_det.modeling.convert.convert_timm_checkpoint(state_dict, model) (or
-# convert_timm_xcit_checkpoint with prefix "backbone.net."), save it as {"model": converted} and
+# condinit_det.modeling.convert.convert_timm_checkpoint(state_dict, model), save it as {"model": converted} and
 # set train.init_checkpoint to that file; it then overwrites the arm for the weights it holds.
 #
 # Arm: "default" (timm's XCiT init, truncated normal std 0.02). Select another with

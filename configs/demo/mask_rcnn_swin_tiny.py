@@ -31,11 +31,9 @@ model.backbone = L(FPN)(
 
 optimizer.params.overrides = {"relative_position_bias_table": {"weight_decay": 0.0}}
 
-# Conditioning analysis: a Swin site is measured on a whole window, not on the ViT demo's 16 tokens. The dense
-# Jacobian of an 8x8 window is 3072 x 6912 in the first stage but 6144 x 27648 in the middle stage, above
-# max_entries, where the matrix-free estimate does not converge in 100 iterations on a CPU. So the demo tracks the
-# first block ("auto": exact per head where it fits, else the matrix-free estimate) at 0, 200 and 400 iterations,
-# about 2% of the training time (docs/demos.md).
+# Conditioning analysis: a Swin site is measured on a whole 8x8 window (64 tokens), not on the ViT demo's 16 tokens,
+# so the demo tracks the first block only ("auto": exact per head where one head's factor fits, else the
+# matrix-free estimate) at 0, 200 and 400 iterations, about 2% of the training time (docs/demos.md).
 condinit_analysis.period = 200
 condinit_analysis.method = "auto"
 condinit_analysis.sites = ["backbone.bottom_up.layers.0.blocks.0.attn"]
