@@ -2,21 +2,15 @@
 Benchmark: the report's paired image bootstrap, one COCO re-evaluation per resample (before) vs one
 matching per model and task, then an accumulation per resample (now).
 
-Synthetic COCO data of ``bench/bench_eval.py`` (80 categories, ~7 objects per image, crowd regions;
-two "arms": the same detector model at two seeds of its jitter, the second with lower recall),
-both tasks (bbox and segm), one arm pair, the report's draws (``rng.integers(0, n, size=n)`` per
-resample). Measured side by side in one run:
-
-- before: a resample is a new COCO dataset, evaluated from scratch for both arms and both tasks
-  (``bench/coco_reevaluation.py``, faster-coco-eval); slow, so timed on a few resamples only;
-- now: ``match_images`` once per arm and task, then ``resampled_ap`` for all B resamples.
-
-Seconds per resample now = (matching + accumulation of all B) / B. The AP, AP50 and AP75 of the
-re-evaluated resamples must equal the accumulated ones within 1e-9 (else exit status 1).
-
     python bench/bench_bootstrap.py                          # 5000 images, B = 1000, 1 re-evaluated resample
     python bench/bench_bootstrap.py --images 500 --old-resamples 3
     python bench/bench_bootstrap.py --quick                  # tiny smoke run (tests)
+
+The synthetic COCO data of ``bench/bench_eval.py``, two "arms" (the same detector at two seeds, the second with
+recall 0.75), bbox and segm, the report's draws (``rng.integers(0, n, size=n)`` per resample). Before: each
+resample is a new COCO dataset evaluated from scratch (``bench/coco_reevaluation.py``), timed on a few resamples;
+now: ``match_images`` once per arm and task, then ``resampled_ap`` for all B resamples. The re-evaluated AP, AP50
+and AP75 must equal the accumulated ones within 1e-9 (else exit status 1).
 """
 
 from __future__ import annotations
@@ -33,42 +27,21 @@ from condinit_det.evaluation.bootstrap import AP_METRICS, match_images, resample
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, however invoked
 from coco_reevaluation import reevaluated_ap  # noqa: E402
-from common import format_machine_info, format_table, machine_info, speedup  # noqa: E402
-from synthetic_coco import (  # noqa: E402
-    make_synthetic_coco,
-    make_synthetic_predictions,
-    predictions_to_coco_results,
-)
+from common import format_machine_info, format_table, load_average, machine_info, speedup  # noqa: E402
+from synthetic_coco import make_synthetic_coco, synthetic_results  # noqa: E402
 
 TOLERANCE = 1e-9
 TASKS = ("bbox", "segm")
 
 
-def _arm(gt, seed, recall, false_positives):
-    dets = make_synthetic_predictions(
-        gt, recall=recall, false_positives_per_image=false_positives, max_dets_per_image=100, seed=seed
-    )
-    return [r for image_id, d in dets.items() for r in predictions_to_coco_results(d, image_id)]
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--resamples", type=int, default=1000, help="B of the new method")
-    parser.add_argument(
-        "--old-resamples", type=int, default=1, help="resamples re-evaluated the old way (timed)"
-    )
+    parser.add_argument("--old-resamples", type=int, default=1, help="resamples re-evaluated the old way (timed)")
     parser.add_argument("--categories", type=int, default=80)
-    parser.add_argument("--objects-per-image", type=float, default=7.0)
-    parser.add_argument(
-        "--false-positives", type=float, default=25.0, help="mean background detections per image"
-    )
     parser.add_argument("--seed", type=int, default=0, help="data seed; the bootstrap generator's seed")
-    parser.add_argument(
-        "--quick", action="store_true", help="30 images, 10 categories, B = 50, 2 old resamples"
-    )
+    parser.add_argument("--quick", action="store_true", help="30 images, 10 categories, B = 50, 2 old resamples")
     args = parser.parse_args(argv)
     if args.quick:
         args.images, args.categories, args.resamples, args.old_resamples = 30, 10, 50, 2
@@ -80,22 +53,14 @@ def main(argv=None):
     print(format_machine_info(machine_info(("numpy", "pycocotools", "faster_coco_eval"))))
     print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}", flush=True)
     t0 = time.perf_counter()
-    gt = make_synthetic_coco(
-        num_images=args.images,
-        num_categories=args.categories,
-        objects_per_image=args.objects_per_image,
-        seed=args.seed,
-    )
-    arms = [
-        _arm(gt, args.seed + 1, 0.85, args.false_positives),
-        _arm(gt, args.seed + 2, 0.75, args.false_positives),
-    ]
+    gt = make_synthetic_coco(num_images=args.images, num_categories=args.categories, seed=args.seed)
+    arms = []  # every detection of an arm, image after image
+    for offset, recall in ((1, 0.85), (2, 0.75)):
+        per_image = synthetic_results(gt, seed=args.seed + offset, recall=recall)
+        arms.append([result for results in per_image.values() for result in results])
     n = len(gt["images"])
-    print(
-        f"{n} images, {len(gt['annotations'])} GT objects, {len(arms[0])} + {len(arms[1])} detections, "
-        f"generated in {time.perf_counter() - t0:.1f} s",
-        flush=True,
-    )
+    print(f"{n} images, {len(gt['annotations'])} GT objects, {len(arms[0])} + {len(arms[1])} detections, "
+          f"generated in {time.perf_counter() - t0:.1f} s", flush=True)
     draws = np.random.default_rng(args.seed).integers(0, n, size=(args.resamples, n))
 
     match_s = accumulate_s = 0.0
@@ -110,11 +75,8 @@ def main(argv=None):
             match_s += t1 - t0
             accumulate_s += t2 - t1
             tied = int((matches.group >= 0).sum())
-            print(
-                f"  now {task} arm {a}: matching {t1 - t0:.1f} s, {args.resamples} accumulations "
-                f"{t2 - t1:.1f} s ({tied} detections share a score)",
-                flush=True,
-            )
+            print(f"  now {task} arm {a}: matching {t1 - t0:.1f} s, {args.resamples} accumulations "
+                  f"{t2 - t1:.1f} s ({tied} detections share a score)", flush=True)
     new_total = match_s + accumulate_s
 
     old_s, worst = [], 0.0
@@ -131,34 +93,16 @@ def main(argv=None):
     old_per = float(np.mean(old_s))
     new_per = new_total / args.resamples
 
-    rows = [
-        [
-            "before: re-evaluate each resample",
-            f"{args.old_resamples} timed",
-            f"{old_per:.3f}",
-            f"{old_per * args.resamples / 60:.1f} (extrapolated)",
-            "1.00x",
-        ],
-        [
-            "now: match once, accumulate each resample",
-            f"{args.resamples}",
-            f"{new_per:.4f}",
-            f"{new_total / 60:.2f} (matching {match_s:.1f} s + accumulation {accumulate_s:.1f} s)",
-            f"{speedup(old_per, new_per):.0f}x",
-        ],
-    ]
+    rows = [["before: re-evaluate each resample", f"{args.old_resamples} timed", f"{old_per:.3f}",
+             f"{old_per * args.resamples / 60:.1f} (extrapolated)", "1.00x"],
+            ["now: match once, accumulate each resample", f"{args.resamples}", f"{new_per:.4f}",
+             f"{new_total / 60:.2f} (matching {match_s:.1f} s + accumulation {accumulate_s:.1f} s)",
+             f"{speedup(old_per, new_per):.0f}x"]]
     print()
-    print(
-        f"{n} images, one arm pair, bbox + segm, B = {args.resamples}, generator seed {args.seed}; "
-        f"AP / AP50 / AP75 of the {args.old_resamples} re-evaluated resamples vs accumulated: "
-        f"max |diff| {worst:.2g}"
-    )
-    print(
-        format_table(
-            ["method", "resamples", "s per resample", f"min for B = {args.resamples}", "speed-up"], rows
-        )
-    )
-    print(f"load avg after run (1/5/15 min): {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{n} images, one arm pair, bbox + segm, B = {args.resamples}, generator seed {args.seed}; AP / AP50 / "
+          f"AP75 of the {args.old_resamples} re-evaluated resamples vs accumulated: max |diff| {worst:.2g}")
+    print(format_table(["method", "resamples", "s per resample", f"min for B = {args.resamples}", "speed-up"], rows))
+    print(f"load avg after run (1/5/15 min): {load_average()}")
     if not worst <= TOLERANCE:
         print(f"FAIL: accumulated AP differs from re-evaluation by {worst:.3g} > {TOLERANCE:g}", file=sys.stderr)
         return 1

@@ -1,38 +1,28 @@
 #!/usr/bin/env python
-"""Cost of measuring kappa of the attention Jacobian: exact per head vs matrix-free.
+"""Cost of measuring kappa of the attention Jacobian: exact per head vs matrix-free (BENCHMARKS.md sections 5, 7).
 
-1. On one detectron2 ViT attention layer small enough for a dense Jacobian: time and kappa of the exact
-   per-head method and the matrix-free estimate (block Lanczos on jvp/vjp products) run to convergence,
-   in the same process, checked against every singular value of the dense Jacobian (torch.func).
-2. On ViTDet-B sites (768 wide, 12 heads, rel-pos): the exact per-head method vs the matrix-free
-   estimate (the tool's defaults: 60 steps x 8 vectors, tol 1e-4) side by side at 16 tokens (what
-   the training hook keeps), then at a full 14x14 window: matrix-free there (8 steps x 8 vectors), and exact at the
-   largest full grid that fits in 10 minutes on 2 cores (``--exact-side``, default 7x7 = 49
-   tokens; exact at 14x14 would form twelve 12544 x 37632 factors).
-3. The training hook on ``configs/COCO/mask_rcnn_vitdet_b_100ep.py`` with ``condinit_analysis.period``
-   set: one measurement (capture on a fixed 768 x 1024 image, then the default sites, first /
-   middle / last block, at the hook's 16 tokens with ``method="auto"``), timed; the method each
-   site used. (``--quick``: the same on ``configs/demo/mask_rcnn_vit_tiny.py``.)
-4. ``--fraction CONFIG ...``: for each config, the share of training time its own ``condinit_analysis`` node
-   costs: one hook measurement on a synthetic ``--test-size`` image and ``--steps`` timed float32 training steps
-   (after one warm-up) of the config's model and optimizer on ``--images-per-gpu`` synthetic ``--train-size``
-   images with 7 boxes and masks each; the share is ``measurements x s per measurement / (max_iter x s per
-   step)`` (only the main process measures while the others wait). A pretraining config (period in epochs) is
-   set up as its run would be and timed: two measurements (the first pays one-time costs), ``--steps`` steps on
-   its own loader, one evaluation; the share is the measurements' seconds over the epochs' seconds.
-   ``--clock cpu`` times in this process's CPU seconds (with ``--threads 1``, for a busy machine).
-5. ``--ends``: the exact method's last step on the head factors of a ViTDet-B block (16 tokens) and of the demo
-   Swin's first window: every singular value (the SVD of the QR factor R) against sigma_max and sigma_min by
-   Lanczos on R, in the same process, with the ratio of their times and their largest relative difference.
-
-    python bench/bench_conditioning.py            # full (about 15 minutes on 2 CPU cores)
+    python bench/bench_conditioning.py            # parts 1-3 (about 15 minutes on 2 CPU cores)
     python bench/bench_conditioning.py --quick    # small layers, seconds
     python bench/bench_conditioning.py --fraction configs/COCO/mask_rcnn_swin_b_3x.py --images-per-gpu 2
     python bench/bench_conditioning.py --fraction configs/demo/pretrain_vit_tiny.py configs/demo/pretrain_xcit_tiny.py
     python bench/bench_conditioning.py --threads 1 --clock cpu --ends    # (--quick: smaller sites, seconds)
 
-Prints a Markdown summary and one JSON object (``--output`` also saves it). Numbers depend on
-the machine's load, which is printed with them.
+1. A ViT attention layer small enough for a dense Jacobian: time and kappa of the exact per-head method, the
+   dense Jacobian's singular values (torch.func) and the matrix-free estimate (block Lanczos) to convergence.
+2. ViTDet-B sites (768 wide, 12 heads, rel-pos): exact vs matrix-free (60 steps x 8) at 16 tokens, matrix-free
+   (8 x 8) at a full 14x14 window, exact at the largest grid that fits in 10 minutes (``--exact-side``).
+3. The training hook of ``configs/COCO/mask_rcnn_vitdet_b_100ep.py`` (``--quick``: the ViT demo config): one
+   measurement on a fixed 768 x 1024 image, timed, and the method each site used.
+4. ``--fraction CONFIG ...``: the share of training time each config's own ``condinit_analysis`` node costs,
+   ``measurements x s per measurement / (max_iter x s per step)``, from one measurement on a ``--test-size``
+   image and ``--steps`` float32 steps (after a warm-up) on ``--images-per-gpu`` synthetic ``--train-size``
+   images. A pretraining config is set up as its run would be: two measurements (the first pays one-time
+   costs), steps on its own loader and one evaluation; the share is over the epochs' seconds.
+5. ``--ends``: the exact method's last step on the head factors of two sites: every singular value (SVD of
+   the QR factor R) vs sigma_max and sigma_min by Lanczos on R, their times and largest relative difference.
+
+``--clock cpu`` times in this process's CPU seconds (with ``--threads 1``, for a busy machine). Prints Markdown
+tables and one JSON summary (``--output`` saves it), with the load average before and after.
 """
 import argparse
 import json
@@ -44,37 +34,31 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+from condinit_det.analysis import AttentionFunction, estimate_conditioning, exact_conditioning
+from condinit_det.analysis.functional import eval_mode
+from condinit_det.init import ARMS, apply_init, find_attention
+from condinit_det.utils.fileio import atomic_write
 
-from condinit_det.analysis import AttentionFunction, estimate_conditioning, exact_conditioning  # noqa: E402
-from condinit_det.analysis.functional import eval_mode  # noqa: E402
-from condinit_det.init import ARMS, apply_init, find_attention  # noqa: E402
-from condinit_det.utils.fileio import atomic_write  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, however invoked
+from common import load_average  # noqa: E402
+from synthetic_coco import detection_batches  # noqa: E402
 
 
-def _layer(dim, heads, side, arm, seed=0):
+def _layer(dim, heads, side, arm, window=False):
+    """The attention site of a detectron2 ViT attention (rel-pos) on side x side layer-normed Gaussian tokens, or with
+    ``window`` of a Swin window attention on one side x side window; returns (site, inputs)."""
+    from detectron2.modeling.backbone.swin import WindowAttention
     from detectron2.modeling.backbone.vit import Attention
 
-    torch.manual_seed(seed)
-    module = Attention(dim, num_heads=heads, use_rel_pos=True, input_size=(side, side), rel_pos_zero_init=False)
-    apply_init(module, arm, seed=seed)
-    site = find_attention(module)[0]
-    x = torch.nn.functional.layer_norm(torch.randn(1, side, side, dim, generator=torch.Generator().manual_seed(1)),
-                                       (dim,))
-    return site, {"x": x}
-
-
-def _window(dim, heads, side, arm, seed=0):
-    """A detectron2 Swin window attention on one side x side window of layer-normed Gaussian tokens."""
-    from detectron2.modeling.backbone.swin import WindowAttention
-
-    torch.manual_seed(seed)
-    module = WindowAttention(dim, window_size=(side, side), num_heads=heads)
-    apply_init(module, arm, seed=seed)
-    site = find_attention(module)[0]
-    x = torch.nn.functional.layer_norm(torch.randn(1, side * side, dim, generator=torch.Generator().manual_seed(1)),
-                                       (dim,))
-    return site, {"x": x}
+    torch.manual_seed(0)
+    if window:
+        module, tokens = WindowAttention(dim, window_size=(side, side), num_heads=heads), (side * side,)
+    else:
+        module = Attention(dim, num_heads=heads, use_rel_pos=True, input_size=(side, side), rel_pos_zero_init=False)
+        tokens = (side, side)
+    apply_init(module, arm, seed=0)
+    x = torch.randn(1, *tokens, dim, generator=torch.Generator().manual_seed(1))
+    return find_attention(module)[0], {"x": torch.nn.functional.layer_norm(x, (dim,))}
 
 
 # What the timings read: wall-clock seconds, or with ``--clock cpu`` this process's CPU seconds (on a busy machine
@@ -88,13 +72,6 @@ def _timed(fn):
     start = _clock()
     out = fn()
     return out, _clock() - start
-
-
-def _load():
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def _dense_kappa(site, inputs):
@@ -168,7 +145,6 @@ def bench_hook(config, arm, height, width):
     """Seconds of one ConditioningHook measurement built from ``config``'s ``condinit_analysis`` node."""
     from detectron2.config import LazyConfig
 
-
     cfg = LazyConfig.load(config)
     cfg.condinit.arm = arm
     cfg.condinit_analysis.period = 1000
@@ -190,10 +166,10 @@ def bench_ends(arm, quick=False):
 
     if quick:
         layers = {"ViT attention (64 wide, 2 heads), 4x4 = 16 tokens": _layer(64, 2, 4, arm),
-                  "Swin window attention (32 wide, 2 heads), one 6x6 window": _window(32, 2, 6, arm)}
+                  "Swin window attention (32 wide, 2 heads), one 6x6 window": _layer(32, 2, 6, arm, window=True)}
     else:
         layers = {"ViTDet-B block (768 wide, 12 heads), 4x4 = 16 tokens": _layer(768, 12, 4, arm),
-                  "demo Swin first block (48 wide, 2 heads), one 8x8 window": _window(48, 2, 8, arm)}
+                  "demo Swin first block (48 wide, 2 heads), one 8x8 window": _layer(48, 2, 8, arm, window=True)}
     rows = []
     for name, (site, inputs) in layers.items():
         factors = head_factors(site, inputs)[0]
@@ -219,27 +195,6 @@ def _size(text):
     return height, width
 
 
-def synthetic_training_batch(count, height, width, *, num_classes, objects=7, seed=0):
-    """``count`` detectron2 training inputs: random RGB images ``[3, height, width]`` (uint8) with
-    ``objects`` boxes each, their classes (below ``num_classes``) and filled-box masks (``BitMasks``)."""
-    from detectron2.structures import BitMasks, Boxes, Instances
-
-    g = torch.Generator().manual_seed(seed)
-    batch = []
-    for _ in range(count):
-        image = torch.randint(0, 256, (3, height, width), generator=g, dtype=torch.uint8)
-        corners = torch.rand(objects, 2, 2, generator=g) * torch.tensor([width, height])
-        low, high = corners.min(dim=1).values, corners.max(dim=1).values + 24
-        boxes = torch.cat([low, torch.minimum(high, torch.tensor([width - 1.0, height - 1.0]))], dim=1)
-        masks = torch.zeros(objects, height, width, dtype=torch.bool)
-        for i, (x0, y0, x1, y1) in enumerate(boxes.round().long().tolist()):
-            masks[i, y0:y1 + 1, x0:x1 + 1] = True
-        classes = torch.randint(0, num_classes, (objects,), generator=g)
-        instances = Instances((height, width), gt_boxes=Boxes(boxes), gt_classes=classes, gt_masks=BitMasks(masks))
-        batch.append({"image": image, "height": height, "width": width, "instances": instances})
-    return batch
-
-
 def measurement_count(max_iter, period):
     """Measurements the hook makes in a run: at the start, every ``period`` iterations, and at the end."""
     return 1 + max_iter // period + (1 if max_iter % period else 0)
@@ -250,7 +205,6 @@ def bench_fraction(config, arm, train_size, test_size, images_per_gpu, steps, op
     and the share of training time the hook costs at the configured period (see the module doc)."""
     from detectron2.config import LazyConfig, instantiate
     from detectron2.utils.events import EventStorage
-
 
     cfg = LazyConfig.apply_overrides(LazyConfig.load(config), list(opts))
     cfg.condinit.arm = arm
@@ -267,7 +221,7 @@ def bench_fraction(config, arm, train_size, test_size, images_per_gpu, steps, op
     optimizer = instantiate(cfg.optimizer)
     heads = getattr(model, "roi_heads", None)
     num_classes = heads.num_classes if heads is not None else model.class_head.out_features - 1  # DETR: + no-object
-    batch = synthetic_training_batch(images_per_gpu, *train_size, num_classes=num_classes)
+    batch = detection_batches(num=1, batch=images_per_gpu, size=train_size, num_classes=num_classes, seed=0)[0]
 
     def step():
         with EventStorage(0):
@@ -467,15 +421,15 @@ def main(argv=None):
 def _begin(args, **fields):
     """The summary's header: machine, thread count, clock and load average before (printed too), then ``fields``."""
     result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
-                         f"{torch.__version__}, {args.threads} threads", "load_before": _load(), "clock": args.clock,
-              **fields}
+                         f"{torch.__version__}, {args.threads} threads",
+              "load_before": load_average(), "clock": args.clock, **fields}
     print(f"load average before: {result['load_before']} ({result['machine']}; {args.clock} seconds)", flush=True)
     return result
 
 
 def _end(result, args, verdict=""):
     """Print the load average after and ``verdict``, then the summary as JSON (saved to ``--output`` too)."""
-    result["load_after"] = _load()
+    result["load_after"] = load_average()
     print(f"load average after: {result['load_after']}")
     if verdict:
         print(verdict)

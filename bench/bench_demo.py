@@ -5,23 +5,14 @@
     python bench/bench_demo.py --output output/bench_demo --opts train.max_iter=200
     python bench/bench_demo.py --quick                            # 2 iterations per arm (tests)
 
-Runs ``tools/train_net.py --config-file CFG --arm all train.output_dir=DIR [overrides]`` as a
-subprocess and times it, then reads each arm's run directory:
-
-- wall s: first to last timestamp of ``DIR/<arm>/seed<k>/log.txt`` (one-second resolution; covers the
-  arm's setup, training and every evaluation). The rest of the total is process start-up and
-  the comparison report.
-- train s/iter: detectron2's "Overall training speed" (training steps only, hooks excluded);
-  otherwise the last ``time`` in ``metrics.json``.
-- inference s: sum of detectron2's "Total inference time" over the arm's evaluations.
-- final box / mask AP: ``condinit_det.report.compare_arms`` on the arm directories (the last
-  ``"ap"`` record of each ``results.json``).
-
-``--quick`` shrinks the schedule to 2 iterations with one evaluation on an 8-image subset of the
-test set (at most 20 detections per image, 2 images per training batch), where the config
-exposes those settings. Its APs are those of barely trained models on a subset, only a check
-that the pipeline runs. The output directory is temporary unless ``--output`` names one; exits
-with status 1 if train_net fails or an arm lacks its final evaluation.
+Runs and times ``tools/train_net.py --config-file CFG --arm all train.output_dir=DIR [overrides]``, then reads
+each arm's run directory: wall s (first to last timestamp of its ``log.txt``: setup, training, evaluations; the
+rest of the total is start-up and the report), train s/iter (detectron2's "Overall training speed", else the
+last ``time`` of ``metrics.json``), inference s (its "Total inference time" summed over evaluations), final box
+and mask AP (``condinit_det.report.compare_arms``). ``--quick``: 2 iterations, one evaluation on 8 test images
+(at most 20 detections each), batch 2, where the config has those keys: a pipeline check, not numbers. The
+output directory is temporary unless ``--output`` names one. Exit status 1 if train_net fails or an arm lacks
+its final evaluation.
 """
 import argparse
 import datetime

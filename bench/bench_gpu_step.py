@@ -5,75 +5,38 @@
     python bench/bench_gpu_step.py --input-size typical --budget 600 --output step_bench_typical.json
     python bench/bench_gpu_step.py --tiny --device cpu --output /tmp/tiny.json   # smoke run (tests)
 
-Recipes (``--configs``, by file name without ``.py``):
+Recipes (``--configs``): ``RECIPES`` below, the ViTDet-B, Swin-B and XCiT-S12 Mask R-CNN COCO configs and the
+XCiT-S12 ImageNet pretraining config. One step is the stage's own training step: detectron2's
+``AMPTrainer.run_step`` (``SimpleTrainer`` where the config or a CPU has no AMP) with the config's optimizer, or
+the pretraining stage's ``PretrainStep`` (Mixup/CutMix, AMP, ``NativeScaler``, scheduler, EMA) on the classifier
+of ``build_armed_model``; it is timed from a CUDA synchronize to the next one.
 
-- ``mask_rcnn_vitdet_b_100ep``  ViTDet-B Mask R-CNN, LSJ 1024 px (configs/COCO/)
-- ``mask_rcnn_swin_b_3x``       Swin-B Mask R-CNN, multi-scale 3x (configs/COCO/)
-- ``mask_rcnn_xcit_s12_3x``     XCiT-S12/16 Mask R-CNN, multi-scale 3x (configs/COCO/)
-- ``xcit_s12_p16_400ep``        XCiT-S12/16 ImageNet pretraining, 224 px (configs/ImageNet/)
+Batch: the config's total batch over the GPUs of its published recipe (``recipe_gpus``), in one process on one
+GPU: no all-reduce, no data loading. Inputs are synthetic and fixed, the same batches for every arm in the same
+order: random images; for detection 7 objects per image (COCO's mean), each a random box of 5-50% of the side
+with a 16-vertex elliptic polygon mask. ``--input-size largest`` (default) is the recipe's largest training
+input (LSJ 1024 x 1024, multi-scale 800 x 1333, 224 x 224): worst-case memory, an upper bound of the step;
+``typical`` is the multi-scale mean shorter side at 4:3, 640 x 853.
 
-What one step is: the stage's own training step. Detection: detectron2's ``AMPTrainer.run_step``
-(forward under ``autocast`` float16, loss sum, ``zero_grad``, scaled backward, metric gathering,
-``GradScaler`` step and update) with the config's optimizer; ``SimpleTrainer.run_step`` where AMP is
-off (the config's ``train.amp.enabled``, or a CPU). Pretraining: the pretraining stage's own step
-(``condinit_det.pretrain.step.PretrainStep``, which its epoch loop runs: after the copy to the device, Mixup/CutMix,
-forward and loss under ``autocast`` float16, ``zero_grad``, backward and optimizer step through timm's
-``NativeScaler`` (a ``GradScaler``), the scheduler update, the EMA update, the loss read back), with the
-classifier built by ``condinit_det.pretrain.build_armed_model`` and the recipe's timm optimizer,
-scheduler, Mixup, loss and EMA. A step is timed from a CUDA synchronize to the next one.
+Arms: every arm of ``condinit_det.init.ARMS`` (``--arms``; the default arm is always measured and ratios are to
+it). An arm only rewrites weights at construction, so the ratios should be 1.00 within noise. After
+``--warmup`` untimed steps per arm, interleaved rounds (each starting one arm later) of ``--steps`` timed
+steps; per arm the median and minimum step, the ratio of medians and the paired ratio (median over rounds of
+the round-time ratio). Peak memory (CUDA only): ``max_memory_allocated`` from the arm's build through its
+warmup, less what the arms built before hold; every arm of a recipe stays on the GPU at once.
 
-Batch: the recipe's per-GPU batch, i.e. the config's total batch over the number of GPUs its
-published recipe trains on (``recipe_gpus`` below: ViTDet 64 images on 64 GPUs, detectron2's
-projects/ViTDet README; Swin and XCiT Mask R-CNN 16 images on 8 GPUs, their detection recipes;
-XCiT ImageNet 1024 images on 8 GPUs, the XCiT README command). One process on one GPU runs that
-batch: the gradient all-reduce of a multi-GPU run and data loading are not in the step (the
-loader's worker processes run beside the training step; a slow loader adds to it).
+Budget: ``--budget`` seconds in all; each recipe gets an equal share of what is left, rounds run until it is
+spent (``--min-rounds`` to ``--max-rounds``). A failing recipe (e.g. out of memory) is recorded with its error,
+the others still run, the exit status is 1; the JSON is rewritten after every recipe. ``--tiny`` shrinks
+every recipe for a CPU smoke run: its numbers say nothing about the recipes.
 
-Inputs are synthetic and fixed (the same few batches for every arm, in the same order): random
-images of the real size; for detection 7 objects per image (COCO train2017 holds 860,001 instances
-on 118,287 images), random boxes of 5-50% of the image side, each with an elliptic 16-vertex
-polygon mask (polygons, as detectron2's COCO mapper gives them) and a random class. Sizes
-(``--input-size``): ``largest`` (default) is the largest training input of the recipe -- LSJ
-1024 x 1024 (every LSJ batch is padded to that square), multi-scale 800 x 1333 (shorter side 800,
-longer side at its cap), 224 x 224 -- so memory is the recipe's worst case and the multi-scale step
-time an upper bound; ``typical`` is the multi-scale recipes' mean shorter side (640, the mean of
-480, 512, ..., 800) at COCO's common 4:3 aspect, 640 x 853 (LSJ and ImageNet are unchanged). The
-models are freshly initialized: the region heads sample proposals as at the start of training.
-
-Arms: every arm of ``condinit_det.init.ARMS`` by default (``--arms``; the default arm is always
-measured, ratios are to it). An arm only rewrites weights at construction time, so its step must
-cost what the default arm's costs: the ratios should be 1.00 within noise. After ``--warmup``
-untimed steps per arm, the arms run interleaved rounds (each round starts one arm later, as in
-bench_train_step.py) of ``--steps`` timed steps each. Per arm: the median and minimum step time,
-their ratio to the default arm's median, and the paired ratio (median over rounds of the arm's
-round time over the default arm's in the same round).
-
-Peak memory (CUDA only; null on a CPU): ``torch.cuda.max_memory_allocated`` from just before the
-arm's model is built through its warmup steps, less what the arms built before it hold: the
-parameters, gradients, optimizer and EMA state and the step's activations of one training process.
-The CUDA context and the caching allocator's reserve come on top (``nvidia-smi`` shows more). All
-arms of a recipe stay on the GPU together (they are interleaved), so the GPU must hold every arm's
-weights and optimizer state at once: on a small GPU, measure fewer arms per run (``--arms``).
-
-Time budget: ``--budget`` seconds overall (default 240, for a lent GPU). Each recipe gets an equal
-share of what is left when it starts; builds and warmup come out of it, then rounds run until the
-share is spent (at least ``--min-rounds``, at most ``--max-rounds``). A recipe that fails (e.g.
-CUDA out of memory) is recorded with its error and the others still run; the exit status is then 1.
-The JSON file is rewritten after every recipe, so a run stopped midway keeps what it measured.
-
-``--tiny`` shrinks every recipe for a CPU smoke run (small images, narrow and shallow trunks, narrow
-heads, few proposals; batch 1, 2 for pretraining where Mixup pairs images): its numbers say nothing
-about the recipes. Real-size numbers come from a GPU run of this script; not yet measured on a GPU.
-
-Output: a table on stdout; with ``--output PATH`` a JSON file (format ``condinit_det.step_bench/1``)
-that ``condinit_det.launch.plan.load_step_times`` reads for the launcher's ``--dry-run``:
-``{"format", "device": {type, name, driver, cuda_runtime, ...}, "torch", "machine", "tiny",
-"input_size", "budget_s", "warmup", "seed", "configs": {<config path>: {"name", "stage",
-"recipe_gpus", "total_batch", "batch_per_gpu", "image_size": [h, w], "amp", "error",
-"tiny_overrides", "instances_per_image" (detection) or "imagenet_steps_per_epoch" (pretraining),
-"arms": {<arm>: {"median_step_s", "min_step_s", "timed_steps", "rounds", "peak_memory_bytes",
-"ratio_to_default", "paired_ratio_to_default", "sites", "params_changed", "parameters"}}}}, "elapsed_s"}``;
-a recipe that failed has ``"error"`` set and no arms.
+Output: a table; with ``--output PATH`` a JSON file (format ``condinit_det.step_bench/1``, read by
+``condinit_det.launch.plan.load_step_times`` for the launcher's ``--dry-run``): ``{"format", "device",
+"torch", "machine", "tiny", "input_size", "budget_s", "warmup", "seed", "configs": {<config path>: {"name",
+"stage", "recipe_gpus", "total_batch", "batch_per_gpu", "image_size", "amp", "error", "tiny_overrides",
+"instances_per_image" or "imagenet_steps_per_epoch", "arms": {<arm>: {"median_step_s", "min_step_s",
+"timed_steps", "rounds", "peak_memory_bytes", "ratio_to_default", "paired_ratio_to_default", "sites",
+"params_changed", "parameters"}}}}, "elapsed_s"}``; a failed recipe has ``"error"`` set and no arms.
 """
 from __future__ import annotations
 
@@ -89,13 +52,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from condinit_det.launch.plan import STEP_BENCH_FORMAT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py, however invoked
 from common import (  # noqa: E402
+    check_at_least,
     device_info,
     format_device_info,
     format_machine_info,
@@ -103,15 +66,15 @@ from common import (  # noqa: E402
     machine_info,
     median,
     paired_ratio,
-    rotated,
+    parse_names,
+    timed_round,
 )
+from synthetic_coco import INSTANCES_PER_IMAGE, POLYGON_VERTICES, detection_batches  # noqa: E402, F401  (re-exported)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMAT = STEP_BENCH_FORMAT  # what condinit_det.launch.plan.load_step_times reads
 DEFAULT_ARM = "default"
 INPUT_SIZES = ("largest", "typical")
-INSTANCES_PER_IMAGE = 7  # COCO train2017: 860,001 instances / 118,287 images = 7.3
-POLYGON_VERTICES = 16
 IMAGENET_TRAIN_IMAGES = 1281167  # ImageNet-1k training set
 TINY_HEAD_WIDTH = 32  # feature pyramid and RPN channels at --tiny; box/mask head layers are narrower still
 
@@ -140,6 +103,8 @@ class Recipe:
         return self.largest_size if rule == "largest" else self.typical_size
 
 
+# recipe_gpus: ViTDet 64 images on 64 GPUs (detectron2's projects/ViTDet README), Swin and XCiT Mask R-CNN 16 on 8
+# (their detection recipes), XCiT ImageNet 1024 on 8 (the XCiT README's command).
 RECIPES: Dict[str, Recipe] = {r.name: r for r in (
     Recipe("mask_rcnn_vitdet_b_100ep", "configs/COCO/mask_rcnn_vitdet_b_100ep.py", "detection", recipe_gpus=64,
            largest_size=(1024, 1024), typical_size=(1024, 1024), tiny_size=(128, 128),
@@ -181,40 +146,6 @@ def tiny_head_overrides(cfg) -> List[str]:
         f"model.roi_heads.mask_head.input_shape.channels={width}",
         "model.roi_heads.mask_head.conv_dims=[16,16]",
     ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Synthetic inputs
-# ---------------------------------------------------------------------------------------------
-def detection_batches(*, num: int, batch: int, size: Tuple[int, int], num_classes: int, seed: int) -> List[list]:
-    """``num`` batches of ``batch`` detectron2 training inputs (uint8 CHW images of ``size``, Instances with
-    boxes, classes and polygon masks), drawn from a generator seeded by ``seed``."""
-    from detectron2.structures import Boxes, Instances, PolygonMasks
-
-    rng = np.random.default_rng(seed)
-    h, w = size
-    angles = np.linspace(0.0, 2.0 * np.pi, POLYGON_VERTICES, endpoint=False)
-    batches = []
-    for _ in range(num):
-        inputs = []
-        for _ in range(batch):
-            image = torch.from_numpy(rng.integers(0, 256, size=(3, h, w), dtype=np.uint8))
-            sides = rng.uniform(0.05, 0.5, size=(INSTANCES_PER_IMAGE, 2)) * np.array([w, h])
-            corners = rng.uniform(0.0, 1.0, size=(INSTANCES_PER_IMAGE, 2)) * (np.array([w, h]) - sides)
-            polygons, boxes = [], []
-            for (x0, y0), (bw, bh) in zip(corners, sides):
-                xs = x0 + bw / 2 * (1 + np.cos(angles))
-                ys = y0 + bh / 2 * (1 + np.sin(angles))
-                polygons.append([np.stack([xs, ys], axis=1).reshape(-1)])
-                # Boxes from the masks, as the recipes' mapper recomputes them (recompute_boxes=True).
-                boxes.append([xs.min(), ys.min(), xs.max(), ys.max()])
-            instances = Instances((h, w))
-            instances.gt_boxes = Boxes(torch.tensor(np.array(boxes), dtype=torch.float32))
-            instances.gt_classes = torch.from_numpy(rng.integers(0, num_classes, size=INSTANCES_PER_IMAGE))
-            instances.gt_masks = PolygonMasks(polygons)
-            inputs.append({"image": image, "height": h, "width": w, "instances": instances})
-        batches.append(inputs)
-    return batches
 
 
 def classification_batches(*, num: int, batch: int, size: Tuple[int, int], num_classes: int, seed: int,
@@ -347,19 +278,14 @@ def load_recipe_config(recipe: Recipe, *, tiny: bool):
     return LazyConfig.apply_overrides(cfg, overrides), overrides
 
 
-def pretrain_node(cfg, name: str) -> dict:
-    """A node of a pretraining config with the stage's defaults filled in."""
-    from condinit_det.pretrain import node
-
-    return node(cfg, name)
-
-
 def recipe_batch(recipe: Recipe, cfg) -> Tuple[int, int]:
     """(the config's total batch, the recipe's per-GPU batch)."""
+    from condinit_det.pretrain import node
+
     if recipe.stage == "detection":
         total = int(cfg.dataloader.train.total_batch_size)
     else:
-        total = int(pretrain_node(cfg, "train")["batch_size"])
+        total = int(node(cfg, "train")["batch_size"])
     if total % recipe.recipe_gpus:
         raise ValueError(f"{recipe.path}: total batch {total} does not split over the recipe's "
                          f"{recipe.recipe_gpus} GPUs")
@@ -368,13 +294,10 @@ def recipe_batch(recipe: Recipe, cfg) -> Tuple[int, int]:
 
 def recipe_amp(recipe: Recipe, cfg, device: torch.device) -> bool:
     """AMP as the recipe trains (its config's flag), on CUDA only (detectron2's AMPTrainer needs CUDA)."""
-    enabled = bool(cfg.train.amp.enabled) if recipe.stage == "detection" else bool(pretrain_node(cfg, "train")["amp"])
+    from condinit_det.pretrain import node
+
+    enabled = bool(cfg.train.amp.enabled) if recipe.stage == "detection" else bool(node(cfg, "train")["amp"])
     return enabled and device.type == "cuda"
-
-
-def build_variant(recipe: Recipe, cfg, *, arm: str, seed: int, device: torch.device, batches, amp: bool) -> Variant:
-    variant = DetectionVariant if recipe.stage == "detection" else PretrainVariant
-    return variant(cfg, arm=arm, seed=seed, device=device, batches=batches, amp=amp)
 
 
 def measure_recipe(recipe: Recipe, *, arms: Sequence[str], device: torch.device, tiny: bool, input_size: str,
@@ -382,6 +305,8 @@ def measure_recipe(recipe: Recipe, *, arms: Sequence[str], device: torch.device,
                    deadline: float, log=print) -> dict:
     """Build every arm, warm each up, then time interleaved rounds until ``deadline`` (``time.perf_counter``
     seconds; at least ``min_rounds``, at most ``max_rounds``). Returns the recipe's JSON entry."""
+    from condinit_det.pretrain import node
+
     cfg, overrides = load_recipe_config(recipe, tiny=tiny)
     total_batch, batch_per_gpu = recipe_batch(recipe, cfg)
     if tiny:
@@ -393,19 +318,20 @@ def measure_recipe(recipe: Recipe, *, arms: Sequence[str], device: torch.device,
                                     num_classes=int(cfg.model.roi_heads.num_classes), seed=seed)
     else:
         batches = classification_batches(num=num_batches, batch=batch_per_gpu, size=size,
-                                         num_classes=int(pretrain_node(cfg, "data")["num_classes"]), seed=seed,
+                                         num_classes=int(node(cfg, "data")["num_classes"]), seed=seed,
                                          pin=device.type == "cuda")
     log(f"[{recipe.name}] batch {batch_per_gpu} per GPU, {size[0]}x{size[1]} px, AMP {'on' if amp else 'off'}"
         + (f"; tiny overrides: {' '.join(overrides)}" if overrides else ""), flush=True)
 
     cuda = device.type == "cuda"
+    variant_class = DetectionVariant if recipe.stage == "detection" else PretrainVariant
     variants: List[Variant] = []
     for arm in arms:
         if cuda:
             torch.cuda.synchronize(device)
             held_before = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
-        v = build_variant(recipe, cfg, arm=arm, seed=seed, device=device, batches=batches, amp=amp)
+        v = variant_class(cfg, arm=arm, seed=seed, device=device, batches=batches, amp=amp)
         for _ in range(warmup):
             v.step()
         if cuda:
@@ -420,18 +346,11 @@ def measure_recipe(recipe: Recipe, *, arms: Sequence[str], device: torch.device,
         last_round = sum(v.round_times[-1] for v in variants) if rounds else 0.0
         if rounds >= min_rounds and started + last_round > deadline:
             break
-        for v in rotated(variants, rounds):
-            round_time = 0.0
-            for _ in range(steps):
-                elapsed = v.step()
-                v.times.append(elapsed)
-                round_time += elapsed
-            v.round_times.append(round_time)
+        timed_round(variants, rounds, steps)
         rounds += 1
     log(f"[{recipe.name}] {rounds} round(s) of {steps} timed step(s) per arm", flush=True)
-    entry = recipe_entry(recipe, variants, total_batch=total_batch, batch_per_gpu=batch_per_gpu, size=size,
-                         amp=amp, rounds=rounds, overrides=overrides)
-    return entry
+    return recipe_entry(recipe, variants, total_batch=total_batch, batch_per_gpu=batch_per_gpu, size=size, amp=amp,
+                        rounds=rounds, overrides=overrides)
 
 
 def recipe_entry(recipe: Recipe, variants: Sequence[Variant], *, total_batch: int, batch_per_gpu: int,
@@ -494,23 +413,6 @@ def format_epoch_lines(configs: Dict[str, dict]) -> List[str]:
     return lines
 
 
-def write_json(path: str, payload: dict) -> None:
-    from condinit_det.utils.fileio import atomic_write
-
-    atomic_write(path, json.dumps(payload, indent=2) + "\n")
-
-
-def parse_list(text: str, accepted: Sequence[str], flag: str) -> List[str]:
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [x for x in items if x not in accepted]
-    if unknown or not items:
-        raise SystemExit(f"bench_gpu_step: {flag}: unknown {', '.join(unknown) or '(none given)'}; "
-                         f"accepted: {', '.join(accepted)}")
-    if len(set(items)) != len(items):
-        raise SystemExit(f"bench_gpu_step: {flag} lists a name twice: {text}")
-    return items
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default=",".join(RECIPES),
@@ -537,17 +439,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from condinit_det.init import ARMS
+    from condinit_det.utils.fileio import atomic_write
 
     parser = build_parser()
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    names = parse_list(args.configs, list(RECIPES), "--configs")
-    arms = parse_list(args.arms, list(ARMS), "--arms") if args.arms is not None else list(ARMS)
+    names = parse_names(parser, "--configs", args.configs, list(RECIPES))
+    arms = parse_names(parser, "--arms", args.arms, list(ARMS)) if args.arms is not None else list(ARMS)
     if DEFAULT_ARM not in arms:
         arms.insert(0, DEFAULT_ARM)  # the ratios are to it
-    for name, minimum in (("warmup", 1), ("steps", 1), ("min_rounds", 1), ("max_rounds", 1), ("num_batches", 1)):
-        if getattr(args, name) < minimum:
-            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}")
+    check_at_least(parser, args, dict(warmup=1, steps=1, min_rounds=1, max_rounds=1, num_batches=1))
     if args.max_rounds < args.min_rounds:
         parser.error(f"--max-rounds ({args.max_rounds}) must be >= --min-rounds ({args.min_rounds})")
     if not (args.budget > 0 and math.isfinite(args.budget)):
@@ -604,10 +505,10 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if args.output:
-            write_json(args.output, payload)
+            atomic_write(args.output, json.dumps(payload, indent=2) + "\n")
     payload["elapsed_s"] = time.perf_counter() - started
     if args.output:
-        write_json(args.output, payload)
+        atomic_write(args.output, json.dumps(payload, indent=2) + "\n")
     print()
     print(format_results(payload["configs"]))
     for line in format_epoch_lines(payload["configs"]):

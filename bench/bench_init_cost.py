@@ -6,27 +6,16 @@
     python bench/bench_init_cost.py --device cuda --models vitdet_b,vitdet_l,vitdet_h   # arms on a GPU
     python bench/bench_init_cost.py --models vitdet_b --solvers   # mimetic: dense SVD vs the "auto" route
 
-Per model, in one run of this script: "build" is ``instantiate(cfg.model)`` with the config's
-arm set to "default" (detectron2 builds and initializes every layer; an armed model node then
-applies the default arm, which changes nothing). Each arm is then timed as
-``condinit_det.init.apply_init(model, arm, seed=0, include=cfg.condinit.include)`` on that built
-model. The arms run one after the other on the same model: an arm overwrites every parameter it
-targets and never reads them (mimetic keeps value rows beyond the rank, a copy), so its cost does
-not depend on what an earlier arm left. Each measurement (one build, then each arm once) runs in
-a fresh process, as in a training run, where the build and the arm happen once (a second build
-in the same process is up to 2x faster: the allocator has its pages already); ``--repeats``
-processes per model (default 3), the median of each time is reported.
-
-With ``--device cuda`` the built model is moved to the GPU (the move is part of "build", as in a
-training run, which builds on the CPU and then moves) and each arm runs there (its draws stay on
-the CPU, its factorizations run on the GPU); both times end with ``torch.cuda.synchronize()``.
-
-With ``--solvers``, mimetic runs on two copies of each built model, with ``solver="auto"`` (the
-subspace solver from 192 wide) and ``solver="dense"`` (a float64 SVD per head): the seconds of each,
-and how far the dense route moves the weights and each head's ``W_q^T W_k`` (relative Frobenius).
-
-Wall seconds are the headline; CPU seconds (all threads of this process) are printed beside them
-because the machine may be shared. Budget: conditioned <= 0.3x the build time, mimetic <= 12x.
+"build" is ``instantiate(cfg.model)`` with the config's arm set to "default" (which changes nothing); each arm is
+then timed as ``condinit_det.init.apply_init(model, arm, seed=0, include=cfg.condinit.include)`` on that model,
+one after the other (an arm overwrites what it targets and never reads it, so its cost does not depend on an
+earlier arm). Each measurement (one build, each arm once) runs in a fresh process, as in a training run (a
+second build in one process is up to 2x faster); ``--repeats`` processes per model, medians reported. With
+``--device cuda`` the move to the GPU is part of "build" and the arms run there, both timed to a
+``torch.cuda.synchronize()``. ``--solvers``: mimetic with ``solver="auto"`` and ``solver="dense"`` (a float64 SVD
+per head) on two copies of each model: the seconds of each and how far the dense route moves the weights and
+each head's ``W_q^T W_k`` (relative Frobenius). Wall seconds are the headline, this process's CPU seconds beside
+them. Budget: conditioned <= 0.3x the build time, mimetic <= 12x.
 """
 import argparse
 import json
@@ -39,7 +28,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import format_machine_info, format_table, machine_info  # noqa: E402
+from common import format_machine_info, format_table, load_average, machine_info, parse_names  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -178,10 +167,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    names = ["demo_vit_tiny"] if args.quick else args.models.split(",")
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    names = ["demo_vit_tiny"] if args.quick else parse_names(parser, "--models", args.models, list(MODELS))
     if args.threads:
         torch.set_num_threads(args.threads)
     import condinit_det  # noqa: F401  (registers the project's modules)
@@ -203,7 +189,7 @@ def main(argv=None):
         rows += measure(name, args.arms.split(","), 1 if args.quick else args.repeats, args.threads, args.device)
     print(format_table(["model", "params", "sites", "arm", "build s", "arm s", "arm / build", "build CPU s",
                         "arm CPU s"], rows))
-    print(f"load avg 1/5/15 min at the end: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load avg 1/5/15 min at the end: {load_average()}")
     return rows
 
 

@@ -5,25 +5,16 @@
     python bench/bench_train_step.py --rounds 20 --steps 1 --opts train.device=cuda
     python bench/bench_train_step.py --quick                           # smoke run (tests)
 
-An arm only rewrites weights at construction time, so a training step must cost the same with
-or without it: the target ratio to the baseline is 1.00 within noise.
+An arm only rewrites weights at construction, so a step must cost the same with or without it (ratio 1.00
+within noise). Variants: ``baseline`` (the model node's own target: no arm code at all) and one per arm (the
+armed node with ``condinit.arm`` set). Every model is built from the same global RNG state, so all start from the
+baseline's weights outside the projections the arm reports changing (checked: exit status 1 otherwise), and all
+train on the same batches taken once from ``cfg.dataloader.train``, each with its own ``cfg.optimizer``.
 
-Variants: ``baseline`` (the model node's own target, without the armed wrapper: no arm code at
-all) and one per arm (``instantiate(cfg.model)`` with ``condinit.arm`` set: the armed node builds
-the model and applies the arm with the config's include / exclude / options). Every model is
-built after seeding the global RNG identically, so all variants start from the baseline's
-weights outside the projections the arm rewrote (checked; the script exits with status 1
-otherwise). Every variant trains on the same fixed batches, taken once from
-``cfg.dataloader.train``, in the same order, with its own optimizer from ``cfg.optimizer``.
-
-A step is detectron2's ``SimpleTrainer.run_step`` without the metric writing: forward to the loss
-dict, sum, ``zero_grad``, backward, ``optimizer.step()``. After the warmup steps, the variants
-are interleaved (round-robin, each round starting one variant later) so that machine noise hits
-all of them alike. The table gives the median and minimum step time per variant, their ratios
-to the baseline's, and the paired ratio: the median over rounds of the variant's time in a round
-over the baseline's in the same round, the estimate least affected by slow drifts in machine
-load. Many short rounds interleave more finely than a few long ones. Torch keeps its default
-number of threads.
+A step is ``SimpleTrainer.run_step`` without metric writing (forward, loss sum, ``zero_grad``, backward,
+``optimizer.step()``). After the warmup, interleaved rounds (each starting one variant later); per variant the
+median and minimum step, their ratios to the baseline's, and the paired ratio (median over rounds of the
+round-time ratio, least affected by slow drifts of the machine's load).
 """
 import argparse
 import os
@@ -33,7 +24,16 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py, however invoked
-from common import format_machine_info, format_table, machine_info, median  # noqa: E402
+from common import (  # noqa: E402
+    check_at_least,
+    format_machine_info,
+    format_table,
+    machine_info,
+    median,
+    paired_ratio,
+    parse_names,
+    timed_round,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = "configs/demo/mask_rcnn_vit_tiny.py"
@@ -98,7 +98,7 @@ def take_batches(cfg, num, seed):
 class Variant:
     """One model + optimizer; ``arm`` None is the baseline (no arm code called)."""
 
-    def __init__(self, cfg, name, arm, seed):
+    def __init__(self, cfg, name, arm, seed, batches):
         from detectron2.config import instantiate
         from detectron2.utils.env import seed_all_rng
         from detectron2.utils.events import EventStorage
@@ -115,12 +115,14 @@ class Variant:
         self.cuda = str(cfg.train.device).startswith("cuda")
         # Detectron2 models log training statistics into the current EventStorage.
         self.storage = EventStorage(0)
+        self.batches = batches
         self.times = []  # every timed step, seconds
         self.round_times = []  # total of the timed steps of each round, seconds
         self.steps_done = 0
 
-    def step(self, batches, timed):
-        batch = batches[self.steps_done % len(batches)]
+    def step(self):
+        """One training step on the next batch; its seconds."""
+        batch = self.batches[self.steps_done % len(self.batches)]
         self.steps_done += 1
         if self.cuda:
             torch.cuda.synchronize()
@@ -134,10 +136,7 @@ class Variant:
             self.optimizer.step()
             if self.cuda:
                 torch.cuda.synchronize()
-            elapsed = time.perf_counter() - start
-        if timed:
-            self.times.append(elapsed)
-        return float(losses.detach())
+            return time.perf_counter() - start
 
 
 def check_same_start(baseline, variants):
@@ -161,21 +160,15 @@ def run(cfg, *, arms, warmup, rounds, steps, num_batches, seed, log=print):
     """Build the variants, warm up, time interleaved rounds; returns (variants, mismatches)."""
     batches = take_batches(cfg, num_batches, seed)
     log(f"took {len(batches)} batches of {len(batches[0])} image(s) from cfg.dataloader.train")
-    variants = [Variant(cfg, BASELINE, None, seed)]
-    variants += [Variant(cfg, arm, arm, seed) for arm in arms]
+    variants = [Variant(cfg, BASELINE, None, seed, batches)]
+    variants += [Variant(cfg, arm, arm, seed, batches) for arm in arms]
     mismatches = check_same_start(variants[0], variants[1:])
     for v in variants:
         for _ in range(warmup):
-            v.step(batches, timed=False)
+            v.step()
     log(f"warmup done ({warmup} step(s) per variant)")
     for r in range(rounds):
-        # Rotate the starting variant so none always follows the same neighbour.
-        order = variants[r % len(variants):] + variants[: r % len(variants)]
-        for v in order:
-            n = len(v.times)
-            for _ in range(steps):
-                v.step(batches, timed=True)
-            v.round_times.append(sum(v.times[n:]))
+        timed_round(variants, r, steps)
         log(f"round {r + 1}/{rounds} done", flush=True)
     return variants, mismatches
 
@@ -188,7 +181,7 @@ def format_results(variants):
         sites = "-" if v.report is None else len(v.report.sites)
         params = "-" if v.report is None else len(v.report.changed_parameters())
         med, lo = median(v.times), min(v.times)
-        paired = median([t / b for t, b in zip(v.round_times, base.round_times)])
+        paired = paired_ratio(v.round_times, base.round_times)
         rows.append([v.name, sites, params, len(v.times), f"{med:.3f}", f"{lo:.3f}",
                      f"{med / base_med:.3f}", f"{lo / base_min:.3f}", f"{paired:.3f}"])
     return format_table(["variant", "sites", "params changed", "timed steps", "median s/step",
@@ -216,16 +209,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         args.warmup, args.rounds, args.steps, args.num_batches = 1, 1, 2, 2
-    arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown or not arms:
-        parser.error(f"unknown arm(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(ARMS)}")
-    if len(set(arms)) != len(arms):
-        parser.error(f"--arms lists an arm twice: {args.arms}")
-    for name in ("warmup", "rounds", "steps", "num_batches"):
-        minimum = 0 if name == "warmup" else 1
-        if getattr(args, name) < minimum:
-            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}")
+    arms = parse_names(parser, "--arms", args.arms, list(ARMS))
+    check_at_least(parser, args, dict(warmup=0, rounds=1, steps=1, num_batches=1))
 
     import condinit_det  # noqa: F401  (registers the project's modules)
 

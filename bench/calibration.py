@@ -1,35 +1,13 @@
-"""Calibration of the report's intervals on simulated experiments with a known effect.
+"""Calibration of the report's intervals on simulated experiments with a known effect (docs/statistics.md).
 
-A simulated experiment has n seeds, two arms (default and one other) and N evaluation images. Image i
-of seed s scores, for arm a,
+    python bench/calibration.py --sims 2000     # the table of docs/statistics.md, then the contrasts
 
-    y[a, s, i] = b_i + c_s + effect[a] + seed_part[a, s] + image_part[a, i] + noise[a, s, i]
-
-b_i (image difficulty) and c_s (a seed's data order) are shared by both arms and cancel in the paired
-difference; ``seed_part`` is the arm's training-run variation, ``image_part`` an image effect of the
-arm common to all its training runs, ``noise`` the image-by-run variation. Every part is normal; the
-scenario gives their sizes as standard deviations of the *difference* arm - default (each arm carries
-half the variance). The metric is the mean score over the evaluation images (classification accuracy
-is such a mean; COCO AP is not, but the intervals only see per-seed differences and their
-image-resampled replicates).
-
-Truths an interval can be scored against, per simulated experiment:
-
-- ``population``: the effect, the difference expected over training runs and over images (what a
-  verdict on the initialization is about);
-- ``evaluation set``: effect + the mean image effect of these N images (what an interval over seeds
-  with the evaluation set held fixed covers);
-- ``images``: effect + the seed part of seed 0 (this one trained model pair on the image population:
-  what a one-seed image bootstrap covers).
-
-A contrast between two arms (:func:`contrast_coverage`) simulates two arms beside the default with
-different effects, sharing the default runs, and scores the interval of their per-seed difference
-against the known difference of the effects.
-
-Every interval is computed by the report's own functions (:mod:`condinit_det.report.statistics`,
-:func:`condinit_det.evaluation.bootstrap.resampled_mean`, Holm's :func:`holm_adjust`), on
-arrays of simulated experiments at once. Run ``python bench/calibration.py`` for the table of
-docs/statistics.md; tests/test_calibration.py runs its cells with fewer experiments.
+A simulated experiment has n seeds, two arms (default and one other) and N evaluation images; image i of seed s
+scores ``y[a, s, i] = b_i + c_s + effect[a] + seed_part[a, s] + image_part[a, i] + noise[a, s, i]``, every part
+normal, a scenario giving their sizes as standard deviations of the difference arm - default. The truths an
+interval is scored against: ``population`` (the effect), ``evaluation set`` (effect + the mean image effect of
+these N images) and ``images`` (effect + seed 0's seed part). Every interval comes from the report's own
+functions, on arrays of simulated experiments at once; tests/test_calibration.py runs its cells with fewer.
 """
 from __future__ import annotations
 
@@ -54,9 +32,6 @@ from condinit_det.report.statistics import (
     report_method,
     two_level_bootstrap,
 )
-
-__all__ = ["SATTERTHWAITE", "SCENARIOS", "Scenario", "calibrate", "contrast_coverage", "coverage", "family_wise_error",
-           "format_table", "key", "main", "poi_coverage", "report_coverage", "simulate"]
 
 # The two-level interval with Welch–Satterthwaite degrees of freedom: calibrated for comparison only.
 SATTERTHWAITE = "two-level Satterthwaite"
@@ -160,8 +135,7 @@ def coverage(scenario: Scenario, num_seeds: int, *, num_sims: int = 1000, bootst
     """
     rng = np.random.default_rng(0) if rng is None else rng
     hits: Dict[str, float] = {}
-    done = 0
-    while done < num_sims:
+    for done in range(0, num_sims, chunk):
         size = min(chunk, num_sims - done)
         sim = simulate(scenario, num_seeds, size, rng)
         rep = _replicates(sim, rng, bootstrap)[0]
@@ -183,7 +157,6 @@ def coverage(scenario: Scenario, num_seeds: int, *, num_sims: int = 1000, bootst
             found[key(TWO_LEVEL_T, "population")] = _covered(two.low, two.high, sim.population)
         for k, v in found.items():
             hits[k] = hits.get(k, 0.0) + v * size
-        done += size
     return {k: v / num_sims for k, v in hits.items()}
 
 

@@ -15,7 +15,7 @@ import contextlib
 import io
 from typing import Dict, List, Mapping, Sequence, Tuple
 
-from condinit_det.evaluation.bootstrap import AP_METRICS, _build_gt, _evaluator, _load_results
+from condinit_det.evaluation.bootstrap import AP_METRICS, coco_evaluator, coco_ground_truth
 
 __all__ = ["reevaluated_ap", "resample_coco"]
 
@@ -52,10 +52,10 @@ def reevaluated_ap(dataset: Mapping, predictions: Sequence[Sequence[dict]], indi
                    iou_type: str) -> List[Dict[str, float]]:
     """COCO AP / AP50 / AP75 (percent, NaN where COCO gives -1) of each prediction list on the resample."""
     data, resampled = resample_coco(dataset, predictions, indices)
-    gt = _build_gt(data)
+    gt = coco_ground_truth(data)
     out = []
     for preds in resampled:
-        ev = _evaluator(gt, _load_results(gt, preds, iou_type), iou_type)
+        ev = coco_evaluator(gt, preds, iou_type)
         with contextlib.redirect_stdout(io.StringIO()):
             ev.evaluate()
             ev.accumulate()

@@ -1,23 +1,13 @@
-"""
-Small helpers shared by the bench/ scripts.
+"""Helpers shared by the bench/ scripts: the machine and device lines printed above every table, markdown
+tables, argument checks, and interleaved timing rounds.
 
-- ``time_call(fn, setup=..., warmup=..., repeats=...)``: wall-clock seconds of ``fn``, one
-  value per repeat, each preceded by an untimed ``setup()``; ``median`` of them.
-- ``format_table(headers, rows)``: a GitHub-markdown table (pastes into BENCHMARKS.md).
-- ``speedup(baseline_s, candidate_s)``: baseline / candidate (> 1 means the candidate is faster).
-- ``machine_info()`` / ``format_machine_info()``: CPU model, core count, load average and library
-  versions, printed at the top of every benchmark so numbers carry their context.
-- ``device_info(device)`` / ``format_device_info()``: the accelerator a benchmark ran on (name, memory,
-  driver, CUDA runtime), or the CPU.
-- ``rotated(items, shift)`` / ``paired_ratio(candidate, baseline)``: interleaved rounds, each starting
-  one variant later, and the median over rounds of the per-round time ratio.
-
-Speed numbers are only meaningful as ratios against a baseline measured in the same run on the
-same machine; the scripts print both.
+Speed numbers are only meaningful as ratios against a baseline measured in the same run on the same machine;
+the scripts print both.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import platform
@@ -25,48 +15,7 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
-from typing import Callable, List, Optional, Sequence
-
-__all__ = [
-    "time_call",
-    "median",
-    "speedup",
-    "format_table",
-    "machine_info",
-    "format_machine_info",
-    "device_info",
-    "format_device_info",
-    "rotated",
-    "paired_ratio",
-]
-
-
-def time_call(
-    fn: Callable[[], object],
-    *,
-    setup: Optional[Callable[[], object]] = None,
-    warmup: int = 0,
-    repeats: int = 1,
-) -> List[float]:
-    """
-    Run ``fn()`` ``warmup + repeats`` times and return the ``repeats`` wall-clock durations
-    (seconds, ``time.perf_counter``). ``setup()`` runs untimed before every call; when it
-    returns something other than None, ``fn`` receives it as its only argument.
-    """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(
-            f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}"
-        )
-    times = []
-    for i in range(warmup + repeats):
-        state = setup() if setup is not None else None
-        start = time.perf_counter()
-        fn() if state is None else fn(state)
-        elapsed = time.perf_counter() - start
-        if i >= warmup:
-            times.append(elapsed)
-    return times
+from typing import List, Optional, Sequence
 
 
 def median(values: Sequence[float]) -> float:
@@ -125,6 +74,14 @@ def machine_info(packages: Sequence[str] = ("numpy", "torch")) -> dict:
     return info
 
 
+def load_average() -> str:
+    """The 1/5/15-minute load average as ``"a / b / c"``, or ``"n/a"`` where the system gives none."""
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):
+        return "n/a"
+
+
 def format_machine_info(info: dict) -> str:
     load = info.get("load_avg")
     load_s = "n/a" if load is None else " / ".join(f"{x:.2f}" for x in load)
@@ -144,6 +101,16 @@ def rotated(items: Sequence[object], shift: int) -> list:
     return items[k:] + items[:k]
 
 
+def timed_round(variants: Sequence, index: int, steps: int) -> None:
+    """Round ``index`` of an interleaved benchmark: each variant in turn, from variant ``index`` on (:func:`rotated`),
+    runs ``steps`` steps (``variant.step()`` returns its seconds) into its ``times``, their sum into its
+    ``round_times``."""
+    for variant in rotated(variants, index):
+        times = [variant.step() for _ in range(steps)]
+        variant.times += times
+        variant.round_times.append(sum(times))
+
+
 def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float:
     """Median over rounds of ``candidate[r] / baseline[r]`` (times of the same round): the ratio least
     affected by slow drifts of the machine's speed."""
@@ -154,6 +121,24 @@ def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float
     if any(b <= 0 for b in baseline):
         raise ValueError(f"baseline round times must be positive, got {list(baseline)}")
     return median([c / b for c, b in zip(candidate, baseline)])
+
+
+def parse_names(parser: argparse.ArgumentParser, flag: str, text: str, accepted: Sequence[str]) -> List[str]:
+    """The comma-separated names given to ``flag``; one line and exit for an unknown, missing or repeated name."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in accepted]
+    if unknown or not names:
+        parser.error(f"{flag}: unknown {', '.join(unknown) or '(none given)'}; accepted: {', '.join(accepted)}")
+    if len(set(names)) != len(names):
+        parser.error(f"{flag} lists a name twice: {text}")
+    return names
+
+
+def check_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, minimums: dict) -> None:
+    """One line and exit where an option (``minimums``: its ``args`` attribute -> its least value) is below it."""
+    for name, minimum in minimums.items():
+        if getattr(args, name) < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}")
 
 
 def _nvidia_driver() -> Optional[str]:

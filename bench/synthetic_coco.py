@@ -1,5 +1,6 @@
 """
-Synthetic COCO-style ground truth and detector outputs, for the evaluation benchmark and its tests.
+Synthetic COCO-style ground truth and detector outputs, for the evaluation benchmark and its tests, and
+detectron2 training inputs for the step and conditioning benchmarks (:func:`detection_batches`).
 
 The ground truth is a COCO annotation dict (polygon masks, a few crowd regions with
 uncompressed RLE, non-contiguous category ids like COCO's 1..90). Predictions imitate a
@@ -20,11 +21,16 @@ import numpy as np
 import pycocotools.mask as mask_util
 
 __all__ = [
+    "detection_batches",
     "make_synthetic_coco",
     "make_synthetic_predictions",
     "predictions_to_instances",
     "predictions_to_coco_results",
+    "synthetic_results",
 ]
+
+INSTANCES_PER_IMAGE = 7  # COCO train2017: 860,001 instances / 118,287 images = 7.3
+POLYGON_VERTICES = 16
 
 
 def _ellipse_polygon(rng, cx, cy, rx, ry, num_vertices=16, wobble=0.15):
@@ -224,6 +230,13 @@ def make_synthetic_predictions(
     return out
 
 
+def synthetic_results(coco_gt: dict, *, seed: int, recall: float = 0.85) -> Dict[int, List[dict]]:
+    """{image_id: COCO results} of the benchmarks' detector: :func:`make_synthetic_predictions` with 25 background
+    detections per image on average, through :func:`predictions_to_coco_results`."""
+    dets = make_synthetic_predictions(coco_gt, recall=recall, false_positives_per_image=25.0, seed=seed)
+    return {image_id: predictions_to_coco_results(d, image_id) for image_id, d in dets.items()}
+
+
 def predictions_to_instances(dets: List[dict], image_size, *, with_masks: bool = True):
     """
     Turn one image's detections from :func:`make_synthetic_predictions` into the
@@ -278,3 +291,36 @@ def predictions_to_coco_results(dets: List[dict], image_id: int) -> List[dict]:
             }
         )
     return results
+
+
+def detection_batches(*, num: int, batch: int, size, num_classes: int, seed: int) -> List[list]:
+    """``num`` batches of ``batch`` detectron2 training inputs (uint8 CHW images of ``size`` (h, w), Instances with
+    INSTANCES_PER_IMAGE boxes of 5-50% of the side, their classes and elliptic polygon masks), drawn from a
+    generator seeded by ``seed``."""
+    import torch
+    from detectron2.structures import Boxes, Instances, PolygonMasks
+
+    rng = np.random.default_rng(seed)
+    h, w = size
+    angles = np.linspace(0.0, 2.0 * np.pi, POLYGON_VERTICES, endpoint=False)
+    batches = []
+    for _ in range(num):
+        inputs = []
+        for _ in range(batch):
+            image = torch.from_numpy(rng.integers(0, 256, size=(3, h, w), dtype=np.uint8))
+            sides = rng.uniform(0.05, 0.5, size=(INSTANCES_PER_IMAGE, 2)) * np.array([w, h])
+            corners = rng.uniform(0.0, 1.0, size=(INSTANCES_PER_IMAGE, 2)) * (np.array([w, h]) - sides)
+            polygons, boxes = [], []
+            for (x0, y0), (bw, bh) in zip(corners, sides):
+                xs = x0 + bw / 2 * (1 + np.cos(angles))
+                ys = y0 + bh / 2 * (1 + np.sin(angles))
+                polygons.append([np.stack([xs, ys], axis=1).reshape(-1)])
+                # Boxes from the masks, as the recipes' mapper recomputes them (recompute_boxes=True).
+                boxes.append([xs.min(), ys.min(), xs.max(), ys.max()])
+            instances = Instances((h, w))
+            instances.gt_boxes = Boxes(torch.tensor(np.array(boxes), dtype=torch.float32))
+            instances.gt_classes = torch.from_numpy(rng.integers(0, num_classes, size=INSTANCES_PER_IMAGE))
+            instances.gt_masks = PolygonMasks(polygons)
+            inputs.append({"image": image, "height": h, "width": w, "instances": instances})
+        batches.append(inputs)
+    return batches

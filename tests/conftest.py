@@ -1,4 +1,5 @@
 """Fixtures shared by several test modules."""
+import logging
 import os
 import shutil
 import subprocess
@@ -23,6 +24,20 @@ def _slurm_unavailable():
             "(export the line tools/slurm_local.sh start prints)"
         )
     return None
+
+
+@pytest.fixture(autouse=True)
+def no_log_handler_on_a_closed_stream():
+    """A test that sets up a run's log in this process leaves its handlers on the streams it had; once pytest closes a
+    test's captured stream, such a handler would write a logging error into a later test's output (the order of the
+    tests a process runs differs under pytest-xdist). They are removed after each test."""
+    yield
+    loggers = [logging.getLogger()] + [logger for logger in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if getattr(getattr(handler, "stream", None), "closed", False):
+                logger.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,8 @@ __all__ = [
     "AP_METRICS",
     "CocoMatches",
     "MATCHES_FORMAT",
+    "coco_evaluator",
+    "coco_ground_truth",
     "image_counts",
     "image_draws",
     "image_ids_digest",
@@ -64,23 +66,21 @@ def _copy_dataset(dataset: Mapping) -> dict:
     }
 
 
-def _build_gt(dataset: dict):
+def coco_ground_truth(dataset: dict):
+    """faster-coco-eval's COCO object of a COCO annotation dict."""
     from faster_coco_eval import COCO  # imported when used: the report imports this module for its resampling
 
     return COCO(dataset, print_function=_quiet)
 
 
-def _load_results(coco_gt, predictions: Sequence[dict], iou_type: str):
-    """COCO results object of ``predictions`` (copied: loadRes sets "id"/"area" on the records)."""
-    # For masks drop "bbox" so the instance area is the mask area, as detectron2's evaluator does.
-    drop = "bbox" if iou_type == "segm" else None
-    return coco_gt.loadRes([{k: v for k, v in p.items() if k != drop} for p in predictions])
-
-
-def _evaluator(coco_gt, coco_dt, iou_type: str):
+def coco_evaluator(coco_gt, predictions: Sequence[dict], iou_type: str):
+    """faster-coco-eval's COCOeval of ``predictions`` (COCO result dicts, copied: loadRes sets "id" and "area") on
+    ``coco_gt``, keeping the per-image results (``separate_eval``) that the matching reads."""
     from faster_coco_eval import COCOeval_faster
 
-    # separate_eval keeps the per-image results (``_evalImgs_cpp``) that the matching reads.
+    # For masks drop "bbox" so the instance area is the mask area, as detectron2's evaluator does.
+    drop = "bbox" if iou_type == "segm" else None
+    coco_dt = coco_gt.loadRes([{k: v for k, v in p.items() if k != drop} for p in predictions])
     return COCOeval_faster(coco_gt, coco_dt, iou_type, print_function=_quiet, separate_eval=True)
 
 
@@ -154,8 +154,7 @@ def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], io
     copy = _copy_dataset(dataset)
     for n, a in enumerate(copy["annotations"]):
         a["id"] = n + 1  # a match is a nonzero ground-truth id: fresh ids, as a resampled dataset has
-    gt = _build_gt(copy)
-    ev = _evaluator(gt, _load_results(gt, list(predictions), iou_type), iou_type)
+    ev = coco_evaluator(coco_ground_truth(copy), list(predictions), iou_type)
     p = ev.params
     p.areaRng, p.areaRngLbl = [p.areaRng[0]], [p.areaRngLbl[0]]  # "all" only: AP, AP50, AP75
     with contextlib.redirect_stdout(io.StringIO()):
