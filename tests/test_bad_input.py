@@ -77,6 +77,42 @@ def test_a_misspelt_override_is_refused_before_anything_is_built(tmp_path, stage
     plan_experiment(make(), build_parser().parse_args([*argv[:-1], "train.seed=3", "+note='x'"]))
 
 
+def test_overrides_into_a_list_element_are_checked_by_index():
+    from omegaconf import OmegaConf
+
+    from condinit_det.utils.overrides import check_override_keys
+
+    cfg = OmegaConf.create({"mapper": {"augmentations": [{"flip": True}, {"target_height": 1024, "ref": "${..0}"}]}})
+    check_override_keys(cfg, ["mapper.augmentations.1.target_height=128", "mapper.augmentations.0=x"])
+    with pytest.raises(UsageError, match=r"^mapper.augmentations.1.target_heigt: no such key; did you mean "
+                                         r"mapper.augmentations.1.target_height\?"):
+        check_override_keys(cfg, ["mapper.augmentations.1.target_heigt=128"])
+    with pytest.raises(UsageError, match="mapper.augmentations.2.flip: no such key"):
+        check_override_keys(cfg, ["mapper.augmentations.2.flip=false"])
+
+
+def _head(*, width, top_k=100):
+    return width, top_k
+
+
+def _loose(**kwargs):
+    return kwargs
+
+
+def test_a_targets_own_arguments_are_accepted_though_the_config_does_not_set_them():
+    from omegaconf import OmegaConf
+
+    from condinit_det.utils.overrides import check_override_keys
+
+    cfg = OmegaConf.create({"head": {"_target_": f"{__name__}._head", "width": 8},
+                            "loose": {"_target_": f"{__name__}._loose", "inner": {"_target_": f"{__name__}._head"}}})
+    check_override_keys(cfg, ["head.top_k=10", "loose.anything=1", "loose.inner.top_k=3"])
+    with pytest.raises(UsageError, match=r"head.top_kk: no such key; did you mean head.top_k\?"):
+        check_override_keys(cfg, ["head.top_kk=10"])
+    with pytest.raises(UsageError, match="loose.inner.top_kk: no such key"):  # **kwargs opens its own node only
+        check_override_keys(cfg, ["loose.inner.top_kk=3"])
+
+
 def test_missing_dataset_folder(tmp_path):
     from detectron2.data.datasets import register_coco_instances
 

@@ -141,7 +141,9 @@ YACS_COCO_OVERRIDES = [
     "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "32", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0",
     "TEST.DETECTIONS_PER_IMAGE", "10",
 ]
-YACS_DEMO_OVERRIDES = ["SOLVER.MAX_ITER", "1", "SOLVER.CHECKPOINT_PERIOD", "1", "TEST.EVAL_PERIOD", "1"]
+# An untrained model keeps 100 detections of every image: their masks make the evaluation slow.
+YACS_DEMO_OVERRIDES = ["SOLVER.MAX_ITER", "1", "SOLVER.CHECKPOINT_PERIOD", "1", "TEST.EVAL_PERIOD", "1",
+                       "TEST.DETECTIONS_PER_IMAGE", "10"]
 DEMO_OVERRIDES = ["train.max_iter=1", "train.eval_period=1", "train.log_period=1"]
 
 
@@ -193,7 +195,7 @@ def build_plan(work, image_folder, only=None, small_data=None):
             add(name, TRAIN_NET, DEMO_OVERRIDES)
         elif folder == "yacs":
             over = YACS_COCO_OVERRIDES if "coco_2017_train" in (CONFIGS / name).read_text() else YACS_DEMO_OVERRIDES
-            add(name, TRAIN_NET, over, drop="output/yacs")
+            add(name, TRAIN_NET, over, drop=f"output/yacs/{stem}")  # its own folder: the two run in parallel
         else:
             add(name, TRAIN_NET, lazy_coco_overrides(name), drop=f"output/COCO/{stem}")
     first = [n for n in steps if n.startswith("ImageNet/") or n.startswith("demo/pretrain_")]
@@ -244,6 +246,14 @@ def _output_dir(name):
     return f"output/{Path(name).parent}/{Path(name).stem}"
 
 
+def _pin(cpu):
+    """This process onto CPU ``cpu`` of the machine, where the machine allows it."""
+    try:
+        os.sched_setaffinity(0, {cpu % os.cpu_count()})
+    except (AttributeError, OSError):
+        pass
+
+
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
     """Run the plan of the selected configs once; returns (working folder, status per config, combined output)."""
@@ -259,15 +269,15 @@ def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
     env = dict(os.environ, DETECTRON2_DATASETS=str(coco_layout_root),
                CONDINIT_DATA=str(tmp_path_factory.mktemp("condinit_data")), PYTHONWARNINGS="ignore")
     env.pop("IMAGENET_ROOT", None)
-    # One step keeps a core about half busy (data loading, evaluation, Python between kernels): two processes, each
-    # on its share of the plan, finish in about half the wall time on two cores.
+    # Two processes, each on its share of the plan and on a CPU of its own (under pytest-xdist this worker has one:
+    # conftest.py), finish in about half the wall time on two cores.
     procs = []
     for k, part in enumerate(split_plan(plan, WORKERS)):
         (work / f"plan{k}.json").write_text(json.dumps(part, indent=1))
         log = open(work / f"output{k}.log", "w")
         procs.append((subprocess.Popen([sys.executable, RUN_TOOLS, str(work / f"plan{k}.json"),
                                         str(work / f"status{k}.json")], cwd=work, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
+                                       stderr=subprocess.STDOUT, preexec_fn=lambda cpu=k: _pin(cpu)), log))
     for proc, log in procs:
         try:
             proc.wait(timeout=3600)

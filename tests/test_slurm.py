@@ -215,7 +215,7 @@ def test_per_element_dependency(slurm_env):
     out = slurm_env / "out"
     out.mkdir()
     ex = _executor(slurm_env / "slurm")
-    first = slurm.submit(ex, [_Element(out, 0, 8.0), _Element(out, 1, 0.0)])
+    first = slurm.submit(ex, [_Element(out, 0, 25.0), _Element(out, 1, 0.0)])
     second = slurm.submit(ex, [_Element(out, 10, 0.0), _Element(out, 11, 0.0)], dependency=slurm.after_each(first))
     _wait(first + second)
     assert [j.result() for j in second] == [10, 11]

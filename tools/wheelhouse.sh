@@ -324,7 +324,8 @@ echo "wheelhouse: downloading for ${TARGET[*]:-this interpreter}" >&2
 # never cached.
 if [[ -n "${CONDINIT_WHEEL_CACHE:-}" ]]; then
   mkdir -p "$CONDINIT_WHEEL_CACHE"
-  [[ -f "$WORK/target.json" ]] || resolve_target "$WORK/target.json"
+  # Resolved anew, with the stand-ins: a cached wheel that only an excluded project needs stays out.
+  resolve_target "$WORK/target.json"
   while read -r name; do
     [[ -n "$name" && -f "$CONDINIT_WHEEL_CACHE/$name" ]] && cp "$CONDINIT_WHEEL_CACHE/$name" "$WORK/download/"
   done < <(helper wheel_names "$WORK/target.json")
