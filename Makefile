@@ -14,10 +14,10 @@ venv:
 lint: venv
 	$(PY) -m ruff check .
 
-# Both cores (pytest-xdist): tests/conftest.py's scheduler sends each group (a test file, the Slurm tests, the
-# wheelhouse builds, the tests that read the demo runs) to one worker. TEST_WORKERS=0 runs everything in one process.
+# Both cores (pytest-xdist): each test file, the Slurm tests and the wheelhouse builds are one group on one worker
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
+XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not e2e" $(XDIST) $(PYTEST_ARGS)

@@ -10,19 +10,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_configure(config):
-    """Under pytest-xdist, each worker gets its own CPUs (CPU affinity, which the processes it starts inherit and
-    condinit_det.utils.threads reads): two workers whose torch each spreads over every CPU slow each other down
-    several times over (OpenMP threads spinning on shared cores)."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if worker is None or count < 2 or not hasattr(os, "sched_setaffinity"):
+    """Under pytest-xdist, every process of a worker computes on one thread: two workers whose torch each spreads
+    over every CPU slow each other down several times over (OpenMP threads spinning on shared cores). The training
+    processes a test starts size their pools from SLURM_CPUS_PER_TASK (condinit_det.utils.threads; the Slurm tests'
+    jobs get their own, slurm_env), other processes from OMP_NUM_THREADS. No CPU is pinned, so a worker that waits
+    (on a download, on a Slurm job) leaves its core to the other one."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
         return
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) >= count:
-        own = cpus[int(worker.removeprefix("gw")) % count::count]
-        os.sched_setaffinity(0, own)
-        import torch
+    os.environ.update(SLURM_CPUS_PER_TASK="1", OMP_NUM_THREADS="1")
+    import torch
 
-        torch.set_num_threads(len(own))
+    torch.set_num_threads(1)
 
 
 def _slurm_unavailable():
@@ -68,6 +66,7 @@ def slurm_env(slurm_unavailable, monkeypatch, tmp_path):
     Skips the test when no cluster answers."""
     if slurm_unavailable:
         pytest.skip(slurm_unavailable)
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)  # a job's own comes from its allocation
     path = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", REPO + (os.pathsep + path if path else ""))
     return tmp_path
@@ -120,19 +119,15 @@ def image_folder_root(tmp_path_factory):
     return write_image_folder(tmp_path_factory.mktemp("imagefolder"), train_per_class=1)
 
 
-# Under pytest-xdist (`make test` and `make test-e2e` pass `-n 2`), the scheduler below sends each group of tests to
-# one worker, in order: each test file is a group, so a module's fixtures are made once; the tests that read the demo
-# runs (the every config test, the docs' demo pair, the digits demo) join the every config test's group, so the runs
-# are made once; the tests that share the one-node Slurm (a test there counts the node's free CPUs) are one group, and
-# so are the two wheelhouse builds, which share the wheel cache (one reads what the other writes). The groups that
-# take longest start first.
+# Under pytest-xdist (`make test` and `make test-e2e` pass `-n 2 --dist loadgroup`), a group runs on one worker, in
+# order: each test file is a group, so a module's fixtures are made once; the tests that read the demo runs (the every
+# config test, the docs' demo pair, the digits demo) join the every config test's group, so the runs are made once;
+# the tests that share the one-node Slurm (a test there counts the node's free CPUs) are one group, and so are the two
+# wheelhouse builds, which share the wheel cache (one reads what the other writes). The two longest groups start first.
 EVERY_CONFIG = "tests/test_configs_end_to_end.py"
 SHARED_GROUPS = {
     "tests/test_docs.py::test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining": EVERY_CONFIG,
     "tests/test_digits_demo.py::test_make_demo_digits_end_to_end_at_tiny_size": EVERY_CONFIG,
-    "tests/test_launcher.py::test_an_experiment_as_a_slurm_array_then_its_status": "slurm",
-    "tests/test_slurm.py": "slurm",
-    "tests/test_slurm_experiments.py": "slurm",
     "tests/test_offline_install.py::test_wheelhouse_holds_every_dependency_as_wheels_without_torch": "wheelhouse",
     "tests/test_offline_install.py::test_offline_install_into_an_environment_with_torch": "wheelhouse",
     "tests/test_gpu_check.py::test_the_machine_wheelhouse_is_for_python_3_12_and_fits_what_travels": "wheelhouse",
@@ -140,26 +135,17 @@ SHARED_GROUPS = {
 FIRST = ("slurm", EVERY_CONFIG)
 
 
-def group_of(nodeid: str) -> str:
-    """The group of a test (its file, or a shared group of SHARED_GROUPS) from its node id."""
-    test, file = nodeid.split("[")[0], nodeid.split("::")[0]
-    return SHARED_GROUPS.get(test, SHARED_GROUPS.get(file, file))
+def xdist_group_of(item) -> str:
+    """The pytest-xdist group of a test: "slurm", a shared group of SHARED_GROUPS, or its file."""
+    if item.get_closest_marker("slurm") is not None:
+        return "slurm"
+    return SHARED_GROUPS.get(item.nodeid.split("[")[0], item.nodeid.split("::")[0])
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
     # A stable sort: the order inside a group stays the files' order.
-    items.sort(key=lambda item: FIRST.index(group_of(item.nodeid)) if group_of(item.nodeid) in FIRST
-               else len(FIRST))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    class GroupScheduling(LoadScopeScheduling):
-        """pytest-xdist's scope scheduling with group_of as the scope."""
-
-        def _split_scope(self, nodeid):
-            return group_of(nodeid)
-
-    return GroupScheduling(config, log)
+    items.sort(key=lambda item: FIRST.index(xdist_group_of(item)) if xdist_group_of(item) in FIRST else len(FIRST))

@@ -246,14 +246,6 @@ def _output_dir(name):
     return f"output/{Path(name).parent}/{Path(name).stem}"
 
 
-def _pin(cpu):
-    """This process onto CPU ``cpu`` of the machine, where the machine allows it."""
-    try:
-        os.sched_setaffinity(0, {cpu % os.cpu_count()})
-    except (AttributeError, OSError):
-        pass
-
-
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
     """Run the plan of the selected configs once; returns (working folder, status per config, combined output)."""
@@ -269,15 +261,15 @@ def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
     env = dict(os.environ, DETECTRON2_DATASETS=str(coco_layout_root),
                CONDINIT_DATA=str(tmp_path_factory.mktemp("condinit_data")), PYTHONWARNINGS="ignore")
     env.pop("IMAGENET_ROOT", None)
-    # Two processes, each on its share of the plan and on a CPU of its own (under pytest-xdist this worker has one:
-    # conftest.py), finish in about half the wall time on two cores.
+    # Two processes, each on its share of the plan (and, under pytest-xdist, on one thread: conftest.py), finish in
+    # about half the wall time on two cores.
     procs = []
     for k, part in enumerate(split_plan(plan, WORKERS)):
         (work / f"plan{k}.json").write_text(json.dumps(part, indent=1))
         log = open(work / f"output{k}.log", "w")
         procs.append((subprocess.Popen([sys.executable, RUN_TOOLS, str(work / f"plan{k}.json"),
                                         str(work / f"status{k}.json")], cwd=work, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT, preexec_fn=lambda cpu=k: _pin(cpu)), log))
+                                       stderr=subprocess.STDOUT), log))
     for proc, log in procs:
         try:
             proc.wait(timeout=3600)

@@ -254,9 +254,10 @@ while True:
 
 
 class _Counter(submitit.helpers.Checkpointable):
-    """Counts to ``total`` in 0.25 s steps; a child process logs the signals it receives."""
+    """Counts to ``total`` in 0.25 s steps (15 s: the test's signals land while it counts, also on a busy machine);
+    a child process logs the signals it receives."""
 
-    def __init__(self, folder, total=24):
+    def __init__(self, folder, total=60):
         self.folder, self.total, self.count = str(folder), total, 0
 
     def __call__(self):

@@ -122,8 +122,9 @@ def test_extending_a_running_experiment_submits_only_the_new_runs(slurm_env):
     # The same command with a second seed, while seed 0 is queued or running.
     log = _tool(TRAIN_NET, *argv, "--seeds", "0,1", *overrides, cwd=slurm_env)
     second, report = _ids(log)
+    after = _states(first)
     for i, arm in enumerate(ARMS):
-        if f"{first}_{i}" in in_flight:
+        if after.get(f"{first}_{i}") in ("PENDING", "RUNNING"):  # in flight before and after the second command
             assert f"{arm}/seed0: in flight as job {first}_{i}: not resubmitted" in log, log
     assert f"Submitted 3 run(s) of {exp} as job array {second}" in log
     assert [line.split()[-1] for line in log.splitlines() if line.startswith(f"  {second}_")] == \
