@@ -149,3 +149,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
     # A stable sort: the order inside a group stays the files' order.
     items.sort(key=lambda item: FIRST.index(xdist_group_of(item)) if xdist_group_of(item) in FIRST else len(FIRST))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under --dist loadgroup, stop when a worker's test ids came without their group: the tests would spread over both
+    workers, each making the shared runs again (pytest 9.2 with pytest-xdist 3.8)."""
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid.rpartition("]")[2]]
+    if ungrouped:
+        pytest.exit(f"pytest-xdist did not put {ungrouped[0]} (and {len(ungrouped) - 1} more) in a group: this pytest "
+                    "and pytest-xdist do not group together; install the versions setup.py's test extra asks for "
+                    "(bash tools/setup_env.sh)", returncode=pytest.ExitCode.USAGE_ERROR)
