@@ -7,7 +7,9 @@
     python bench/bench_cli.py --quick                          # --help only, one repeat
 
 Each command runs in a fresh process (``python -m condinit_det.commands.<name>``), ``--repeats`` times (median).
-Targets: ``--help`` <= 1 s, status and compare <= 2 s on the demo experiment.
+compare is timed twice: into a new folder (it resamples the images and draws the figures) and again into the same
+folder with nothing changed (it reuses both). Targets: ``--help`` <= 1 s, status and compare <= 2 s on the demo
+experiment.
 """
 import argparse
 import os
@@ -23,14 +25,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ("train", "pretrain", "compare", "conditioning", "status", "protocol")
 
 
-def _seconds(argv, repeats):
+def _seconds(argv, repeats, fresh_output=None):
+    """Median wall time of ``argv``; with ``fresh_output``, each repeat writes into a new folder under it."""
     times = []
-    for _ in range(repeats):
+    for k in range(repeats):
+        output = [] if fresh_output is None else ["--output", os.path.join(fresh_output, str(k))]
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, *argv, *output], cwd=ROOT, capture_output=True, text=True)
         times.append(time.perf_counter() - start)
         if done.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-2000:]}")
+            raise SystemExit(f"{' '.join(argv + output)} exited {done.returncode}: {done.stderr[-2000:]}")
     return median(times)
 
 
@@ -50,9 +54,14 @@ def main():
     experiment = os.path.join(ROOT, args.experiment)
     if not args.quick and os.path.isdir(experiment):
         with tempfile.TemporaryDirectory() as out:
-            for name, argv in (("status", [experiment]), ("compare", [experiment, "--output", out])):
-                seconds = _seconds(["-m", f"condinit_det.commands.{name}", *argv], repeats)
-                rows.append([f"condinit-{name} {args.experiment}", f"{seconds:.2f}", f"{seconds / base:.1f}", "2.0"])
+            command = ["-m", "condinit_det.commands.compare", experiment]
+            for label, seconds in (
+                    (f"condinit-status {args.experiment}",
+                     _seconds(["-m", "condinit_det.commands.status", experiment], repeats)),
+                    (f"condinit-compare {args.experiment} (new folder)", _seconds(command, repeats, fresh_output=out)),
+                    (f"condinit-compare {args.experiment} (again)",
+                     _seconds([*command, "--output", os.path.join(out, "0")], repeats))):
+                rows.append([label, f"{seconds:.2f}", f"{seconds / base:.1f}", "2.0"])
     elif not args.quick:
         print(f"(no experiment at {args.experiment}: status and compare not timed; `make demo` writes one)")
     print(f"python -c pass: {base:.3f} s (median of {repeats})")

@@ -147,8 +147,9 @@ def test_table_numbers_and_convergence(experiment):
 def test_written_files(experiment, tmp_path):
     out = tmp_path / "report"
     _, text = compare_arms([str(experiment)], output_dir=str(out), bootstrap=0)
-    assert sorted(os.listdir(out)) == sorted(["report.md", "summary.csv", "stats.csv", "effects.png", "bbox_ap.png",
-                                              "segm_ap.png", "kappa.png"])
+    assert sorted(os.listdir(out)) == sorted([".cache", "report.md", "summary.csv", "stats.csv", "effects.png",
+                                              "bbox_ap.png", "segm_ap.png", "kappa.png"])
+    assert os.listdir(out / ".cache") == ["figures.json"]  # B = 0: no image resamples
     assert (out / "report.md").read_text() == text
     table = unpadded(_section(text, "## Detection", "### Convergence"))
     rows = {r[0]: r for r in [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]}

@@ -266,3 +266,47 @@ def test_delta_and_std_options_reach_the_report(cls_experiment, capsys):
     # a std given for planning replaces the observed one; without --delta the plan is for the observed difference
     assert compare_main([str(cls_experiment), "--bootstrap", "0", "--std", "1.5", "--output", str(out_dir)]) == 0
     assert "| conditioned | top-1 | 4.33 (the observed difference) | 1.5 (given) |" in unpadded(capsys.readouterr().out)
+
+
+def test_a_compare_into_the_same_folder_reuses_resamples_and_figures_while_their_inputs_hold(cls_experiment,
+                                                                                             monkeypatch):
+    """Image resamples and figures are kept in <output>/.cache and reused by the next compare into that folder while
+    the per-image files, records, options and code they come from are unchanged; the report stays the same."""
+    from condinit_det.evaluation import bootstrap
+    from condinit_det.report import plots
+
+    out = str(cls_experiment.parent / "report")
+    drawn, write, resampled_mean = [], plots._write, bootstrap.resampled_mean
+    monkeypatch.setattr(plots, "_write", lambda path, fig: (drawn.append(os.path.basename(path)), write(path, fig)))
+
+    def intervals(report):
+        return [(s.arm, s.metric, s.interval) for s in report.stage("pretrain").stats]
+
+    report, text = compare_arms([str(cls_experiment)], output_dir=out, bootstrap=200, seed=3)
+    resamples = sorted(p for p in os.listdir(os.path.join(out, ".cache")) if p.startswith("resampled-"))
+    assert len(resamples) == 6 and "effects.png" in drawn  # one per run of the top-1 comparison
+    assert intervals(compare_arms([str(cls_experiment)], bootstrap=200, seed=3)[0]) == intervals(report)
+
+    drawn.clear()
+    monkeypatch.setattr(bootstrap, "resampled_mean", None)  # a resample computed again would call it
+    again, again_text = compare_arms([str(cls_experiment)], output_dir=out, bootstrap=200, seed=3)
+    assert drawn == [] and again_text == text and intervals(again) == intervals(report)
+
+    # an unreadable resample is computed again; another B or seed gets resamples of its own
+    monkeypatch.setattr(bootstrap, "resampled_mean", resampled_mean)
+    with open(os.path.join(out, ".cache", resamples[0]), "wb") as f:
+        f.write(b"not an array")
+    assert intervals(compare_arms([str(cls_experiment)], output_dir=out, bootstrap=200, seed=3)[0]) == \
+        intervals(report)
+    assert np.fromfile(os.path.join(out, ".cache", resamples[0])).shape == (200,) and drawn == []
+    compare_arms([str(cls_experiment)], output_dir=out, bootstrap=100, seed=3)
+    assert len([p for p in os.listdir(os.path.join(out, ".cache")) if p.startswith("resampled-")]) == 12
+    assert "effects.png" in drawn  # its intervals changed
+
+    # a run's new training loss log: the figures are drawn again, the resamples reused
+    drawn.clear()
+    with open(cls_experiment / "conditioned" / "seed0" / "metrics.json", "w") as f:
+        f.write('{"iteration": 1, "total_loss": 2.0}\n{"iteration": 2, "total_loss": 1.5}\n')
+    compare_arms([str(cls_experiment)], output_dir=out, bootstrap=200, seed=3)
+    assert {"effects.png", "top1.png", "top5.png"} <= set(drawn)
+    assert len([p for p in os.listdir(os.path.join(out, ".cache")) if p.startswith("resampled-")]) == 12

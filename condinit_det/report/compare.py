@@ -17,6 +17,7 @@ from .markdown import format_markdown
 from .plots import write_figures
 from .summary import LOSS, ArmsReport, report_stages, summarize_runs
 
+CACHE_DIR = ".cache"  # in the output folder: image resamples and the figures' record, reused while their inputs hold
 _STATS = ["stage", "arm", "lr_scale", "kind", "metric", "reference", "mean", "std", "n", "seeds", "paired_seeds",
           "dropped", "mean_difference", "ci_low", "ci_high", "method", "replication", "unit", "p_value", "p_holm",
           "in_family", "verdict", "t_low", "t_high", "percentile_low", "percentile_high", "poi", "poi_boot_low",
@@ -112,13 +113,16 @@ def compare_arms(paths: Sequence[str], output_dir: Optional[str] = None, *, boot
         group_by_config: one section per setup of a stage, instead of a ValueError naming the keys that differ.
     """
     found = find_runs(paths)
+    cache_dir = None if output_dir is None else os.path.join(output_dir, CACHE_DIR)
     report = summarize_runs(found.runs, found.expected, bootstrap=bootstrap, seed=seed, delta=delta, std=std,
-                            contrasts=contrasts, group_by_config=group_by_config, skipped=found.skipped)
+                            contrasts=contrasts, group_by_config=group_by_config, skipped=found.skipped,
+                            cache_dir=cache_dir)
     if output_dir is None:
         return report, format_markdown(report)
     os.makedirs(output_dir, exist_ok=True)
-    markdown = format_markdown(report, write_figures(report, output_dir))
-    texts = {"report.md": markdown, "summary.csv": format_summary_csv(report), "stats.csv": format_stats_csv(report)}
-    for name, text in texts.items():
+    tables = {"summary.csv": format_summary_csv(report), "stats.csv": format_stats_csv(report)}
+    markdown = format_markdown(report, write_figures(report, output_dir, inputs="".join(tables.values()),
+                                                     cache_dir=cache_dir))
+    for name, text in {"report.md": markdown, **tables}.items():
         atomic_write(os.path.join(output_dir, name), text)
     return report, markdown

@@ -3,6 +3,7 @@ asked for, and :data:`DEFAULT_CONTRASTS` wherever both ran). Per headline metric
 run), Holm over the section's family and a seed plan; per headline metric and the loss, the censored speed-up."""
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -13,6 +14,7 @@ import numpy as np
 
 from condinit_det.records.per_image import read_classification_eval
 from condinit_det.stage import Metric, StageDescriptor
+from condinit_det.utils.fileio import atomic_write
 
 from . import statistics
 from .discovery import Run
@@ -121,20 +123,21 @@ def _bootstrap():
 class _Context:
     """What every comparison of one section shares: the image resamples, and the per-image data of each run's final
     evaluation (read once from the file its record names, :mod:`condinit_det.records.per_image`): COCO matches by iou
-    type for detection (the stage's ``per_image`` is ``"coco"``), per-image top-1 / top-5 correctness otherwise."""
+    type for detection (the stage's ``per_image`` is ``"coco"``), per-image top-1 / top-5 correctness otherwise.
+    With ``cache_dir``, a run's resamples are kept there, named by what they are computed from."""
 
-    def __init__(self, bootstrap: int, seed: int):
-        self.bootstrap, self.seed = int(bootstrap), int(seed)
+    def __init__(self, bootstrap: int, seed: int, cache_dir: Optional[str] = None):
+        self.bootstrap, self.seed, self.cache_dir = int(bootstrap), int(seed), cache_dir
         self._images, self._draws, self._resampled = {}, {}, {}  # by run; by number of images; by (run, metric)
 
-    def images(self, run: Run) -> Tuple[dict, str, int]:
-        """(data, digest of the evaluation images, number of images); raises :class:`NoImageData`."""
+    def images(self, run: Run) -> Tuple[dict, str, int, str]:
+        """(data, digest of the evaluation images, number of images, its file); raises :class:`NoImageData`."""
         if run.path not in self._images:
             self._images[run.path] = self._load(run)
         return self._images[run.path]
 
     @staticmethod
-    def _load(run: Run) -> Tuple[dict, str, int]:
+    def _load(run: Run) -> Tuple[dict, str, int, str]:
         named = [r["per_image"] for r in run.evaluations() if r.get("per_image") and r[run.stage.unit] == run.final_x]
         path = os.path.join(run.path, named[-1]) if named else None
         if path is None or not os.path.isfile(path):
@@ -145,25 +148,38 @@ class _Context:
                 if not matches:
                     raise NoImageData(f"{path} holds no matches")
                 first = next(iter(matches.values()))
-                return matches, first.images_sha1, first.num_images
+                return matches, first.images_sha1, first.num_images, path
             ev = read_classification_eval(path)
         except ValueError as e:
             raise NoImageData(str(e)) from None
-        return {"top1": ev.top1, "top5": ev.top5}, ev.labels_sha1, int(ev.top1.size)
+        return {"top1": ev.top1, "top5": ev.top5}, ev.labels_sha1, int(ev.top1.size), path
 
     def resampled(self, run: Run, metric: Metric) -> np.ndarray:
         """[B] the run's final metric (percent) on the image resamples, the same for every seed, arm and metric."""
         key = (run.path, metric.key)
-        if key not in self._resampled:
-            (data, _, num_images), boot, coco = self.images(run), _bootstrap(), run.stage.per_image == "coco"
-            section = metric.section if coco else metric.key
-            if section not in data:
-                raise NoImageData(f"{run.name} has no per-image {metric.header} data")
-            if num_images not in self._draws:
-                self._draws[num_images] = boot.image_draws(np.random.default_rng(self.seed), num_images, self.bootstrap)
-            draws = self._draws[num_images]
-            self._resampled[key] = (boot.resampled_ap(data[section], draws)[metric.name] if coco
-                                    else boot.resampled_mean(100.0 * data[section], draws))
+        if key in self._resampled:
+            return self._resampled[key]
+        (data, _, num_images, path), boot, coco = self.images(run), _bootstrap(), run.stage.per_image == "coco"
+        digest = hashlib.sha1(f"{metric.key} {self.bootstrap} {self.seed}".encode())
+        for name in (path, boot.__file__):  # the per-image file and the resampling code
+            with open(name, "rb") as f:
+                digest.update(f.read())
+        cached = os.path.join(self.cache_dir or "", f"resampled-{digest.hexdigest()}.float64")
+        if self.cache_dir is not None and os.path.isfile(cached):
+            self._resampled[key] = np.fromfile(cached)
+            if self._resampled[key].size == self.bootstrap:  # else unreadable: computed again
+                return self._resampled[key]
+        section = metric.section if coco else metric.key
+        if section not in data:
+            raise NoImageData(f"{run.name} has no per-image {metric.header} data")
+        if num_images not in self._draws:
+            self._draws[num_images] = boot.image_draws(np.random.default_rng(self.seed), num_images, self.bootstrap)
+        draws = self._draws[num_images]
+        self._resampled[key] = (boot.resampled_ap(data[section], draws)[metric.name] if coco
+                                else boot.resampled_mean(100.0 * data[section], draws))
+        if self.cache_dir is not None:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            atomic_write(cached, self._resampled[key].astype(np.float64).tobytes())
         return self._resampled[key]
 
 
@@ -291,8 +307,8 @@ def _comparisons(ctx: _Context, g, ref, why: Dict[Tuple[str, int], str], metrics
 
 
 def compare_stage(stage: StageDescriptor, groups, failed, *, bootstrap: int = 1000, seed: int = 0, delta=None,
-                  std=None, contrasts: Sequence[Tuple[str, str]] = (), dataset: Optional[str] = None
-                  ) -> List[Comparison]:
+                  std=None, contrasts: Sequence[Tuple[str, str]] = (), dataset: Optional[str] = None,
+                  cache_dir: Optional[str] = None) -> List[Comparison]:
     """Every comparison of one section at its main lr scale: per arm against default, then per contrast (A minus B),
     with Holm's verdicts over the family of headline-metric rows and their seed plans.
 
@@ -301,10 +317,11 @@ def compare_stage(stage: StageDescriptor, groups, failed, *, bootstrap: int = 10
         failed: its failed runs there (:class:`~condinit_det.report.summary.Missing`), named when a seed is dropped.
         delta, std, bootstrap, seed: :func:`~condinit_det.report.compare_arms`'.
         dataset: the runs' dataset (a prior seed spread is assumed for one seed on COCO only).
+        cache_dir: where the image resamples are kept between calls (none: computed each time).
     """
     default = next((g for g in groups if g.arm == DEFAULT), None)
     why = {(m.arm, m.seed): m.reason for m in failed}
-    ctx = _Context(bootstrap, seed)
+    ctx = _Context(bootstrap, seed, cache_dir)
     rows: List[Comparison] = []
     key = 0  # a row's generator key: its position in the list the earlier versions made (default's rows first)
     for g in groups:

@@ -1,13 +1,17 @@
 """The report's figures, one colour per arm everywhere; each comes with the sentence report.md links it with."""
 from __future__ import annotations
 
+import glob
+import hashlib
 import io
+import json
 import os
 import shutil
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from condinit_det.records.results import METRICS_FILENAME, RESULTS_FILENAME
 from condinit_det.stage import Metric
 from condinit_det.utils.fileio import atomic_write
 
@@ -151,9 +155,31 @@ def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
             "its dotted bar covering only the evaluation images.")
 
 
-def write_figures(report: ArmsReport, output_dir: str) -> Dict[str, str]:
+def _figures_key(report: ArmsReport, inputs: str) -> str:
+    """A digest of what the figures show: ``inputs`` (the report's tables), every run's records and training loss and
+    the report code."""
+    digest = hashlib.sha1(inputs.encode())
+    code = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py")))
+    for path in code + [os.path.join(r.path, name) for sr in report.stages for r in sr.runs
+                        for name in (RESULTS_FILENAME, METRICS_FILENAME)]:
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                digest.update(path.encode() + f.read())
+    return digest.hexdigest()
+
+
+def write_figures(report: ArmsReport, output_dir: str, *, inputs: str, cache_dir: str) -> Dict[str, str]:
     """Write every figure of the report into ``output_dir`` (an arm's first ``predictions.png`` copied in as
-    ``predictions_<arm>.png``); returns file name -> the sentence on what to read from it, per figure written."""
+    ``predictions_<arm>.png``); returns file name -> the sentence on what to read from it, per figure written.
+    Figures drawn there before from the same runs, ``inputs`` and code are kept (record: ``cache_dir``/figures.json)."""
+    key, record_path = _figures_key(report, inputs), os.path.join(cache_dir, "figures.json")
+    try:
+        with open(record_path) as f:
+            record = json.load(f)
+        if record["key"] == key and all(os.path.isfile(os.path.join(output_dir, n)) for n in record["figures"]):
+            return record["figures"]
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: the figures are drawn
+        pass
     written = {EFFECTS_FIGURE: _effects_plot(os.path.join(output_dir, EFFECTS_FIGURE), report.stages)}
     for sr in (sr for sr in report.stages if sr.groups or sr.failed):
         jobs = [(name, _metric_plot, (m,)) for m, name in sr.stage.plots]
@@ -167,4 +193,7 @@ def write_figures(report: ArmsReport, output_dir: str) -> Dict[str, str]:
                 shutil.copyfile(os.path.join(run.path, PREDICTIONS_FIGURE), os.path.join(output_dir, name))
                 written[name] = (f"{run.name}'s predictions on a few evaluation images at the end of training: what "
                                  "its boxes and masks look like beside the other arms'.")
-    return {name: text for name, text in written.items() if text}
+    written = {name: text for name, text in written.items() if text}
+    os.makedirs(cache_dir, exist_ok=True)
+    atomic_write(record_path, json.dumps({"key": key, "figures": written}, indent=1))
+    return written

@@ -336,10 +336,12 @@ def _section(stage: StageDescriptor, runs: List[Run], missing: List[Missing], co
 
 def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *, bootstrap: int = 1000,
                    seed: int = 0, delta=None, std=None, contrasts: Sequence[Tuple[str, str]] = (),
-                   group_by_config: bool = False, skipped: Sequence[str] = ()) -> ArmsReport:
+                   group_by_config: bool = False, skipped: Sequence[str] = (),
+                   cache_dir: Optional[str] = None) -> ArmsReport:
     """Group finished runs into sections (stage, setup) and arms (arm, lr scale), summarize them over seeds, compare
     the arms and collect the missing, unfinished and failed runs. ``expected`` (the runs the plans list) and
-    ``skipped`` (files that could not be read): :func:`find_runs`'; the other arguments: :func:`compare_arms`'."""
+    ``skipped`` (files that could not be read): :func:`find_runs`'; ``cache_dir``: :func:`compare_stage`'s; the other
+    arguments: :func:`compare_arms`'."""
     runs = list(runs)
     if not runs:
         raise ValueError("No runs to compare" + (": " + "; ".join(skipped) if skipped else "."))
@@ -354,7 +356,7 @@ def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *,
                 stage, [r for r in finished if r.stage == stage], [m for m in missing if m.stage == stage],
                 group_by_config)):
             sr = _section(stage, section_runs, section_missing, bootstrap=bootstrap, seed=seed, delta=delta, std=std,
-                          contrasts=contrasts, dataset=dataset)
+                          contrasts=contrasts, dataset=dataset, cache_dir=cache_dir)
             sr.dataset, sr.label, sr.prefix = dataset, label, f"setup{k + 1}_" if k else ""
             sr.has_plan = any(item.plan is not None for item in [*section_runs, *section_missing])
             sections.append(sr)
