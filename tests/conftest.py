@@ -123,7 +123,8 @@ def image_folder_root(tmp_path_factory):
 # order: each test file is a group, so a module's fixtures are made once; the tests that read the demo runs (the every
 # config test, the docs' demo pair, the digits demo) join the every config test's group, so the runs are made once;
 # the tests that share the one-node Slurm (a test there counts the node's free CPUs) are one group, and so are the two
-# wheelhouse builds, which share the wheel cache (one reads what the other writes). The two longest groups start first.
+# wheelhouse builds, which share the wheel cache (one reads what the other writes). `make test-e2e` hands out its three
+# longest groups first (FIRST, in this order: about 800, 500 and 350 s on the 2-core machine), then the others.
 EVERY_CONFIG = "tests/test_configs_end_to_end.py"
 SHARED_GROUPS = {
     "tests/test_docs.py::test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining": EVERY_CONFIG,
@@ -132,7 +133,7 @@ SHARED_GROUPS = {
     "tests/test_offline_install.py::test_offline_install_into_an_environment_with_torch": "wheelhouse",
     "tests/test_gpu_check.py::test_the_machine_wheelhouse_is_for_python_3_12_and_fits_what_travels": "wheelhouse",
 }
-FIRST = ("slurm", EVERY_CONFIG)
+FIRST = ("slurm", EVERY_CONFIG, "wheelhouse")
 
 
 def xdist_group_of(item) -> str:
