@@ -124,7 +124,7 @@ def image_folder_root(tmp_path_factory):
 # config test, the docs' demo pair, the digits demo) join the every config test's group, so the runs are made once;
 # the tests that share the one-node Slurm (a test there counts the node's free CPUs) are one group, and so are the two
 # wheelhouse builds, which share the wheel cache (one reads what the other writes). `make test-e2e` hands out its three
-# longest groups first (FIRST, in this order: about 800, 500 and 350 s on the 2-core machine), then the others.
+# longest groups first (FIRST, in this order: about 750, 470 and 330 s on the 2-core machine), then the others.
 EVERY_CONFIG = "tests/test_configs_end_to_end.py"
 SHARED_GROUPS = {
     "tests/test_docs.py::test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining": EVERY_CONFIG,

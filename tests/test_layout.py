@@ -212,3 +212,20 @@ def test_the_rules_themselves(module, target, ok, monkeypatch):
     else:
         with pytest.raises(AssertionError, match=f"{module} imports {target}"):
             test_every_import_goes_down_or_sideways()
+
+
+def test_a_worker_whose_tests_come_without_their_group_stops_the_run():
+    """Under --dist loadgroup a worker's test ids carry their group (``…@group``); ids without it (pytest 9.2 with
+    pytest-xdist 3.8) stop the run with a usage error, rather than making every shared run on both workers."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    def node(dist):
+        return SimpleNamespace(config=SimpleNamespace(getvalue=lambda name: dist))
+
+    grouped = ["tests/a.py::test[x]@tests/a.py", "tests/b.py::test@slurm"]
+    conftest.pytest_xdist_node_collection_finished(node("loadgroup"), grouped)
+    with pytest.raises(pytest.exit.Exception, match=r"did not put tests/a.py::test\[x\] \(and 0 more\) in a group"):
+        conftest.pytest_xdist_node_collection_finished(node("loadgroup"), ["tests/a.py::test[x]", grouped[1]])
+    conftest.pytest_xdist_node_collection_finished(node("load"), ["tests/a.py::test[x]"])  # no groups asked for
