@@ -1,4 +1,5 @@
 """condinit-det: conditioned, mimetic and default attention initialization for detectron2."""
+
 import os
 
 from setuptools import find_packages, setup
@@ -24,8 +25,9 @@ class build_py_with_configs(build_py):
     def _config_targets(self):
         if getattr(self, "editable_mode", False):
             return []
-        return [(src, os.path.join(self.build_lib, ZOO_CONFIGS, os.path.relpath(src, "configs")))
-                for src in config_files()]
+        return [
+            (src, os.path.join(self.build_lib, ZOO_CONFIGS, os.path.relpath(src, "configs"))) for src in config_files()
+        ]
 
     def run(self):
         super().run()

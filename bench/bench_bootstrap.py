@@ -59,8 +59,11 @@ def main(argv=None):
         per_image = synthetic_results(gt, seed=args.seed + offset, recall=recall)
         arms.append([result for results in per_image.values() for result in results])
     n = len(gt["images"])
-    print(f"{n} images, {len(gt['annotations'])} GT objects, {len(arms[0])} + {len(arms[1])} detections, "
-          f"generated in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(
+        f"{n} images, {len(gt['annotations'])} GT objects, {len(arms[0])} + {len(arms[1])} detections, "
+        f"generated in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
     draws = np.random.default_rng(args.seed).integers(0, n, size=(args.resamples, n))
 
     match_s = accumulate_s = 0.0
@@ -75,8 +78,11 @@ def main(argv=None):
             match_s += t1 - t0
             accumulate_s += t2 - t1
             tied = int((matches.group >= 0).sum())
-            print(f"  now {task} arm {a}: matching {t1 - t0:.1f} s, {args.resamples} accumulations "
-                  f"{t2 - t1:.1f} s ({tied} detections share a score)", flush=True)
+            print(
+                f"  now {task} arm {a}: matching {t1 - t0:.1f} s, {args.resamples} accumulations "
+                f"{t2 - t1:.1f} s ({tied} detections share a score)",
+                flush=True,
+            )
     new_total = match_s + accumulate_s
 
     old_s, worst = [], 0.0
@@ -93,14 +99,27 @@ def main(argv=None):
     old_per = float(np.mean(old_s))
     new_per = new_total / args.resamples
 
-    rows = [["before: re-evaluate each resample", f"{args.old_resamples} timed", f"{old_per:.3f}",
-             f"{old_per * args.resamples / 60:.1f} (extrapolated)", "1.00x"],
-            ["now: match once, accumulate each resample", f"{args.resamples}", f"{new_per:.4f}",
-             f"{new_total / 60:.2f} (matching {match_s:.1f} s + accumulation {accumulate_s:.1f} s)",
-             f"{speedup(old_per, new_per):.0f}x"]]
+    rows = [
+        [
+            "before: re-evaluate each resample",
+            f"{args.old_resamples} timed",
+            f"{old_per:.3f}",
+            f"{old_per * args.resamples / 60:.1f} (extrapolated)",
+            "1.00x",
+        ],
+        [
+            "now: match once, accumulate each resample",
+            f"{args.resamples}",
+            f"{new_per:.4f}",
+            f"{new_total / 60:.2f} (matching {match_s:.1f} s + accumulation {accumulate_s:.1f} s)",
+            f"{speedup(old_per, new_per):.0f}x",
+        ],
+    ]
     print()
-    print(f"{n} images, one arm pair, bbox + segm, B = {args.resamples}, generator seed {args.seed}; AP / AP50 / "
-          f"AP75 of the {args.old_resamples} re-evaluated resamples vs accumulated: max |diff| {worst:.2g}")
+    print(
+        f"{n} images, one arm pair, bbox + segm, B = {args.resamples}, generator seed {args.seed}; AP / AP50 / "
+        f"AP75 of the {args.old_resamples} re-evaluated resamples vs accumulated: max |diff| {worst:.2g}"
+    )
     print(format_table(["method", "resamples", "s per resample", f"min for B = {args.resamples}", "speed-up"], rows))
     print(f"load avg after run (1/5/15 min): {load_average()}")
     if not worst <= TOLERANCE:

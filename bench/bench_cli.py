@@ -11,6 +11,7 @@ compare is timed twice: into a new folder (it resamples the images and draws the
 folder with nothing changed (it reuses both). Targets: ``--help`` <= 1 s, status and compare <= 2 s on the demo
 experiment.
 """
+
 import argparse
 import os
 import subprocess
@@ -56,11 +57,16 @@ def main():
         with tempfile.TemporaryDirectory() as out:
             command = ["-m", "condinit_det.commands.compare", experiment]
             for label, seconds in (
-                    (f"condinit-status {args.experiment}",
-                     _seconds(["-m", "condinit_det.commands.status", experiment], repeats)),
-                    (f"condinit-compare {args.experiment} (new folder)", _seconds(command, repeats, fresh_output=out)),
-                    (f"condinit-compare {args.experiment} (again)",
-                     _seconds([*command, "--output", os.path.join(out, "0")], repeats))):
+                (
+                    f"condinit-status {args.experiment}",
+                    _seconds(["-m", "condinit_det.commands.status", experiment], repeats),
+                ),
+                (f"condinit-compare {args.experiment} (new folder)", _seconds(command, repeats, fresh_output=out)),
+                (
+                    f"condinit-compare {args.experiment} (again)",
+                    _seconds([*command, "--output", os.path.join(out, "0")], repeats),
+                ),
+            ):
                 rows.append([label, f"{seconds:.2f}", f"{seconds / base:.1f}", "2.0"])
     elif not args.quick:
         print(f"(no experiment at {args.experiment}: status and compare not timed; `make demo` writes one)")

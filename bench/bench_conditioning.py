@@ -24,6 +24,7 @@
 ``--clock cpu`` times in this process's CPU seconds (with ``--threads 1``, for a busy machine). Prints Markdown
 tables and one JSON summary (``--output`` saves it), with the load average before and after.
 """
+
 import argparse
 import json
 import math
@@ -108,14 +109,28 @@ def bench_site(dim, heads, side, arm, methods, max_iter, block, tol):
     out = {"layer": f"d2 ViT attention, {dim} wide, {heads} heads, {side}x{side} tokens, rel-pos, arm {arm}"}
     if "exact" in methods:
         res, sec = _timed(lambda: exact_conditioning(site, inputs, max_entries=10**9))
-        out["exact"] = {"s": sec, "kappa": res.kappa, "sigma_max": res.sigma_max, "sigma_min": res.sigma_min,
-                        "converged": True, "structure": res.structure, "shape": list(res.shape),
-                        "kappa_heads_median": sorted(res.kappa_heads)[len(res.kappa_heads) // 2]}
+        out["exact"] = {
+            "s": sec,
+            "kappa": res.kappa,
+            "sigma_max": res.sigma_max,
+            "sigma_min": res.sigma_min,
+            "converged": True,
+            "structure": res.structure,
+            "shape": list(res.shape),
+            "kappa_heads_median": sorted(res.kappa_heads)[len(res.kappa_heads) // 2],
+        }
     if "matrix_free" in methods:
         res, sec = _timed(lambda: estimate_conditioning(site, inputs, tol=tol, max_iter=max_iter, block_size=block))
-        out["matrix_free"] = {"s": sec, "kappa": res.kappa, "sigma_max": res.sigma_max, "sigma_min": res.sigma_min,
-                              "converged": res.converged, "steps": res.iterations, "block_size": block,
-                              "shape": list(res.shape)}
+        out["matrix_free"] = {
+            "s": sec,
+            "kappa": res.kappa,
+            "sigma_max": res.sigma_max,
+            "sigma_min": res.sigma_min,
+            "converged": res.converged,
+            "steps": res.iterations,
+            "block_size": block,
+            "shape": list(res.shape),
+        }
     return out
 
 
@@ -129,8 +144,9 @@ def _time_hook(cfg, config, image):
     torch.manual_seed(0)
     model = instantiate(cfg.model)
     height, width = image.shape[-2:]
-    hook = build_conditioning_hook(cfg, batch=[{"image": image, "height": height, "width": width}],
-                                   config_name=os.path.basename(config))
+    hook = build_conditioning_hook(
+        cfg, batch=[{"image": image, "height": height, "width": width}], config_name=os.path.basename(config)
+    )
 
     class _Trainer:  # what the hook reads from a detectron2 trainer
         pass
@@ -151,9 +167,13 @@ def bench_hook(config, arm, height, width):
     cfg.train.output_dir = ""
     image = torch.rand(3, height, width, generator=torch.Generator().manual_seed(0)) * 255
     _, records, sec = _time_hook(cfg, config, image)
-    return {"config": config, "arm": arm, "image": [height, width], "seconds": sec,
-            "sites": [{k: r[k] for k in ("site", "method", "structure", "kappa", "converged", "tokens")}
-                      for r in records]}
+    return {
+        "config": config,
+        "arm": arm,
+        "image": [height, width],
+        "seconds": sec,
+        "sites": [{k: r[k] for k in ("site", "method", "structure", "kappa", "converged", "tokens")} for r in records],
+    }
 
 
 def bench_ends(arm, quick=False):
@@ -165,22 +185,37 @@ def bench_ends(arm, quick=False):
     from condinit_det.analysis.spectrum import extreme_singular_values, singular_values
 
     if quick:
-        layers = {"ViT attention (64 wide, 2 heads), 4x4 = 16 tokens": _layer(64, 2, 4, arm),
-                  "Swin window attention (32 wide, 2 heads), one 6x6 window": _layer(32, 2, 6, arm, window=True)}
+        layers = {
+            "ViT attention (64 wide, 2 heads), 4x4 = 16 tokens": _layer(64, 2, 4, arm),
+            "Swin window attention (32 wide, 2 heads), one 6x6 window": _layer(32, 2, 6, arm, window=True),
+        }
     else:
-        layers = {"ViTDet-B block (768 wide, 12 heads), 4x4 = 16 tokens": _layer(768, 12, 4, arm),
-                  "demo Swin first block (48 wide, 2 heads), one 8x8 window": _layer(48, 2, 8, arm, window=True)}
+        layers = {
+            "ViTDet-B block (768 wide, 12 heads), 4x4 = 16 tokens": _layer(768, 12, 4, arm),
+            "demo Swin first block (48 wide, 2 heads), one 8x8 window": _layer(48, 2, 8, arm, window=True),
+        }
     rows = []
     for name, (site, inputs) in layers.items():
         factors = head_factors(site, inputs)[0]
         every, every_s = _timed(lambda fs=factors: [singular_values(f) for f in fs])
         ends, ends_s = _timed(lambda fs=factors: [extreme_singular_values(f) for f in fs])
-        diff = max(max(abs(top - float(s[0])) / float(s[0]), abs(low - float(s[-1])) / float(s[-1]))
-                   for s, (top, low) in zip(every, ends))
+        diff = max(
+            max(abs(top - float(s[0])) / float(s[0]), abs(low - float(s[-1])) / float(s[-1]))
+            for s, (top, low) in zip(every, ends)
+        )
         kappa = max(float(s[0] / s[-1]) for s in every)
-        rows.append({"layer": f"{name}, arm {arm}", "factor": list(factors[0].shape), "heads": len(factors),
-                     "all_s": every_s, "ends_s": ends_s, "ratio": ends_s / every_s, "max_rel_diff": diff,
-                     "kappa_max_head": kappa})
+        rows.append(
+            {
+                "layer": f"{name}, arm {arm}",
+                "factor": list(factors[0].shape),
+                "heads": len(factors),
+                "all_s": every_s,
+                "ends_s": ends_s,
+                "ratio": ends_s / every_s,
+                "max_rel_diff": diff,
+                "kappa_max_head": kappa,
+            }
+        )
     return rows
 
 
@@ -236,13 +271,25 @@ def bench_fraction(config, arm, train_size, test_size, images_per_gpu, steps, op
     step_s = sorted(step_times)[len(step_times) // 2]
     max_iter = int(cfg.train.max_iter)
     count = measurement_count(max_iter, period)
-    return {"config": config, "arm": arm, "period": period, "sites": [r["site"] for r in records],
-            "methods": [r["method"] for r in records], "structures": [r["structure"] for r in records],
-            "tokens": [r["tokens"] for r in records],
-            "test_image": list(test_size), "train_image": list(train_size), "images_per_gpu": images_per_gpu,
-            "hook_s": hook_s, "step_s": step_s, "step_times": step_times, "max_iter": max_iter,
-            "measurements": count, "fraction": count * hook_s / (max_iter * step_s),
-            "period_for_1_percent": math.ceil(100 * hook_s / step_s)}
+    return {
+        "config": config,
+        "arm": arm,
+        "period": period,
+        "sites": [r["site"] for r in records],
+        "methods": [r["method"] for r in records],
+        "structures": [r["structure"] for r in records],
+        "tokens": [r["tokens"] for r in records],
+        "test_image": list(test_size),
+        "train_image": list(train_size),
+        "images_per_gpu": images_per_gpu,
+        "hook_s": hook_s,
+        "step_s": step_s,
+        "step_times": step_times,
+        "max_iter": max_iter,
+        "measurements": count,
+        "fraction": count * hook_s / (max_iter * step_s),
+        "period_for_1_percent": math.ceil(100 * hook_s / step_s),
+    }
 
 
 def is_pretraining_config(config):
@@ -287,8 +334,11 @@ def bench_pretrain_fraction(config, arm, steps, opts=()):
         step_s = sorted(step_times)[len(step_times) // 2]
         train = run.train_node
         eval_batch = int(train["eval_batch_size"] or max(1, int(1.5 * run.batch)))
-        _, eval_s = _timed(lambda: evaluate(run.model, run.datasets.val, device=run.device, batch_size=eval_batch,
-                                            workers=int(train["workers"])))
+        _, eval_s = _timed(
+            lambda: evaluate(
+                run.model, run.datasets.val, device=run.device, batch_size=eval_batch, workers=int(train["workers"])
+            )
+        )
         epochs, period, per_epoch = run.num_epochs, probe.period, run.steps_per_epoch
     eval_period = max(int(train["eval_period"]), 1)
     epoch_s = per_epoch * step_s + eval_s / eval_period
@@ -300,35 +350,62 @@ def bench_pretrain_fraction(config, arm, steps, opts=()):
     count, fraction = share(period)
     total_s = fraction * epochs * epoch_s
     within_5 = next((p for p in range(1, epochs + 1) if share(p)[1] <= 0.05), None)
-    return {"config": config, "arm": arm, "period": period, "unit": "epoch", "sites": [r["site"] for r in records],
-            "methods": [r["method"] for r in records], "tokens": [r["tokens"] for r in records],
-            "first_measurement_s": first_s, "measurement_s": second_s, "mean_measurement_s": total_s / count,
-            "batch_size": run.batch, "step_s": step_s, "step_times": step_times, "steps_per_epoch": per_epoch,
-            "eval_s": eval_s, "eval_period": eval_period, "epoch_s": epoch_s, "epochs": epochs,
-            "measurements": count, "fraction": fraction, "period_for_5_percent": within_5}
+    return {
+        "config": config,
+        "arm": arm,
+        "period": period,
+        "unit": "epoch",
+        "sites": [r["site"] for r in records],
+        "methods": [r["method"] for r in records],
+        "tokens": [r["tokens"] for r in records],
+        "first_measurement_s": first_s,
+        "measurement_s": second_s,
+        "mean_measurement_s": total_s / count,
+        "batch_size": run.batch,
+        "step_s": step_s,
+        "step_times": step_times,
+        "steps_per_epoch": per_epoch,
+        "eval_s": eval_s,
+        "eval_period": eval_period,
+        "epoch_s": epoch_s,
+        "epochs": epochs,
+        "measurements": count,
+        "fraction": fraction,
+        "period_for_5_percent": within_5,
+    }
 
 
 def print_pretrain_fraction(f):
-    print(f"| {os.path.relpath(f['config'])} | {', '.join(f['sites'])} | {f['first_measurement_s']:.2f} / "
-          f"{f['measurement_s']:.2f} | {f['batch_size']} images: {f['step_s']:.3f} | {f['steps_per_epoch']} | "
-          f"{f['eval_s']:.1f} | {f['epoch_s']:.1f} | {f['period']} | {f['measurements']} of {f['epochs']} ep | "
-          f"{100 * f['fraction']:.2f}% | {f['period_for_5_percent'] or 'none'} |", flush=True)
+    print(
+        f"| {os.path.relpath(f['config'])} | {', '.join(f['sites'])} | {f['first_measurement_s']:.2f} / "
+        f"{f['measurement_s']:.2f} | {f['batch_size']} images: {f['step_s']:.3f} | {f['steps_per_epoch']} | "
+        f"{f['eval_s']:.1f} | {f['epoch_s']:.1f} | {f['period']} | {f['measurements']} of {f['epochs']} ep | "
+        f"{100 * f['fraction']:.2f}% | {f['period_for_5_percent'] or 'none'} |",
+        flush=True,
+    )
 
 
-PRETRAIN_HEADER = ("| config | sites | s per measurement (first / then) | s per step | steps per epoch | "
-                   "s per evaluation | s per epoch | period (epochs) | measurements | share of training | "
-                   "period for 5% |\n|---|---|---|---|---|---|---|---|---|---|---|")
+PRETRAIN_HEADER = (
+    "| config | sites | s per measurement (first / then) | s per step | steps per epoch | "
+    "s per evaluation | s per epoch | period (epochs) | measurements | share of training | "
+    "period for 5% |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def print_fraction(f):
-    print(f"| {os.path.relpath(f['config'])} | {', '.join(f['sites'])} | "
-          f"{f['hook_s']:.1f} | {f['images_per_gpu']} x {f['train_image'][0]}x{f['train_image'][1]} | "
-          f"{f['step_s']:.1f} | {f['period']} | {f['measurements']} of {f['max_iter']} it | "
-          f"{100 * f['fraction']:.3f}% | {f['period_for_1_percent']} |", flush=True)
+    print(
+        f"| {os.path.relpath(f['config'])} | {', '.join(f['sites'])} | "
+        f"{f['hook_s']:.1f} | {f['images_per_gpu']} x {f['train_image'][0]}x{f['train_image'][1]} | "
+        f"{f['step_s']:.1f} | {f['period']} | {f['measurements']} of {f['max_iter']} it | "
+        f"{100 * f['fraction']:.3f}% | {f['period_for_1_percent']} |",
+        flush=True,
+    )
 
 
-FRACTION_HEADER = ("| config | sites | s per measurement | step batch | s per step | period | measurements | "
-                   "share of training | period for 1% |\n|---|---|---|---|---|---|---|---|---|")
+FRACTION_HEADER = (
+    "| config | sites | s per measurement | step batch | s per step | period | measurements | "
+    "share of training | period for 1% |\n|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def main(argv=None):
@@ -338,21 +415,43 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--exact-side", type=int, default=7, help="grid side of the largest exact measurement")
     p.add_argument("--output", default=None, help="save the JSON summary here")
-    p.add_argument("--fraction", nargs="+", default=None, metavar="CONFIG",
-                   help="only part 4: the training-time share of each config's condinit_analysis node "
-                        "(detection or pretraining configs)")
-    p.add_argument("--train-size", type=_size, default=(640, 853), metavar="HxW",
-                   help="training image size for --fraction (default 640x853: the multi-scale recipes' mean)")
-    p.add_argument("--test-size", type=_size, default=(800, 1067), metavar="HxW",
-                   help="the hook's test image size for --fraction (default 800x1067)")
+    p.add_argument(
+        "--fraction",
+        nargs="+",
+        default=None,
+        metavar="CONFIG",
+        help="only part 4: the training-time share of each config's condinit_analysis node "
+        "(detection or pretraining configs)",
+    )
+    p.add_argument(
+        "--train-size",
+        type=_size,
+        default=(640, 853),
+        metavar="HxW",
+        help="training image size for --fraction (default 640x853: the multi-scale recipes' mean)",
+    )
+    p.add_argument(
+        "--test-size",
+        type=_size,
+        default=(800, 1067),
+        metavar="HxW",
+        help="the hook's test image size for --fraction (default 800x1067)",
+    )
     p.add_argument("--images-per-gpu", type=int, default=2, help="images per training step for --fraction")
     p.add_argument("--steps", type=int, default=1, help="timed training steps per config for --fraction")
     p.add_argument("--opts", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for --fraction")
-    p.add_argument("--ends", action="store_true",
-                   help="only the exact method's last step: all singular values of each head factor vs the extreme "
-                        "two (Lanczos on the QR factor)")
-    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                   help="time in wall-clock seconds (default) or in this process's CPU seconds (a busy machine)")
+    p.add_argument(
+        "--ends",
+        action="store_true",
+        help="only the exact method's last step: all singular values of each head factor vs the extreme "
+        "two (Lanczos on the QR factor)",
+    )
+    p.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="time in wall-clock seconds (default) or in this process's CPU seconds (a busy machine)",
+    )
     args = p.parse_args(argv)
     global _clock
     _clock = CLOCKS[args.clock]
@@ -374,15 +473,23 @@ def main(argv=None):
         sides, big_side, exact_side, budget = (4,), 14, args.exact_side, dict(max_iter=60, block=8, tol=1e-4)
         big_budget = dict(max_iter=8, block=8, tol=1e-4)
     result = _begin(args, quick=args.quick)
-    a = result["small_layer"] = bench_small(small["dim"], small["heads"], small["side"], args.arm, 1e-6,
-                                            small["max_iter"], small["block"])
+    a = result["small_layer"] = bench_small(
+        small["dim"], small["heads"], small["side"], args.arm, 1e-6, small["max_iter"], small["block"]
+    )
     print("| layer | J shape | exact (per head) | dense | matrix-free | κ exact | κ dense | κ matrix-free |")
     print("|---|---|---|---|---|---|---|---|")
-    print(f"| {a['layer']} | {a['shape'][0]}x{a['shape'][1]} | {a['exact_s']:.2f} s | {a['dense_s']:.2f} s | "
-          f"{a['matrix_free_s']:.2f} s | {a['kappa_exact']:.6g} | {a['kappa_dense']:.6g} | "
-          f"{a['kappa_matrix_free']:.4g} ({'converged' if a['converged'] else 'not converged'}) |", flush=True)
-    hook_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
-                               "demo/mask_rcnn_vit_tiny.py" if args.quick else "COCO/mask_rcnn_vitdet_b_100ep.py")
+    print(
+        f"| {a['layer']} | {a['shape'][0]}x{a['shape'][1]} | {a['exact_s']:.2f} s | {a['dense_s']:.2f} s | "
+        f"{a['matrix_free_s']:.2f} s | {a['kappa_exact']:.6g} | {a['kappa_dense']:.6g} | "
+        f"{a['kappa_matrix_free']:.4g} ({'converged' if a['converged'] else 'not converged'}) |",
+        flush=True,
+    )
+    hook_config = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)),
+        os.pardir,
+        "configs",
+        "demo/mask_rcnn_vit_tiny.py" if args.quick else "COCO/mask_rcnn_vitdet_b_100ep.py",
+    )
     plan = [(side, ("exact",)) for side in sides] + [("hook", ())] + [(side, ("matrix_free",)) for side in sides]
     plan += [(big_side, ("matrix_free",)), (exact_side, ("exact",))]
     result["sites"] = []
@@ -392,37 +499,56 @@ def main(argv=None):
     for side, methods in plan:
         if side == "hook":
             h = result["hook"] = bench_hook(hook_config, args.arm, *((96, 128) if args.quick else (768, 1024)))
-            print(f"training hook, {os.path.relpath(h['config'])} (arm {h['arm']}, one {h['image'][0]}x"
-                  f"{h['image'][1]} image): {h['seconds']:.1f} s per measurement; sites: " + "; ".join(
-                      f"{r['site']} {r['tokens']} tokens {r['method']} ({r['structure'] or 'Lanczos'}) "
-                      f"κ {r['kappa']:.4g} converged {'yes' if r['converged'] else 'no'}" for r in h["sites"]),
-                  flush=True)
+            print(
+                f"training hook, {os.path.relpath(h['config'])} (arm {h['arm']}, one {h['image'][0]}x"
+                f"{h['image'][1]} image): {h['seconds']:.1f} s per measurement; sites: "
+                + "; ".join(
+                    f"{r['site']} {r['tokens']} tokens {r['method']} ({r['structure'] or 'Lanczos'}) "
+                    f"κ {r['kappa']:.4g} converged {'yes' if r['converged'] else 'no'}"
+                    for r in h["sites"]
+                ),
+                flush=True,
+            )
             continue
-        b = bench_site(site["dim"], site["heads"], side, args.arm, methods,
-                       **(big_budget if side == big_side else budget))
+        b = bench_site(
+            site["dim"], site["heads"], side, args.arm, methods, **(big_budget if side == big_side else budget)
+        )
         result["sites"].append(b)
         for method in methods:
             r = b[method]
             label = "exact (per head)" if method == "exact" else f"matrix-free ({r['steps']}x{r['block_size']})"
-            print(f"| {b['layer']} | {r['shape'][0]}x{r['shape'][1]} | {label} | {r['s']:.1f} | {r['kappa']:.4g} | "
-                  f"{r['sigma_max']:.4g} | {r['sigma_min']:.4g} | {'yes' if r['converged'] else 'no'} |", flush=True)
+            print(
+                f"| {b['layer']} | {r['shape'][0]}x{r['shape'][1]} | {label} | {r['s']:.1f} | {r['kappa']:.4g} | "
+                f"{r['sigma_max']:.4g} | {r['sigma_min']:.4g} | {'yes' if r['converged'] else 'no'} |",
+                flush=True,
+            )
     if args.quick:
-        demo = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs",
-                            "demo/mask_rcnn_vit_tiny.py")
+        demo = os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), os.pardir, "configs", "demo/mask_rcnn_vit_tiny.py"
+        )
         f = result["fraction"] = bench_fraction(demo, args.arm, (96, 128), (96, 128), 1, 1)
         print()
         print(FRACTION_HEADER)
         print_fraction(f)
     rel = a["exact_vs_dense_rel"]
-    return _end(result, args, f"OK: exact per-head kappa equals the dense Jacobian's (relative {rel:.1e})"
-                if rel <= 1e-9 else f"MISMATCH: exact per-head vs dense kappa differ by {rel:.1e} (relative)")
+    return _end(
+        result,
+        args,
+        f"OK: exact per-head kappa equals the dense Jacobian's (relative {rel:.1e})"
+        if rel <= 1e-9
+        else f"MISMATCH: exact per-head vs dense kappa differ by {rel:.1e} (relative)",
+    )
 
 
 def _begin(args, **fields):
     """The summary's header: machine, thread count, clock and load average before (printed too), then ``fields``."""
-    result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
-                         f"{torch.__version__}, {args.threads} threads",
-              "load_before": load_average(), "clock": args.clock, **fields}
+    result = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
+        f"{torch.__version__}, {args.threads} threads",
+        "load_before": load_average(),
+        "clock": args.clock,
+        **fields,
+    }
     print(f"load average before: {result['load_before']} ({result['machine']}; {args.clock} seconds)", flush=True)
     return result
 
@@ -443,15 +569,24 @@ def _end(result, args, verdict=""):
 def main_ends(args):
     result = _begin(args)
     rows = result["ends"] = bench_ends(args.arm, quick=args.quick)
-    print("| layer | head factors | all singular values | extreme two | ratio | max relative difference | "
-          "largest head κ |")
+    print(
+        "| layer | head factors | all singular values | extreme two | ratio | max relative difference | "
+        "largest head κ |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['layer']} | {r['heads']} × {r['factor'][0]}×{r['factor'][1]} | {r['all_s']:.2f} s | "
-              f"{r['ends_s']:.2f} s | {r['ratio']:.2f} | {r['max_rel_diff']:.1e} | {r['kappa_max_head']:.4g} |")
+        print(
+            f"| {r['layer']} | {r['heads']} × {r['factor'][0]}×{r['factor'][1]} | {r['all_s']:.2f} s | "
+            f"{r['ends_s']:.2f} s | {r['ratio']:.2f} | {r['max_rel_diff']:.1e} | {r['kappa_max_head']:.4g} |"
+        )
     worst = max(r["max_rel_diff"] for r in rows)
-    return _end(result, args, f"OK: the extreme two equal the full SVD's ends (relative {worst:.1e})" if worst <= 1e-9
-                else f"MISMATCH: the extreme two and the full SVD's ends differ by {worst:.1e} (relative)")
+    return _end(
+        result,
+        args,
+        f"OK: the extreme two equal the full SVD's ends (relative {worst:.1e})"
+        if worst <= 1e-9
+        else f"MISMATCH: the extreme two and the full SVD's ends differ by {worst:.1e} (relative)",
+    )
 
 
 def main_fraction(args):
@@ -462,8 +597,9 @@ def main_fraction(args):
             f = bench_pretrain_fraction(config, args.arm, args.steps, args.opts)
             show, table = print_pretrain_fraction, PRETRAIN_HEADER
         else:
-            f = bench_fraction(config, args.arm, args.train_size, args.test_size, args.images_per_gpu, args.steps,
-                               args.opts)
+            f = bench_fraction(
+                config, args.arm, args.train_size, args.test_size, args.images_per_gpu, args.steps, args.opts
+            )
             show, table = print_fraction, FRACTION_HEADER
         if table != header:
             print(("\n" if header else "") + table, flush=True)

@@ -14,6 +14,7 @@ and mask AP (``condinit_det.report.compare_arms``). ``--quick``: 2 iterations, o
 output directory is temporary unless ``--output`` names one. Exit status 1 if train_net fails or an arm lacks
 its final evaluation.
 """
+
 import argparse
 import datetime
 import glob
@@ -46,8 +47,10 @@ def resolve_config(path):
     for candidate in (path, os.path.join(ROOT, path)):
         if os.path.isfile(candidate):
             return os.path.abspath(candidate)
-    raise SystemExit(f"bench_demo: config file {path} does not exist (relative paths may start at "
-                     f"the current directory or at {ROOT}).")
+    raise SystemExit(
+        f"bench_demo: config file {path} does not exist (relative paths may start at "
+        f"the current directory or at {ROOT})."
+    )
 
 
 def _has(cfg, key):
@@ -70,11 +73,11 @@ def quick_overrides(cfg):
     if _has(cfg, "dataloader.train.total_batch_size"):
         opts.append(f"dataloader.train.total_batch_size={QUICK_BATCH}")
     test = cfg.get("dataloader", {}).get("test")
-    if test is not None and _target_name(test).endswith("build_detection_test_loader") and \
-            test.get("sampler") is None:
+    if test is not None and _target_name(test).endswith("build_detection_test_loader") and test.get("sampler") is None:
         # The first images of the test set only; the evaluator still scores against all of them.
-        opts.append("+dataloader.test.sampler={_target_:detectron2.data.samplers.InferenceSampler,"
-                    f"size:{QUICK_TEST_IMAGES}}}")
+        opts.append(
+            f"+dataloader.test.sampler={{_target_:detectron2.data.samplers.InferenceSampler,size:{QUICK_TEST_IMAGES}}}"
+        )
     if _has(cfg, "model.roi_heads.box_predictor"):
         # An untrained Mask R-CNN keeps 100 low-score detections per image, whose mask pasting
         # dominates inference on the CPU.
@@ -165,8 +168,10 @@ def summarize(output_dir, max_iter):
     from condinit_det.report import compare_arms
 
     # One seed per arm: <output>/<arm>/seed<k>/ (condinit_det.records.layout).
-    arm_dirs = [next(iter(sorted(glob.glob(os.path.join(output_dir, arm, "seed*")))), os.path.join(output_dir, arm))
-                for arm in ARMS]
+    arm_dirs = [
+        next(iter(sorted(glob.glob(os.path.join(output_dir, arm, "seed*")))), os.path.join(output_dir, arm))
+        for arm in ARMS
+    ]
     present = [d for d in arm_dirs if os.path.isfile(os.path.join(d, "results.json"))]
     report = None
     if present:
@@ -188,22 +193,44 @@ def summarize(output_dir, max_iter):
         mask = summary.final["AP^m"][0] if summary is not None else None
         if final_it is None or final_it < max_iter:
             incomplete.append(arm)
-        rows.append([arm, _fmt(t["wall_s"], ".0f"), _fmt(t["train_s_per_iter"], ".3f"), len(t["inference_s"]),
-                     _fmt(sum(t["inference_s"]) if t["inference_s"] else None, ".1f"),
-                     "n/a" if final_it is None else final_it, _fmt(box, ".2f"), _fmt(mask, ".2f")])
+        rows.append(
+            [
+                arm,
+                _fmt(t["wall_s"], ".0f"),
+                _fmt(t["train_s_per_iter"], ".3f"),
+                len(t["inference_s"]),
+                _fmt(sum(t["inference_s"]) if t["inference_s"] else None, ".1f"),
+                "n/a" if final_it is None else final_it,
+                _fmt(box, ".2f"),
+                _fmt(mask, ".2f"),
+            ]
+        )
     return rows, incomplete
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-file", default=DEFAULT_CONFIG, metavar="FILE",
-                        help=f"lazy demo config (default: {DEFAULT_CONFIG})")
-    parser.add_argument("--output", default=None, metavar="DIR",
-                        help="new or empty directory to train into and keep (default: a temporary one)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_ITERS} iterations per arm, one evaluation on {QUICK_TEST_IMAGES} images")
-    parser.add_argument("--opts", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="config overrides passed to train_net (after --quick's, so they win)")
+    parser.add_argument(
+        "--config-file", default=DEFAULT_CONFIG, metavar="FILE", help=f"lazy demo config (default: {DEFAULT_CONFIG})"
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        metavar="DIR",
+        help="new or empty directory to train into and keep (default: a temporary one)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_ITERS} iterations per arm, one evaluation on {QUICK_TEST_IMAGES} images",
+    )
+    parser.add_argument(
+        "--opts",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides passed to train_net (after --quick's, so they win)",
+    )
     args = parser.parse_args(argv)
     if any(o.split("=", 1)[0].lstrip("+~") == "train.output_dir" for o in args.opts):
         parser.error("set the output directory with --output, not train.output_dir")
@@ -211,8 +238,10 @@ def main(argv=None):
 
     if args.output is not None:
         if os.path.exists(args.output) and (not os.path.isdir(args.output) or os.listdir(args.output)):
-            parser.error(f"--output {args.output} exists and is not an empty directory; timings must "
-                         "come from this run alone, so give a new or empty directory")
+            parser.error(
+                f"--output {args.output} exists and is not an empty directory; timings must "
+                "come from this run alone, so give a new or empty directory"
+            )
         output_dir = os.path.abspath(args.output)
         os.makedirs(output_dir, exist_ok=True)
     else:
@@ -223,8 +252,16 @@ def main(argv=None):
     opts = (quick_overrides(LazyConfig.load(config_file)) if args.quick else []) + list(args.opts)
     cfg = load_checked(config_file, opts)
     max_iter = int(cfg.train.max_iter)
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "train_net.py"), "--config-file", config_file,
-           "--arm", "all", *opts, f"train.output_dir={output_dir}"]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "tools", "train_net.py"),
+        "--config-file",
+        config_file,
+        "--arm",
+        "all",
+        *opts,
+        f"train.output_dir={output_dir}",
+    ]
     console = os.path.join(output_dir, "train_net.log")
 
     print(format_machine_info(machine_info()))
@@ -244,15 +281,22 @@ def main(argv=None):
         rows, incomplete = summarize(output_dir, max_iter)
         report_md = os.path.join(output_dir, "report", "report.md")
         print()
-        print(format_table(["arm", "wall s", "train s/iter", "evaluations", "inference s", "final iter",
-                            "box AP", "mask AP"], rows))
+        print(
+            format_table(
+                ["arm", "wall s", "train s/iter", "evaluations", "inference s", "final iter", "box AP", "mask AP"], rows
+            )
+        )
         arm_walls = [float(r[1]) for r in rows if r[1] != "n/a"]
         print()
-        print(f"total wall: {total_s:.0f} s (arms {sum(arm_walls):.0f} s; start-up and report "
-              f"{total_s - sum(arm_walls):.0f} s); median arm {median(arm_walls) if arm_walls else float('nan'):.0f} s")
+        print(
+            f"total wall: {total_s:.0f} s (arms {sum(arm_walls):.0f} s; start-up and report "
+            f"{total_s - sum(arm_walls):.0f} s); median arm {median(arm_walls) if arm_walls else float('nan'):.0f} s"
+        )
         if args.quick:
-            print(f"(quick mode: {QUICK_ITERS} iterations, APs on a {QUICK_TEST_IMAGES}-image subset; not "
-                  "comparable with a full run)")
+            print(
+                f"(quick mode: {QUICK_ITERS} iterations, APs on a {QUICK_TEST_IMAGES}-image subset; not "
+                "comparable with a full run)"
+            )
         if args.output is not None:
             print(f"run directories and report: {output_dir} ({os.path.relpath(report_md, output_dir)})")
         if not os.path.isfile(report_md):

@@ -61,11 +61,16 @@ def bench_size(num_images, args):
     """Times both evaluators on one synthetic dataset; returns table rows and the worst AP diff."""
     t0 = time.perf_counter()
     gt = make_synthetic_coco(num_images=num_images, num_categories=args.categories, seed=args.seed)
-    records = [{"image_id": image_id, "instances": results}
-               for image_id, results in synthetic_results(gt, seed=args.seed + 1).items()]
+    records = [
+        {"image_id": image_id, "instances": results}
+        for image_id, results in synthetic_results(gt, seed=args.seed + 1).items()
+    ]
     num_dets = sum(len(r["instances"]) for r in records)
-    print(f"[{num_images} images] {len(gt['annotations'])} GT objects, {num_dets} detections "
-          f"({num_dets / num_images:.1f}/image), generated in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(
+        f"[{num_images} images] {len(gt['annotations'])} GT objects, {num_dets} detections "
+        f"({num_dets / num_images:.1f}/image), generated in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
 
     rows, worst = [], 0.0
     totals = {"ref": 0.0, "ours": 0.0}
@@ -100,16 +105,40 @@ def bench_size(num_images, args):
                     totals[impl] += eval_s[impl]
                 diff = max_abs_diff(results["ours"], results["ref"])
                 worst = max(worst, diff)
-                rows.append([num_images, task, num_dets, eval_s["ref"], eval_s["ours"],
-                             f"{speedup(eval_s['ref'], eval_s['ours']):.2f}x", f"{diff:.1e}",
-                             f"{init_s['ref']:.2f} / {init_s['ours']:.2f}", f"{results['ours'][task]['AP']:.2f}"])
-                print(f"  {task}: pycocotools {eval_s['ref']:.2f} s, faster-coco-eval {eval_s['ours']:.2f} s, "
-                      f"max |dAP| {diff:.1e}", flush=True)
+                rows.append(
+                    [
+                        num_images,
+                        task,
+                        num_dets,
+                        eval_s["ref"],
+                        eval_s["ours"],
+                        f"{speedup(eval_s['ref'], eval_s['ours']):.2f}x",
+                        f"{diff:.1e}",
+                        f"{init_s['ref']:.2f} / {init_s['ours']:.2f}",
+                        f"{results['ours'][task]['AP']:.2f}",
+                    ]
+                )
+                print(
+                    f"  {task}: pycocotools {eval_s['ref']:.2f} s, faster-coco-eval {eval_s['ours']:.2f} s, "
+                    f"max |dAP| {diff:.1e}",
+                    flush=True,
+                )
         finally:
             DatasetCatalog.remove(name)
             MetadataCatalog.remove(name)
-    rows.append([num_images, "bbox+segm", num_dets, totals["ref"], totals["ours"],
-                 f"{speedup(totals['ref'], totals['ours']):.2f}x", f"{worst:.1e}", "", ""])
+    rows.append(
+        [
+            num_images,
+            "bbox+segm",
+            num_dets,
+            totals["ref"],
+            totals["ours"],
+            f"{speedup(totals['ref'], totals['ours']):.2f}x",
+            f"{worst:.1e}",
+            "",
+            "",
+        ]
+    )
     return rows, worst
 
 
@@ -136,8 +165,22 @@ def main(argv=None):
         rows += size_rows
         worst = max(worst, size_worst)
     print()
-    print(format_table(["images", "task", "detections", "pycocotools s", "faster-coco-eval s", "speed-up",
-                        "max |dAP|", "init s (ref / ours)", "AP"], rows))
+    print(
+        format_table(
+            [
+                "images",
+                "task",
+                "detections",
+                "pycocotools s",
+                "faster-coco-eval s",
+                "speed-up",
+                "max |dAP|",
+                "init s (ref / ours)",
+                "AP",
+            ],
+            rows,
+        )
+    )
     print(f"load avg after run (1/5/15 min): {load_average()}")
     if worst > TOLERANCE:
         print(f"FAIL: metrics differ by {worst:.3g} > {TOLERANCE:g}", file=sys.stderr)

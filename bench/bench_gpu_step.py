@@ -38,6 +38,7 @@ Output: a table; with ``--output PATH`` a JSON file (format ``condinit_det.step_
 "timed_steps", "rounds", "peak_memory_bytes", "ratio_to_default", "paired_ratio_to_default", "sites",
 "params_changed", "parameters"}}}}, "elapsed_s"}``; a failed recipe has ``"error"`` set and no arms.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -105,26 +106,74 @@ class Recipe:
 
 # recipe_gpus: ViTDet 64 images on 64 GPUs (detectron2's projects/ViTDet README), Swin and XCiT Mask R-CNN 16 on 8
 # (their detection recipes), XCiT ImageNet 1024 on 8 (the XCiT README's command).
-RECIPES: Dict[str, Recipe] = {r.name: r for r in (
-    Recipe("mask_rcnn_vitdet_b_100ep", "configs/COCO/mask_rcnn_vitdet_b_100ep.py", "detection", recipe_gpus=64,
-           largest_size=(1024, 1024), typical_size=(1024, 1024), tiny_size=(128, 128),
-           tiny_overrides=("model.backbone.net.img_size=128", "model.backbone.square_pad=128",
-                           "model.backbone.net.embed_dim=32", "model.backbone.net.depth=2",
-                           "model.backbone.net.num_heads=2", "model.backbone.net.window_size=4",
-                           "model.backbone.net.window_block_indexes=[0]")),
-    Recipe("mask_rcnn_swin_b_3x", "configs/COCO/mask_rcnn_swin_b_3x.py", "detection", recipe_gpus=8,
-           largest_size=(800, 1333), typical_size=(640, 853), tiny_size=(96, 128),
-           tiny_overrides=("model.backbone.bottom_up.embed_dim=16", "model.backbone.bottom_up.depths=[1,1,1,1]",
-                           "model.backbone.bottom_up.num_heads=[1,1,2,2]", "model.backbone.bottom_up.window_size=4")),
-    Recipe("mask_rcnn_xcit_s12_3x", "configs/COCO/mask_rcnn_xcit_s12_3x.py", "detection", recipe_gpus=8,
-           largest_size=(800, 1333), typical_size=(640, 853), tiny_size=(96, 128),
-           tiny_overrides=("model.backbone.net.embed_dim=32", "model.backbone.net.depth=2",
-                           "model.backbone.net.num_heads=2")),
-    Recipe("xcit_s12_p16_400ep", "configs/ImageNet/xcit_s12_p16_400ep.py", "pretrain", recipe_gpus=8,
-           largest_size=(224, 224), typical_size=(224, 224), tiny_size=(64, 64),
-           tiny_overrides=("model.kwargs.img_size=64", "model.kwargs.embed_dim=32", "model.kwargs.depth=2",
-                           "model.kwargs.num_heads=2", "data.num_classes=10")),
-)}
+RECIPES: Dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            "mask_rcnn_vitdet_b_100ep",
+            "configs/COCO/mask_rcnn_vitdet_b_100ep.py",
+            "detection",
+            recipe_gpus=64,
+            largest_size=(1024, 1024),
+            typical_size=(1024, 1024),
+            tiny_size=(128, 128),
+            tiny_overrides=(
+                "model.backbone.net.img_size=128",
+                "model.backbone.square_pad=128",
+                "model.backbone.net.embed_dim=32",
+                "model.backbone.net.depth=2",
+                "model.backbone.net.num_heads=2",
+                "model.backbone.net.window_size=4",
+                "model.backbone.net.window_block_indexes=[0]",
+            ),
+        ),
+        Recipe(
+            "mask_rcnn_swin_b_3x",
+            "configs/COCO/mask_rcnn_swin_b_3x.py",
+            "detection",
+            recipe_gpus=8,
+            largest_size=(800, 1333),
+            typical_size=(640, 853),
+            tiny_size=(96, 128),
+            tiny_overrides=(
+                "model.backbone.bottom_up.embed_dim=16",
+                "model.backbone.bottom_up.depths=[1,1,1,1]",
+                "model.backbone.bottom_up.num_heads=[1,1,2,2]",
+                "model.backbone.bottom_up.window_size=4",
+            ),
+        ),
+        Recipe(
+            "mask_rcnn_xcit_s12_3x",
+            "configs/COCO/mask_rcnn_xcit_s12_3x.py",
+            "detection",
+            recipe_gpus=8,
+            largest_size=(800, 1333),
+            typical_size=(640, 853),
+            tiny_size=(96, 128),
+            tiny_overrides=(
+                "model.backbone.net.embed_dim=32",
+                "model.backbone.net.depth=2",
+                "model.backbone.net.num_heads=2",
+            ),
+        ),
+        Recipe(
+            "xcit_s12_p16_400ep",
+            "configs/ImageNet/xcit_s12_p16_400ep.py",
+            "pretrain",
+            recipe_gpus=8,
+            largest_size=(224, 224),
+            typical_size=(224, 224),
+            tiny_size=(64, 64),
+            tiny_overrides=(
+                "model.kwargs.img_size=64",
+                "model.kwargs.embed_dim=32",
+                "model.kwargs.depth=2",
+                "model.kwargs.num_heads=2",
+                "data.num_classes=10",
+            ),
+        ),
+    )
+}
 TINY_BATCH = {"detection": 1, "pretrain": 2}  # Mixup pairs the images of a batch: at least 2
 
 
@@ -148,8 +197,9 @@ def tiny_head_overrides(cfg) -> List[str]:
     ]
 
 
-def classification_batches(*, num: int, batch: int, size: Tuple[int, int], num_classes: int, seed: int,
-                           pin: bool) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+def classification_batches(
+    *, num: int, batch: int, size: Tuple[int, int], num_classes: int, seed: int, pin: bool
+) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     """``num`` (images [batch, 3, h, w] float32 ~ N(0, 1), labels [batch] int64) pairs, as a normalizing
     loader gives them (pinned for a CUDA device, like the pretraining loader's)."""
     g = torch.Generator().manual_seed(seed)
@@ -247,9 +297,13 @@ class PretrainVariant(Variant):
         dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
         if train["amp_dtype"] not in dtypes:
             raise ValueError(f"train.amp_dtype={train['amp_dtype']!r}; accepted: {', '.join(dtypes)}")
-        self.pretrain_step = PretrainStep(self.model, nodes, num_classes=int(data["num_classes"]),
-                                          amp_dtype=dtypes[train["amp_dtype"]] if amp else None,
-                                          steps_per_epoch=max(IMAGENET_TRAIN_IMAGES // int(train["batch_size"]), 1))
+        self.pretrain_step = PretrainStep(
+            self.model,
+            nodes,
+            num_classes=int(data["num_classes"]),
+            amp_dtype=dtypes[train["amp_dtype"]] if amp else None,
+            steps_per_epoch=max(IMAGENET_TRAIN_IMAGES // int(train["batch_size"]), 1),
+        )
         self.batches = itertools.cycle(batches)  # every arm sees the same batches in the same order
         self.steps_done = 0
 
@@ -287,8 +341,9 @@ def recipe_batch(recipe: Recipe, cfg) -> Tuple[int, int]:
     else:
         total = int(node(cfg, "train")["batch_size"])
     if total % recipe.recipe_gpus:
-        raise ValueError(f"{recipe.path}: total batch {total} does not split over the recipe's "
-                         f"{recipe.recipe_gpus} GPUs")
+        raise ValueError(
+            f"{recipe.path}: total batch {total} does not split over the recipe's {recipe.recipe_gpus} GPUs"
+        )
     return total, total // recipe.recipe_gpus
 
 
@@ -300,9 +355,22 @@ def recipe_amp(recipe: Recipe, cfg, device: torch.device) -> bool:
     return enabled and device.type == "cuda"
 
 
-def measure_recipe(recipe: Recipe, *, arms: Sequence[str], device: torch.device, tiny: bool, input_size: str,
-                   seed: int, warmup: int, steps: int, min_rounds: int, max_rounds: int, num_batches: int,
-                   deadline: float, log=print) -> dict:
+def measure_recipe(
+    recipe: Recipe,
+    *,
+    arms: Sequence[str],
+    device: torch.device,
+    tiny: bool,
+    input_size: str,
+    seed: int,
+    warmup: int,
+    steps: int,
+    min_rounds: int,
+    max_rounds: int,
+    num_batches: int,
+    deadline: float,
+    log=print,
+) -> dict:
     """Build every arm, warm each up, then time interleaved rounds until ``deadline`` (``time.perf_counter``
     seconds; at least ``min_rounds``, at most ``max_rounds``). Returns the recipe's JSON entry."""
     from condinit_det.pretrain import node
@@ -314,14 +382,23 @@ def measure_recipe(recipe: Recipe, *, arms: Sequence[str], device: torch.device,
     size = recipe.size(input_size, tiny)
     amp = recipe_amp(recipe, cfg, device)
     if recipe.stage == "detection":
-        batches = detection_batches(num=num_batches, batch=batch_per_gpu, size=size,
-                                    num_classes=int(cfg.model.roi_heads.num_classes), seed=seed)
+        batches = detection_batches(
+            num=num_batches, batch=batch_per_gpu, size=size, num_classes=int(cfg.model.roi_heads.num_classes), seed=seed
+        )
     else:
-        batches = classification_batches(num=num_batches, batch=batch_per_gpu, size=size,
-                                         num_classes=int(node(cfg, "data")["num_classes"]), seed=seed,
-                                         pin=device.type == "cuda")
-    log(f"[{recipe.name}] batch {batch_per_gpu} per GPU, {size[0]}x{size[1]} px, AMP {'on' if amp else 'off'}"
-        + (f"; tiny overrides: {' '.join(overrides)}" if overrides else ""), flush=True)
+        batches = classification_batches(
+            num=num_batches,
+            batch=batch_per_gpu,
+            size=size,
+            num_classes=int(node(cfg, "data")["num_classes"]),
+            seed=seed,
+            pin=device.type == "cuda",
+        )
+    log(
+        f"[{recipe.name}] batch {batch_per_gpu} per GPU, {size[0]}x{size[1]} px, AMP {'on' if amp else 'off'}"
+        + (f"; tiny overrides: {' '.join(overrides)}" if overrides else ""),
+        flush=True,
+    )
 
     cuda = device.type == "cuda"
     variant_class = DetectionVariant if recipe.stage == "detection" else PretrainVariant
@@ -349,12 +426,29 @@ def measure_recipe(recipe: Recipe, *, arms: Sequence[str], device: torch.device,
         timed_round(variants, rounds, steps)
         rounds += 1
     log(f"[{recipe.name}] {rounds} round(s) of {steps} timed step(s) per arm", flush=True)
-    return recipe_entry(recipe, variants, total_batch=total_batch, batch_per_gpu=batch_per_gpu, size=size, amp=amp,
-                        rounds=rounds, overrides=overrides)
+    return recipe_entry(
+        recipe,
+        variants,
+        total_batch=total_batch,
+        batch_per_gpu=batch_per_gpu,
+        size=size,
+        amp=amp,
+        rounds=rounds,
+        overrides=overrides,
+    )
 
 
-def recipe_entry(recipe: Recipe, variants: Sequence[Variant], *, total_batch: int, batch_per_gpu: int,
-                 size: Tuple[int, int], amp: bool, rounds: int, overrides: Sequence[str]) -> dict:
+def recipe_entry(
+    recipe: Recipe,
+    variants: Sequence[Variant],
+    *,
+    total_batch: int,
+    batch_per_gpu: int,
+    size: Tuple[int, int],
+    amp: bool,
+    rounds: int,
+    overrides: Sequence[str],
+) -> dict:
     base = next(v for v in variants if v.arm == DEFAULT_ARM)
     base_median = median(base.times)
     arms = {}
@@ -372,9 +466,18 @@ def recipe_entry(recipe: Recipe, variants: Sequence[Variant], *, total_batch: in
             "params_changed": len(v.report.changed_parameters()) if v.report is not None else None,
             "parameters": v.parameters,
         }
-    entry = {"name": recipe.name, "stage": recipe.stage, "recipe_gpus": recipe.recipe_gpus,
-             "total_batch": total_batch, "batch_per_gpu": batch_per_gpu, "image_size": list(size), "amp": amp,
-             "error": None, "arms": arms, "tiny_overrides": list(overrides)}
+    entry = {
+        "name": recipe.name,
+        "stage": recipe.stage,
+        "recipe_gpus": recipe.recipe_gpus,
+        "total_batch": total_batch,
+        "batch_per_gpu": batch_per_gpu,
+        "image_size": list(size),
+        "amp": amp,
+        "error": None,
+        "arms": arms,
+        "tiny_overrides": list(overrides),
+    }
     if recipe.stage == "detection":
         entry["instances_per_image"] = INSTANCES_PER_IMAGE
     else:
@@ -393,12 +496,40 @@ def format_results(configs: Dict[str, dict]) -> str:
             continue
         h, w = entry["image_size"]
         for arm, r in entry["arms"].items():
-            mem = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2 ** 30:.2f}"
-            rows.append([entry["name"], arm, entry["batch_per_gpu"], f"{h}x{w}", f"{r['median_step_s']:.4f}",
-                         f"{r['min_step_s']:.4f}", f"{r['ratio_to_default']:.3f}",
-                         f"{r['paired_ratio_to_default']:.3f}", mem, r["timed_steps"]])
-    table = format_table(["config", "arm", "batch/GPU", "input", "median s/step", "min s/step", "median / default",
-                          "paired / default", "peak GiB", "timed steps"], rows) if rows else "(no recipe measured)"
+            mem = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**30:.2f}"
+            rows.append(
+                [
+                    entry["name"],
+                    arm,
+                    entry["batch_per_gpu"],
+                    f"{h}x{w}",
+                    f"{r['median_step_s']:.4f}",
+                    f"{r['min_step_s']:.4f}",
+                    f"{r['ratio_to_default']:.3f}",
+                    f"{r['paired_ratio_to_default']:.3f}",
+                    mem,
+                    r["timed_steps"],
+                ]
+            )
+    table = (
+        format_table(
+            [
+                "config",
+                "arm",
+                "batch/GPU",
+                "input",
+                "median s/step",
+                "min s/step",
+                "median / default",
+                "paired / default",
+                "peak GiB",
+                "timed steps",
+            ],
+            rows,
+        )
+        if rows
+        else "(no recipe measured)"
+    )
     return "\n".join([table, *failures])
 
 
@@ -408,30 +539,46 @@ def format_epoch_lines(configs: Dict[str, dict]) -> List[str]:
         if entry["error"] is None and "imagenet_steps_per_epoch" in entry:
             steps = entry["imagenet_steps_per_epoch"]
             seconds = steps * entry["arms"][DEFAULT_ARM]["median_step_s"]
-            lines.append(f"{entry['name']}: an ImageNet-1k epoch is {steps} steps of {entry['total_batch']} images "
-                         f"({entry['recipe_gpus']} GPUs): {seconds / 3600:.2f} h at the default arm's median step")
+            lines.append(
+                f"{entry['name']}: an ImageNet-1k epoch is {steps} steps of {entry['total_batch']} images "
+                f"({entry['recipe_gpus']} GPUs): {seconds / 3600:.2f} h at the default arm's median step"
+            )
     return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default=",".join(RECIPES),
-                        help=f"comma-separated recipes (default: all): {', '.join(RECIPES)}")
-    parser.add_argument("--arms", default=None, help="comma-separated arms (default: every arm of "
-                        "condinit_det.init.ARMS; the default arm is always measured)")
+    parser.add_argument(
+        "--configs", default=",".join(RECIPES), help=f"comma-separated recipes (default: all): {', '.join(RECIPES)}"
+    )
+    parser.add_argument(
+        "--arms",
+        default=None,
+        help="comma-separated arms (default: every arm of condinit_det.init.ARMS; the default arm is always measured)",
+    )
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (cpu needs --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke run (numbers meaningless)")
-    parser.add_argument("--input-size", default="largest", choices=INPUT_SIZES,
-                        help="largest (default): each recipe's largest training input; typical: the multi-scale "
-                        "recipes' mean shorter side at 4:3")
-    parser.add_argument("--budget", type=float, default=240.0, metavar="SECONDS",
-                        help="overall time budget of the measurement (default 240)")
+    parser.add_argument(
+        "--input-size",
+        default="largest",
+        choices=INPUT_SIZES,
+        help="largest (default): each recipe's largest training input; typical: the multi-scale "
+        "recipes' mean shorter side at 4:3",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=240.0,
+        metavar="SECONDS",
+        help="overall time budget of the measurement (default 240)",
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per arm (default 3; >= 1)")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per arm per round (default 1)")
     parser.add_argument("--min-rounds", type=int, default=3, help="rounds run even past the budget (default 3)")
     parser.add_argument("--max-rounds", type=int, default=30, help="rounds at most (default 30)")
-    parser.add_argument("--num-batches", type=int, default=2,
-                        help="distinct synthetic batches, cycled through by every arm (default 2)")
+    parser.add_argument(
+        "--num-batches", type=int, default=2, help="distinct synthetic batches, cycled through by every arm (default 2)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="model, arm and input seed (default 0)")
     parser.add_argument("--output", metavar="PATH", help="write the results as JSON to PATH")
     return parser
@@ -478,12 +625,23 @@ def main(argv=None) -> int:
     machine = machine_info(packages=("numpy", "torch", "timm", "detectron2"))
     print(format_machine_info(machine))
     print(format_device_info(info))
-    print(f"recipes: {', '.join(names)}; arms: {', '.join(arms)}; input size: {args.input_size}"
-          f"{' (tiny)' if args.tiny else ''}; budget {args.budget:g} s", flush=True)
-    payload = {"format": FORMAT, "device": info, "torch": torch.__version__,
-               "machine": machine, "tiny": args.tiny,
-               "input_size": args.input_size, "budget_s": args.budget, "warmup": args.warmup, "seed": args.seed,
-               "configs": {}}
+    print(
+        f"recipes: {', '.join(names)}; arms: {', '.join(arms)}; input size: {args.input_size}"
+        f"{' (tiny)' if args.tiny else ''}; budget {args.budget:g} s",
+        flush=True,
+    )
+    payload = {
+        "format": FORMAT,
+        "device": info,
+        "torch": torch.__version__,
+        "machine": machine,
+        "tiny": args.tiny,
+        "input_size": args.input_size,
+        "budget_s": args.budget,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "configs": {},
+    }
     deadline = started + args.budget
     failed = False
     for i, name in enumerate(names):
@@ -491,15 +649,25 @@ def main(argv=None) -> int:
         now = time.perf_counter()
         share_end = now + max(deadline - now, 0.0) / (len(names) - i)
         try:
-            entry = measure_recipe(recipe, arms=arms, device=device, tiny=args.tiny, input_size=args.input_size,
-                                   seed=args.seed, warmup=args.warmup, steps=args.steps, min_rounds=args.min_rounds,
-                                   max_rounds=args.max_rounds, num_batches=args.num_batches, deadline=share_end)
+            entry = measure_recipe(
+                recipe,
+                arms=arms,
+                device=device,
+                tiny=args.tiny,
+                input_size=args.input_size,
+                seed=args.seed,
+                warmup=args.warmup,
+                steps=args.steps,
+                min_rounds=args.min_rounds,
+                max_rounds=args.max_rounds,
+                num_batches=args.num_batches,
+                deadline=share_end,
+            )
         except Exception as e:  # one recipe failing (e.g. out of memory) must not lose the others' numbers
             traceback.print_exc()
             failed = True
             message = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            entry = {"name": recipe.name, "stage": recipe.stage, "error": f"{type(e).__name__}: {message}",
-                     "arms": {}}
+            entry = {"name": recipe.name, "stage": recipe.stage, "error": f"{type(e).__name__}: {message}", "arms": {}}
         payload["configs"][recipe.path] = entry
         gc.collect()
         if device.type == "cuda":

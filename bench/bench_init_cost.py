@@ -17,6 +17,7 @@ per head) on two copies of each model: the seconds of each and how far the dense
 each head's ``W_q^T W_k`` (relative Frobenius). Wall seconds are the headline, this process's CPU seconds beside
 them. Budget: conditioned <= 0.3x the build time, mimetic <= 12x.
 """
+
 import argparse
 import json
 import os
@@ -87,8 +88,18 @@ def measure_once(name, arms, device="cpu"):
     rows = []
     for arm in arms:
         report, arm_s, arm_cpu = _timed(lambda arm=arm: apply_init(model, arm, seed=0, include=include), device)
-        rows.append({"model": name, "params": params, "sites": len(report.sites), "arm": arm, "build_s": build_s,
-                     "build_cpu": build_cpu, "arm_s": arm_s, "arm_cpu": arm_cpu})
+        rows.append(
+            {
+                "model": name,
+                "params": params,
+                "sites": len(report.sites),
+                "arm": arm,
+                "build_s": build_s,
+                "build_cpu": build_cpu,
+                "arm_s": arm_s,
+                "arm_cpu": arm_cpu,
+            }
+        )
     return rows
 
 
@@ -107,8 +118,9 @@ def solver_change(name):
     models = {"auto": built, "dense": copy.deepcopy(built)}
     seconds = {}
     for solver, model in models.items():
-        _, seconds[solver], _ = _timed(lambda model=model, solver=solver: apply_init(
-            model, "mimetic", seed=0, include=include, solver=solver))
+        _, seconds[solver], _ = _timed(
+            lambda model=model, solver=solver: apply_init(model, "mimetic", seed=0, include=include, solver=solver)
+        )
 
     def relative(a, b):
         a, b = a.detach().double(), b.detach().double()
@@ -123,10 +135,13 @@ def solver_change(name):
             rows = slice(h * dh, (h + 1) * dh)
             products.append(relative(*(s.weight("q")[rows].T @ s.weight("k")[rows] for s in (dense, auto))))
     auto_s, dense_s = seconds["auto"], seconds["dense"]
-    print(f"  {name} mimetic: auto {auto_s:.1f} s ({auto_s / build_s:.1f}x the {build_s:.2f} s build), "
-          f"dense {dense_s:.1f} s ({dense_s / build_s:.1f}x); dense vs auto, relative Frobenius: "
-          f"weights max {max(weights):.2g}, W_q^T W_k per head max {max(products):.2g} (median "
-          f"{statistics.median(products):.2g}, {len(products)} heads)", flush=True)
+    print(
+        f"  {name} mimetic: auto {auto_s:.1f} s ({auto_s / build_s:.1f}x the {build_s:.2f} s build), "
+        f"dense {dense_s:.1f} s ({dense_s / build_s:.1f}x); dense vs auto, relative Frobenius: "
+        f"weights max {max(weights):.2g}, W_q^T W_k per head max {max(products):.2g} (median "
+        f"{statistics.median(products):.2g}, {len(products)} heads)",
+        flush=True,
+    )
 
 
 def measure(name, arms, repeats, threads=None, device="cpu"):
@@ -144,11 +159,24 @@ def measure(name, arms, repeats, threads=None, device="cpu"):
             key: statistics.median(run[i][key] for run in runs) for key in ("build_s", "build_cpu", "arm_s", "arm_cpu")
         }
         first = runs[0][i]
-        rows.append([name, f"{first['params'] / 1e6:.1f}M", first["sites"], arm, f"{med['build_s']:.2f}",
-                     f"{med['arm_s']:.3f}", f"{100 * med['arm_s'] / med['build_s']:.1f}%", f"{med['build_cpu']:.2f}",
-                     f"{med['arm_cpu']:.3f}"])
-        print(f"  {name} {arm}: {med['arm_s']:.3f} s ({100 * med['arm_s'] / med['build_s']:.1f}% of the "
-              f"{med['build_s']:.2f} s build; medians of {repeats} processes)", flush=True)
+        rows.append(
+            [
+                name,
+                f"{first['params'] / 1e6:.1f}M",
+                first["sites"],
+                arm,
+                f"{med['build_s']:.2f}",
+                f"{med['arm_s']:.3f}",
+                f"{100 * med['arm_s'] / med['build_s']:.1f}%",
+                f"{med['build_cpu']:.2f}",
+                f"{med['arm_cpu']:.3f}",
+            ]
+        )
+        print(
+            f"  {name} {arm}: {med['arm_s']:.3f} s ({100 * med['arm_s'] / med['build_s']:.1f}% of the "
+            f"{med['build_s']:.2f} s build; medians of {repeats} processes)",
+            flush=True,
+        )
     return rows
 
 
@@ -159,11 +187,18 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per model; medians are reported")
     parser.add_argument("--one", metavar="MODEL", help=argparse.SUPPRESS)  # one measurement, as JSON (internal)
-    parser.add_argument("--solvers", action="store_true",
-                        help="mimetic by the dense SVD vs the auto route: seconds and how far the weights move")
+    parser.add_argument(
+        "--solvers",
+        action="store_true",
+        help="mimetic by the dense SVD vs the auto route: seconds and how far the weights move",
+    )
     parser.add_argument("--quick", action="store_true", help="the tiny demo model only (for tests)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="where the built model and the arms' factorizations are (default: cpu)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the built model and the arms' factorizations are (default: cpu)",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
@@ -180,15 +215,20 @@ def main(argv=None):
             solver_change(name)
         return None
     print(format_machine_info(machine_info()))
-    print(f"torch threads: {torch.get_num_threads()}; device: "
-          f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}")
+    print(
+        f"torch threads: {torch.get_num_threads()}; device: "
+        f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}"
+    )
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     rows = []
     for name in names:
         rows += measure(name, args.arms.split(","), 1 if args.quick else args.repeats, args.threads, args.device)
-    print(format_table(["model", "params", "sites", "arm", "build s", "arm s", "arm / build", "build CPU s",
-                        "arm CPU s"], rows))
+    print(
+        format_table(
+            ["model", "params", "sites", "arm", "build s", "arm s", "arm / build", "build CPU s", "arm CPU s"], rows
+        )
+    )
     print(f"load avg 1/5/15 min at the end: {load_average()}")
     return rows
 

@@ -16,6 +16,7 @@ A step is ``SimpleTrainer.run_step`` without metric writing (forward, loss sum, 
 median and minimum step, their ratios to the baseline's, and the paired ratio (median over rounds of the
 round-time ratio, least affected by slow drifts of the machine's load).
 """
+
 import argparse
 import os
 import sys
@@ -56,8 +57,10 @@ def load_config(path, opts):
     if not missing and "train" not in cfg.dataloader:
         missing.append("dataloader.train")
     if missing:
-        raise SystemExit(f"bench_train_step: {path} lacks {', '.join(missing)}; a training config "
-                         "with model, optimizer and dataloader.train is needed.")
+        raise SystemExit(
+            f"bench_train_step: {path} lacks {', '.join(missing)}; a training config "
+            "with model, optimizer and dataloader.train is needed."
+        )
     return cfg
 
 
@@ -182,30 +185,69 @@ def format_results(variants):
         params = "-" if v.report is None else len(v.report.changed_parameters())
         med, lo = median(v.times), min(v.times)
         paired = paired_ratio(v.round_times, base.round_times)
-        rows.append([v.name, sites, params, len(v.times), f"{med:.3f}", f"{lo:.3f}",
-                     f"{med / base_med:.3f}", f"{lo / base_min:.3f}", f"{paired:.3f}"])
-    return format_table(["variant", "sites", "params changed", "timed steps", "median s/step",
-                         "min s/step", "median / baseline", "min / baseline", "paired / baseline"], rows)
+        rows.append(
+            [
+                v.name,
+                sites,
+                params,
+                len(v.times),
+                f"{med:.3f}",
+                f"{lo:.3f}",
+                f"{med / base_med:.3f}",
+                f"{lo / base_min:.3f}",
+                f"{paired:.3f}",
+            ]
+        )
+    return format_table(
+        [
+            "variant",
+            "sites",
+            "params changed",
+            "timed steps",
+            "median s/step",
+            "min s/step",
+            "median / baseline",
+            "min / baseline",
+            "paired / baseline",
+        ],
+        rows,
+    )
 
 
 def main(argv=None):
     from condinit_det.init import ARMS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-file", default=DEFAULT_CONFIG, metavar="FILE",
-                        help=f"lazy training config (default: {DEFAULT_CONFIG})")
-    parser.add_argument("--arms", default=",".join(ARMS),
-                        help=f"comma-separated arms to compare with the baseline, from: {', '.join(ARMS)}")
+    parser.add_argument(
+        "--config-file",
+        default=DEFAULT_CONFIG,
+        metavar="FILE",
+        help=f"lazy training config (default: {DEFAULT_CONFIG})",
+    )
+    parser.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma-separated arms to compare with the baseline, from: {', '.join(ARMS)}",
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant (default 3)")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per variant per round (default 2)")
-    parser.add_argument("--num-batches", type=int, default=4,
-                        help="distinct batches, cycled through by every variant (default 4)")
+    parser.add_argument(
+        "--num-batches", type=int, default=4, help="distinct batches, cycled through by every variant (default 4)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="model, data-order and arm seed (default 0)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"1 warmup step, 1 round of 2 timed steps, 2 batches of {QUICK_BATCH} images (for tests)")
-    parser.add_argument("--opts", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="config overrides, e.g. train.device=cuda dataloader.train.total_batch_size=2")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"1 warmup step, 1 round of 2 timed steps, 2 batches of {QUICK_BATCH} images (for tests)",
+    )
+    parser.add_argument(
+        "--opts",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides, e.g. train.device=cuda dataloader.train.total_batch_size=2",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.warmup, args.rounds, args.steps, args.num_batches = 1, 1, 2, 2
@@ -216,17 +258,29 @@ def main(argv=None):
 
     opts = list(args.opts)
     cfg = load_config(args.config_file, opts)
-    if args.quick and "total_batch_size" in cfg.dataloader.train and \
-            not any(o.startswith("dataloader.train.total_batch_size=") for o in opts):
+    if (
+        args.quick
+        and "total_batch_size" in cfg.dataloader.train
+        and not any(o.startswith("dataloader.train.total_batch_size=") for o in opts)
+    ):
         cfg.dataloader.train.total_batch_size = QUICK_BATCH
         opts.append(f"dataloader.train.total_batch_size={QUICK_BATCH}")
     print(format_machine_info(machine_info()))
     print(f"torch threads: {torch.get_num_threads()}; device: {cfg.train.device}")
     print(f"config: {args.config_file} {' '.join(opts)}".rstrip())
-    print(f"schedule: {args.warmup} warmup step(s), then {args.rounds} interleaved round(s) x "
-          f"{args.steps} timed step(s) per variant")
-    variants, mismatches = run(cfg, arms=arms, warmup=args.warmup, rounds=args.rounds, steps=args.steps,
-                               num_batches=args.num_batches, seed=args.seed)
+    print(
+        f"schedule: {args.warmup} warmup step(s), then {args.rounds} interleaved round(s) x "
+        f"{args.steps} timed step(s) per variant"
+    )
+    variants, mismatches = run(
+        cfg,
+        arms=arms,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        steps=args.steps,
+        num_batches=args.num_batches,
+        seed=args.seed,
+    )
     print()
     print(format_results(variants))
     print()

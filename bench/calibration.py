@@ -9,6 +9,7 @@ interval is scored against: ``population`` (the effect), ``evaluation set`` (eff
 these N images) and ``images`` (effect + seed 0's seed part). Every interval comes from the report's own
 functions, on arrays of simulated experiments at once; tests/test_calibration.py runs its cells with fewer.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,10 @@ class Scenario:
     image_spread: float = 20.0  # std of the image difficulties b_i (cancels in the difference)
 
     def describe(self) -> str:
-        return (f"{self.name}: effect {self.effect:g}, seed std {self.seed_std:g}, shared image SE "
-                f"{self.image_shared_se:g}, per-run image SE {self.image_seed_se:g}, {self.num_images} images")
+        return (
+            f"{self.name}: effect {self.effect:g}, seed std {self.seed_std:g}, shared image SE "
+            f"{self.image_shared_se:g}, per-run image SE {self.image_seed_se:g}, {self.num_images} images"
+        )
 
 
 SCENARIOS = (
@@ -82,16 +85,23 @@ class Simulated:
         return self.arms[0]
 
 
-def simulate(scenario: Scenario, num_seeds: int, num_sims: int, rng: np.random.Generator,
-             num_arms: int = 1, effects: Optional[Sequence[float]] = None) -> Simulated:
+def simulate(
+    scenario: Scenario,
+    num_seeds: int,
+    num_sims: int,
+    rng: np.random.Generator,
+    num_arms: int = 1,
+    effects: Optional[Sequence[float]] = None,
+) -> Simulated:
     """``num_sims`` experiments of ``num_seeds`` paired seeds on ``scenario.num_images`` images; every arm
     beside the default has the scenario's effect, or its own from ``effects`` (one per arm)."""
     sc, half = scenario, np.sqrt(0.5)
     shape = (num_sims, num_seeds, sc.num_images)
     sigma_shared = sc.image_shared_se * np.sqrt(sc.num_images) * half
     sigma_noise = sc.image_seed_se * np.sqrt(sc.num_images) * half
-    common = (rng.normal(50.0, sc.image_spread, size=(num_sims, 1, sc.num_images))
-              + rng.normal(0.0, 1.0, size=(num_sims, num_seeds, 1)))
+    common = rng.normal(50.0, sc.image_spread, size=(num_sims, 1, sc.num_images)) + rng.normal(
+        0.0, 1.0, size=(num_sims, num_seeds, 1)
+    )
     effects = [sc.effect] * num_arms if effects is None else [float(e) for e in effects]
     if len(effects) != num_arms:
         raise ValueError(f"effects: one per arm beside the default ({num_arms}); got {len(effects)}")
@@ -99,12 +109,18 @@ def simulate(scenario: Scenario, num_seeds: int, num_sims: int, rng: np.random.G
     for a in range(num_arms + 1):  # the default first
         seed_parts.append(rng.normal(0.0, sc.seed_std * half, size=(num_sims, num_seeds, 1)))
         image_parts.append(rng.normal(0.0, sigma_shared, size=(num_sims, 1, sc.num_images)))
-        scores.append(common + seed_parts[-1] + image_parts[-1] + rng.normal(0.0, sigma_noise, size=shape)
-                      + (effects[a - 1] if a else 0.0))
+        scores.append(
+            common
+            + seed_parts[-1]
+            + image_parts[-1]
+            + rng.normal(0.0, sigma_noise, size=shape)
+            + (effects[a - 1] if a else 0.0)
+        )
     seed_diff = (seed_parts[1] - seed_parts[0])[:, :, 0]
     image_diff = (image_parts[1] - image_parts[0])[:, 0, :]
-    return Simulated(scores[0], np.stack(scores[1:]), effects[0], effects[0] + image_diff.mean(axis=-1),
-                     effects[0] + seed_diff[:, 0])
+    return Simulated(
+        scores[0], np.stack(scores[1:]), effects[0], effects[0] + image_diff.mean(axis=-1), effects[0] + seed_diff[:, 0]
+    )
 
 
 def _replicates(sim: Simulated, rng: np.random.Generator, bootstrap: int) -> np.ndarray:
@@ -125,8 +141,15 @@ def key(method: str, truth: str) -> str:
     return f"{method}/{truth}"
 
 
-def coverage(scenario: Scenario, num_seeds: int, *, num_sims: int = 1000, bootstrap: int = 400,
-             rng: Optional[np.random.Generator] = None, chunk: int = 100) -> Dict[str, float]:
+def coverage(
+    scenario: Scenario,
+    num_seeds: int,
+    *,
+    num_sims: int = 1000,
+    bootstrap: int = 400,
+    rng: Optional[np.random.Generator] = None,
+    chunk: int = 100,
+) -> Dict[str, float]:
     """
     Coverage of the 95% intervals over ``num_sims`` simulated experiments, keyed by :func:`key`. One seed:
     the image bootstrap against the image truth and the population. Two or more: the paired t over seeds
@@ -150,19 +173,28 @@ def coverage(scenario: Scenario, num_seeds: int, *, num_sims: int = 1000, bootst
             found[key(PAIRED_T, "evaluation set")] = _covered(low, high, sim.evaluation_set)
             found[key(PAIRED_T, "population")] = _covered(low, high, sim.population)
             two = two_level_bootstrap(per_seed, rep, rng, num_images=scenario.num_images)
-            found[key(TWO_LEVEL_PERCENTILE, "population")] = _covered(two.percentile_low, two.percentile_high,
-                                                                      sim.population)
-            found[key(SATTERTHWAITE, "population")] = _covered(two.satterthwaite_low, two.satterthwaite_high,
-                                                               sim.population)
+            found[key(TWO_LEVEL_PERCENTILE, "population")] = _covered(
+                two.percentile_low, two.percentile_high, sim.population
+            )
+            found[key(SATTERTHWAITE, "population")] = _covered(
+                two.satterthwaite_low, two.satterthwaite_high, sim.population
+            )
             found[key(TWO_LEVEL_T, "population")] = _covered(two.low, two.high, sim.population)
         for k, v in found.items():
             hits[k] = hits.get(k, 0.0) + v * size
     return {k: v / num_sims for k, v in hits.items()}
 
 
-def contrast_coverage(scenario: Scenario, num_seeds: int, *, effects: Tuple[float, float] = (0.5, 0.2),
-                      num_sims: int = 1000, bootstrap: int = 400, rng: Optional[np.random.Generator] = None,
-                      chunk: int = 100) -> Dict[str, float]:
+def contrast_coverage(
+    scenario: Scenario,
+    num_seeds: int,
+    *,
+    effects: Tuple[float, float] = (0.5, 0.2),
+    num_sims: int = 1000,
+    bootstrap: int = 400,
+    rng: Optional[np.random.Generator] = None,
+    chunk: int = 100,
+) -> Dict[str, float]:
     """
     Coverage of a contrast between two arms A and B (n >= 2 seeds): both share the default runs (image
     difficulties and seed shifts), A has effect ``effects[0]`` and B ``effects[1]`` over default, and the
@@ -183,18 +215,29 @@ def contrast_coverage(scenario: Scenario, num_seeds: int, *, effects: Tuple[floa
         per_seed = sim.arms[0].mean(axis=-1) - sim.arms[1].mean(axis=-1)  # [S, n]
         _, low, high, _, _ = paired_t(per_seed)
         two = two_level_bootstrap(per_seed, contrast_rep, rng, num_images=scenario.num_images)
-        found = {key(PAIRED_T, "population"): _covered(low, high, truth),
-                 key(TWO_LEVEL_PERCENTILE, "population"): _covered(two.percentile_low, two.percentile_high, truth),
-                 key(TWO_LEVEL_T, "population"): _covered(two.low, two.high, truth)}
+        found = {
+            key(PAIRED_T, "population"): _covered(low, high, truth),
+            key(TWO_LEVEL_PERCENTILE, "population"): _covered(two.percentile_low, two.percentile_high, truth),
+            key(TWO_LEVEL_T, "population"): _covered(two.low, two.high, truth),
+        }
         for k, v in found.items():
             hits[k] = hits.get(k, 0.0) + v * size
     return {k: v / num_sims for k, v in hits.items()}
 
 
-def family_wise_error(num_seeds: int, *, num_arms: int = 2, num_metrics: int = 2, num_sims: int = 1000,
-                      bootstrap: int = 400, scenario: Scenario = SCENARIOS[0], correlation: float = 0.7,
-                      rng: Optional[np.random.Generator] = None, alpha: float = 0.05,
-                      chunk: int = 100) -> Dict[str, float]:
+def family_wise_error(
+    num_seeds: int,
+    *,
+    num_arms: int = 2,
+    num_metrics: int = 2,
+    num_sims: int = 1000,
+    bootstrap: int = 400,
+    scenario: Scenario = SCENARIOS[0],
+    correlation: float = 0.7,
+    rng: Optional[np.random.Generator] = None,
+    alpha: float = 0.05,
+    chunk: int = 100,
+) -> Dict[str, float]:
     """
     Probability of at least one false verdict when no arm differs from default (every effect 0), with and
     without Holm, over a family of ``num_arms`` x ``num_metrics`` comparisons. The arms share the default
@@ -203,8 +246,9 @@ def family_wise_error(num_seeds: int, *, num_arms: int = 2, num_metrics: int = 2
     report's method at n >= 2).
     """
     rng = np.random.default_rng(1) if rng is None else rng
-    null = Scenario(scenario.name, 0.0, scenario.seed_std, scenario.image_shared_se, scenario.image_seed_se,
-                    scenario.num_images)
+    null = Scenario(
+        scenario.name, 0.0, scenario.seed_std, scenario.image_shared_se, scenario.image_seed_se, scenario.num_images
+    )
     chunks = []
     for done in range(0, num_sims, chunk):
         size = min(chunk, num_sims - done)
@@ -215,20 +259,33 @@ def family_wise_error(num_seeds: int, *, num_arms: int = 2, num_metrics: int = 2
                 sim = first
             else:
                 other = simulate(null, num_seeds, size, rng, num_arms)
-                w = np.sqrt(1.0 - correlation ** 2)
-                sim = Simulated(correlation * first.default + w * other.default,
-                                correlation * first.arms + w * other.arms, 0.0, first.evaluation_set, first.images)
+                w = np.sqrt(1.0 - correlation**2)
+                sim = Simulated(
+                    correlation * first.default + w * other.default,
+                    correlation * first.arms + w * other.arms,
+                    0.0,
+                    first.evaluation_set,
+                    first.images,
+                )
             rep = _replicates(sim, rng, bootstrap)  # [A, S, n, B]
             per_seed = sim.arms.mean(axis=-1) - sim.default.mean(axis=-1)  # [A, S, n]
             p.append(two_level_bootstrap(per_seed, rep, rng, num_images=null.num_images).p_value)  # [A, S]
         chunks.append(np.concatenate(p, axis=0).T)  # [S, family]
     p_values = np.concatenate(chunks)
-    return {"raw": float(np.mean((p_values <= alpha).any(axis=-1))),
-            "holm": float(np.mean((holm_adjust(p_values) <= alpha).any(axis=-1)))}
+    return {
+        "raw": float(np.mean((p_values <= alpha).any(axis=-1))),
+        "holm": float(np.mean((holm_adjust(p_values) <= alpha).any(axis=-1))),
+    }
 
 
-def poi_coverage(num_seeds: int, *, num_sims: int = 2000, bootstrap: int = 400, effect_over_std: float = 0.5,
-                 rng: Optional[np.random.Generator] = None) -> Dict[str, float]:
+def poi_coverage(
+    num_seeds: int,
+    *,
+    num_sims: int = 2000,
+    bootstrap: int = 400,
+    effect_over_std: float = 0.5,
+    rng: Optional[np.random.Generator] = None,
+) -> Dict[str, float]:
     """Coverage of P(arm run > default run with the same seed) = Φ(effect / std) by the seed-bootstrap
     percentile interval and the exact (Clopper–Pearson) interval, normal per-seed differences."""
     from scipy import stats
@@ -237,8 +294,10 @@ def poi_coverage(num_seeds: int, *, num_sims: int = 2000, bootstrap: int = 400, 
     d = rng.normal(effect_over_std, 1.0, size=(num_sims, num_seeds))
     truth = float(stats.norm.cdf(effect_over_std))
     poi = probability_of_improvement(d, rng, bootstrap)
-    return {"bootstrap": _covered(poi.boot_low, poi.boot_high, truth),
-            "exact": _covered(poi.exact_low, poi.exact_high, truth)}
+    return {
+        "bootstrap": _covered(poi.boot_low, poi.boot_high, truth),
+        "exact": _covered(poi.exact_low, poi.exact_high, truth),
+    }
 
 
 def report_coverage(results: Dict[int, Dict[str, float]], num_seeds: int, per_image: bool = True) -> Optional[float]:
@@ -247,9 +306,15 @@ def report_coverage(results: Dict[int, Dict[str, float]], num_seeds: int, per_im
     return None if method is None else results[num_seeds].get(key(method, METHOD_TRUTH[method]))
 
 
-COLUMNS = (key(IMAGE_BOOTSTRAP, "images"), key(IMAGE_BOOTSTRAP, "population"), key(PAIRED_T, "evaluation set"),
-           key(PAIRED_T, "population"), key(TWO_LEVEL_PERCENTILE, "population"), key(SATTERTHWAITE, "population"),
-           key(TWO_LEVEL_T, "population"))
+COLUMNS = (
+    key(IMAGE_BOOTSTRAP, "images"),
+    key(IMAGE_BOOTSTRAP, "population"),
+    key(PAIRED_T, "evaluation set"),
+    key(PAIRED_T, "population"),
+    key(TWO_LEVEL_PERCENTILE, "population"),
+    key(SATTERTHWAITE, "population"),
+    key(TWO_LEVEL_T, "population"),
+)
 
 
 def format_table(results: Dict[str, Dict[int, Dict[str, float]]], seeds: Sequence[int]) -> str:
@@ -263,36 +328,62 @@ def format_table(results: Dict[str, Dict[int, Dict[str, float]]], seeds: Sequenc
                 text = f"{row[k]:.3f}" if k in row else ""
                 cells.append(f"**{text}**" if used and k == key(used, METHOD_TRUTH[used]) else text)
             rows.append([name, str(n), *cells])
-    return tabulate(rows, ["scenario", "n", *COLUMNS], tablefmt="pipe", disable_numparse=True,
-                    colalign=["left"] + ["right"] * (len(COLUMNS) + 1))
+    return tabulate(
+        rows,
+        ["scenario", "n", *COLUMNS],
+        tablefmt="pipe",
+        disable_numparse=True,
+        colalign=["left"] + ["right"] * (len(COLUMNS) + 1),
+    )
 
 
-def calibrate(*, num_sims: int = 1000, bootstrap: int = 400, one_seed_bootstrap: int = 1000,
-              seeds: Sequence[int] = (1, 2, 3, 5, 10),
-              scenarios: Sequence[Scenario] = SCENARIOS) -> Dict[str, Dict[int, Dict[str, float]]]:
+def calibrate(
+    *,
+    num_sims: int = 1000,
+    bootstrap: int = 400,
+    one_seed_bootstrap: int = 1000,
+    seeds: Sequence[int] = (1, 2, 3, 5, 10),
+    scenarios: Sequence[Scenario] = SCENARIOS,
+) -> Dict[str, Dict[int, Dict[str, float]]]:
     """
     Scenario name -> n -> :func:`coverage`, each cell with its own fixed generator (reproducible). One seed
     uses ``one_seed_bootstrap`` resamples (the report's default B: a percentile interval's 2.5% tails need
     them); two or more use ``bootstrap`` (the t-scaled interval needs only the variances).
     """
-    return {sc.name: {n: coverage(sc, n, num_sims=num_sims, bootstrap=one_seed_bootstrap if n == 1 else bootstrap,
-                                  rng=np.random.default_rng([k, n]))
-                      for n in seeds} for k, sc in enumerate(scenarios)}
+    return {
+        sc.name: {
+            n: coverage(
+                sc,
+                n,
+                num_sims=num_sims,
+                bootstrap=one_seed_bootstrap if n == 1 else bootstrap,
+                rng=np.random.default_rng([k, n]),
+            )
+            for n in seeds
+        }
+        for k, sc in enumerate(scenarios)
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Coverage of the report's 95% intervals on simulated experiments.")
     parser.add_argument("--sims", type=int, default=2000, help="simulated experiments per cell (default 2000)")
-    parser.add_argument("--bootstrap", type=int, default=400, help="resamples per interval, two or more seeds "
-                                                                   "(default 400)")
-    parser.add_argument("--one-seed-bootstrap", type=int, default=1000, help="resamples per interval, one seed "
-                                                                             "(default 1000, the report's)")
+    parser.add_argument(
+        "--bootstrap", type=int, default=400, help="resamples per interval, two or more seeds (default 400)"
+    )
+    parser.add_argument(
+        "--one-seed-bootstrap",
+        type=int,
+        default=1000,
+        help="resamples per interval, one seed (default 1000, the report's)",
+    )
     parser.add_argument("--seeds", default="1,2,3,5,10", help="seed counts (default 1,2,3,5,10)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.time()
-    results = calibrate(num_sims=args.sims, bootstrap=args.bootstrap, one_seed_bootstrap=args.one_seed_bootstrap,
-                        seeds=seeds)
+    results = calibrate(
+        num_sims=args.sims, bootstrap=args.bootstrap, one_seed_bootstrap=args.one_seed_bootstrap, seeds=seeds
+    )
     print(format_table(results, seeds))
     print()
     for n in (2, 3, 5, 10):
@@ -302,10 +393,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for k, sc in enumerate(SCENARIOS[:2]):
         for n in (3, 10):
             con = contrast_coverage(sc, n, num_sims=args.sims, rng=np.random.default_rng([11, k, n]))
-            print(f"contrast A - B (effects 0.5, 0.2), {sc.name}, n = {n}: two-level t "
-                  f"{con[key(TWO_LEVEL_T, 'population')]:.3f}, two-level percentile "
-                  f"{con[key(TWO_LEVEL_PERCENTILE, 'population')]:.3f}, "
-                  f"paired t {con[key(PAIRED_T, 'population')]:.3f}")
+            print(
+                f"contrast A - B (effects 0.5, 0.2), {sc.name}, n = {n}: two-level t "
+                f"{con[key(TWO_LEVEL_T, 'population')]:.3f}, two-level percentile "
+                f"{con[key(TWO_LEVEL_PERCENTILE, 'population')]:.3f}, "
+                f"paired t {con[key(PAIRED_T, 'population')]:.3f}"
+            )
     print()
     for n in (3, 5, 10):
         poi = poi_coverage(n, num_sims=args.sims, rng=np.random.default_rng([9, n]))

@@ -27,8 +27,9 @@ def _by_image(items: Sequence[dict]) -> Dict[int, List[dict]]:
     return out
 
 
-def resample_coco(dataset: Mapping, predictions: Sequence[Sequence[dict]], indices: Sequence[int]
-                  ) -> Tuple[dict, List[List[dict]]]:
+def resample_coco(
+    dataset: Mapping, predictions: Sequence[Sequence[dict]], indices: Sequence[int]
+) -> Tuple[dict, List[List[dict]]]:
     """The resampled COCO dataset and prediction lists (see module doc); inputs are not modified."""
     images = dataset["images"]
     anns = _by_image(dataset.get("annotations", []))
@@ -48,8 +49,9 @@ def resample_coco(dataset: Mapping, predictions: Sequence[Sequence[dict]], indic
     return resampled, new_preds
 
 
-def reevaluated_ap(dataset: Mapping, predictions: Sequence[Sequence[dict]], indices: Sequence[int],
-                   iou_type: str) -> List[Dict[str, float]]:
+def reevaluated_ap(
+    dataset: Mapping, predictions: Sequence[Sequence[dict]], indices: Sequence[int], iou_type: str
+) -> List[Dict[str, float]]:
     """COCO AP / AP50 / AP75 (percent, NaN where COCO gives -1) of each prediction list on the resample."""
     data, resampled = resample_coco(dataset, predictions, indices)
     gt = coco_ground_truth(data)
@@ -60,6 +62,10 @@ def reevaluated_ap(dataset: Mapping, predictions: Sequence[Sequence[dict]], indi
             ev.evaluate()
             ev.accumulate()
             ev.summarize()
-        out.append({name: (float("nan") if ev.stats[n] < 0 else 100.0 * float(ev.stats[n]))
-                    for n, name in enumerate(AP_METRICS)})
+        out.append(
+            {
+                name: (float("nan") if ev.stats[n] < 0 else 100.0 * float(ev.stats[n]))
+                for n, name in enumerate(AP_METRICS)
+            }
+        )
     return out

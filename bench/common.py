@@ -37,8 +37,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
     from tabulate import tabulate
 
-    return tabulate([[cell(v) for v in row] for row in rows], headers=[str(h) for h in headers],
-                    tablefmt="github", disable_numparse=True)
+    return tabulate(
+        [[cell(v) for v in row] for row in rows],
+        headers=[str(h) for h in headers],
+        tablefmt="github",
+        disable_numparse=True,
+    )
 
 
 def _cpu_model() -> str:
@@ -56,17 +60,13 @@ def machine_info(packages: Sequence[str] = ("numpy", "torch")) -> dict:
     """CPU model, usable cores, 1/5/15-min load average, Python and package versions."""
     info = {
         "cpu": _cpu_model(),
-        "cores": (
-            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        ),
+        "cores": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()),
         "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "python": sys.version.split()[0],
     }
     for name in packages:
         try:
-            info[name] = getattr(
-                __import__(name), "__version__", None
-            ) or importlib.metadata.version(name)
+            info[name] = getattr(__import__(name), "__version__", None) or importlib.metadata.version(name)
         except ImportError:
             info[name] = "not installed"
         except importlib.metadata.PackageNotFoundError:
@@ -85,9 +85,7 @@ def load_average() -> str:
 def format_machine_info(info: dict) -> str:
     load = info.get("load_avg")
     load_s = "n/a" if load is None else " / ".join(f"{x:.2f}" for x in load)
-    versions = ", ".join(
-        f"{k} {v}" for k, v in info.items() if k not in ("cpu", "cores", "load_avg")
-    )
+    versions = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("cpu", "cores", "load_avg"))
     return f"CPU: {info['cpu']} ({info['cores']} cores), load avg 1/5/15 min: {load_s}; {versions}"
 
 
@@ -115,9 +113,7 @@ def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float
     """Median over rounds of ``candidate[r] / baseline[r]`` (times of the same round): the ratio least
     affected by slow drifts of the machine's speed."""
     if len(candidate) != len(baseline) or not candidate:
-        raise ValueError(
-            f"need equally many (>= 1) rounds, got {len(candidate)} and {len(baseline)}"
-        )
+        raise ValueError(f"need equally many (>= 1) rounds, got {len(candidate)} and {len(baseline)}")
     if any(b <= 0 for b in baseline):
         raise ValueError(f"baseline round times must be positive, got {list(baseline)}")
     return median([c / b for c, b in zip(candidate, baseline)])
@@ -148,7 +144,9 @@ def _nvidia_driver() -> Optional[str]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except (OSError, subprocess.SubprocessError):
         return None

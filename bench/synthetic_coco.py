@@ -89,9 +89,7 @@ def make_synthetic_coco(
         dict with "images", "annotations", "categories" (COCO json layout).
     """
     if num_images < 1 or num_categories < 1:
-        raise ValueError(
-            f"num_images and num_categories must be >= 1, got {num_images} and {num_categories}"
-        )
+        raise ValueError(f"num_images and num_categories must be >= 1, got {num_images} and {num_categories}")
     if not 0 <= empty_categories < num_categories:
         raise ValueError(
             f"empty_categories must be in [0, num_categories), got {empty_categories} "
@@ -99,16 +97,11 @@ def make_synthetic_coco(
         )
     rng = np.random.default_rng(seed)
     height, width = image_size
-    categories = [
-        {"id": i + 1 + i // 3, "name": f"class_{i}", "supercategory": "thing"}
-        for i in range(num_categories)
-    ]
+    categories = [{"id": i + 1 + i // 3, "name": f"class_{i}", "supercategory": "thing"} for i in range(num_categories)]
     annotated_ids = [c["id"] for c in categories[: num_categories - empty_categories]]
     images, annotations = [], []
     for image_id in range(1, num_images + 1):
-        images.append(
-            {"id": image_id, "file_name": f"{image_id:08d}.jpg", "height": height, "width": width}
-        )
+        images.append({"id": image_id, "file_name": f"{image_id:08d}.jpg", "height": height, "width": width})
         for _ in range(rng.poisson(objects_per_image)):
             poly = _random_object(rng, width, height)
             rle = _polygon_rle(poly, height, width)
@@ -248,17 +241,13 @@ def predictions_to_instances(dets: List[dict], image_size, *, with_masks: bool =
 
     height, width = image_size
     inst = Instances((height, width))
-    inst.pred_boxes = Boxes(
-        torch.tensor([d["box"] for d in dets], dtype=torch.float32).reshape(-1, 4)
-    )
+    inst.pred_boxes = Boxes(torch.tensor([d["box"] for d in dets], dtype=torch.float32).reshape(-1, 4))
     inst.scores = torch.tensor([d["score"] for d in dets], dtype=torch.float32)
     inst.pred_classes = torch.tensor([d["category"] for d in dets], dtype=torch.int64)
     if with_masks:
         if dets:
             masks = mask_util.decode([d["rle"] for d in dets])  # [H, W, N]
-            inst.pred_masks = torch.from_numpy(
-                np.ascontiguousarray(masks.transpose(2, 0, 1))
-            ).bool()
+            inst.pred_masks = torch.from_numpy(np.ascontiguousarray(masks.transpose(2, 0, 1))).bool()
         else:
             inst.pred_masks = torch.zeros((0, height, width), dtype=torch.bool)
     return {"instances": inst}
@@ -274,9 +263,7 @@ def predictions_to_coco_results(dets: List[dict], image_id: int) -> List[dict]:
     if not dets:
         return []
     boxes = np.asarray([d["box"] for d in dets], dtype=np.float32)
-    boxes[:, 2:] -= boxes[
-        :, :2
-    ]  # XYXY -> XYWH in float32, as BoxMode.convert does on a float32 tensor
+    boxes[:, 2:] -= boxes[:, :2]  # XYXY -> XYWH in float32, as BoxMode.convert does on a float32 tensor
     scores = np.asarray([d["score"] for d in dets], dtype=np.float32)
     results = []
     for d, box, score in zip(dets, boxes.tolist(), scores.tolist()):

@@ -5,6 +5,7 @@ package also registers the project's backbones and meta-architectures with detec
 ``detectron2.modeling`` is imported (at once when it already is): importing the package itself loads neither torch
 nor detectron2, so the commands answer ``--help`` at once.
 """
+
 import contextlib
 import importlib
 import importlib.abc
@@ -15,8 +16,10 @@ import warnings
 from .utils.lazy import lazy_exports
 
 __version__ = "0.1.0"
-__all__, __getattr__ = lazy_exports(__name__, {"init": ("ARMS", "AttentionSite", "InitReport", "apply_init",
-                                                        "find_attention", "register_attention_adapter")})
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {"init": ("ARMS", "AttentionSite", "InitReport", "apply_init", "find_attention", "register_attention_adapter")},
+)
 
 _DETECTRON2_MODELING = "detectron2.modeling"
 _FOCAL_LOSS = "fvcore.nn.focal_loss"  # scripts its losses with torch.jit at import, which recent torch deprecates

@@ -1,5 +1,6 @@
 """References for the tests of the image bootstrap: COCO AP evaluated from scratch, and the paired
 bootstrap of two prediction lists composed from the matching and its resampled accumulation."""
+
 import contextlib
 import io
 from typing import Dict, Mapping, Sequence, Union
@@ -12,12 +13,16 @@ from condinit_det.evaluation.bootstrap import AP_METRICS, load_json, match_image
 IOU_TYPES = ("bbox", "segm")
 
 
-def coco_ap(ground_truth: Union[str, dict], predictions: Sequence[dict],
-            iou_types: Sequence[str] = IOU_TYPES) -> Dict[str, float]:
+def coco_ap(
+    ground_truth: Union[str, dict], predictions: Sequence[dict], iou_types: Sequence[str] = IOU_TYPES
+) -> Dict[str, float]:
     """Box / mask AP (percent, NaN where COCO gives -1) of COCO results on a COCO annotation json (path or dict)."""
     dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
-    dataset = {**dataset, "images": [dict(im) for im in dataset["images"]],
-               "annotations": [dict(a) for a in dataset.get("annotations", [])]}
+    dataset = {
+        **dataset,
+        "images": [dict(im) for im in dataset["images"]],
+        "annotations": [dict(a) for a in dataset.get("annotations", [])],
+    }
     gt = COCO(dataset, print_function=lambda *_: None)
     out = {}
     for t in iou_types:
@@ -33,9 +38,14 @@ def coco_ap(ground_truth: Union[str, dict], predictions: Sequence[dict],
     return out
 
 
-def paired_coco_bootstrap(ground_truth: dict, predictions_a: Sequence[dict], predictions_b: Sequence[dict],
-                          rng: np.random.Generator, num_resamples: int = 1000,
-                          iou_types: Sequence[str] = IOU_TYPES) -> Dict[str, Dict[str, np.ndarray]]:
+def paired_coco_bootstrap(
+    ground_truth: dict,
+    predictions_a: Sequence[dict],
+    predictions_b: Sequence[dict],
+    rng: np.random.Generator,
+    num_resamples: int = 1000,
+    iou_types: Sequence[str] = IOU_TYPES,
+) -> Dict[str, Dict[str, np.ndarray]]:
     """AP(a) - AP(b) (percent) on the same ``num_resamples`` resamples of the images for both lists;
     resample b is the b-th ``rng.integers(0, n, size=n)``. Returns iou type -> metric -> [num_resamples]."""
     n = len(ground_truth["images"])

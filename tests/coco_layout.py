@@ -15,6 +15,7 @@
 
 Everything is drawn from the renderers' own seeded generators: the same arguments write the same files.
 """
+
 import json
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -40,8 +41,11 @@ def coco_thing_categories() -> List[Dict]:
     """The 80 COCO thing categories as an annotation file lists them (id, name, supercategory)."""
     from detectron2.data.datasets.builtin_meta import COCO_CATEGORIES
 
-    cats = [{"id": c["id"], "name": c["name"], "supercategory": c.get("supercategory", "")}
-            for c in COCO_CATEGORIES if c["isthing"] == 1]
+    cats = [
+        {"id": c["id"], "name": c["name"], "supercategory": c.get("supercategory", "")}
+        for c in COCO_CATEGORIES
+        if c["isthing"] == 1
+    ]
     assert len(cats) == 80
     return cats
 
@@ -118,15 +122,17 @@ def _write_split(root: Path, split: str, num_images: int, num_empty: int, size: 
                 if not segm:
                     continue
                 rle = mask_util.merge(mask_util.frPyObjects(segm, size, width))
-            annotations.append({
-                "id": len(annotations) + 1 + (100000 if split == "val" else 0),
-                "image_id": image_id,
-                "category_id": COCO_CATEGORY_OF_SHAPE[SHAPE_CLASSES[inst.category_id - 1]],
-                "segmentation": segm,
-                "area": float(mask_util.area(rle)),
-                "bbox": [float(v) for v in mask_util.toBbox(rle)],
-                "iscrowd": int(is_crowd),
-            })
+            annotations.append(
+                {
+                    "id": len(annotations) + 1 + (100000 if split == "val" else 0),
+                    "image_id": image_id,
+                    "category_id": COCO_CATEGORY_OF_SHAPE[SHAPE_CLASSES[inst.category_id - 1]],
+                    "segmentation": segm,
+                    "area": float(mask_util.area(rle)),
+                    "bbox": [float(v) for v in mask_util.toBbox(rle)],
+                    "iscrowd": int(is_crowd),
+                }
+            )
     coco = {
         "info": {"description": f"condinit-det test data in the COCO 2017 layout ({split})", "year": 2017},
         "licenses": [{"id": 1, "name": "test data", "url": ""}],
@@ -141,8 +147,9 @@ def _write_split(root: Path, split: str, num_images: int, num_empty: int, size: 
     return len(annotations), crowd
 
 
-def write_coco_layout(root, *, num_train: int = 3, num_val: int = 2, num_empty: int = 1, size: int = 96,
-                      width: int = 128) -> Path:
+def write_coco_layout(
+    root, *, num_train: int = 3, num_val: int = 2, num_empty: int = 1, size: int = 96, width: int = 128
+) -> Path:
     """Write ``<root>/coco/...`` (module docstring) and return ``root``, the folder for DETECTRON2_DATASETS.
 
     Images are ``size`` x ``width`` px. The last ``num_empty`` images of each split have no annotations;
@@ -159,12 +166,18 @@ def write_coco_layout(root, *, num_train: int = 3, num_val: int = 2, num_empty: 
     return root
 
 
-def write_image_folder(root, *, num_classes: int = 2, train_per_class: int = 2, val_per_class: int = 1,
-                       size: int = 32) -> Path:
+def write_image_folder(
+    root, *, num_classes: int = 2, train_per_class: int = 2, val_per_class: int = 1, size: int = 32
+) -> Path:
     """``<root>/{train,val}/<class>/<index>.png`` with the first ``num_classes`` shapes-cls classes."""
     root = Path(root)
-    spec = ShapesClsSpec(image_size=size, min_size=size * 0.45, max_size=size * 0.7, center_jitter=size * 0.1,
-                         distractor_size=(size * 0.12, size * 0.2))
+    spec = ShapesClsSpec(
+        image_size=size,
+        min_size=size * 0.45,
+        max_size=size * 0.7,
+        center_jitter=size * 0.1,
+        distractor_size=(size * 0.12, size * 0.2),
+    )
     for split, per_class in (("train", train_per_class), ("val", val_per_class)):
         counts = [0] * num_classes
         idx = 0

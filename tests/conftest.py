@@ -1,4 +1,5 @@
 """Fixtures shared by several test modules."""
+
 import logging
 import os
 import shutil
@@ -46,8 +47,9 @@ def no_log_handler_on_a_closed_stream():
     test's captured stream, such a handler would write a logging error into a later test's output (the order of the
     tests a process runs differs under pytest-xdist). They are removed after each test."""
     yield
-    loggers = [logging.getLogger()] + [logger for logger in list(logging.Logger.manager.loggerDict.values())
-                                       if isinstance(logger, logging.Logger)]
+    loggers = [logging.getLogger()] + [
+        logger for logger in list(logging.Logger.manager.loggerDict.values()) if isinstance(logger, logging.Logger)
+    ]
     for logger in loggers:
         for handler in list(logger.handlers):
             if getattr(getattr(handler, "stream", None), "closed", False):
@@ -70,7 +72,6 @@ def slurm_env(slurm_unavailable, monkeypatch, tmp_path):
     path = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", REPO + (os.pathsep + path if path else ""))
     return tmp_path
-
 
 
 @pytest.fixture(scope="session")
@@ -160,6 +161,9 @@ def pytest_xdist_node_collection_finished(node, ids):
         return
     ungrouped = [nodeid for nodeid in ids if "@" not in nodeid.rpartition("]")[2]]
     if ungrouped:
-        pytest.exit(f"pytest-xdist did not put {ungrouped[0]} (and {len(ungrouped) - 1} more) in a group: this pytest "
-                    "and pytest-xdist do not group together; install the versions setup.py's test extra asks for "
-                    "(bash tools/setup_env.sh)", returncode=pytest.ExitCode.USAGE_ERROR)
+        pytest.exit(
+            f"pytest-xdist did not put {ungrouped[0]} (and {len(ungrouped) - 1} more) in a group: this pytest "
+            "and pytest-xdist do not group together; install the versions setup.py's test extra asks for "
+            "(bash tools/setup_env.sh)",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )

@@ -1,4 +1,5 @@
 """The dense attention Jacobian and its full SVD: the reference the exact per-head route is checked against."""
+
 import math
 from types import SimpleNamespace
 
@@ -22,8 +23,14 @@ def dense_spectrum(matrix: torch.Tensor) -> SimpleNamespace:
     rows, cols = matrix.shape
     rank = int((s > max(rows, cols) * torch.finfo(torch.float64).eps * s[0]).sum())
     deficient = rank < min(rows, cols)
-    return SimpleNamespace(kappa=math.inf if deficient else float(s[0] / s[-1]), sigma_max=float(s[0]),
-                           sigma_min=float(s[-1]), numerical_rank=rank, rank_deficient=deficient, shape=(rows, cols))
+    return SimpleNamespace(
+        kappa=math.inf if deficient else float(s[0] / s[-1]),
+        sigma_max=float(s[0]),
+        sigma_min=float(s[-1]),
+        numerical_rank=rank,
+        rank_deficient=deficient,
+        shape=(rows, cols),
+    )
 
 
 def dense_conditioning(site, inputs, *, include_output_proj=False) -> SimpleNamespace:

@@ -4,6 +4,7 @@ a script. What a third stage would write, and what the launcher's tests drive ev
 It has its own descriptor (one ``"fake"`` record kind with a ``score`` metric, counted in iterations); the launcher,
 the status command and the report read its runs with no code of their own for it.
 """
+
 import os
 import time
 
@@ -13,9 +14,18 @@ from condinit_det.stage import ConfigDefaults, Metric, Stage, StageDescriptor
 from condinit_det.utils.errors import UsageError
 
 SCORE = Metric("score", "score", "score (%)", "score", short="score")
-FAKE = StageDescriptor(name="fake", title="Fake: a score", unit="iteration", eval_kind="fake",
-                       eval_only_kind="fake_eval", table=(SCORE,), headline=(SCORE,), plots=((SCORE, "score.png"),),
-                       loss_plot="fake_loss.png", kappa_plot="fake_kappa.png")
+FAKE = StageDescriptor(
+    name="fake",
+    title="Fake: a score",
+    unit="iteration",
+    eval_kind="fake",
+    eval_only_kind="fake_eval",
+    table=(SCORE,),
+    headline=(SCORE,),
+    plots=((SCORE, "score.png"),),
+    loss_plot="fake_loss.png",
+    kappa_plot="fake_kappa.png",
+)
 
 
 def wait_for(path: str, timeout: float = 120.0) -> None:
@@ -87,9 +97,10 @@ class FakeStage(Stage):
         if action is not None:
             action(run_dir)
         meta = {"arm": cfg["arm"], "seed": cfg["seed"], "lr_scale": cfg["lr_scale"]}
-        ResultsFile(run_dir).extend({"kind": FAKE.eval_kind, "iteration": it, **meta,
-                                     "score": score(cfg["arm"], cfg["seed"], it)}
-                                    for it in (cfg["length"] // 2, cfg["length"]))
+        ResultsFile(run_dir).extend(
+            {"kind": FAKE.eval_kind, "iteration": it, **meta, "score": score(cfg["arm"], cfg["seed"], it)}
+            for it in (cfg["length"] // 2, cfg["length"])
+        )
 
     def evaluate(self, options, cfg, run_dir):
         ResultsFile(run_dir).add({"kind": FAKE.eval_only_kind, "iteration": 0, "arm": cfg["arm"]})

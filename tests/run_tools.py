@@ -14,6 +14,7 @@ STATUS is rewritten after every step: ``{name: {"ok", "exit", "error", "seconds"
 Every step runs even when an earlier one failed; a line ``=== step <name>`` on stdout and stderr
 starts the output of each step. Exit status: 0 when every step succeeded, else 1.
 """
+
 import gc
 import glob
 import json

@@ -1,4 +1,5 @@
 """Markdown tables as text a test can match whatever their column widths."""
+
 import re
 
 

@@ -1,4 +1,5 @@
 """Attention-Jacobian conditioning: exact vs matrix-free, bound terms, capture, training hook."""
+
 import math
 
 import pytest
@@ -21,6 +22,7 @@ from condinit_det.analysis.spectrum import extreme_singular_values, matrix_free_
 from condinit_det.init import apply_init, find_attention
 
 vit = pytest.importorskip("detectron2.modeling.backbone.vit")
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():
@@ -164,8 +166,7 @@ def test_known_singular_values_recovered(rows, cols):
     k = min(rows, cols)
     values = torch.cat([torch.tensor([10.0, 0.5]), torch.linspace(2.0, 4.0, k - 2, dtype=torch.float64)])
     a = _known_operator(rows, cols, values)
-    res = matrix_free_spectrum(lambda v: v @ a.T, lambda u: u @ a, (rows, cols), tol=1e-8, max_iter=25,
-                               block_size=4)
+    res = matrix_free_spectrum(lambda v: v @ a.T, lambda u: u @ a, (rows, cols), tol=1e-8, max_iter=25, block_size=4)
     assert res.converged and res.products < k
     assert res.kappa == pytest.approx(20.0, rel=1e-6)
     assert res.sigma_max == pytest.approx(10.0, rel=1e-8)
@@ -198,15 +199,19 @@ def test_extreme_singular_values_of_singular_matrices_are_zero_to_round_off():
     top, low = extreme_singular_values(a)
     assert low <= 300 * eps * top and top == pytest.approx(float(torch.linalg.svdvals(a)[0]), rel=1e-12)
     # Exactly rank deficient without a zero pivot: sigma_min is at round-off, as with the SVD.
-    b = _known_operator(500, 300, torch.cat([torch.linspace(1.0, 2.0, 299, dtype=torch.float64), torch.zeros(1)]),
-                        seed=4)
+    b = _known_operator(
+        500, 300, torch.cat([torch.linspace(1.0, 2.0, 299, dtype=torch.float64), torch.zeros(1)]), seed=4
+    )
     top, low = extreme_singular_values(b)
     assert top == pytest.approx(2.0, rel=1e-12) and low <= 300 * eps * top
 
 
 def test_unconverged_estimate_is_flagged():
-    values = torch.geomspace(1.0, 1e3, 200, dtype=torch.float64) if hasattr(torch, "geomspace") else \
-        torch.logspace(0, 3, 200, dtype=torch.float64)
+    values = (
+        torch.geomspace(1.0, 1e3, 200, dtype=torch.float64)
+        if hasattr(torch, "geomspace")
+        else torch.logspace(0, 3, 200, dtype=torch.float64)
+    )
     a = _known_operator(200, 260, values, seed=1)
     res = matrix_free_spectrum(lambda v: v @ a.T, lambda u: u @ a, (200, 260), tol=1e-8, max_iter=2, block_size=4)
     assert not res.converged and res.iterations == 2
@@ -257,8 +262,12 @@ def test_conditioned_arm_terms_and_bound():
     default_factor = [v * (q + k) for q, k, v in zip(d.kappa_wq_heads, d.kappa_wk_heads, d.kappa_wv_heads)]
     assert weight_factor == pytest.approx([2.0] * 4, abs=1e-5) and min(default_factor) > 4
     for t in (c, d):
-        expected = [t.kappa_x ** 3 * lam * f + t.kappa_x * a for lam, f, a in
-                    zip(t.kappa_lambda_heads, weight_factor if t is c else default_factor, t.kappa_softmax_heads)]
+        expected = [
+            t.kappa_x**3 * lam * f + t.kappa_x * a
+            for lam, f, a in zip(
+                t.kappa_lambda_heads, weight_factor if t is c else default_factor, t.kappa_softmax_heads
+            )
+        ]
         assert t.bound_heads == pytest.approx(expected, rel=1e-9) and t.bound == max(t.bound_heads)
     # The bound holds: exact kappa of a paper-form layer (no biases, no relative positions) lies below it.
     for arm in ("default", "conditioned"):
@@ -286,8 +295,17 @@ class _TinyBackbone(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.net = vit.ViT(img_size=32, patch_size=4, embed_dim=8, depth=2, num_heads=2, window_size=4,
-                           window_block_indexes=[0], use_rel_pos=True, out_feature="last_feat")
+        self.net = vit.ViT(
+            img_size=32,
+            patch_size=4,
+            embed_dim=8,
+            depth=2,
+            num_heads=2,
+            window_size=4,
+            window_block_indexes=[0],
+            use_rel_pos=True,
+            out_feature="last_feat",
+        )
 
     def forward(self, batched_inputs):
         return self.net(torch.stack([d["image"].float() for d in batched_inputs]))
@@ -351,8 +369,17 @@ def test_hook_writes_storage_and_records(tmp_path):
     model = _TinyBackbone()
     batch = [{"image": torch.randn(3, 32, 32)}]
     results = _FakeResults()
-    hook = ConditioningHook(batch, period=2, results=results, arm="conditioned", seed=3, config="tiny.py",
-                            max_tokens=4, max_iter=10, block_size=16)
+    hook = ConditioningHook(
+        batch,
+        period=2,
+        results=results,
+        arm="conditioned",
+        seed=3,
+        config="tiny.py",
+        max_tokens=4,
+        max_iter=10,
+        block_size=16,
+    )
 
     class Trainer:
         pass
@@ -388,8 +415,13 @@ def test_hook_results_file_and_builder(tmp_path):
     from condinit_det.analysis.hooks import ConditioningHook, build_conditioning_hook
     from condinit_det.records.results import ResultsFile
 
-    cfg = OmegaConf.create({"condinit": {"arm": "mimetic", "seed": 1}, "train": {"output_dir": str(tmp_path)},
-                            "condinit_analysis": {"period": 0}})
+    cfg = OmegaConf.create(
+        {
+            "condinit": {"arm": "mimetic", "seed": 1},
+            "train": {"output_dir": str(tmp_path)},
+            "condinit_analysis": {"period": 0},
+        }
+    )
     assert build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 8, 8)}]) is None
     cfg.condinit_analysis = {"period": 5, "max_tokens": 4, "sites": ["net.blocks.1.*"], "block_size": 16}
     hook = build_conditioning_hook(cfg, batch=[{"image": torch.randn(3, 32, 32)}], config_name="tiny")
@@ -411,7 +443,8 @@ def test_hook_results_file_and_builder(tmp_path):
 
 
 def test_write_table(tmp_path):
-    paths = write_table([{"site": "a", "kappa": math.inf, "converged": True}], str(tmp_path), columns=("site", "kappa",
-                                                                                                       "converged"))
+    paths = write_table(
+        [{"site": "a", "kappa": math.inf, "converged": True}], str(tmp_path), columns=("site", "kappa", "converged")
+    )
     assert open(paths["csv"]).read().splitlines() == ["site,kappa,converged", "a,inf,True"]
     assert "| a | inf | yes |" in unpadded(open(paths["md"]).read())

@@ -1,4 +1,5 @@
 """The arm inside a lazy config's model node: armed(), build_armed, per-arm options, one place only."""
+
 import pytest
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
@@ -25,10 +26,19 @@ class Detector(torch.nn.Module):
 
 
 def _config(arm="conditioned", **node):
-    vit = L(ViT)(img_size=64, patch_size=16, embed_dim=64, depth=3, num_heads=4, window_size=2,
-                 window_block_indexes=[0], use_rel_pos=True)
-    cfg = OmegaConf.create({"condinit": {"arm": arm, "seed": 0, "include": None, "exclude": None, "options": {},
-                                         **node}})
+    vit = L(ViT)(
+        img_size=64,
+        patch_size=16,
+        embed_dim=64,
+        depth=3,
+        num_heads=4,
+        window_size=2,
+        window_block_indexes=[0],
+        use_rel_pos=True,
+    )
+    cfg = OmegaConf.create(
+        {"condinit": {"arm": arm, "seed": 0, "include": None, "exclude": None, "options": {}, **node}}
+    )
     cfg.model = armed(L(Detector)(net=vit, classes=5))
     return cfg
 
@@ -42,8 +52,9 @@ def _q_blocks_orthonormal(site):
     dh = site.head_dim
     w = site.weight("q").detach().double()
     return all(
-        torch.allclose(w[h * dh:(h + 1) * dh] @ w[h * dh:(h + 1) * dh].T, torch.eye(dh, dtype=torch.float64),
-                       atol=1e-5)
+        torch.allclose(
+            w[h * dh : (h + 1) * dh] @ w[h * dh : (h + 1) * dh].T, torch.eye(dh, dtype=torch.float64), atol=1e-5
+        )
         for h in range(site.num_heads)
     )
 
@@ -109,8 +120,12 @@ def test_the_scale_matched_control_takes_the_conditioned_runs_options():
     conditioned = _build(_config("conditioned", options=options))
     matched = _build(_config("scale_matched", options=options))
     default = _build(_config("default"))
-    assert matched.condinit_report.options == {"gain_qk": 1.0, "gain_v": 0.5, "value_mode": "identity",
-                                               "norm": "spectral"}
+    assert matched.condinit_report.options == {
+        "gain_qk": 1.0,
+        "gain_v": 0.5,
+        "value_mode": "identity",
+        "norm": "spectral",
+    }
     changed = set(matched.condinit_report.changed_parameters())
     assert changed == {f"backbone.net.blocks.{i}.attn.qkv.weight" for i in range(3)}
     for name, value in default.state_dict().items():
@@ -123,19 +138,28 @@ def test_the_scale_matched_control_takes_the_conditioned_runs_options():
             torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("node, message", [
-    ({"arm": "best"}, "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned, scale_matched"),
-    ({"arm": "conditioned", "gain": 2}, "unknown key\\(s\\) gain; accepted: arm, seed, include, exclude, options"),
-    ({"arm": "conditioned", "options": {"gain_qk": 2.0}},
-     "condinit.options.conditioned.gain_qk=... or condinit.options.scale_matched.gain_qk=..."),
-    ({"arm": "scale_matched", "options": {"scale_matched": {"norm": "l2"}}},
-     "condinit.options.scale_matched: norm must be one of frobenius, spectral, got 'l2'"),
-    ({"arm": "conditioned", "options": {"bogus": {"x": 1}}}, "condinit.options.bogus: 'bogus' is not an arm"),
-    ({"arm": "default", "options": {"mimetic": {"gain_qk": 2.0}}},
-     "condinit.options.mimetic: option\\(s\\) gain_qk are not accepted by the 'mimetic' arm; accepted: alpha1"),
-    ({"arm": "default", "options": {"default": {"alpha1": 2.0}}}, "not accepted by the 'default' arm"),
-    ({"arm": "conditioned", "seed": "x"}, "condinit.seed must be an integer or None"),
-])
+@pytest.mark.parametrize(
+    "node, message",
+    [
+        ({"arm": "best"}, "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned, scale_matched"),
+        ({"arm": "conditioned", "gain": 2}, "unknown key\\(s\\) gain; accepted: arm, seed, include, exclude, options"),
+        (
+            {"arm": "conditioned", "options": {"gain_qk": 2.0}},
+            "condinit.options.conditioned.gain_qk=... or condinit.options.scale_matched.gain_qk=...",
+        ),
+        (
+            {"arm": "scale_matched", "options": {"scale_matched": {"norm": "l2"}}},
+            "condinit.options.scale_matched: norm must be one of frobenius, spectral, got 'l2'",
+        ),
+        ({"arm": "conditioned", "options": {"bogus": {"x": 1}}}, "condinit.options.bogus: 'bogus' is not an arm"),
+        (
+            {"arm": "default", "options": {"mimetic": {"gain_qk": 2.0}}},
+            "condinit.options.mimetic: option\\(s\\) gain_qk are not accepted by the 'mimetic' arm; accepted: alpha1",
+        ),
+        ({"arm": "default", "options": {"default": {"alpha1": 2.0}}}, "not accepted by the 'default' arm"),
+        ({"arm": "conditioned", "seed": "x"}, "condinit.seed must be an integer or None"),
+    ],
+)
 def test_bad_arm_nodes_are_refused_before_the_build(node, message):
     with pytest.raises(ValueError, match=message):
         resolve_arm_node(node)
@@ -152,15 +176,26 @@ def test_arm_errors_of_the_model_are_arm_errors():
 
 
 def test_an_armed_backbone_names_sites_as_in_the_full_model():
-    swin = armed(L(SwinTransformer)(pretrain_img_size=64, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4),
-                                    window_size=4, out_indices=(0, 1)),
-                 condinit={"arm": "conditioned", "seed": 0, "include": ["backbone.layers.1.*"]},
-                 site_prefix="backbone.")
+    swin = armed(
+        L(SwinTransformer)(
+            pretrain_img_size=64,
+            patch_size=4,
+            embed_dim=32,
+            depths=(2, 2),
+            num_heads=(2, 4),
+            window_size=4,
+            out_indices=(0, 1),
+        ),
+        condinit={"arm": "conditioned", "seed": 0, "include": ["backbone.layers.1.*"]},
+        site_prefix="backbone.",
+    )
     torch.manual_seed(0)
     built = instantiate(swin)
     assert isinstance(built, SwinTransformer)
-    assert [s.name for s in built.condinit_report.sites] == ["backbone.layers.1.blocks.0.attn",
-                                                            "backbone.layers.1.blocks.1.attn"]
+    assert [s.name for s in built.condinit_report.sites] == [
+        "backbone.layers.1.blocks.0.attn",
+        "backbone.layers.1.blocks.1.attn",
+    ]
     sites = {s.name: s for s in find_attention(built)}
     assert _q_blocks_orthonormal(sites["layers.1.blocks.0.attn"])
     assert not _q_blocks_orthonormal(sites["layers.0.blocks.0.attn"])
@@ -180,8 +215,11 @@ def test_an_arm_set_in_two_disagreeing_places_is_refused_by_a_plain_instantiate(
     """No project entry point: a literal or overridden model.condinit that disagrees with condinit fails."""
     cfg = _config("conditioned")
     cfg.model.condinit = {"arm": "mimetic"}
-    with pytest.raises(ValueError, match="the arm is set in two places that disagree: condinit .*'conditioned'.* and "
-                                         "the condinit of the armed .* node .*'mimetic'"):
+    with pytest.raises(
+        ValueError,
+        match="the arm is set in two places that disagree: condinit .*'conditioned'.* and "
+        "the condinit of the armed .* node .*'mimetic'",
+    ):
         instantiate(cfg.model)
     cfg.model.condinit = {"arm": "conditioned", "seed": 0}  # agrees with condinit: accepted
     assert instantiate(cfg.model).condinit_report.arm == "conditioned"

@@ -3,6 +3,7 @@
 Each row of the bad-input table in the docs is pinned here: most through ``plan_experiment`` (what the
 tool runs before any worker starts), the rest, and the one-line CLI form, through the tool itself.
 """
+
 import json
 import os
 import subprocess
@@ -28,8 +29,14 @@ def _check(*argv):
 
 
 def _cli(tmp_path, *argv):
-    proc = subprocess.run([sys.executable, TRAIN_NET, "--config-file", CONFIG, *argv], cwd=tmp_path,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, TRAIN_NET, "--config-file", CONFIG, *argv],
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and last.startswith("train_net.py: error: "), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
@@ -37,34 +44,58 @@ def _cli(tmp_path, *argv):
 
 
 def _identity(**changes):
-    identity = {"arm": "conditioned", "arm_seed": 0, "include": None, "exclude": None,
-                "options": {"gain_qk": 1.0, "gain_v": 1.0, "value_mode": "identity", "condition_output": False},
-                "seed": 0, "lr_scale": 1.0}
+    identity = {
+        "arm": "conditioned",
+        "arm_seed": 0,
+        "include": None,
+        "exclude": None,
+        "options": {"gain_qk": 1.0, "gain_v": 1.0, "value_mode": "identity", "condition_output": False},
+        "seed": 0,
+        "lr_scale": 1.0,
+    }
     return {**identity, **changes}
 
 
-@pytest.mark.parametrize("override, message", [
-    ("condinit.arm=best", "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned"),
-    ("condinit.options.mimetic.gain_qk=2", "condinit.options.mimetic: option\\(s\\) gain_qk are not accepted by the "
-                                            "'mimetic' arm; accepted: alpha1, beta1, alpha2, beta2, noise"),
-    ("condinit.options.gain_qk=2", "condinit.options takes one entry per arm: write condinit.options.conditioned"),
-    ("condinit.options.bogus.x=1", "condinit.options.bogus: 'bogus' is not an arm"),
-    ("dataloader.train.dataset.names=no_such_set", "dataset 'no_such_set' is not registered; register it"),
-    ("train.output_dir=/proc/no/such/dir", "cannot write to the output directory /proc/no/such/dir"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("condinit.arm=best", "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned"),
+        (
+            "condinit.options.mimetic.gain_qk=2",
+            "condinit.options.mimetic: option\\(s\\) gain_qk are not accepted by the "
+            "'mimetic' arm; accepted: alpha1, beta1, alpha2, beta2, noise",
+        ),
+        ("condinit.options.gain_qk=2", "condinit.options takes one entry per arm: write condinit.options.conditioned"),
+        ("condinit.options.bogus.x=1", "condinit.options.bogus: 'bogus' is not an arm"),
+        ("dataloader.train.dataset.names=no_such_set", "dataset 'no_such_set' is not registered; register it"),
+        ("train.output_dir=/proc/no/such/dir", "cannot write to the output directory /proc/no/such/dir"),
+    ],
+)
 def test_bad_config_values(tmp_path, override, message):
     with pytest.raises(ValueError, match=message):
         _check(f"train.output_dir={tmp_path}", override)
 
 
-@pytest.mark.parametrize("stage, config, override, message", [
-    ("detection", CONFIG, "train.max_itr=10", "train.max_itr: no such key; did you mean train.max_iter\\? "
-     "\\(to add a key the config lacks: \\+train.max_itr=10\\)"),
-    ("detection", CONFIG, "condinit_analysis.perod=3", "condinit_analysis.perod: no such key; did you mean "
-     "condinit_analysis.period\\?"),
-    ("pretrain", PRETRAIN_CONFIG, "train.epocs=3", "train.epocs: no such key; did you mean train.epochs\\?"),
-    ("pretrain", PRETRAIN_CONFIG, "optimizer.lrr=3", "optimizer.lrr: no such key; did you mean optimizer.lr\\?"),
-])
+@pytest.mark.parametrize(
+    "stage, config, override, message",
+    [
+        (
+            "detection",
+            CONFIG,
+            "train.max_itr=10",
+            "train.max_itr: no such key; did you mean train.max_iter\\? "
+            "\\(to add a key the config lacks: \\+train.max_itr=10\\)",
+        ),
+        (
+            "detection",
+            CONFIG,
+            "condinit_analysis.perod=3",
+            "condinit_analysis.perod: no such key; did you mean condinit_analysis.period\\?",
+        ),
+        ("pretrain", PRETRAIN_CONFIG, "train.epocs=3", "train.epocs: no such key; did you mean train.epochs\\?"),
+        ("pretrain", PRETRAIN_CONFIG, "optimizer.lrr=3", "optimizer.lrr: no such key; did you mean optimizer.lr\\?"),
+    ],
+)
 def test_a_misspelt_override_is_refused_before_anything_is_built(tmp_path, stage, config, override, message):
     from condinit_det.pretrain import PretrainStage
 
@@ -84,8 +115,11 @@ def test_overrides_into_a_list_element_are_checked_by_index():
 
     cfg = OmegaConf.create({"mapper": {"augmentations": [{"flip": True}, {"target_height": 1024, "ref": "${..0}"}]}})
     check_override_keys(cfg, ["mapper.augmentations.1.target_height=128", "mapper.augmentations.0=x"])
-    with pytest.raises(UsageError, match=r"^mapper.augmentations.1.target_heigt: no such key; did you mean "
-                                         r"mapper.augmentations.1.target_height\?"):
+    with pytest.raises(
+        UsageError,
+        match=r"^mapper.augmentations.1.target_heigt: no such key; did you mean "
+        r"mapper.augmentations.1.target_height\?",
+    ):
         check_override_keys(cfg, ["mapper.augmentations.1.target_heigt=128"])
     with pytest.raises(UsageError, match="mapper.augmentations.2.flip: no such key"):
         check_override_keys(cfg, ["mapper.augmentations.2.flip=false"])
@@ -104,8 +138,12 @@ def test_a_targets_own_arguments_are_accepted_though_the_config_does_not_set_the
 
     from condinit_det.utils.overrides import check_override_keys
 
-    cfg = OmegaConf.create({"head": {"_target_": f"{__name__}._head", "width": 8},
-                            "loose": {"_target_": f"{__name__}._loose", "inner": {"_target_": f"{__name__}._head"}}})
+    cfg = OmegaConf.create(
+        {
+            "head": {"_target_": f"{__name__}._head", "width": 8},
+            "loose": {"_target_": f"{__name__}._loose", "inner": {"_target_": f"{__name__}._head"}},
+        }
+    )
     check_override_keys(cfg, ["head.top_k=10", "loose.anything=1", "loose.inner.top_k=3"])
     with pytest.raises(UsageError, match=r"head.top_kk: no such key; did you mean head.top_k\?"):
         check_override_keys(cfg, ["head.top_kk=10"])
@@ -143,8 +181,13 @@ def test_resume_with_another_arm_seed_or_patterns_is_refused(tmp_path):
     with pytest.raises(
         ValueError, match="include=None.* but this run asks for include=\\['backbone.net.blocks.0.\\*'\\]"
     ):
-        _check("--resume", "--arm", "conditioned", "condinit.include=[backbone.net.blocks.0.*]",
-               f"train.output_dir={tmp_path}")
+        _check(
+            "--resume",
+            "--arm",
+            "conditioned",
+            "condinit.include=[backbone.net.blocks.0.*]",
+            f"train.output_dir={tmp_path}",
+        )
     _check("--resume", "--arm", "conditioned", f"train.output_dir={tmp_path}")  # the same run: fine
     # Another arm or seed is another run directory (<output_dir>/<arm>/seed<k>): nothing to refuse.
     _check("--resume", "--arm", "mimetic", f"train.output_dir={tmp_path}")
@@ -179,15 +222,22 @@ def test_one_checkpoint_for_every_arm_is_refused(tmp_path):
     torch.save({"model": {}}, tmp_path / "shared.pth")
     with pytest.raises(ValueError, match="every arm would start from the same checkpoint .*shared.pth"):
         _check("--arm", "all", f"train.init_checkpoint={tmp_path / 'shared.pth'}", f"train.output_dir={tmp_path}")
-    _check("--arm", "all", "--allow-shared-checkpoint", f"train.init_checkpoint={tmp_path / 'shared.pth'}",
-           f"train.output_dir={tmp_path}")
+    _check(
+        "--arm",
+        "all",
+        "--allow-shared-checkpoint",
+        f"train.init_checkpoint={tmp_path / 'shared.pth'}",
+        f"train.output_dir={tmp_path}",
+    )
 
 
 def test_another_arms_pretraining_checkpoint_is_refused(tmp_path):
     for arm in ("default", "mimetic"):
         (tmp_path / arm).mkdir()
-        torch.save({"format": "condinit_det.pretrain/v1", "model": {}, "arm": arm, "seed": 0},
-                   tmp_path / arm / "model_final.pth")
+        torch.save(
+            {"format": "condinit_det.pretrain/v1", "model": {}, "arm": arm, "seed": 0},
+            tmp_path / arm / "model_final.pth",
+        )
     with pytest.raises(ValueError, match="was pretrained with arm 'default' but this run's arm is 'mimetic'"):
         _check("--arm", "mimetic", f"train.init_checkpoint={tmp_path / 'default'}", f"train.output_dir={tmp_path}")
     # On the command line, a value with {arm} is quoted for the override parser.
@@ -205,11 +255,14 @@ def test_eval_only_needs_a_checkpoint(tmp_path):
         _check("--eval-only", "--arm", "all", f"train.output_dir={tmp_path}")
 
 
-@pytest.mark.parametrize("seeds, lr, message", [
-    ("0,x", None, "--seeds '0,x': expected non-negative integers"),
-    ("1,1", None, "expected distinct non-negative integers"),
-    (None, "0,1", "--lr-scale '0,1': expected distinct positive numbers"),
-])
+@pytest.mark.parametrize(
+    "seeds, lr, message",
+    [
+        ("0,x", None, "--seeds '0,x': expected non-negative integers"),
+        ("1,1", None, "expected distinct non-negative integers"),
+        (None, "0,1", "--lr-scale '0,1': expected distinct positive numbers"),
+    ],
+)
 def test_bad_seed_and_scale_lists(tmp_path, seeds, lr, message):
     argv = (["--seeds", seeds] if seeds else []) + (["--lr-scale", lr] if lr else [])
     with pytest.raises(ValueError, match=message):
@@ -217,12 +270,15 @@ def test_bad_seed_and_scale_lists(tmp_path, seeds, lr, message):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("override, message", [
-    ("condinit.options.mimetic.gain_qk=2", "option(s) gain_qk are not accepted by the 'mimetic' arm"),
-    ("condinit.include=[nothing.*]", "include pattern 'nothing.*' matches no attention site"),
-    ("model.backbone.net.depth=0", "no attention site found in GeneralizedRCNN"),
-    ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("condinit.options.mimetic.gain_qk=2", "option(s) gain_qk are not accepted by the 'mimetic' arm"),
+        ("condinit.include=[nothing.*]", "include pattern 'nothing.*' matches no attention site"),
+        ("model.backbone.net.depth=0", "no attention site found in GeneralizedRCNN"),
+        ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
+    ],
+)
 def test_cli_prints_one_error_line(tmp_path, override, message):
     exp = tmp_path / "exp"
     run = exp / "mimetic" / "seed0"
@@ -234,11 +290,14 @@ def test_cli_prints_one_error_line(tmp_path, override, message):
     assert sorted(os.listdir(run)) == ["results.json"] and os.listdir(exp) == ["mimetic"]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("condinit.include=[nothing.*]", "include pattern 'nothing.*' matches no attention site"),
-    ("model.backbone.net.depth=0", "no attention site found in GeneralizedRCNN"),
-    ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("condinit.include=[nothing.*]", "include pattern 'nothing.*' matches no attention site"),
+        ("model.backbone.net.depth=0", "no attention site found in GeneralizedRCNN"),
+        ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
+    ],
+)
 def test_arm_site_errors_come_before_the_launch(tmp_path, override, message):
     with pytest.raises(ValueError, match=message):
         _check("--arm", "conditioned", f"train.output_dir={tmp_path}", override)
@@ -268,7 +327,9 @@ def test_arm_report_records_the_identity_checked_on_resume(tmp_path):
 
 
 def test_an_arm_set_in_two_disagreeing_places_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="the arm is set in two places that disagree: condinit .*'conditioned'.* and "
-                                         "model.condinit .*'mimetic'"):
+    with pytest.raises(
+        ValueError,
+        match="the arm is set in two places that disagree: condinit .*'conditioned'.* and model.condinit .*'mimetic'",
+    ):
         _check("--arm", "conditioned", "model.condinit={arm:mimetic}", f"train.output_dir={tmp_path}")
     _check("--arm", "mimetic", "model.condinit={arm:mimetic}", f"train.output_dir={tmp_path}")  # they agree

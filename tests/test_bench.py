@@ -21,9 +21,7 @@ BENCH_SCRIPTS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "script, args, expected", BENCH_SCRIPTS, ids=[" ".join([s, *a]) for s, a, _ in BENCH_SCRIPTS]
-)
+@pytest.mark.parametrize("script, args, expected", BENCH_SCRIPTS, ids=[" ".join([s, *a]) for s, a, _ in BENCH_SCRIPTS])
 def test_bench_script_quick(script, args, expected):
     path = os.path.join(REPO, "bench", script)
     assert os.path.isfile(path), path
@@ -34,7 +32,5 @@ def test_bench_script_quick(script, args, expected):
         text=True,
         timeout=600,
     )
-    assert (
-        proc.returncode == 0
-    ), f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert expected in proc.stdout, proc.stdout[-3000:]

@@ -34,25 +34,40 @@ SIZE = 64
 
 def _rle(x, y, w, h):
     m = np.zeros((SIZE, SIZE), dtype=np.uint8, order="F")
-    m[y:y + h, x:x + w] = 1
+    m[y : y + h, x : x + w] = 1
     rle = mask_utils.encode(m)
     rle["counts"] = rle["counts"].decode("ascii")
     return rle
 
 
 def _ann(image_id, ann_id, cat, x, y, w=16, h=16, crowd=0):
-    return {"id": ann_id, "image_id": image_id, "category_id": cat, "bbox": [x, y, w, h], "area": w * h,
-            "iscrowd": crowd, "segmentation": _rle(x, y, w, h)}
+    return {
+        "id": ann_id,
+        "image_id": image_id,
+        "category_id": cat,
+        "bbox": [x, y, w, h],
+        "area": w * h,
+        "iscrowd": crowd,
+        "segmentation": _rle(x, y, w, h),
+    }
 
 
 def _det(image_id, cat, x, y, score, w=16, h=16):
-    return {"image_id": image_id, "category_id": cat, "bbox": [x, y, w, h], "score": score,
-            "segmentation": _rle(x, y, w, h)}
+    return {
+        "image_id": image_id,
+        "category_id": cat,
+        "bbox": [x, y, w, h],
+        "score": score,
+        "segmentation": _rle(x, y, w, h),
+    }
 
 
 def _dataset(images, anns, num_categories=2):
-    return {"images": [{"id": i, "width": SIZE, "height": SIZE, "file_name": f"{i}.png"} for i in images],
-            "annotations": anns, "categories": [{"id": c, "name": f"c{c}"} for c in range(1, num_categories + 1)]}
+    return {
+        "images": [{"id": i, "width": SIZE, "height": SIZE, "file_name": f"{i}.png"} for i in images],
+        "annotations": anns,
+        "categories": [{"id": c, "name": f"c{c}"} for c in range(1, num_categories + 1)],
+    }
 
 
 def _synthetic(num_images, seed):
@@ -93,8 +108,17 @@ def _hard(seed):
             for _ in range(int(rng.integers(1, 3))):  # a detection, sometimes a duplicate
                 dx, dy = (int(v) for v in rng.integers(-3, 4, size=2))
                 wrong = rng.uniform() < 0.15
-                preds.append(_det(image_id, (cat % 3) + 1 if wrong else cat, max(x + dx, 0), max(y + dy, 0),
-                                  score=round(float(rng.uniform(0.1, 1.0)), 1), w=w, h=h))
+                preds.append(
+                    _det(
+                        image_id,
+                        (cat % 3) + 1 if wrong else cat,
+                        max(x + dx, 0),
+                        max(y + dy, 0),
+                        score=round(float(rng.uniform(0.1, 1.0)), 1),
+                        w=w,
+                        h=h,
+                    )
+                )
         if n in (3, 8):  # background false positives, one image with detections only
             preds.append(_det(image_id, int(rng.integers(1, 4)), 40, 40, round(float(rng.uniform(0.1, 1.0)), 1)))
     preds.append(_det(ids[9], 1, 10, 10, 0.5))  # an image without objects, with a detection
@@ -125,12 +149,14 @@ def test_resampled_ap_equals_reevaluation():
     _, pred_a, pred_b = _synthetic(12, seed=4)
     pred_b = [{**p, "image_id": gt["images"][(p["image_id"] - 1000) // 3]["id"]} for p in pred_b]
     n = len(gt["images"])
-    draws = np.concatenate([
-        np.arange(n)[None],  # the evaluation set itself
-        np.random.default_rng(1).integers(0, n, size=(10, n)),
-        # one image n times; only empty images; category 3 drawn often
-        np.array([[3] * n, [2, 9] * (n // 2), [4, 10, 4, 4, 10, 0, 1, 4, 3, 3, 8, 0]]),
-    ])
+    draws = np.concatenate(
+        [
+            np.arange(n)[None],  # the evaluation set itself
+            np.random.default_rng(1).integers(0, n, size=(10, n)),
+            # one image n times; only empty images; category 3 drawn often
+            np.array([[3] * n, [2, 9] * (n // 2), [4, 10, 4, 4, 10, 0, 1, 4, 3, 3, 8, 0]]),
+        ]
+    )
     assert any(not {4, 10} & set(row) for row in draws)  # a resample without category 3
     # the same detections with distinct scores (each category's order then the same in every resample)
     untied = [{**p, "score": p["score"] + 1e-6 * n} for n, p in enumerate(preds)]
@@ -285,8 +311,9 @@ def test_installed_faster_coco_eval_is_in_the_declared_range_and_keeps_per_image
 
     gt = _dataset([7], [_ann(7, 1, 1, 10, 10), _ann(7, 2, 2, 30, 30)])
     coco = COCO(gt, print_function=lambda *_: None)
-    ev = COCOeval_faster(coco, coco.loadRes([_det(7, 1, 10, 10, 0.9)]), "bbox", print_function=lambda *_: None,
-                         separate_eval=True)
+    ev = COCOeval_faster(
+        coco, coco.loadRes([_det(7, 1, 10, 10, 0.9)]), "bbox", print_function=lambda *_: None, separate_eval=True
+    )
     ev.evaluate()
     state = ev._evalImgs_cpp[0].__getstate__()  # category 1, area "all", image 7
     assert isinstance(state, tuple) and len(state) == 6

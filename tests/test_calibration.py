@@ -3,6 +3,7 @@
 Each cell is 1000 simulated experiments run through the report's own functions (vectorized), with fixed
 generators; docs/statistics.md has the table (``python bench/calibration.py``, 2000 each).
 """
+
 import os
 import sys
 
@@ -67,16 +68,29 @@ def test_one_seed_is_an_image_level_statement(results, tmp_path):
     for arm, p in (("default", 0.5), ("conditioned", 0.7)):
         run = tmp_path / arm / "seed0"
         correct = rng.uniform(size=labels.size) < p
-        path = write_classification_eval(str(run), 4, labels=labels, top1=np.where(correct, labels, (labels + 1) % 5),
-                                         top5_hit=np.ones(labels.size))
-        ResultsFile(str(run)).add({"kind": "cls", "stage": "pretrain", "iteration": 40, "epoch": 4,
-                                   "top1": 100 * correct.mean(), "top5": 100.0, "arm": arm, "seed": 0,
-                                   "per_image": os.path.relpath(path, str(run))})
+        path = write_classification_eval(
+            str(run), 4, labels=labels, top1=np.where(correct, labels, (labels + 1) % 5), top5_hit=np.ones(labels.size)
+        )
+        ResultsFile(str(run)).add(
+            {
+                "kind": "cls",
+                "stage": "pretrain",
+                "iteration": 40,
+                "epoch": 4,
+                "top1": 100 * correct.mean(),
+                "top5": 100.0,
+                "arm": arm,
+                "seed": 0,
+                "per_image": os.path.relpath(path, str(run)),
+            }
+        )
     report, text = compare_arms([str(tmp_path)], bootstrap=1000)
     row = report.primary.family[0]
     assert row.interval.replication == "images" and row.interval.low > 0 and row.verdict == "too few seeds"
-    assert f"| conditioned | top-1 | {row.mean_difference:+.1f} | too few seeds | 1 | one seed: no interval over " \
-           "training runs |" in unpadded(text)
+    assert (
+        f"| conditioned | top-1 | {row.mean_difference:+.1f} | too few seeds | 1 | one seed: no interval over "
+        "training runs |" in unpadded(text)
+    )
 
 
 def test_the_percentile_interval_of_the_two_level_bootstrap_undercovers_at_few_seeds(results):

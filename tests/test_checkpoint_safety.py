@@ -4,6 +4,7 @@ A "malicious" file here is a checkpoint whose unpickling would create a marker f
 point that reads a checkpoint must refuse it with one error line (the file, why, what to do), a
 non-zero exit and no marker; ``.pkl`` files only load with ``--trust-pickle``.
 """
+
 import json
 import os
 import pickle
@@ -80,9 +81,20 @@ def _timm_model(arm="conditioned"):
 
 
 def _pretrain_payload(model, arm):
-    return {"format": PRETRAIN_FORMAT, "model": model.state_dict(), "weights": "model", "timm_model": TIMM_NAME,
-            "model_kwargs": TIMM_KWARGS, "num_classes": 4, "img_size": 64, "arm": arm, "seed": 0, "epoch": 1,
-            "classes": ["a", "b", "c", "d"], "data_config": {"mean": [0.5] * 3, "input_size": [3, 64, 64]}}
+    return {
+        "format": PRETRAIN_FORMAT,
+        "model": model.state_dict(),
+        "weights": "model",
+        "timm_model": TIMM_NAME,
+        "model_kwargs": TIMM_KWARGS,
+        "num_classes": 4,
+        "img_size": 64,
+        "arm": arm,
+        "seed": 0,
+        "epoch": 1,
+        "classes": ["a", "b", "c", "d"],
+        "data_config": {"mean": [0.5] * 3, "input_size": [3, 64, 64]},
+    }
 
 
 def _tool(script, argv, capsys):
@@ -130,8 +142,16 @@ def test_loader_refuses_code_and_reads_weights(tmp_path, marker):
 def test_safetensors_round_trip_with_metadata(tmp_path):
     shared = torch.randn(4, 3)
     tensors = {"a": shared, "b": shared, "c": torch.arange(6).view(2, 3).t(), "d": torch.zeros(0)}
-    meta = {"format": "x/v1", "arm": "mimetic", "seed": 3, "lr": 0.5, "kwargs": {"depth": 2, "sizes": [1, 2]},
-            "looks_like_json": "0", "none": None, "flag": True}
+    meta = {
+        "format": "x/v1",
+        "arm": "mimetic",
+        "seed": 3,
+        "lr": 0.5,
+        "kwargs": {"depth": 2, "sizes": [1, 2]},
+        "looks_like_json": "0",
+        "none": None,
+        "flag": True,
+    }
     path = str(tmp_path / "w.safetensors")
     save_safetensors(tensors, path, meta)
     loaded, got = load_safetensors(path)
@@ -177,8 +197,7 @@ def _detection_case(tmp_path, marker, case):
     raise AssertionError(case)
 
 
-@pytest.mark.parametrize("case", ["init_file", "init_run_dir", "resume", "eval_only", "pkl_init",
-                                  "pkl_eval_only"])
+@pytest.mark.parametrize("case", ["init_file", "init_run_dir", "resume", "eval_only", "pkl_init", "pkl_eval_only"])
 def test_train_net_refuses_a_checkpoint_that_runs_code(tmp_path, marker, capsys, case):
     bad, argv = _detection_case(tmp_path, marker, case)
     code, err = _tool(TRAIN_NET, ["--config-file", CONFIG, *argv, f"train.output_dir={tmp_path / 'out'}"], capsys)
@@ -196,8 +215,9 @@ def test_detection_checkpointer_refuses_in_the_worker_too(tmp_path, marker):
             RunCheckpointer(model).load(_malicious(tmp_path / name, marker))
     benign = tmp_path / "benign.pkl"
     with open(benign, "wb") as f:
-        pickle.dump({"model": {"weight": torch.ones(1, 3).numpy(), "bias": torch.zeros(1).numpy()},
-                     "__author__": "d2"}, f)
+        pickle.dump(
+            {"model": {"weight": torch.ones(1, 3).numpy(), "bias": torch.zeros(1).numpy()}, "__author__": "d2"}, f
+        )
     with pytest.raises(UnsafeCheckpointError, match="benign.pkl is a pickle file"):
         RunCheckpointer(model).load(str(benign))
     RunCheckpointer(model, trust_pickle=True).load(str(benign))  # detectron2's pickle path, opted in
@@ -220,8 +240,9 @@ def test_trust_pickle_lets_a_pkl_through_the_pre_launch_check(tmp_path):
         check_invocation(build_parser().parse_args(argv))
     check_invocation(build_parser().parse_args(["--trust-pickle", *argv]))
     with pytest.raises(ValueError, match="R-50.pkl is a pickle file"):  # model-zoo URLs too
-        check_invocation(build_parser().parse_args(
-            [*argv, "train.init_checkpoint=detectron2://ImageNetPretrained/MSRA/R-50.pkl"]))
+        check_invocation(
+            build_parser().parse_args([*argv, "train.init_checkpoint=detectron2://ImageNetPretrained/MSRA/R-50.pkl"])
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,14 +251,24 @@ def test_trust_pickle_lets_a_pkl_through_the_pre_launch_check(tmp_path):
 @pytest.fixture(scope="module")
 def cls_data(tmp_path_factory):
     spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
-    return str(generate_classification_dataset(tmp_path_factory.mktemp("cls") / "shapes", num_train=16, num_val=8,
-                                               spec=spec))
+    return str(
+        generate_classification_dataset(tmp_path_factory.mktemp("cls") / "shapes", num_train=16, num_val=8, spec=spec)
+    )
 
 
 def _pretrain_opts(data, out, **extra):
-    opts = {"data.root": data, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 2,
-            "train.output_dir": out, "train.epochs": 1, "train.batch_size": 8, "train.workers": 0,
-            "train.eval_batch_size": 8, **extra}
+    opts = {
+        "data.root": data,
+        "data.img_size": 32,
+        "model.kwargs.img_size": 32,
+        "model.kwargs.depth": 2,
+        "train.output_dir": out,
+        "train.epochs": 1,
+        "train.batch_size": 8,
+        "train.workers": 0,
+        "train.eval_batch_size": 8,
+        **extra,
+    }
     return [f"{k}={v}" for k, v in opts.items()]
 
 
@@ -270,8 +301,15 @@ def test_pretrain_eval_only_reads_model_final_safetensors(tmp_path, capsys, cls_
     os.makedirs(run_dir)
     cfg = load_config(DEMO, _pretrain_opts(cls_data, str(out)))
     model = create_classifier(node(cfg, "model"), 8)
-    payload = {"format": PRETRAIN_FORMAT, "model": model.state_dict(), "weights": "model", "arm": "conditioned",
-               "seed": 0, "epoch": 3, "iteration": 6}
+    payload = {
+        "format": PRETRAIN_FORMAT,
+        "model": model.state_dict(),
+        "weights": "model",
+        "arm": "conditioned",
+        "seed": 0,
+        "epoch": 3,
+        "iteration": 6,
+    }
     save_final(payload, run_dir)
     os.remove(os.path.join(run_dir, "model_final.pth"))  # only the shareable file is left
     assert final_weights_file(run_dir).endswith("model_final.safetensors")
@@ -300,15 +338,17 @@ def test_pretrain_resume_with_ema_from_weights_only_checkpoints(tmp_path, cls_da
     opts = {"train.epochs": 2, "scheduler.warmup_epochs": 1, "train.ema.enabled": True, "train.ema.decay": 0.5}
 
     def train(out, resume=False):
-        cfg = PretrainStage().configure_run(load_config(DEMO, _pretrain_opts(cls_data, out, **opts)), spec,
-                                            spec.path(out))
+        cfg = PretrainStage().configure_run(
+            load_config(DEMO, _pretrain_opts(cls_data, out, **opts)), spec, spec.path(out)
+        )
         train_run(cfg, run_dir=spec.path(out), config_file=DEMO, resume=resume)
         return spec.path(out)
 
     a = train(str(tmp_path / "a"))
     with monkeypatch.context() as m:  # keep the first epoch's checkpoint, then forget the second epoch
-        m.setattr(trainer, "periodic_checkpointer", lambda checkpointer, keep: periodic_checkpointer(checkpointer,
-                                                                                                     keep=10))
+        m.setattr(
+            trainer, "periodic_checkpointer", lambda checkpointer, keep: periodic_checkpointer(checkpointer, keep=10)
+        )
         b = train(str(tmp_path / "b"))
     for name in ("checkpoint_epoch0002.pth", "model_final.pth", "model_final.safetensors"):
         os.remove(os.path.join(b, name))
@@ -328,8 +368,17 @@ def test_pretrain_resume_with_ema_from_weights_only_checkpoints(tmp_path, cls_da
 def test_converters_refuse_code_and_read_safetensors(tmp_path, marker):
     from detectron2.modeling import ViT
 
-    trunk = ViT(img_size=64, patch_size=16, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
-                window_size=0, use_rel_pos=False, out_feature="last_feat")
+    trunk = ViT(
+        img_size=64,
+        patch_size=16,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        mlp_ratio=2.0,
+        window_size=0,
+        use_rel_pos=False,
+        out_feature="last_feat",
+    )
     holder = torch.nn.Module()
     holder.net = trunk
     for name in ("evil.pth", "evil.pkl"):
@@ -338,8 +387,9 @@ def test_converters_refuse_code_and_read_safetensors(tmp_path, marker):
             convert_timm_checkpoint(bad, holder)
     timm_model = _timm_model()
     save_final(_pretrain_payload(timm_model, "conditioned"), str(tmp_path))
-    from_dict = convert_timm_checkpoint(timm_model.state_dict(), holder, timm_model_name=TIMM_NAME,
-                                        timm_model_kwargs=TIMM_KWARGS)
+    from_dict = convert_timm_checkpoint(
+        timm_model.state_dict(), holder, timm_model_name=TIMM_NAME, timm_model_kwargs=TIMM_KWARGS
+    )
     for name in ("model_final.safetensors", "model_final.pth"):  # name and kwargs come from the file
         from_file = convert_timm_checkpoint(str(tmp_path / name), holder)
         assert from_file.keys() == from_dict.keys() and all(torch.equal(from_file[k], from_dict[k]) for k in from_dict)
@@ -384,11 +434,26 @@ def test_fine_tune_from_a_run_directory_with_only_safetensors(tmp_path):
     exp = tmp_path / "finetune" / "mimetic" / "seed0"  # the run of arm mimetic, seed 0
     # lr 0: the weights after one step are the weights the run started from.
     proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic",
-         f"train.output_dir={tmp_path / 'finetune'}",
-         f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'", "train.max_iter=1",
-         "train.eval_period=1", "optimizer.lr=0.0", "optimizer.weight_decay=0.0"],
-        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            TRAIN_NET,
+            "--config-file",
+            CONFIG,
+            "--arm",
+            "mimetic",
+            f"train.output_dir={tmp_path / 'finetune'}",
+            f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'",
+            "train.max_iter=1",
+            "train.eval_period=1",
+            "optimizer.lr=0.0",
+            "optimizer.weight_decay=0.0",
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     report = json.loads((exp / "condinit_arm_report.json").read_text())
     assert report["init_checkpoint"].endswith("pretrain/mimetic/seed0/model_final.safetensors")
@@ -403,5 +468,7 @@ def test_fine_tune_from_a_run_directory_with_only_safetensors(tmp_path):
     assert meta["format"] == "condinit_det.detection/v1" and meta["arm"] == "mimetic" and meta["seed"] == 0
     assert meta["iteration"] == 0 and meta["config"] == CONFIG
     for block in range(2):
-        assert torch.equal(final[f"backbone.net.blocks.{block}.attn.qkv.weight"],
-                           pretrained.state_dict()[f"blocks.{block}.attn.qkv.weight"])
+        assert torch.equal(
+            final[f"backbone.net.blocks.{block}.attn.qkv.weight"],
+            pretrained.state_dict()[f"blocks.{block}.attn.qkv.weight"],
+        )

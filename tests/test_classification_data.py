@@ -1,4 +1,5 @@
 """The embedded classification dataset: determinism, atomic generation, layout and balance."""
+
 import json
 import os
 import socket

@@ -1,4 +1,5 @@
 """COCO lazy configs: recipes, augmentations, and that every model builds, runs and takes its arm."""
+
 import glob
 import os
 
@@ -25,8 +26,11 @@ MODELS = {
     "mask_rcnn_xcit_s12_3x.py": ("timm_xcit", 12, "backbone.net.blocks."),
     "mask_rcnn_xcit_s12_p16_3x_in1k.py": ("timm_xcit", 12, "backbone.bottom_up.net.blocks."),
 }
-ALL_CONFIGS = sorted(MODELS) + ["mask_rcnn_vitdet_b_100ep_pretrained.py", "mask_rcnn_vitdet_b_100ep_in1k.py",
-                                "mask_rcnn_swin_b_3x_in1k.py"]
+ALL_CONFIGS = sorted(MODELS) + [
+    "mask_rcnn_vitdet_b_100ep_pretrained.py",
+    "mask_rcnn_vitdet_b_100ep_in1k.py",
+    "mask_rcnn_swin_b_3x_in1k.py",
+]
 # 36 epochs of coco_2017_train (118287 images) at 16 images per iteration; steps at epochs 27, 33.
 ITERS_3X, STEPS_3X = 266146, [199609, 243967]
 
@@ -74,8 +78,11 @@ def _site_names(cfg):
     """Every attention-site name of the config's backbone, from its widths and depths (no build)."""
     backbone = cfg.model.backbone
     if "bottom_up" in backbone and "depths" in backbone.bottom_up:  # Swin
-        return [f"backbone.bottom_up.layers.{stage}.blocks.{i}.attn"
-                for stage, depth in enumerate(backbone.bottom_up.depths) for i in range(depth)]
+        return [
+            f"backbone.bottom_up.layers.{stage}.blocks.{i}.attn"
+            for stage, depth in enumerate(backbone.bottom_up.depths)
+            for i in range(depth)
+        ]
     if "bottom_up" in backbone:  # XCiT's deconvolution neck around the trunk
         return [f"backbone.bottom_up.net.blocks.{i}.attn" for i in range(backbone.bottom_up.net.depth)]
     return [f"backbone.net.blocks.{i}.attn" for i in range(backbone.net.depth)]
@@ -236,7 +243,7 @@ def test_model_builds_takes_arm_and_runs(name):
     for role in ("q", "k"):
         w = site.weight(role).double()
         for h in range(site.num_heads):
-            block = w[h * site.head_dim:(h + 1) * site.head_dim]
+            block = w[h * site.head_dim : (h + 1) * site.head_dim]
             torch.testing.assert_close(
                 block @ block.T, torch.eye(site.head_dim, dtype=torch.float64), atol=1e-5, rtol=0
             )

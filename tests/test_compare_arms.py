@@ -1,4 +1,5 @@
 """The comparison report read as its reader reads it: report.md and the files beside it."""
+
 import csv
 import importlib.util
 import json
@@ -31,41 +32,82 @@ CURVES = {
     "mimetic": {0: ([5, 10, 20, 30], [4, 8, 16, 24])},
 }
 PNG = b"\x89PNG\r\n\x1a\n"
-ENVIRONMENT = {"kind": "environment", "iteration": 0, "cpu": "AMD EPYC 7B13", "gpu": None, "gpus": 0, "threads": 2,
-               "python": "3.11.9", "torch": "2.4.1", "detectron2": "0.6", "timm": "1.0.15", "condinit_det": "0.1.0",
-               "commit": "d233e55"}
+ENVIRONMENT = {
+    "kind": "environment",
+    "iteration": 0,
+    "cpu": "AMD EPYC 7B13",
+    "gpu": None,
+    "gpus": 0,
+    "threads": 2,
+    "python": "3.11.9",
+    "torch": "2.4.1",
+    "detectron2": "0.6",
+    "timm": "1.0.15",
+    "condinit_det": "0.1.0",
+    "commit": "d233e55",
+}
 
 
 def _write_run(path, arm, seed, box, mask, kappa=None, iters=ITERS, lr_scale=None, environment=None, **extra):
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "condinit_arm_report.json"), "w") as f:
-        json.dump({"run": {"arm": arm, "seed": seed, "arm_seed": seed, "lr_scale": lr_scale or 1.0},
-                   "arm": arm, "sites": []}, f)
+        json.dump(
+            {"run": {"arm": arm, "seed": seed, "arm_seed": seed, "lr_scale": lr_scale or 1.0}, "arm": arm, "sites": []},
+            f,
+        )
     rf = ResultsFile(path)
     if environment is not None:
         rf.add(environment)
     for i, (it, b, m) in enumerate(zip(iters, box, mask)):
-        rec = {"kind": "ap", "stage": "detection", "iteration": it, "arm": arm, "seed": seed, "config": "cfg.py",
-               "bbox": {"AP": b, "AP50": b + 20, "AP75": b + 5, "APs": float("nan"), "APm": b, "APl": b},
-               "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5, "APs": m, "APm": m, "APl": m}}
+        rec = {
+            "kind": "ap",
+            "stage": "detection",
+            "iteration": it,
+            "arm": arm,
+            "seed": seed,
+            "config": "cfg.py",
+            "bbox": {"AP": b, "AP50": b + 20, "AP75": b + 5, "APs": float("nan"), "APm": b, "APl": b},
+            "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5, "APs": m, "APm": m, "APl": m},
+        }
         if lr_scale is not None:
             rec["lr_scale"] = lr_scale
         if i == len(box) - 1:
             rec.update(extra)
         rf.add(rec)
         if kappa is not None:
-            rf.extend({"kind": "conditioning", "iteration": it, "site": f"blocks.{i}.attn",
-                       "kappa": kappa * (i + 1) * it, "arm": arm, "seed": seed} for i in range(2))
+            rf.extend(
+                {
+                    "kind": "conditioning",
+                    "iteration": it,
+                    "site": f"blocks.{i}.attn",
+                    "kappa": kappa * (i + 1) * it,
+                    "arm": arm,
+                    "seed": seed,
+                }
+                for i in range(2)
+            )
 
 
 def _write_cls_run(path, arm, seed, top1, epochs=(2, 4, 6, 8, 10), steps_per_epoch=10, lr_scale=1.0, **final):
     os.makedirs(path, exist_ok=True)
     rf = ResultsFile(path)
     rf.extend(
-        {"kind": "cls", "stage": "pretrain",
-         "iteration": e * steps_per_epoch, "epoch": e, "top1": t, "top5": min(t + 20, 100.0),
-         "train_loss": 1.0 / e, "eval_loss": 1.0 / e, "lr": 0.001, "arm": arm, "seed": seed, "lr_scale": lr_scale}
-        for e, t in zip(epochs, top1))
+        {
+            "kind": "cls",
+            "stage": "pretrain",
+            "iteration": e * steps_per_epoch,
+            "epoch": e,
+            "top1": t,
+            "top5": min(t + 20, 100.0),
+            "train_loss": 1.0 / e,
+            "eval_loss": 1.0 / e,
+            "lr": 0.001,
+            "arm": arm,
+            "seed": seed,
+            "lr_scale": lr_scale,
+        }
+        for e, t in zip(epochs, top1)
+    )
     if final:
         rf.add({**rf.records("cls")[-1], **final})
 
@@ -102,8 +144,14 @@ def experiment(tmp_path):
     exp = tmp_path / "exp"
     for arm, seeds in CURVES.items():
         for seed, (box, mask) in seeds.items():
-            _write_run(str(exp / f"{arm}_s{seed}"), arm, seed, box, mask,
-                       kappa=1.0 if arm == "conditioned" else (10.0 if arm == "default" else None))
+            _write_run(
+                str(exp / f"{arm}_s{seed}"),
+                arm,
+                seed,
+                box,
+                mask,
+                kappa=1.0 if arm == "conditioned" else (10.0 if arm == "default" else None),
+            )
     return exp
 
 
@@ -147,16 +195,25 @@ def test_table_numbers_and_convergence(experiment):
 def test_written_files(experiment, tmp_path):
     out = tmp_path / "report"
     _, text = compare_arms([str(experiment)], output_dir=str(out), bootstrap=0)
-    assert sorted(os.listdir(out)) == sorted([".cache", "report.md", "summary.csv", "stats.csv", "effects.png",
-                                              "bbox_ap.png", "segm_ap.png", "kappa.png"])
+    assert sorted(os.listdir(out)) == sorted(
+        [".cache", "report.md", "summary.csv", "stats.csv", "effects.png", "bbox_ap.png", "segm_ap.png", "kappa.png"]
+    )
     assert os.listdir(out / ".cache") == ["figures.json"]  # B = 0: no image resamples
     assert (out / "report.md").read_text() == text
     table = unpadded(_section(text, "## Detection", "### Convergence"))
     rows = {r[0]: r for r in [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]}
     assert rows["| default"][1:4] == ["41.0 ± 1.4", "61.0 ± 1.4", "46.0 ± 1.4"]
     assert rows["| mimetic"][1] == "30.0"  # one seed: no ±
-    assert rows["| conditioned"][1:] == ["46.0 ± 1.4", "66.0 ± 1.4", "51.0 ± 1.4", "37.0 ± 1.4", "57.0 ± 1.4",
-                                         "42.0 ± 1.4", "2", "400 |"]  # seeds: a count
+    assert rows["| conditioned"][1:] == [
+        "46.0 ± 1.4",
+        "66.0 ± 1.4",
+        "51.0 ± 1.4",
+        "37.0 ± 1.4",
+        "57.0 ± 1.4",
+        "42.0 ± 1.4",
+        "2",
+        "400 |",
+    ]  # seeds: a count
     assert "| AP^b | 41.0 at iteration 400 | 400 (0.0%) | not reached | 300 (25.0%) |" in unpadded(text)
     assert "- mimetic: dropped from the pairing: seed 1 (no mimetic run)" in text
     assert "None found (no experiment plan" in text
@@ -183,10 +240,24 @@ def test_written_files(experiment, tmp_path):
 
 def test_report_opens_with_one_table_of_every_stage(tmp_path):
     pre, det = tmp_path / "pretrain", tmp_path / "finetune"
-    write_plan(str(pre), plan_runs(["default", "conditioned"], [0, 1, 2]), stage=PRETRAIN, config=None, length=10,
-               setup={"train.epochs": "10"}, dataset="embedded:digits-cls")
-    write_plan(str(det), plan_runs(["default", "conditioned"], [0, 1, 2]), stage=DETECTION, config=None, length=400,
-               setup={"train.max_iter": "400"}, dataset="embedded:digits-det")
+    write_plan(
+        str(pre),
+        plan_runs(["default", "conditioned"], [0, 1, 2]),
+        stage=PRETRAIN,
+        config=None,
+        length=10,
+        setup={"train.epochs": "10"},
+        dataset="embedded:digits-cls",
+    )
+    write_plan(
+        str(det),
+        plan_runs(["default", "conditioned"], [0, 1, 2]),
+        stage=DETECTION,
+        config=None,
+        length=400,
+        setup={"train.max_iter": "400"},
+        dataset="embedded:digits-det",
+    )
     for seed in range(3):
         _write_cls_run(str(pre / "default" / f"seed{seed}"), "default", seed, [10, 20, 30, 40, 50 + seed])
         _write_cls_run(str(pre / "conditioned" / f"seed{seed}"), "conditioned", seed, [20, 30, 40, 50, 60 + 2 * seed])
@@ -197,12 +268,21 @@ def test_report_opens_with_one_table_of_every_stage(tmp_path):
     _, text = compare_arms([str(pre), str(det)], output_dir=str(out), bootstrap=0)
     lines = text.splitlines()
     # the title names the stages and the datasets the runs used; the table follows it
-    assert lines[0] == "# Initialization arms: classification pretraining on embedded:digits-cls; detection on " \
-                       "embedded:digits-det"
+    assert (
+        lines[0] == "# Initialization arms: classification pretraining on embedded:digits-cls; detection on "
+        "embedded:digits-det"
+    )
     assert lines[2].startswith("| stage ")
     header, *rows = _first_table(text)
-    assert header == ["stage", "arm", "metric", "Δ vs default, 95% interval", "verdict", "seeds",
-                      "unit of the interval"]
+    assert header == [
+        "stage",
+        "arm",
+        "metric",
+        "Δ vs default, 95% interval",
+        "verdict",
+        "seeds",
+        "unit of the interval",
+    ]
     top1, box, mask = rows
     assert top1[:3] == ["Classification pretraining on embedded:digits-cls", "conditioned", "top-1"]
     assert top1[3].startswith("+11.0 [") and top1[4:] == ["better", "3", "training runs"]
@@ -212,8 +292,17 @@ def test_report_opens_with_one_table_of_every_stage(tmp_path):
     assert box[3] == f"{d.mean():+.1f} [{d.mean() - half:+.1f}, {d.mean() + half:+.1f}]"
     assert box[4] in ("worse", "no difference shown") and box[5:] == ["3", "training runs"]
     # the method, Holm and the seed plan come after it; no section is titled with COCO on these data
-    order = [text.index(h) for h in ("| stage ", "## Classification pretraining on", "## Detection on",
-                                      "## Seed plan", "## Method", "### Environment")]
+    order = [
+        text.index(h)
+        for h in (
+            "| stage ",
+            "## Classification pretraining on",
+            "## Detection on",
+            "## Seed plan",
+            "## Method",
+            "### Environment",
+        )
+    ]
     assert order == sorted(order)
     assert "COCO" not in text and "Holm family of Detection on embedded:digits-det" in text
 
@@ -226,14 +315,17 @@ def test_forest_plot_has_a_panel_per_stage_and_a_line_at_zero(tmp_path, monkeypa
         _write_cls_run(str(pre / "default" / f"seed{seed}"), "default", seed, [10, 20, 30, 40, 50])
         _write_cls_run(str(pre / "mimetic" / f"seed{seed}"), "mimetic", seed, [10, 20, 30, 40, 52 + seed])
         for arm in ("default", "conditioned", "mimetic"):
-            _write_run(str(det / arm / f"seed{seed}"), arm, seed, [30, 40 + seed], [28, 38 + len(arm)],
-                       iters=(200, 400))
+            _write_run(
+                str(det / arm / f"seed{seed}"), arm, seed, [30, 40 + seed], [28, 38 + len(arm)], iters=(200, 400)
+            )
     drawn = []
     monkeypatch.setattr(plots, "_write", lambda path, fig: drawn.append((os.path.basename(path), fig.get_axes())))
     _, text = compare_arms([str(pre), str(det)], output_dir=str(tmp_path / "r"), bootstrap=0)
     (axes,) = [a for name, a in drawn if name == "effects.png"]
-    assert [ax.get_title(loc="left") for ax in axes] == ["Classification pretraining (dataset not recorded)",
-                                                         "Detection (dataset not recorded)"]
+    assert [ax.get_title(loc="left") for ax in axes] == [
+        "Classification pretraining (dataset not recorded)",
+        "Detection (dataset not recorded)",
+    ]
     # every arm x metric of the table: the pretraining panel 1, the detection panel 2 arms x 2 + 1 contrast x 2
     assert [len(ax.get_yticks()) for ax in axes] == [1, 6]
     labels = [t.get_text() for t in axes[1].get_yticklabels()]
@@ -259,16 +351,25 @@ def test_every_figure_is_linked_with_what_to_read_from_it(experiment, tmp_path):
         assert sentence and sentence.group(1).endswith(".") and len(sentence.group(1).split()) >= 8, name
     # κ appears with its plot: its numbers in the section that links it
     kappa = _section(text, "### Attention conditioning κ", "\n### ")
-    assert "- conditioned: median κ over sites 150 at iteration 100, 600 at iteration 400 (4 measured points)" \
-        in kappa and "![kappa.png](kappa.png)" in kappa
+    assert (
+        "- conditioned: median κ over sites 150 at iteration 100, 600 at iteration 400 (4 measured points)" in kappa
+        and "![kappa.png](kappa.png)" in kappa
+    )
     assert "- default: median κ over sites" in kappa and "mimetic" not in kappa
 
 
 def test_words_a_reader_expects(tmp_path):
     """One seed per arm, on a dataset that is not COCO."""
     exp = tmp_path / "exp"
-    write_plan(str(exp), plan_runs(["default", "conditioned"], [0]), stage=DETECTION, config=None, length=400,
-               setup={"train.max_iter": "400"}, dataset="condinit_shapes_train")
+    write_plan(
+        str(exp),
+        plan_runs(["default", "conditioned"], [0]),
+        stage=DETECTION,
+        config=None,
+        length=400,
+        setup={"train.max_iter": "400"},
+        dataset="condinit_shapes_train",
+    )
     _write_run(str(exp / "default" / "seed0"), "default", 0, [10, 20], [10, 18], iters=(200, 400))
     _write_run(str(exp / "conditioned" / "seed0"), "conditioned", 0, [20, 40], [15, 30], iters=(200, 400))
     _, text = compare_arms([str(exp)], output_dir=str(tmp_path / "r"), bootstrap=0)
@@ -280,8 +381,10 @@ def test_words_a_reader_expects(tmp_path):
     assert "| conditioned | 40.0 | 60.0 | 45.0 | 30.0 | 50.0 | 35.0 | 1 | 400 |" in unpadded(text)  # a count
     # the seed plan borrows no COCO spread: it says how many seeds measure this data's
     plan = _section(text, "## Seed plan")
-    assert "- conditioned, AP^b: one seed per arm on condinit_shapes_train: the spread between training runs is not " \
-           "measured, and no prior one fits this data; run ≥ 3 seeds per arm to measure it." in plan
+    assert (
+        "- conditioned, AP^b: one seed per arm on condinit_shapes_train: the spread between training runs is not "
+        "measured, and no prior one fits this data; run ≥ 3 seeds per arm to measure it." in plan
+    )
     assert "0.14" not in plan and "seeds needed" not in plan
 
 
@@ -289,15 +392,29 @@ def test_seed_plan_uses_the_coco_spread_on_coco_only(tmp_path):
     gt_path, preds = _tiny_coco(tmp_path)
     for dataset in ("coco_2017_train", "embedded:digits-det"):
         exp = tmp_path / dataset.replace(":", "_")
-        write_plan(str(exp), plan_runs(["default", "conditioned"], [0]), stage=DETECTION, config=None, length=400,
-                   setup={"train.max_iter": "400"}, dataset=dataset)
+        write_plan(
+            str(exp),
+            plan_runs(["default", "conditioned"], [0]),
+            stage=DETECTION,
+            config=None,
+            length=400,
+            setup={"train.max_iter": "400"},
+            dataset=dataset,
+        )
         for arm in ("default", "conditioned"):
             run = exp / arm / "seed0"
             run.mkdir(parents=True)
             save_matches(str(run / "matches.npz"), match_predictions(gt_path, preds[arm]))
             ap = coco_ap(gt_path, preds[arm])
-            _write_run(str(run), arm, 0, [ap["bbox"] / 2, ap["bbox"]], [ap["segm"] / 2, ap["segm"]],
-                       iters=(200, 400), per_image="matches.npz")
+            _write_run(
+                str(run),
+                arm,
+                0,
+                [ap["bbox"] / 2, ap["bbox"]],
+                [ap["segm"] / 2, ap["segm"]],
+                iters=(200, 400),
+                per_image="matches.npz",
+            )
         report, text = compare_arms([str(exp)], bootstrap=50)
         box = next(s for s in report.primary.family if s.metric == "AP^b")
         plan = _section(text, "## Seed plan")
@@ -307,8 +424,10 @@ def test_seed_plan_uses_the_coco_spread_on_coco_only(tmp_path):
         else:
             assert box.plan is None and "0.14" not in plan
             half = (box.interval.high - box.interval.low) / 2
-            assert f"run ≥ 3 seeds per arm to measure it; the image bootstrap alone already bounds the " \
-                   f"evaluation-image part at ±{half:.1f}." in plan
+            assert (
+                f"run ≥ 3 seeds per arm to measure it; the image bootstrap alone already bounds the "
+                f"evaluation-image part at ±{half:.1f}." in plan
+            )
 
 
 def test_environment_shown_once_and_differences_named(experiment, tmp_path):
@@ -320,13 +439,16 @@ def test_environment_shown_once_and_differences_named(experiment, tmp_path):
     assert "| gpu | None |" in unpadded(env) and "| torch | 2.4.1 |" in unpadded(env)
     assert "Every run recorded its environment." in env and "**Warning**" not in text
     # a resumed run on another machine, and a run written before the record existed
-    ResultsFile(str(experiment / "conditioned_s1")).add({**ENVIRONMENT, "iteration": 200, "gpu": "NVIDIA H100",
-                                                         "gpus": 1})
+    ResultsFile(str(experiment / "conditioned_s1")).add(
+        {**ENVIRONMENT, "iteration": 200, "gpu": "NVIDIA H100", "gpus": 1}
+    )
     ResultsFile(str(experiment / "mimetic_s0")).remove("environment")
     _, text = compare_arms([str(experiment)], bootstrap=0)
     warnings = [line for line in text.splitlines() if line.startswith("**Warning**")]
-    assert warnings == ["**Warning**: the runs pooled in Detection (dataset not recorded) ran in different "
-                        "environments: gpu, gpus differ (see Method)."]
+    assert warnings == [
+        "**Warning**: the runs pooled in Detection (dataset not recorded) ran in different "
+        "environments: gpu, gpus differ (see Method)."
+    ]
     env = _section(text, "### Environment")
     assert "| gpu | None / NVIDIA H100 |" in unpadded(env) and "1 run without an environment record" in env
 
@@ -346,14 +468,21 @@ def test_predictions_of_each_arm_are_shown(experiment, tmp_path):
 
 
 def _setup_experiment(root, max_iter, dataset="embedded:digits-det", setup=True):
-    write_plan(str(root), plan_runs(["default", "conditioned"], [0, 1]), stage=DETECTION, config="c.py",
-               length=max_iter, setup={"train.max_iter": str(max_iter), "optimizer.lr": "0.0001"} if setup else None,
-               dataset=dataset if setup else None)
+    write_plan(
+        str(root),
+        plan_runs(["default", "conditioned"], [0, 1]),
+        stage=DETECTION,
+        config="c.py",
+        length=max_iter,
+        setup={"train.max_iter": str(max_iter), "optimizer.lr": "0.0001"} if setup else None,
+        dataset=dataset if setup else None,
+    )
     for seed in (0, 1):
         for arm, gain in (("default", 0.0), ("conditioned", 2.0 + seed)):
             v = 30.0 + seed + gain + max_iter / 100
-            _write_run(str(root / arm / f"seed{seed}"), arm, seed, [v - 5, v], [v - 7, v - 2],
-                       iters=(max_iter // 2, max_iter))
+            _write_run(
+                str(root / arm / f"seed{seed}"), arm, seed, [v - 5, v], [v - 7, v - 2], iters=(max_iter // 2, max_iter)
+            )
 
 
 def test_runs_pool_only_when_their_setups_match(tmp_path, capsys):
@@ -364,15 +493,30 @@ def test_runs_pool_only_when_their_setups_match(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "train.max_iter: 400 vs 12" in err[0] and "--group-by-config" in err[0]
     assert "optimizer.lr" not in err[0]
-    assert cli.main([str(tmp_path / "a"), str(tmp_path / "b"), "--bootstrap", "0", "--group-by-config",
-                     "--output", str(tmp_path / "r")]) == 0
+    assert (
+        cli.main(
+            [
+                str(tmp_path / "a"),
+                str(tmp_path / "b"),
+                "--bootstrap",
+                "0",
+                "--group-by-config",
+                "--output",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 0
+    )
     text = (tmp_path / "r" / "report.md").read_text()
     assert "## Detection on embedded:digits-det, train.max_iter = 400" in text
     assert "## Detection on embedded:digits-det, train.max_iter = 12" in text
     header, *rows = _first_table(text)
-    assert header[0] == "stage" and [r[0] for r in rows] == [
-        "Detection on embedded:digits-det, train.max_iter = 400"] * 2 + [
-        "Detection on embedded:digits-det, train.max_iter = 12"] * 2
+    assert (
+        header[0] == "stage"
+        and [r[0] for r in rows]
+        == ["Detection on embedded:digits-det, train.max_iter = 400"] * 2
+        + ["Detection on embedded:digits-det, train.max_iter = 12"] * 2
+    )
     assert (tmp_path / "r" / "bbox_ap.png").is_file() and (tmp_path / "r" / "setup2_bbox_ap.png").is_file()
     assert "![setup2_bbox_ap.png](setup2_bbox_ap.png)" in text
     with open(tmp_path / "r" / "stats.csv") as f:
@@ -386,7 +530,8 @@ def test_runs_pool_only_when_their_setups_match(tmp_path, capsys):
         for seed in (0, 1):
             os.rename(tmp_path / "old" / arm / f"seed{seed}", tmp_path / "old" / arm / f"seed{seed + 2}")
             ResultsFile(str(tmp_path / "old" / arm / f"seed{seed + 2}")).extend(
-                {**r, "seed": seed + 2} for r in ResultsFile(str(tmp_path / "old" / arm / f"seed{seed + 2}")).records())
+                {**r, "seed": seed + 2} for r in ResultsFile(str(tmp_path / "old" / arm / f"seed{seed + 2}")).records()
+            )
     os.remove(tmp_path / "old" / "experiment.json")
     report, _ = compare_arms([str(tmp_path / "a"), str(tmp_path / "old")], bootstrap=0)
     assert len(report.stages) == 1 and report.arm("conditioned").seeds == [0, 1, 2, 3]
@@ -440,8 +585,11 @@ def test_without_default_arm_there_is_no_speedup(experiment):
 
 def test_paired_t_interval_known_answer(tmp_path):
     exp = tmp_path / "exp"
-    finals = {"default": [40.0, 41.0, 42.0], "conditioned": [41.0, 43.0, 45.0],  # differences 1, 2, 3
-              "mimetic": [47.0, 46.0, 47.0]}  # differences 7, 5, 5: clearly better
+    finals = {
+        "default": [40.0, 41.0, 42.0],
+        "conditioned": [41.0, 43.0, 45.0],  # differences 1, 2, 3
+        "mimetic": [47.0, 46.0, 47.0],
+    }  # differences 7, 5, 5: clearly better
     for arm, values in finals.items():
         for seed, v in enumerate(values):
             _write_run(str(exp / arm / f"seed{seed}"), arm, seed, [v - 10, v], [v - 12, v - 2], iters=(200, 400))
@@ -460,13 +608,20 @@ def test_paired_t_interval_known_answer(tmp_path):
     # default, and the contrast conditioned vs mimetic x AP^b, AP^m): Holm's first threshold is 0.05 / 6
     assert m.interval.low > 0 and m.interval.p_value == pytest.approx(0.01356, abs=1e-4)
     assert [f.label + " " + f.metric for f in report.primary.family] == [
-        "mimetic AP^b", "mimetic AP^m", "conditioned AP^b", "conditioned AP^m", "conditioned vs mimetic AP^b",
-        "conditioned vs mimetic AP^m"]
+        "mimetic AP^b",
+        "mimetic AP^m",
+        "conditioned AP^b",
+        "conditioned AP^m",
+        "conditioned vs mimetic AP^b",
+        "conditioned vs mimetic AP^m",
+    ]
     assert m.p_holm == pytest.approx(6 * m.interval.p_value) and m.verdict == "no difference shown"
     assert f"[{2 - half:+.1f}, {2 + half:+.1f}]" in text  # [-0.5, +4.5]
     assert ["mimetic", "AP^b", "+5.7 [+2.8, +8.5]", "no difference shown", "3", "training runs"] in _first_table(text)
-    assert "- Holm family of Detection (dataset not recorded): mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m}; " \
-           "conditioned vs mimetic × {AP^b, AP^m} (6 comparisons: 4 against default, 2 between two other arms)" in text
+    assert (
+        "- Holm family of Detection (dataset not recorded): mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m}; "
+        "conditioned vs mimetic × {AP^b, AP^m} (6 comparisons: 4 against default, 2 between two other arms)" in text
+    )
     # every seed won: P(improvement) 1, its exact interval [0.025^(1/3), 1]
     assert float(m.improvement.estimate) == 1.0 and float(m.improvement.exact_low) == pytest.approx(0.025 ** (1 / 3))
     # the seeds the question needs: the measured spread of mimetic's differences, 6 comparisons
@@ -480,8 +635,9 @@ def test_paired_t_interval_known_answer(tmp_path):
 
 def test_missing_runs_are_named_and_dropped_from_pairing(tmp_path):
     exp = tmp_path / "exp"
-    write_plan(str(exp), plan_runs(["default", "mimetic", "conditioned"], [0, 1, 2]), stage=DETECTION, config=None,
-               length=400)
+    write_plan(
+        str(exp), plan_runs(["default", "mimetic", "conditioned"], [0, 1, 2]), stage=DETECTION, config=None, length=400
+    )
     for arm, offset in (("default", 0.0), ("mimetic", 1.0), ("conditioned", 3.0)):
         for seed in (0, 1, 2):
             if arm == "mimetic" and seed == 2:
@@ -512,15 +668,18 @@ def test_missing_runs_are_named_and_dropped_from_pairing(tmp_path):
     _write_run(str(exp / "mimetic" / "seed2"), "mimetic", 2, [30.0], [28.0], iters=(200,))
     report, text = compare_arms([str(exp)], bootstrap=0)
     assert [m.describe() for m in report.primary.missing] == [
-        "mimetic seed 2: unfinished (last evaluation at iteration 200; other runs reach 400)"]
+        "mimetic seed 2: unfinished (last evaluation at iteration 200; other runs reach 400)"
+    ]
     assert report.arm("mimetic").seeds == [0, 1]
     # a run directory without any evaluation
     os.rename(exp / "mimetic" / "seed2" / "results.json", exp / "mimetic" / "seed2" / "results.0.json.bak")
     ResultsFile(str(exp / "mimetic" / "seed2")).add(
-        {"kind": "conditioning", "iteration": 0, "site": "a", "kappa": 3.0, "arm": "mimetic", "seed": 2})
+        {"kind": "conditioning", "iteration": 0, "site": "a", "kappa": 3.0, "arm": "mimetic", "seed": 2}
+    )
     report, text = compare_arms([str(exp / "mimetic")], bootstrap=0)  # the plan one level up still applies
     assert [m.describe() for m in report.primary.missing] == [
-        "mimetic seed 2: no evaluation recorded (unfinished or failed)"]
+        "mimetic seed 2: no evaluation recorded (unfinished or failed)"
+    ]
 
 
 def test_epochs_to_default_known_answer(tmp_path):
@@ -555,12 +714,25 @@ def test_lr_sensitivity(tmp_path):
     exp = tmp_path / "exp"
     runs = plan_runs(["default", "conditioned"], [0], [0.5, 1.0, 2.0])
     write_plan(str(exp), runs, stage=DETECTION, config=None, length=400)
-    finals = {("default", 0.5): 38.0, ("default", 1.0): 41.0, ("default", 2.0): 39.0,
-              ("conditioned", 0.5): 40.0, ("conditioned", 1.0): 42.0, ("conditioned", 2.0): 44.0}
+    finals = {
+        ("default", 0.5): 38.0,
+        ("default", 1.0): 41.0,
+        ("default", 2.0): 39.0,
+        ("conditioned", 0.5): 40.0,
+        ("conditioned", 1.0): 42.0,
+        ("conditioned", 2.0): 44.0,
+    }
     for spec in runs:
         v = finals[(spec.arm, spec.lr_scale)]
-        _write_run(spec.path(str(exp)), spec.arm, spec.seed, [v - 10, v], [v - 12, v - 2], iters=(200, 400),
-                   lr_scale=spec.lr_scale)
+        _write_run(
+            spec.path(str(exp)),
+            spec.arm,
+            spec.seed,
+            [v - 10, v],
+            [v - 12, v - 2],
+            iters=(200, 400),
+            lr_scale=spec.lr_scale,
+        )
     report, text = compare_arms([str(exp)], bootstrap=0)
     det = report.primary
     assert det.scales == [0.5, 1.0, 2.0] and det.scale == 1.0
@@ -588,22 +760,40 @@ def _tiny_coco(tmp_path):
 
     def rle(x, y):
         m = np.zeros((32, 32), dtype=np.uint8, order="F")
-        m[y:y + 8, x:x + 8] = 1
+        m[y : y + 8, x : x + 8] = 1
         r = mask_utils.encode(m)
         r["counts"] = r["counts"].decode()
         return r
 
     boxes = [(2, 2), (10, 12), (20, 4)]
-    gt = {"images": [{"id": i + 1, "width": 32, "height": 32, "file_name": f"{i}.png"} for i in range(3)],
-          "annotations": [{"id": i + 1, "image_id": i + 1, "category_id": 1, "bbox": [x, y, 8, 8], "area": 64,
-                           "iscrowd": 0, "segmentation": rle(x, y)} for i, (x, y) in enumerate(boxes)],
-          "categories": [{"id": 1, "name": "thing"}]}
+    gt = {
+        "images": [{"id": i + 1, "width": 32, "height": 32, "file_name": f"{i}.png"} for i in range(3)],
+        "annotations": [
+            {
+                "id": i + 1,
+                "image_id": i + 1,
+                "category_id": 1,
+                "bbox": [x, y, 8, 8],
+                "area": 64,
+                "iscrowd": 0,
+                "segmentation": rle(x, y),
+            }
+            for i, (x, y) in enumerate(boxes)
+        ],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
     path = tmp_path / "gt.json"
     path.write_text(json.dumps(gt))
-    preds = {"default": [{"image_id": i + 1, "category_id": 1, "bbox": [x + 2, y, 8, 8], "score": 0.9,
-                          "segmentation": rle(x + 2, y)} for i, (x, y) in enumerate(boxes)],
-             "conditioned": [{"image_id": i + 1, "category_id": 1, "bbox": [x, y, 8, 8], "score": 0.9,
-                              "segmentation": rle(x, y)} for i, (x, y) in enumerate(boxes)]}
+    preds = {
+        "default": [
+            {"image_id": i + 1, "category_id": 1, "bbox": [x + 2, y, 8, 8], "score": 0.9, "segmentation": rle(x + 2, y)}
+            for i, (x, y) in enumerate(boxes)
+        ],
+        "conditioned": [
+            {"image_id": i + 1, "category_id": 1, "bbox": [x, y, 8, 8], "score": 0.9, "segmentation": rle(x, y)}
+            for i, (x, y) in enumerate(boxes)
+        ],
+    }
     return str(path), preds
 
 
@@ -624,8 +814,16 @@ def test_combined_report_pretraining_and_detection(tmp_path):
         run.mkdir(parents=True)
         save_matches(str(run / "matches.npz"), match_predictions(gt_path, preds[arm]))
         ap = coco_ap(gt_path, preds[arm])  # the final record holds the AP of its predictions
-        _write_run(str(run), arm, 0, [ap["bbox"] / 2, ap["bbox"]], [ap["segm"] / 2, ap["segm"]], iters=(200, 400),
-                   kappa=1.0, per_image="matches.npz")
+        _write_run(
+            str(run),
+            arm,
+            0,
+            [ap["bbox"] / 2, ap["bbox"]],
+            [ap["segm"] / 2, ap["segm"]],
+            iters=(200, 400),
+            kappa=1.0,
+            per_image="matches.npz",
+        )
         _write_metrics(str(run), np.linspace(4.0, 2.0 if arm == "default" else 1.5, 20), period=20)
     out = tmp_path / "report"
     report, text = compare_arms([str(pre), str(det)], output_dir=str(out), bootstrap=25, seed=1)
@@ -655,17 +853,23 @@ def test_combined_report_pretraining_and_detection(tmp_path):
     with open(out / "summary.csv") as f:
         summary = list(csv.DictReader(f))
     assert {(r["stage"], r["arm"]) for r in summary} == {
-        ("pretrain", "default"), ("pretrain", "conditioned"), ("detection", "default"), ("detection", "conditioned")}
+        ("pretrain", "default"),
+        ("pretrain", "conditioned"),
+        ("detection", "default"),
+        ("detection", "conditioned"),
+    }
     cls_cond = next(r for r in summary if r["stage"] == "pretrain" and r["arm"] == "conditioned")
     assert cls_cond["top1_reach_epoch"] == "6" and cls_cond["AP^b"] == ""
 
 
 def test_report_runs_without_detectron2(experiment, tmp_path):
-    code = ("import sys; sys.modules['detectron2'] = None\n"
-            "from condinit_det.report import compare_arms\n"
-            f"r, t = compare_arms([{str(experiment)!r}], output_dir={str(tmp_path / 'r')!r})\n"
-            "assert 'detectron2' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
-            "print(r.arm('conditioned').final['AP^b'][0])\n")
+    code = (
+        "import sys; sys.modules['detectron2'] = None\n"
+        "from condinit_det.report import compare_arms\n"
+        f"r, t = compare_arms([{str(experiment)!r}], output_dir={str(tmp_path / 'r')!r})\n"
+        "assert 'detectron2' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+        "print(r.arm('conditioned').final['AP^b'][0])\n"
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

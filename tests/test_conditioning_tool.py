@@ -1,5 +1,6 @@
 """condinit-conditioning (tools/attention_conditioning.py) on a tiny lazy config: a ViT backbone behind
 a detectron2-style forward."""
+
 import csv
 import importlib.util
 import json
@@ -26,9 +27,10 @@ def _one_thread():
     yield
     torch.set_num_threads(before)
 
+
 TOOL = os.path.join(os.path.dirname(__file__), os.pardir, "tools", "attention_conditioning.py")
 
-CONFIG = textwrap.dedent('''
+CONFIG = textwrap.dedent("""
     import torch
     from torch import nn
     from detectron2.config import LazyCall as L
@@ -56,7 +58,7 @@ CONFIG = textwrap.dedent('''
     dataloader = dict(test=L(tiny_batches)(num_batches=2, size=32))
     condinit = dict(arm="default", seed=0, include=None, exclude=None, options={})
     train = dict(seed=0, output_dir="")
-''')
+""")
 
 
 def _tool():
@@ -75,11 +77,25 @@ def config_file(tmp_path):
 
 def test_tool_all_arms_writes_tables(tmp_path, config_file, capsys):
     out = tmp_path / "out"
-    rows = measure(["--config-file", config_file, "--arm", "all", "--output", str(out), "--max-tokens", "4",
-                         "--tol", "1e-6", "model.backbone.num_heads=4"])
+    rows = measure(
+        [
+            "--config-file",
+            config_file,
+            "--arm",
+            "all",
+            "--output",
+            str(out),
+            "--max-tokens",
+            "4",
+            "--tol",
+            "1e-6",
+            "model.backbone.num_heads=4",
+        ]
+    )
     printed = capsys.readouterr().out
     assert [(r["arm"], r["site"]) for r in rows] == [
-        (arm, f"backbone.blocks.{i}.attn") for arm in ("default", "mimetic", "conditioned") for i in (0, 1)]
+        (arm, f"backbone.blocks.{i}.attn") for arm in ("default", "mimetic", "conditioned") for i in (0, 1)
+    ]
     assert all(r["num_heads"] == 4 and r["tokens"] == 4 and r["converged"] for r in rows)
     assert all(math.isfinite(r["kappa"]) and r["kappa"] >= 1 and r["bound"] > 0 for r in rows)
     cond = [r for r in rows if r["arm"] == "conditioned"]
@@ -110,8 +126,10 @@ def test_tool_exact_matches_matrix_free_and_rejects_bad_input(config_file, capsy
     # the command line: one error line, exit status 2
     tool = _tool()
     capsys.readouterr()
-    for argv, message in ((["--arm", "default", "--sites", "nothing.*"], "matches no attention site"),
-                          (["--config-file", config_file + ".missing"], "does not exist")):
+    for argv, message in (
+        (["--arm", "default", "--sites", "nothing.*"], "matches no attention site"),
+        (["--config-file", config_file + ".missing"], "does not exist"),
+    ):
         argv = argv if argv[0] == "--config-file" else ["--config-file", config_file, *argv]
         assert tool.main(argv) == 2
         err = capsys.readouterr().err.strip()
@@ -122,15 +140,37 @@ def test_tool_ends_with_one_error_line_naming_the_alternative(tmp_path, config_f
     # One head's factor (4 tokens x 8 channels by 3 x 8 x 4: 32 x 96) does not fit 1000 entries: one line, no
     # traceback.
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, TOOL, "--config-file", config_file, "--arm", "default", "--max-tokens", "4",
-                           "--sites", "*.blocks.1.*", "--method", "exact", "--max-entries", "1000"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            TOOL,
+            "--config-file",
+            config_file,
+            "--arm",
+            "default",
+            "--max-tokens",
+            "4",
+            "--sites",
+            "*.blocks.1.*",
+            "--method",
+            "exact",
+            "--max-entries",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("attention_conditioning.py: error: exact per-head conditioning of attention site "
-                           "'backbone.blocks.1.attn' would form a 3.07e+03-entry matrix")
+    assert last.startswith(
+        "attention_conditioning.py: error: exact per-head conditioning of attention site "
+        "'backbone.blocks.1.attn' would form a 3.07e+03-entry matrix"
+    )
     assert "above max_entries=1e+03; use method='matrix_free'" in last
     from condinit_det.commands.conditioning import error_line
 
-    assert "can't allocate" in error_line(RuntimeError("DefaultCPUAllocator: can't allocate memory")) and \
-        "--method matrix_free" in error_line(MemoryError())
+    assert "can't allocate" in error_line(
+        RuntimeError("DefaultCPUAllocator: can't allocate memory")
+    ) and "--method matrix_free" in error_line(MemoryError())

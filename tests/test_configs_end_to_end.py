@@ -29,6 +29,7 @@ tiny size once per test run for their own tests (conftest.py fixtures), train ea
 reads their conditioned runs. The other runs share two processes (tests/run_tools.py), each on its part of the plan,
 so that the imports are paid twice rather than once per config, and both cores work.
 """
+
 import json
 import math
 import os
@@ -48,9 +49,13 @@ RUN_TOOLS = str(REPO / "tests" / "run_tools.py")
 SCALE = 8  # COCO input sizes are divided by this
 ARM = "conditioned"
 # A few configs run another arm, so that every arm meets a real-size model somewhere.
-OTHER_ARM = {"COCO/mask_rcnn_swin_t_3x.py": "mimetic", "COCO/detr_vitdet_b.py": "mimetic",
-             "ImageNet/xcit_m24_p16_400ep.py": "mimetic", "demo/mask_rcnn_xcit_tiny.py": "mimetic",
-             "ImageNet/deit_b_300ep.py": "default"}
+OTHER_ARM = {
+    "COCO/mask_rcnn_swin_t_3x.py": "mimetic",
+    "COCO/detr_vitdet_b.py": "mimetic",
+    "ImageNet/xcit_m24_p16_400ep.py": "mimetic",
+    "demo/mask_rcnn_xcit_tiny.py": "mimetic",
+    "ImageNet/deit_b_300ep.py": "default",
+}
 # ImageNet recipe whose tiny run each fine-tuning config starts from.
 IN1K_SOURCE = {
     "COCO/mask_rcnn_vitdet_b_100ep_in1k.py": "ImageNet/vit_b16_deit_300ep.py",
@@ -65,8 +70,11 @@ DETR_LOSSES = {"loss_ce", "loss_bbox", "loss_giou", "loss_mask", "loss_dice"}
 def all_configs():
     found = []
     for folder in ("COCO", "yacs", "ImageNet", "demo"):
-        found += [p.relative_to(CONFIGS).as_posix() for p in sorted((CONFIGS / folder).iterdir())
-                  if p.suffix in (".py", ".yaml")]
+        found += [
+            p.relative_to(CONFIGS).as_posix()
+            for p in sorted((CONFIGS / folder).iterdir())
+            if p.suffix in (".py", ".yaml")
+        ]
     return found
 
 
@@ -111,9 +119,16 @@ def lazy_coco_overrides(name):
     from detectron2.config import LazyConfig
 
     cfg = LazyConfig.load(str(CONFIGS / name))
-    out = ["train.device=cpu", "train.amp.enabled=False", "train.max_iter=1", "train.eval_period=1",
-           "train.log_period=1", "dataloader.train.total_batch_size=1", "dataloader.train.num_workers=0",
-           "dataloader.test.num_workers=0"]
+    out = [
+        "train.device=cpu",
+        "train.amp.enabled=False",
+        "train.max_iter=1",
+        "train.eval_period=1",
+        "train.log_period=1",
+        "dataloader.train.total_batch_size=1",
+        "dataloader.train.num_workers=0",
+        "dataloader.test.num_workers=0",
+    ]
     for split in ("train", "test"):
         for i, aug in enumerate(cfg.dataloader[split].mapper.augmentations):
             out += _shrink_augmentation(aug, f"dataloader.{split}.mapper.augmentations.{i}")
@@ -121,9 +136,13 @@ def lazy_coco_overrides(name):
     if backbone.get("square_pad"):
         out.append(f"model.backbone.square_pad={_small(backbone.square_pad)}")
     if "proposal_generator" in cfg.model:
-        out += ["model.proposal_generator.pre_nms_topk=[200,100]", "model.proposal_generator.post_nms_topk=[50,20]",
-                "model.roi_heads.batch_size_per_image=32", "model.roi_heads.box_predictor.test_score_thresh=0.0",
-                "model.roi_heads.box_predictor.test_topk_per_image=10"]
+        out += [
+            "model.proposal_generator.pre_nms_topk=[200,100]",
+            "model.proposal_generator.post_nms_topk=[50,20]",
+            "model.roi_heads.batch_size_per_image=32",
+            "model.roi_heads.box_predictor.test_score_thresh=0.0",
+            "model.roi_heads.box_predictor.test_topk_per_image=10",
+        ]
     if name == "COCO/mask_rcnn_vitdet_b_100ep_pretrained.py":
         out.append(f"train.init_checkpoint='{MAE_LIKE}?matching_heuristics=True'")
     if "condinit_analysis" in cfg:  # minutes per measurement at real width on a CPU; the hook is tested elsewhere
@@ -132,25 +151,69 @@ def lazy_coco_overrides(name):
 
 
 YACS_COCO_OVERRIDES = [
-    "MODEL.DEVICE", "cpu", "SOLVER.IMS_PER_BATCH", "1", "SOLVER.MAX_ITER", "1", "SOLVER.STEPS", "()",
-    "SOLVER.CHECKPOINT_PERIOD", "1", "TEST.EVAL_PERIOD", "1", "DATALOADER.NUM_WORKERS", "0",
-    "INPUT.MIN_SIZE_TRAIN", "(60,64,68,72,76,80,84,88,92,96,100)", "INPUT.MAX_SIZE_TRAIN", "167",
-    "INPUT.MIN_SIZE_TEST", "100", "INPUT.MAX_SIZE_TEST", "167",
-    "MODEL.RPN.PRE_NMS_TOPK_TRAIN", "200", "MODEL.RPN.PRE_NMS_TOPK_TEST", "100",
-    "MODEL.RPN.POST_NMS_TOPK_TRAIN", "50", "MODEL.RPN.POST_NMS_TOPK_TEST", "20",
-    "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "32", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0",
-    "TEST.DETECTIONS_PER_IMAGE", "10",
+    "MODEL.DEVICE",
+    "cpu",
+    "SOLVER.IMS_PER_BATCH",
+    "1",
+    "SOLVER.MAX_ITER",
+    "1",
+    "SOLVER.STEPS",
+    "()",
+    "SOLVER.CHECKPOINT_PERIOD",
+    "1",
+    "TEST.EVAL_PERIOD",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "INPUT.MIN_SIZE_TRAIN",
+    "(60,64,68,72,76,80,84,88,92,96,100)",
+    "INPUT.MAX_SIZE_TRAIN",
+    "167",
+    "INPUT.MIN_SIZE_TEST",
+    "100",
+    "INPUT.MAX_SIZE_TEST",
+    "167",
+    "MODEL.RPN.PRE_NMS_TOPK_TRAIN",
+    "200",
+    "MODEL.RPN.PRE_NMS_TOPK_TEST",
+    "100",
+    "MODEL.RPN.POST_NMS_TOPK_TRAIN",
+    "50",
+    "MODEL.RPN.POST_NMS_TOPK_TEST",
+    "20",
+    "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE",
+    "32",
+    "MODEL.ROI_HEADS.SCORE_THRESH_TEST",
+    "0.0",
+    "TEST.DETECTIONS_PER_IMAGE",
+    "10",
 ]
 # An untrained model keeps 100 detections of every image: their masks make the evaluation slow.
-YACS_DEMO_OVERRIDES = ["SOLVER.MAX_ITER", "1", "SOLVER.CHECKPOINT_PERIOD", "1", "TEST.EVAL_PERIOD", "1",
-                       "TEST.DETECTIONS_PER_IMAGE", "10"]
+YACS_DEMO_OVERRIDES = [
+    "SOLVER.MAX_ITER",
+    "1",
+    "SOLVER.CHECKPOINT_PERIOD",
+    "1",
+    "TEST.EVAL_PERIOD",
+    "1",
+    "TEST.DETECTIONS_PER_IMAGE",
+    "10",
+]
 DEMO_OVERRIDES = ["train.max_iter=1", "train.eval_period=1", "train.log_period=1"]
 
 
 def imagenet_overrides(image_folder):
-    return [f"data.root={image_folder}", "data.num_classes=2", "train.device=cpu", "train.amp=False",
-            "train.epochs=1", "train.batch_size=2", "train.workers=0", "train.eval_batch_size=2",
-            "train.log_period=1"]
+    return [
+        f"data.root={image_folder}",
+        "data.num_classes=2",
+        "train.device=cpu",
+        "train.amp=False",
+        "train.epochs=1",
+        "train.batch_size=2",
+        "train.workers=0",
+        "train.eval_batch_size=2",
+        "train.log_period=1",
+    ]
 
 
 # Configs whose conditioned run the docs' demo pair or `make demo-digits` (at tiny size) makes anyway, in the same test
@@ -162,8 +225,11 @@ SHARED_RUNS = {
     "demo/mask_rcnn_vit_tiny_digits_finetune.py": ("demo_digits_run", "finetune"),
 }
 # What a config needs run before it.
-NEEDS = {**IN1K_SOURCE, "demo/mask_rcnn_vit_tiny_finetune.py": "demo/pretrain_vit_tiny.py",
-         "demo/mask_rcnn_vit_tiny_digits_finetune.py": "demo/pretrain_vit_tiny_digits.py"}
+NEEDS = {
+    **IN1K_SOURCE,
+    "demo/mask_rcnn_vit_tiny_finetune.py": "demo/pretrain_vit_tiny.py",
+    "demo/mask_rcnn_vit_tiny_digits_finetune.py": "demo/pretrain_vit_tiny_digits.py",
+}
 
 
 def build_plan(work, image_folder, only=None, small_data=None):
@@ -176,8 +242,13 @@ def build_plan(work, image_folder, only=None, small_data=None):
     work = str(work)
 
     def add(name, tool, argv, drop=None):
-        steps[name] = {"name": name, "tool": tool, "cwd": work, "drop_checkpoints": drop,
-                       "argv": ["--config-file", str(CONFIGS / name), "--arm", _arm(name), *argv]}
+        steps[name] = {
+            "name": name,
+            "tool": tool,
+            "cwd": work,
+            "drop_checkpoints": drop,
+            "argv": ["--config-file", str(CONFIGS / name), "--arm", _arm(name), *argv],
+        }
 
     for name in all_configs():
         if name in SHARED_RUNS or only is not None and name not in only:
@@ -218,8 +289,11 @@ def split_plan(plan, parts):
     """``plan`` cut into ``parts`` lists of about equal length; a step stays after what it needs, in the same list."""
     needed_by = {NEEDS[s["name"]]: s["name"] for s in plan if NEEDS.get(s["name"]) in {t["name"] for t in plan}}
     by_name = {s["name"]: s for s in plan}
-    chains = [[s] + ([by_name[needed_by[s["name"]]]] if s["name"] in needed_by else [])
-              for s in plan if s["name"] not in needed_by.values()]
+    chains = [
+        [s] + ([by_name[needed_by[s["name"]]]] if s["name"] in needed_by else [])
+        for s in plan
+        if s["name"] not in needed_by.values()
+    ]
     out = [[] for _ in range(parts)]
     for chain in sorted(chains, key=len, reverse=True):  # the longest first, each into the shortest list
         min(out, key=len).extend(chain)
@@ -249,8 +323,11 @@ def _output_dir(name):
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
     """Run the plan of the selected configs once; returns (working folder, status per config, combined output)."""
-    selected = {item.callspec.params["name"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_config_trains_and_evaluates"} - set(SHARED_RUNS)
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_config_trains_and_evaluates"
+    } - set(SHARED_RUNS)
     work = tmp_path_factory.mktemp("e2e")
     from condinit_det.data.classification import generate_classification_dataset
 
@@ -258,8 +335,12 @@ def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
     plan = build_plan(work, image_folder_root, only=selected, small_data=small_data)
     if any(step["name"] == "COCO/mask_rcnn_vitdet_b_100ep_pretrained.py" for step in plan):
         write_mae_like_checkpoint(work / MAE_LIKE)
-    env = dict(os.environ, DETECTRON2_DATASETS=str(coco_layout_root),
-               CONDINIT_DATA=str(tmp_path_factory.mktemp("condinit_data")), PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ,
+        DETECTRON2_DATASETS=str(coco_layout_root),
+        CONDINIT_DATA=str(tmp_path_factory.mktemp("condinit_data")),
+        PYTHONWARNINGS="ignore",
+    )
     env.pop("IMAGENET_ROOT", None)
     # Two processes, each on its share of the plan (and, under pytest-xdist, on one thread: conftest.py), finish in
     # about half the wall time on two cores.
@@ -267,9 +348,18 @@ def runs(request, tmp_path_factory, coco_layout_root, image_folder_root):
     for k, part in enumerate(split_plan(plan, WORKERS)):
         (work / f"plan{k}.json").write_text(json.dumps(part, indent=1))
         log = open(work / f"output{k}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, RUN_TOOLS, str(work / f"plan{k}.json"),
-                                        str(work / f"status{k}.json")], cwd=work, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, RUN_TOOLS, str(work / f"plan{k}.json"), str(work / f"status{k}.json")],
+                    cwd=work,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                ),
+                log,
+            )
+        )
     for proc, log in procs:
         try:
             proc.wait(timeout=3600)
@@ -290,7 +380,7 @@ def _step_output(log, name):
     if start < 0:
         return "(the step did not start)"
     end = log.find("=== step ", log.find(f"=== step {name} done", start) + 1)
-    return log[start:end if end > 0 else None][-6000:]
+    return log[start : end if end > 0 else None][-6000:]
 
 
 def _results(folder):
@@ -368,8 +458,12 @@ def test_config_trains_and_evaluates(request, name):
     final = [r for r in records if r["kind"] == "ap" and r["iteration"] == 1]
     assert final, records
     # The training step logged every loss of the detector, finite.
-    logged = [json.loads(line) for path in folder.rglob("metrics.json")
-              for line in path.read_text().splitlines() if line.strip()]
+    logged = [
+        json.loads(line)
+        for path in folder.rglob("metrics.json")
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
     step = next((m for m in logged if "total_loss" in m), {})
     losses = DETR_LOSSES if "detr" in name else MASK_RCNN_LOSSES
     assert losses <= set(step) and all(math.isfinite(step[k]) for k in losses | {"total_loss"}), logged
@@ -405,8 +499,11 @@ def test_coco_layout_reads_as_coco_2017(coco_layout_root):
         assert [c["id"] for c in raw["categories"]] == sorted(meta["thing_dataset_id_to_contiguous_id"])
         assert [c["name"] for c in raw["categories"]] == meta["thing_classes"]
         # A name the builtin registration does not know would be refused here.
-        dicts = load_coco_json(str(coco_dir / "annotations" / f"instances_{split}2017.json"),
-                               str(coco_dir / f"{split}2017"), f"coco_2017_{split}")
+        dicts = load_coco_json(
+            str(coco_dir / "annotations" / f"instances_{split}2017.json"),
+            str(coco_dir / f"{split}2017"),
+            f"coco_2017_{split}",
+        )
         assert MetadataCatalog.get(f"coco_2017_{split}").thing_classes == meta["thing_classes"]
         assert len(dicts) == len(raw["images"]) and all(os.path.exists(d["file_name"]) for d in dicts)
         assert any(not d["annotations"] for d in dicts)  # an empty image
@@ -442,13 +539,19 @@ def test_run_tools_runs_every_step_and_records_failures(tmp_path):
         "    if what == 'crash':\n"
         "        raise RuntimeError('boom')\n"
     )
-    plan = [{"name": n, "tool": str(tool), "argv": [n], "cwd": str(tmp_path / n), "drop_checkpoints": "out"}
-            for n in ("ok", "bad-input", "crash")]
+    plan = [
+        {"name": n, "tool": str(tool), "argv": [n], "cwd": str(tmp_path / n), "drop_checkpoints": "out"}
+        for n in ("ok", "bad-input", "crash")
+    ]
     for step in plan:
         os.makedirs(step["cwd"])
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    proc = subprocess.run([sys.executable, RUN_TOOLS, str(tmp_path / "plan.json"), str(tmp_path / "status.json")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, RUN_TOOLS, str(tmp_path / "plan.json"), str(tmp_path / "status.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["ok"]["ok"] and status["ok"]["checkpoints"] == ["out/run/model_final.pth"]

@@ -1,5 +1,6 @@
 """Contrasts between two arms other than default (A vs B, paired by seed, in the stage's Holm family), and how the
 report shows them, speed-ups no seed reached and the seeds each question needs."""
+
 import csv
 import importlib.util
 import json
@@ -22,12 +23,18 @@ T_975_2 = 4.302652729911275  # Student t quantile 0.975, 2 degrees of freedom
 ITERS = (100, 200, 300, 400)
 
 # Final box AP per arm and seed; mask AP is box AP - 2 + MASK_SHIFT[arm][seed]
-BOX = {"default": [40.0, 41.0, 42.0],
-       "mimetic": [39.0, 40.0, 41.0],  # 1 below default in every seed: never reaches its final value
-       "conditioned": [42.0, 43.5, 44.0],  # default + 2, 2.5, 2
-       "scale_matched": [41.5, 43.0, 44.2]}  # conditioned - scale_matched: 0.5, 0.5, -0.2
-MASK_SHIFT = {"default": [0.0, 0.0, 0.0], "mimetic": [0.0, 0.5, 0.0], "conditioned": [0.3, 0.0, 0.0],
-              "scale_matched": [0.0, 0.0, 0.6]}
+BOX = {
+    "default": [40.0, 41.0, 42.0],
+    "mimetic": [39.0, 40.0, 41.0],  # 1 below default in every seed: never reaches its final value
+    "conditioned": [42.0, 43.5, 44.0],  # default + 2, 2.5, 2
+    "scale_matched": [41.5, 43.0, 44.2],
+}  # conditioned - scale_matched: 0.5, 0.5, -0.2
+MASK_SHIFT = {
+    "default": [0.0, 0.0, 0.0],
+    "mimetic": [0.0, 0.5, 0.0],
+    "conditioned": [0.3, 0.0, 0.0],
+    "scale_matched": [0.0, 0.0, 0.6],
+}
 
 
 def _write_run(path, arm, seed, final_box, final_mask):
@@ -38,9 +45,18 @@ def _write_run(path, arm, seed, final_box, final_mask):
     rf = ResultsFile(path)
     for it, step in zip(ITERS, (15.0, 8.0, 1.0, 0.0)):
         b, m = final_box - step, final_mask - step
-        rf.add({"kind": "ap", "stage": "detection", "iteration": it, "arm": arm, "seed": seed, "config": "cfg.py",
+        rf.add(
+            {
+                "kind": "ap",
+                "stage": "detection",
+                "iteration": it,
+                "arm": arm,
+                "seed": seed,
+                "config": "cfg.py",
                 "bbox": {"AP": b, "AP50": b + 20, "AP75": b + 5, "APs": b, "APm": b, "APl": b},
-                "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5, "APs": m, "APm": m, "APl": m}})
+                "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5, "APs": m, "APm": m, "APl": m},
+            }
+        )
 
 
 def _experiment(root, box=BOX, mask_shift=MASK_SHIFT):
@@ -62,7 +78,9 @@ def test_contrast_interval_p_and_holm_family_known_answer(tmp_path):
     report, text = compare_arms([str(_experiment(tmp_path / "exp"))], bootstrap=0)
     det = report.primary
     assert list(dict.fromkeys(s.label for s in det.family if s.reference != "default")) == [
-        "conditioned vs scale_matched", "conditioned vs mimetic"]
+        "conditioned vs scale_matched",
+        "conditioned vs mimetic",
+    ]
     c = _row(report, "conditioned", "AP^b", "scale_matched")
     assert c.label == "conditioned vs scale_matched" and c.kind == "metric"
     assert c.paired_seeds == [0, 1, 2] and c.differences == pytest.approx([0.5, 0.5, -0.2])
@@ -76,10 +94,17 @@ def test_contrast_interval_p_and_holm_family_known_answer(tmp_path):
 
     # the family: 3 arms x {AP^b, AP^m} against default, then 2 contrasts x {AP^b, AP^m}; Holm over all 10
     assert [(f.label, f.metric) for f in det.family] == [
-        ("mimetic", "AP^b"), ("mimetic", "AP^m"), ("conditioned", "AP^b"), ("conditioned", "AP^m"),
-        ("scale_matched", "AP^b"), ("scale_matched", "AP^m"),
-        ("conditioned vs scale_matched", "AP^b"), ("conditioned vs scale_matched", "AP^m"),
-        ("conditioned vs mimetic", "AP^b"), ("conditioned vs mimetic", "AP^m")]
+        ("mimetic", "AP^b"),
+        ("mimetic", "AP^m"),
+        ("conditioned", "AP^b"),
+        ("conditioned", "AP^m"),
+        ("scale_matched", "AP^b"),
+        ("scale_matched", "AP^m"),
+        ("conditioned vs scale_matched", "AP^b"),
+        ("conditioned vs scale_matched", "AP^m"),
+        ("conditioned vs mimetic", "AP^b"),
+        ("conditioned vs mimetic", "AP^m"),
+    ]
     by_hand = []
     for f in det.family:
         ref = f.reference
@@ -87,8 +112,11 @@ def test_contrast_interval_p_and_holm_family_known_answer(tmp_path):
         b = BOX[ref] if f.metric == "AP^b" else _mask(ref)
         diffs = np.subtract(a, b)
         assert f.differences == pytest.approx(diffs)
-        by_hand.append(1.0 if np.all(diffs == diffs[0]) and diffs[0] == 0 else
-                       (0.0 if np.all(diffs == diffs[0]) else scipy_stats.ttest_1samp(diffs, 0.0).pvalue))
+        by_hand.append(
+            1.0
+            if np.all(diffs == diffs[0]) and diffs[0] == 0
+            else (0.0 if np.all(diffs == diffs[0]) else scipy_stats.ttest_1samp(diffs, 0.0).pvalue)
+        )
     assert [f.p_holm for f in det.family] == pytest.approx(list(holm_adjust(by_hand)))
     # p = 0.371 is the 9th smallest of 10: Holm multiplies it by 10 - 9 + 1 = 2
     assert sorted(by_hand).index(c.interval.p_value) == 8 and c.p_holm == pytest.approx(2 * c.interval.p_value)
@@ -102,8 +130,10 @@ def test_contrast_interval_p_and_holm_family_known_answer(tmp_path):
 
     # the plans count the whole family
     assert c.plan.comparisons == 10 and c.plan.delta_source == "the paper's claimed gain"
-    assert "conditioned vs scale_matched × {AP^b, AP^m}; conditioned vs mimetic × {AP^b, AP^m} (10 comparisons: 6 " \
-           "against default, 4 between two other arms)" in text
+    assert (
+        "conditioned vs scale_matched × {AP^b, AP^m}; conditioned vs mimetic × {AP^b, AP^m} (10 comparisons: 6 "
+        "against default, 4 between two other arms)" in text
+    )
 
     # the censored speed-up of conditioned to scale_matched's final value: seeds 0 and 1 reach it at the last
     # evaluation (0 %), seed 2 never does (censored: below 0 %); Kaplan–Meier median of 3: 0.0
@@ -126,26 +156,36 @@ def test_contrasts_in_the_first_table_and_their_question(tmp_path):
     _, text = compare_arms([str(_experiment(tmp_path / "nd"))], bootstrap=0)
     rows = {(r[0], r[1]): r[2:] for r in _first_table(text)[1:]}
     # the same rows as the comparisons with default, A minus B
-    assert rows[("conditioned vs scale_matched", "AP^b")] == ["+0.3 [-0.7, +1.3]", "no difference shown", "3",
-                                                              "training runs"]
+    assert rows[("conditioned vs scale_matched", "AP^b")] == [
+        "+0.3 [-0.7, +1.3]",
+        "no difference shown",
+        "3",
+        "training runs",
+    ]
     assert rows[("conditioned vs mimetic", "AP^b")] == ["+3.2 [+2.4, +3.9]", "better", "3", "training runs"]
     assert "conditioned vs scale_matched asks whether the conditioning adds anything to the weights' scale" in text
     # the detail table: p, Holm p and P(A run > B run) beside the interval
     table = unpadded(text.split("### Paired statistics")[1].split("\n### ")[0])
     p = scipy_stats.ttest_1samp([0.5, 0.5, -0.2], 0.0).pvalue  # 0.371, Holm x 2 (module test above)
-    assert f"| conditioned vs scale_matched | AP^b | 43.2 ± 1.0 | {p:.3f} | {2 * p:.3f} | [-0.7, +1.3] | | 0.67 " \
-           "(bootstrap off; exact [" in table
+    assert (
+        f"| conditioned vs scale_matched | AP^b | 43.2 ± 1.0 | {p:.3f} | {2 * p:.3f} | [-0.7, +1.3] | | 0.67 "
+        "(bootstrap off; exact [" in table
+    )
 
     # the other direction, asked for: the same test from scale_matched's side
     box = {**BOX, "scale_matched": [39.0, 40.4, 41.1]}  # conditioned - scale_matched: 3.0, 3.1, 2.9
-    report, text = compare_arms([str(_experiment(tmp_path / "better", box=box))], bootstrap=0,
-                                contrasts=[("scale_matched", "conditioned")])
+    report, text = compare_arms(
+        [str(_experiment(tmp_path / "better", box=box))], bootstrap=0, contrasts=[("scale_matched", "conditioned")]
+    )
     r = _row(report, "scale_matched", "AP^b", "conditioned")
     assert r.differences == pytest.approx([-3.0, -3.1, -2.9]) and r.verdict == "worse"
     assert [s.label for s in report.primary.family if s.reference != "default"][::2] == [
-        "conditioned vs mimetic", "scale_matched vs conditioned"]
-    assert ["scale_matched vs conditioned", "AP^b", "-3.0 [-3.2, -2.8]", "worse", "3", "training runs"] in \
-        _first_table(text)
+        "conditioned vs mimetic",
+        "scale_matched vs conditioned",
+    ]
+    assert ["scale_matched vs conditioned", "AP^b", "-3.0 [-3.2, -2.8]", "worse", "3", "training runs"] in _first_table(
+        text
+    )
 
 
 def test_contrast_with_per_image_data_gets_the_two_level_interval(tmp_path):
@@ -158,11 +198,22 @@ def test_contrast_with_per_image_data_gets_the_two_level_interval(tmp_path):
             hit = rng.uniform(size=num_images) < p + 0.03 * s
             correct[(arm, s)] = hit
             run = tmp_path / "pre" / arm / f"seed{s}"
-            path = write_classification_eval(str(run), 4, labels=labels, top1=np.where(hit, labels, (labels + 1) % 5),
-                                             top5_hit=np.ones(num_images))
-            ResultsFile(str(run)).add({"kind": "cls", "stage": "pretrain", "iteration": 40, "epoch": 4,
-                                       "top1": 100 * hit.mean(), "top5": 100.0, "arm": arm, "seed": s,
-                                       "per_image": os.path.relpath(path, str(run))})
+            path = write_classification_eval(
+                str(run), 4, labels=labels, top1=np.where(hit, labels, (labels + 1) % 5), top5_hit=np.ones(num_images)
+            )
+            ResultsFile(str(run)).add(
+                {
+                    "kind": "cls",
+                    "stage": "pretrain",
+                    "iteration": 40,
+                    "epoch": 4,
+                    "top1": 100 * hit.mean(),
+                    "top5": 100.0,
+                    "arm": arm,
+                    "seed": s,
+                    "per_image": os.path.relpath(path, str(run)),
+                }
+            )
     report, text = compare_arms([str(tmp_path / "pre")], bootstrap=bootstrap, seed=seed)
     sr = report.stage("pretrain")
     # no mimetic runs: that default contrast is left out
@@ -173,18 +224,33 @@ def test_contrast_with_per_image_data_gets_the_two_level_interval(tmp_path):
     assert row.interval.unit == "training runs and evaluation images"
     # by hand: the stage's image resamples, the same for every run; A minus B on each; the row's generator
     draws = image_draws(np.random.default_rng(seed), num_images, bootstrap)
-    reps = np.stack([resampled_mean(100.0 * correct[("conditioned", s)], draws)
-                     - resampled_mean(100.0 * correct[("scale_matched", s)], draws) for s in range(3)])
-    two = two_level_bootstrap(np.asarray(diffs), reps, np.random.default_rng([seed, 1, sr.stats.index(row)]),
-                              num_images=num_images)
+    reps = np.stack(
+        [
+            resampled_mean(100.0 * correct[("conditioned", s)], draws)
+            - resampled_mean(100.0 * correct[("scale_matched", s)], draws)
+            for s in range(3)
+        ]
+    )
+    two = two_level_bootstrap(
+        np.asarray(diffs), reps, np.random.default_rng([seed, 1, sr.stats.index(row)]), num_images=num_images
+    )
     assert (row.interval.low, row.interval.high) == pytest.approx((float(two.low), float(two.high)))
     assert row.interval.p_value == pytest.approx(float(two.p_value))
     # family: 2 arms against default + 1 contrast, top-1 each
-    assert [(f.label, f.metric) for f in sr.family] == [("conditioned", "top-1"), ("scale_matched", "top-1"),
-                                                        ("conditioned vs scale_matched", "top-1")]
+    assert [(f.label, f.metric) for f in sr.family] == [
+        ("conditioned", "top-1"),
+        ("scale_matched", "top-1"),
+        ("conditioned vs scale_matched", "top-1"),
+    ]
     assert "(3 comparisons: 2 against default, 1 between two other arms)" in text
-    assert ["conditioned vs scale_matched", "top-1", f"{row.mean_difference:+.1f} [{two.low:+.1f}, {two.high:+.1f}]",
-            row.verdict, "3", "training runs and evaluation images"] in _first_table(text)
+    assert [
+        "conditioned vs scale_matched",
+        "top-1",
+        f"{row.mean_difference:+.1f} [{two.low:+.1f}, {two.high:+.1f}]",
+        row.verdict,
+        "3",
+        "training runs and evaluation images",
+    ] in _first_table(text)
 
 
 def test_unreached_speedup_reads_as_such(tmp_path):
@@ -207,14 +273,18 @@ def test_unreached_speedup_reads_as_such(tmp_path):
 def test_seeds_needed_is_one_table(tmp_path):
     report, text = compare_arms([str(_experiment(tmp_path / "exp"))], bootstrap=0)
     summary = unpadded(text.split("## Seed plan")[1].split("## Method")[0])
-    assert "seeds per arm for 80% power (two-sided paired t-test over seeds, level 0.05 Holm-adjusted over 10 " \
-           "comparisons):" in summary
+    assert (
+        "seeds per arm for 80% power (two-sided paired t-test over seeds, level 0.05 Holm-adjusted over 10 "
+        "comparisons):" in summary
+    )
     assert "| arm | metric | effect Δ | std of the paired differences | seeds needed | seeds now |" in summary
     c = _row(report, "conditioned", "AP^b", "scale_matched")
     std = np.std([0.5, 0.5, -0.2], ddof=1)
     assert c.plan.std == pytest.approx(std) and c.plan.needed is not None
-    assert (f"| conditioned vs scale_matched | AP^b | 0.6 (the paper's claimed gain) | {std:.3g} (observed over 3 "
-            f"seeds) | {c.plan.needed} | 3 |") in summary
+    assert (
+        f"| conditioned vs scale_matched | AP^b | 0.6 (the paper's claimed gain) | {std:.3g} (observed over 3 "
+        f"seeds) | {c.plan.needed} | 3 |"
+    ) in summary
 
 
 def test_stats_csv_names_the_reference(tmp_path):
@@ -233,10 +303,16 @@ def test_stats_csv_names_the_reference(tmp_path):
     p = scipy_stats.ttest_1samp([0.5, 0.5, -0.2], 0.0).pvalue
     assert float(row["p_value"]) == pytest.approx(p) and float(row["p_holm"]) == pytest.approx(2 * p)
     assert float(row["ci_low"]) == pytest.approx(0.8 / 3 - T_975_2 * np.std([0.5, 0.5, -0.2], ddof=1) / math.sqrt(3))
-    assert {r["reference"] for r in rows if r["arm"] == "conditioned" and r["metric"] == "AP^b"} == \
-        {"default", "scale_matched", "mimetic"}
-    sp = next(r for r in rows if (r["arm"], r["metric"], r["reference"]) ==
-              ("conditioned", "speed-up AP^b (%)", "scale_matched"))
+    assert {r["reference"] for r in rows if r["arm"] == "conditioned" and r["metric"] == "AP^b"} == {
+        "default",
+        "scale_matched",
+        "mimetic",
+    }
+    sp = next(
+        r
+        for r in rows
+        if (r["arm"], r["metric"], r["reference"]) == ("conditioned", "speed-up AP^b (%)", "scale_matched")
+    )
     assert sp["speedup_reached"] == "2" and sp["in_family"] == "0"
 
 
@@ -251,19 +327,37 @@ def _load_cli():
 def test_contrast_option(tmp_path, capsys):
     cli = _load_cli()
     exp = _experiment(tmp_path / "exp")
-    assert cli.main([str(exp), "--bootstrap", "0", "--contrast", "mimetic:scale_matched", "--contrast",
-                     "conditioned:xcit", "--output", str(tmp_path / "r")]) == 0
+    assert (
+        cli.main(
+            [
+                str(exp),
+                "--bootstrap",
+                "0",
+                "--contrast",
+                "mimetic:scale_matched",
+                "--contrast",
+                "conditioned:xcit",
+                "--output",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| mimetic vs scale_matched | AP^b |" in unpadded(out)
     assert "(12 comparisons: 6 against default, 6 between two other arms)" in out
-    note = ("- contrast conditioned vs xcit not made: no finished xcit run in this stage (arms here: conditioned, "
-            "default, mimetic, scale_matched)")
+    note = (
+        "- contrast conditioned vs xcit not made: no finished xcit run in this stage (arms here: conditioned, "
+        "default, mimetic, scale_matched)"
+    )
     assert out.count(note) == 1
-    for value, message in (("conditioned", "expected two different arms other than default, as A:B"),
-                           ("conditioned:conditioned", "an arm against itself"),
-                           ("default:conditioned", "every arm is already compared with default"),
-                           ("conditioned:", "expected two different arms other than default"),
-                           ("a:b:c", "expected two different arms other than default")):
+    for value, message in (
+        ("conditioned", "expected two different arms other than default, as A:B"),
+        ("conditioned:conditioned", "an arm against itself"),
+        ("default:conditioned", "every arm is already compared with default"),
+        ("conditioned:", "expected two different arms other than default"),
+        ("a:b:c", "expected two different arms other than default"),
+    ):
         with pytest.raises(SystemExit) as e:
             cli.main([str(exp), "--contrast", value])
         err = capsys.readouterr().err

@@ -1,5 +1,6 @@
 """timm -> detectron2 checkpoint conversion: same features where the architectures compute the same
 function, position-embedding interpolation, refusals, and the fine-tuning configs."""
+
 import os
 from functools import partial
 
@@ -47,8 +48,16 @@ def _timm_vit(**kw):
 
 
 def _d2_vit(**kw):
-    args = dict(img_size=64, patch_size=16, embed_dim=48, depth=2, num_heads=3, norm_layer=LN6,
-                pretrain_img_size=64, pretrain_use_cls_token=False)
+    args = dict(
+        img_size=64,
+        patch_size=16,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        norm_layer=LN6,
+        pretrain_img_size=64,
+        pretrain_use_cls_token=False,
+    )
     args.update(kw)
     torch.manual_seed(1)
     return ViT(**args).eval()
@@ -138,8 +147,11 @@ def test_distilled_deit_drops_the_distillation_token():
 
 
 def test_vit_layerscale_and_foreign_parts_are_refused():
-    with pytest.raises(ValueError, match=r"has no place for \(4\): blocks\.0\.ls1\.gamma, .*"
-                                         r"detectron2's ViT has no LayerScale"):
+    with pytest.raises(
+        ValueError,
+        match=r"has no place for \(4\): blocks\.0\.ls1\.gamma, .*"
+        r"detectron2's ViT has no LayerScale",
+    ):
         convert_timm_checkpoint(_timm_vit(init_values=1e-5).state_dict(), _d2_vit(pretrain_use_cls_token=True))
     with pytest.raises(ValueError, match=r"has no place for \(8\): blocks\.0\.attn\.q_norm\.weight"):
         convert_timm_checkpoint(_timm_vit(qk_norm=True).state_dict(), _d2_vit(pretrain_use_cls_token=True))
@@ -151,9 +163,12 @@ def test_vit_head_count_is_checked_when_the_timm_model_is_named():
     sd = VisionTransformer(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3).state_dict()
     ours = _in("backbone.net", ViT(img_size=224, embed_dim=192, depth=12, num_heads=4, norm_layer=LN6))
     assert len(convert_timm_checkpoint(sd, ours)) == len(ours.state_dict())  # not detectable without the name
-    with pytest.raises(ValueError, match=r"the timm 'vit_tiny_patch16_224' checkpoint \(embed_dim=192, 12 attention "
-                                         r"blocks, num_heads=3\) does not fit the model's trunk, a detectron2 ViT "
-                                         r"\(embed_dim=192, 12 attention blocks, num_heads=4\) at backbone\.net"):
+    with pytest.raises(
+        ValueError,
+        match=r"the timm 'vit_tiny_patch16_224' checkpoint \(embed_dim=192, 12 attention "
+        r"blocks, num_heads=3\) does not fit the model's trunk, a detectron2 ViT "
+        r"\(embed_dim=192, 12 attention blocks, num_heads=4\) at backbone\.net",
+    ):
         convert_timm_checkpoint(sd, ours, timm_model_name="vit_tiny_patch16_224")
     with pytest.raises(ValueError, match="not a 'vit_small_patch16_224' state dict"):
         convert_timm_checkpoint(sd, ours, timm_model_name="vit_small_patch16_224")
@@ -229,7 +244,7 @@ def test_swin_official_layout_converts_to_the_same_weights():
     official = {}
     for k, v in sd.items():
         if ".downsample." in k:
-            stage, rest = k[len("layers."):].split(".", 1)
+            stage, rest = k[len("layers.") :].split(".", 1)
             k = f"layers.{int(stage) - 1}.{rest}"
         official[k.replace("head.fc.", "head.")] = v
     ours = _d2_swin()
@@ -289,25 +304,40 @@ def test_wrapped_checkpoints_convert_alike():
 
 def test_another_architecture_is_refused_with_one_clear_error():
     vit_model = _in("backbone.net", _d2_vit())
-    with pytest.raises(ValueError, match=r"the checkpoint \(no timm model name recorded\) does not fit the model's "
-                                         r"trunk, a detectron2 ViT \(embed_dim=48, 2 attention blocks, num_heads=3\) "
-                                         r"at backbone\.net: keys the trunk has no place for \(115\): "
-                                         r"patch_embed\.norm\.weight, patch_embed\.norm\.bias, layers\.0\.blocks\.0\."):
+    with pytest.raises(
+        ValueError,
+        match=r"the checkpoint \(no timm model name recorded\) does not fit the model's "
+        r"trunk, a detectron2 ViT \(embed_dim=48, 2 attention blocks, num_heads=3\) "
+        r"at backbone\.net: keys the trunk has no place for \(115\): "
+        r"patch_embed\.norm\.weight, patch_embed\.norm\.bias, layers\.0\.blocks\.0\.",
+    ):
         convert_timm_checkpoint(_timm_swin(img_size=64).state_dict(), vit_model)
-    with pytest.raises(ValueError, match=r"a detectron2 ViT .*no place for \(128\): patch_embed\.proj\.0\.0\.weight, .*"
-                                         r"blocks\.0\.attn\.qkv\.weight \(192, 64\) vs \(144, 48\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"a detectron2 ViT .*no place for \(128\): patch_embed\.proj\.0\.0\.weight, .*"
+        r"blocks\.0\.attn\.qkv\.weight \(192, 64\) vs \(144, 48\)",
+    ):
         convert_timm_checkpoint(_timm_xcit().state_dict(), vit_model)
-    with pytest.raises(ValueError, match=r"no place for \(1\): conv1\.weight; trunk keys it lacks \(26\): "
-                                         r"patch_embed\.proj\.weight"):
+    with pytest.raises(
+        ValueError,
+        match=r"no place for \(1\): conv1\.weight; trunk keys it lacks \(26\): "
+        r"patch_embed\.proj\.weight",
+    ):
         convert_timm_checkpoint({"conv1.weight": torch.zeros(1)}, vit_model)
 
 
 def test_another_size_is_refused_with_one_clear_error():
-    with pytest.raises(ValueError, match=r"another shape \(checkpoint vs trunk\) \(\d+\): patch_embed\.proj\.weight "
-                                         r"\(48, 3, 16, 16\) vs \(64, 3, 16, 16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"another shape \(checkpoint vs trunk\) \(\d+\): patch_embed\.proj\.weight "
+        r"\(48, 3, 16, 16\) vs \(64, 3, 16, 16\)",
+    ):
         convert_timm_checkpoint(_timm_vit().state_dict(), _in("backbone.net", _d2_vit(embed_dim=64, num_heads=4)))
-    with pytest.raises(ValueError, match=r"ViT \(embed_dim=48, 3 attention blocks, num_heads=3\) at <root>: "
-                                         r"trunk keys it lacks \(12\): blocks\.2\."):
+    with pytest.raises(
+        ValueError,
+        match=r"ViT \(embed_dim=48, 3 attention blocks, num_heads=3\) at <root>: "
+        r"trunk keys it lacks \(12\): blocks\.2\.",
+    ):
         convert_timm_checkpoint(_timm_vit().state_dict(), _d2_vit(depth=3))
     with pytest.raises(ValueError, match=r"patch_embed\.proj\.weight \(48, 3, 16, 16\) vs \(48, 3, 8, 8\)"):
         convert_timm_checkpoint(_timm_vit().state_dict(), _d2_vit(patch_size=8, pretrain_img_size=32))
@@ -315,8 +345,11 @@ def test_another_size_is_refused_with_one_clear_error():
         convert_timm_checkpoint(_timm_swin(img_size=64).state_dict(), _d2_swin(num_heads=(2, 4, 8, 16), window_size=4))
     with pytest.raises(ValueError, match=r"trunk keys it lacks \(\d+\): layers\.2\.blocks\.2\."):
         convert_timm_checkpoint(_timm_swin(img_size=64).state_dict(), _d2_swin(depths=(2, 2, 4, 2)))
-    with pytest.raises(ValueError, match=r"a condinit_det XCiT \(embed_dim=64, 4 attention blocks, num_heads=8\) .*"
-                                         r"blocks\.0\.attn\.temperature \(4, 1, 1\) vs \(8, 1, 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"a condinit_det XCiT \(embed_dim=64, 4 attention blocks, num_heads=8\) .*"
+        r"blocks\.0\.attn\.temperature \(4, 1, 1\) vs \(8, 1, 1\)",
+    ):
         convert_timm_checkpoint(_timm_xcit().state_dict(), XCiT(**{**XCIT, "num_heads": 8}))
 
 

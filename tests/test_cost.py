@@ -1,4 +1,5 @@
 """The cost of a plan (condinit_det.launch.plan): its table and arithmetic, the step-bench loader, and bad input."""
+
 import json
 
 import pytest
@@ -13,40 +14,90 @@ XCIT_IN1K = "configs/ImageNet/xcit_s12_p16_400ep.py"
 
 
 def _arm(median):
-    return {"median_step_s": median, "min_step_s": median, "timed_steps": 3, "rounds": 3,
-            "peak_memory_bytes": 10 * 2 ** 30, "ratio_to_default": 1.0, "paired_ratio_to_default": 1.0, "sites": 12,
-            "params_changed": 24, "parameters": 1000}
+    return {
+        "median_step_s": median,
+        "min_step_s": median,
+        "timed_steps": 3,
+        "rounds": 3,
+        "peak_memory_bytes": 10 * 2**30,
+        "ratio_to_default": 1.0,
+        "paired_ratio_to_default": 1.0,
+        "sites": 12,
+        "params_changed": 24,
+        "parameters": 1000,
+    }
 
 
 def _entry(name, stage, medians, batch_per_gpu=2):
-    return {"name": name, "stage": stage, "recipe_gpus": 8, "total_batch": 8 * batch_per_gpu,
-            "batch_per_gpu": batch_per_gpu, "image_size": [800, 1333], "amp": True, "error": None,
-            "arms": {arm: _arm(m) for arm, m in medians.items()}, "tiny_overrides": []}
+    return {
+        "name": name,
+        "stage": stage,
+        "recipe_gpus": 8,
+        "total_batch": 8 * batch_per_gpu,
+        "batch_per_gpu": batch_per_gpu,
+        "image_size": [800, 1333],
+        "amp": True,
+        "error": None,
+        "arms": {arm: _arm(m) for arm, m in medians.items()},
+        "tiny_overrides": [],
+    }
 
 
 def write_bench(path, configs, *, tiny=False, fmt=plan.STEP_BENCH_FORMAT, device_name="NVIDIA H200"):
     """A file laid out as bench/bench_gpu_step.py writes it."""
-    payload = {"format": fmt,
-               "device": {"type": "cuda", "torch": "2.14.1", "name": device_name, "index": 0, "capability": "9.0",
-                          "total_memory_bytes": 150 * 2 ** 30, "driver": "570.00", "cuda_runtime": "13.0",
-                          "device_count": 1},
-               "torch": "2.14.1", "machine": {}, "tiny": tiny, "input_size": "largest", "budget_s": 240.0,
-               "warmup": 3, "seed": 0, "configs": configs, "elapsed_s": 200.0}
+    payload = {
+        "format": fmt,
+        "device": {
+            "type": "cuda",
+            "torch": "2.14.1",
+            "name": device_name,
+            "index": 0,
+            "capability": "9.0",
+            "total_memory_bytes": 150 * 2**30,
+            "driver": "570.00",
+            "cuda_runtime": "13.0",
+            "device_count": 1,
+        },
+        "torch": "2.14.1",
+        "machine": {},
+        "tiny": tiny,
+        "input_size": "largest",
+        "budget_s": 240.0,
+        "warmup": 3,
+        "seed": 0,
+        "configs": configs,
+        "elapsed_s": 200.0,
+    }
     path.write_text(json.dumps(payload))
     return str(path)
 
 
 @pytest.fixture
 def bench_file(tmp_path):
-    return write_bench(tmp_path / "step_bench.json", {
-        VITDET: _entry("mask_rcnn_vitdet_b_100ep", "detection",
-                       {"default": 0.40, "mimetic": 0.41, "conditioned": 0.43}, batch_per_gpu=1),
-        SWIN: _entry("mask_rcnn_swin_b_3x", "detection", {"default": 0.55, "mimetic": 0.52, "conditioned": 0.56}),
-        XCIT_IN1K: _entry("xcit_s12_p16_400ep", "pretrain", {"default": 0.25, "mimetic": 0.25, "conditioned": 0.26},
-                          batch_per_gpu=128),
-        "configs/ImageNet/broken.py": {"name": "broken", "stage": "pretrain", "error": "OutOfMemoryError: CUDA out "
-                                       "of memory", "arms": {}},
-    })
+    return write_bench(
+        tmp_path / "step_bench.json",
+        {
+            VITDET: _entry(
+                "mask_rcnn_vitdet_b_100ep",
+                "detection",
+                {"default": 0.40, "mimetic": 0.41, "conditioned": 0.43},
+                batch_per_gpu=1,
+            ),
+            SWIN: _entry("mask_rcnn_swin_b_3x", "detection", {"default": 0.55, "mimetic": 0.52, "conditioned": 0.56}),
+            XCIT_IN1K: _entry(
+                "xcit_s12_p16_400ep",
+                "pretrain",
+                {"default": 0.25, "mimetic": 0.25, "conditioned": 0.26},
+                batch_per_gpu=128,
+            ),
+            "configs/ImageNet/broken.py": {
+                "name": "broken",
+                "stage": "pretrain",
+                "error": "OutOfMemoryError: CUDA out of memory",
+                "arms": {},
+            },
+        },
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,9 +114,11 @@ def _rows(text):
 def test_format_cost_rows_subtotals_total_and_sources():
     measured = StepTime(0.5, "measured: bench file b.json on device NVIDIA H200 (x)")
     given = resolve_step_time(VITDET, step_time=0.45)
-    runs = [RunCost("pretrain", "default/seed0", 7200, 8, measured),
-            RunCost("detection", "default/seed0", 6000, 2, given),
-            RunCost("pretrain", "conditioned/seed0", 7200, 8, measured)]
+    runs = [
+        RunCost("pretrain", "default/seed0", 7200, 8, measured),
+        RunCost("detection", "default/seed0", 6000, 2, given),
+        RunCost("pretrain", "conditioned/seed0", 7200, 8, measured),
+    ]
     lines = format_cost(runs).splitlines()
     assert _cells(lines[0]) == ["run", "stage", "steps", "GPUs", "wall h:mm", "GPU-hours"]
     assert set(lines[1]) == {"|", "-"}
@@ -98,8 +151,11 @@ def test_cpu_runs_are_priced_in_cpu_hours_and_mixed_plans_in_device_hours():
 
 
 def test_unknown_step_times_are_counted_not_summed():
-    runs = [RunCost("detection", "a", 3600, 1, StepTime(1.0, "x")), RunCost("detection", "b", 3600, 1, StepTime()),
-            RunCost("pretrain", "c", 3600, 1, StepTime())]
+    runs = [
+        RunCost("detection", "a", 3600, 1, StepTime(1.0, "x")),
+        RunCost("detection", "b", 3600, 1, StepTime()),
+        RunCost("pretrain", "c", 3600, 1, StepTime()),
+    ]
     text = format_cost(runs)
     rows = _rows(text)
     assert rows["b"][-2:] == ["?", "?"]
@@ -110,10 +166,19 @@ def test_unknown_step_times_are_counted_not_summed():
     assert text.splitlines()[-1] == "2 run(s) without a step time are not summed (>=): pass --step-time or --step-bench"
 
 
-@pytest.mark.parametrize("seconds, text", [
-    (20, "<0:01"), (30, "0:00"), (31, "0:01"), (89, "0:01"), (91, "0:02"),
-    (3600, "1:00"), (151.25 * 3600, "151:15"), (59 * 60 + 50, "1:00"),
-])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (20, "<0:01"),
+        (30, "0:00"),
+        (31, "0:01"),
+        (89, "0:01"),
+        (91, "0:02"),
+        (3600, "1:00"),
+        (151.25 * 3600, "151:15"),
+        (59 * 60 + 50, "1:00"),
+    ],
+)
 def test_wall_times_are_rounded_to_the_minute(seconds, text):
     assert _rows(format_cost([RunCost("detection", "a", 1, 1, StepTime(seconds, "x"))]))["a"][3] == text
 
@@ -132,15 +197,23 @@ def test_loader_reads_the_default_arms_median(bench_file):
     assert device == "NVIDIA H200"
 
 
-@pytest.mark.parametrize("query", [
-    SWIN, "mask_rcnn_swin_b_3x.py", "mask_rcnn_swin_b_3x", "COCO/mask_rcnn_swin_b_3x.py",
-    "/some/checkout/configs/COCO/mask_rcnn_swin_b_3x.py", "./configs/COCO/mask_rcnn_swin_b_3x.py",
-    "zoo:COCO/mask_rcnn_swin_b_3x.py",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        SWIN,
+        "mask_rcnn_swin_b_3x.py",
+        "mask_rcnn_swin_b_3x",
+        "COCO/mask_rcnn_swin_b_3x.py",
+        "/some/checkout/configs/COCO/mask_rcnn_swin_b_3x.py",
+        "./configs/COCO/mask_rcnn_swin_b_3x.py",
+        "zoo:COCO/mask_rcnn_swin_b_3x.py",
+    ],
+)
 def test_step_time_matches_path_or_file_name(bench_file, query):
     step = resolve_step_time(query, step_bench=bench_file)
-    assert step == StepTime(0.55, f"measured: bench file {bench_file} on device NVIDIA H200 (default arm's median "
-                                  "step)")
+    assert step == StepTime(
+        0.55, f"measured: bench file {bench_file} on device NVIDIA H200 (default arm's median step)"
+    )
 
 
 def test_resolve_step_time(bench_file):
@@ -161,19 +234,24 @@ def _one_line_error(fn, match):
 
 @pytest.mark.parametrize("seconds", [0.0, -2.0, float("nan"), float("inf")])
 def test_bad_step_time(seconds):
-    _one_line_error(lambda: resolve_step_time(VITDET, step_time=seconds),
-                    f"--step-time must be a positive number, got {seconds!r}")
+    _one_line_error(
+        lambda: resolve_step_time(VITDET, step_time=seconds), f"--step-time must be a positive number, got {seconds!r}"
+    )
 
 
 def test_step_time_and_step_bench_together(bench_file):
-    _one_line_error(lambda: resolve_step_time(VITDET, step_time=0.3, step_bench=bench_file),
-                    "--step-time and --step-bench both given; pass one")
+    _one_line_error(
+        lambda: resolve_step_time(VITDET, step_time=0.3, step_bench=bench_file),
+        "--step-time and --step-bench both given; pass one",
+    )
 
 
 def test_bench_file_errors(bench_file, tmp_path):
     missing = str(tmp_path / "nope.json")
-    _one_line_error(lambda: resolve_step_time(VITDET, step_bench=missing),
-                    f"step bench file {missing} does not exist .write it with bench/bench_gpu_step.py --output PATH")
+    _one_line_error(
+        lambda: resolve_step_time(VITDET, step_bench=missing),
+        f"step bench file {missing} does not exist .write it with bench/bench_gpu_step.py --output PATH",
+    )
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     _one_line_error(lambda: load_step_times(str(bad)), "is not a step bench file: Expecting")
@@ -184,28 +262,42 @@ def test_bench_file_errors(bench_file, tmp_path):
     tiny = write_bench(tmp_path / "tiny.json", {SWIN: _entry("s", "detection", {"default": 0.1})}, tiny=True)
     _one_line_error(lambda: load_step_times(tiny), "measured with --tiny: its step times are not the recipes'")
     assert resolve_step_time(SWIN, step_bench=tiny, allow_tiny=True).seconds == 0.1
-    text = _one_line_error(lambda: resolve_step_time("mask_rcnn_r50_3x.py", step_bench=bench_file),
-                           "config mask_rcnn_r50_3x.py is not in bench file .*: ")
+    text = _one_line_error(
+        lambda: resolve_step_time("mask_rcnn_r50_3x.py", step_bench=bench_file),
+        "config mask_rcnn_r50_3x.py is not in bench file .*: ",
+    )
     assert SWIN in text and VITDET in text and "broken.py" in text  # says what it holds
-    _one_line_error(lambda: resolve_step_time("broken", step_bench=bench_file),
-                    "has no step time for configs/ImageNet/broken.py: its run failed .OutOfMemoryError")
+    _one_line_error(
+        lambda: resolve_step_time("broken", step_bench=bench_file),
+        "has no step time for configs/ImageNet/broken.py: its run failed .OutOfMemoryError",
+    )
 
 
 def test_ambiguous_file_name(tmp_path):
-    path = write_bench(tmp_path / "b.json", {"configs/COCO/x.py": _entry("x", "detection", {"default": 0.1}),
-                                             "configs/LVIS/x.py": _entry("x", "detection", {"default": 0.2})})
-    _one_line_error(lambda: resolve_step_time("x.py", step_bench=path), "matches several configs in bench file .*: "
-                    "configs/COCO/x.py, configs/LVIS/x.py; give its path")
+    path = write_bench(
+        tmp_path / "b.json",
+        {
+            "configs/COCO/x.py": _entry("x", "detection", {"default": 0.1}),
+            "configs/LVIS/x.py": _entry("x", "detection", {"default": 0.2}),
+        },
+    )
+    _one_line_error(
+        lambda: resolve_step_time("x.py", step_bench=path),
+        "matches several configs in bench file .*: configs/COCO/x.py, configs/LVIS/x.py; give its path",
+    )
     assert resolve_step_time("LVIS/x.py", step_bench=path).seconds == 0.2
 
 
-@pytest.mark.parametrize("entry, match", [
-    (_entry("s", "detection", {"default": 0.0}), "arms.default.median_step_s must be a positive number, got 0.0"),
-    (_entry("s", "detection", {"default": -1.0}), "must be a positive number, got -1.0"),
-    (_entry("s", "detection", {"default": None}), "must be a positive number, got None"),
-    (_entry("s", "detection", {"mimetic": 0.3}), "has no measured 'default' arm"),
-    ("oops", "has no measured 'default' arm"),
-])
+@pytest.mark.parametrize(
+    "entry, match",
+    [
+        (_entry("s", "detection", {"default": 0.0}), "arms.default.median_step_s must be a positive number, got 0.0"),
+        (_entry("s", "detection", {"default": -1.0}), "must be a positive number, got -1.0"),
+        (_entry("s", "detection", {"default": None}), "must be a positive number, got None"),
+        (_entry("s", "detection", {"mimetic": 0.3}), "has no measured 'default' arm"),
+        ("oops", "has no measured 'default' arm"),
+    ],
+)
 def test_bad_values_in_bench_file(tmp_path, entry, match):
     path = write_bench(tmp_path / "b.json", {SWIN: entry})
     _one_line_error(lambda: load_step_times(path), match)
@@ -224,13 +316,21 @@ def test_a_dry_run_prices_imagenet_without_the_data(tmp_path, caplog):
     from condinit_det.launch.plan import describe_plan, plan_experiment
     from condinit_det.pretrain import PretrainStage
 
-    argv = ["--config-file", XCIT_IN1K, "--dry-run", "--step-time", "0.5", "data.root=/no/such/imagenet",
-            f"train.output_dir={tmp_path}"]
+    argv = [
+        "--config-file",
+        XCIT_IN1K,
+        "--dry-run",
+        "--step-time",
+        "0.5",
+        "data.root=/no/such/imagenet",
+        f"train.output_dir={tmp_path}",
+    ]
     text = describe_plan(plan_experiment(PretrainStage(), build_parser().parse_args(argv)))
     assert "ImageNet-1k's 1,281,167 training images" in caplog.text
     steps = 400 * (1_281_167 // 1024)  # the recipe's epochs x full batches
     assert f"({steps} optimizer steps) each" in text and _rows(text.split("\n\n", 1)[1])["default/seed0"][1] == str(
-        steps)
+        steps
+    )
     # another dataset's size is not guessed: one line says how to give it
     argv[-2:-1] = ["data.root=/no/such/imagenet", "data.num_classes=10"]
     with pytest.raises(UsageError, match="set data.num_train_images=N to price the runs without the data"):

@@ -1,5 +1,6 @@
 """Tests of the embedded shapes dataset (determinism, COCO validity, caching, registration) and of the registry of
 every embedded dataset."""
+
 import json
 from pathlib import Path
 
@@ -193,8 +194,9 @@ def test_a_root_holding_another_dataset_is_refused(tmp_path):
     for call in (lambda: register_embedded_datasets(other), lambda: embedded_dataset_info(other)):
         with pytest.raises(ValueError, match="holds the digits-det-v2 dataset, not shapes-v1"):
             call()
-    with pytest.raises(ValueError, match="accepted: embedded:shapes, embedded:digits-det, embedded:shapes-cls, "
-                                         "embedded:digits-cls"):
+    with pytest.raises(
+        ValueError, match="accepted: embedded:shapes, embedded:digits-det, embedded:shapes-cls, embedded:digits-cls"
+    ):
         embedded_dataset_info(other, dataset="digits")
 
 

@@ -1,4 +1,5 @@
 """DaViT attention sites: window attention and channel attention (roles by what each block does)."""
+
 import copy
 
 import pytest
@@ -67,8 +68,9 @@ def test_roles_are_what_the_forward_does(kind):
     (k_site,) = find_attention(k_zero)
     k_site.weight("k").zero_()
     k_site.bias("k").zero_()
-    torch.testing.assert_close(k_zero(x), _uniform_attention_output(k_site, x, kind != "window"),
-                               rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        k_zero(x), _uniform_attention_output(k_site, x, kind != "window"), rtol=1e-10, atol=1e-10
+    )
     assert site.num_heads == HEADS and site.dim == DIM
 
 
@@ -78,13 +80,16 @@ def test_channel_attention_value_is_the_first_row_block():
     (site,) = find_attention(attn)
     assert site.kind == "timm_davit_channel"
     assert (site.projections["v"].rows, site.projections["q"].rows, site.projections["k"].rows) == (
-        slice(0, DIM), slice(DIM, 2 * DIM), slice(2 * DIM, 3 * DIM))
+        slice(0, DIM),
+        slice(DIM, 2 * DIM),
+        slice(2 * DIM, 3 * DIM),
+    )
     apply_init(attn, "conditioned", seed=0)
     w = attn.qkv.weight
     assert torch.equal(w[:DIM], torch.eye(DIM, dtype=torch.float64))
-    for block in (w[DIM:2 * DIM], w[2 * DIM:]):
+    for block in (w[DIM : 2 * DIM], w[2 * DIM :]):
         for h in range(HEADS):
-            sv = torch.linalg.svdvals(block[h * DH:(h + 1) * DH])
+            sv = torch.linalg.svdvals(block[h * DH : (h + 1) * DH])
             torch.testing.assert_close(sv, torch.ones_like(sv), rtol=0, atol=1e-12)
     assert torch.count_nonzero(attn.qkv.bias) == 0
 
@@ -94,7 +99,7 @@ def test_channel_attention_v2_uses_the_standard_order():
     (site,) = find_attention(attn)
     assert site.kind == "timm_davit_channel_v2" and site.num_heads == attn.groups
     apply_init(attn, "conditioned", seed=0)
-    assert torch.equal(attn.qkv.weight[2 * DIM:], torch.eye(DIM, dtype=torch.float64))
+    assert torch.equal(attn.qkv.weight[2 * DIM :], torch.eye(DIM, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("cls", [ChannelAttention, WindowAttention, ChannelAttentionV2])
@@ -113,8 +118,7 @@ def davit_tiny():
 
 def test_davit_tiny_has_one_site_per_attention_block(davit_tiny):
     sites = find_attention(davit_tiny)
-    blocks = [name for name, m in davit_tiny.named_modules()
-              if type(m).__name__ in ("SpatialBlock", "ChannelBlock")]
+    blocks = [name for name, m in davit_tiny.named_modules() if type(m).__name__ in ("SpatialBlock", "ChannelBlock")]
     assert len(blocks) == 12  # depths (1, 1, 3, 1), a spatial and a channel block each
     assert [s.name for s in sites] == [f"{b}.attn" for b in blocks]
     kinds = [s.kind for s in sites]
@@ -138,7 +142,7 @@ def test_arms_on_the_whole_davit_tiny(davit_tiny, arm):
             for role in ("q", "k"):
                 w = site.weight(role)
                 for h in range(site.num_heads):
-                    sv = torch.linalg.svdvals(w[h * 32:(h + 1) * 32].double())
+                    sv = torch.linalg.svdvals(w[h * 32 : (h + 1) * 32].double())
                     torch.testing.assert_close(sv, torch.ones_like(sv), rtol=0, atol=1e-5)
             assert torch.equal(site.weight("v"), torch.eye(site.dim, dtype=site.weight("v").dtype))
     out = model(torch.randn(1, 3, 64, 64))

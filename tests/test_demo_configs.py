@@ -1,4 +1,5 @@
 """The CPU demo configs load, build a tiny model with its attention sites, and answer an inference pass."""
+
 from pathlib import Path
 
 import pytest

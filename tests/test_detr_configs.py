@@ -1,4 +1,5 @@
 """The DETR lazy configs load and build; the COCO ones run a forward pass on a small image."""
+
 import os
 
 import pytest
@@ -53,15 +54,28 @@ def test_demo_config_builds_clips_and_answers():
     assert [len(o["instances"]) for o in out] == [10] * len(batch)
 
 
-_TRANSFORMER_SITES = ["transformer.encoder.layers.0.self_attn", "transformer.encoder.layers.5.self_attn",
-                      "transformer.decoder.layers.5.self_attn", "transformer.decoder.layers.5.cross_attn"]
+_TRANSFORMER_SITES = [
+    "transformer.encoder.layers.0.self_attn",
+    "transformer.encoder.layers.5.self_attn",
+    "transformer.decoder.layers.5.self_attn",
+    "transformer.decoder.layers.5.cross_attn",
+]
 # Conditioning tracking (condinit_analysis): config -> (period, sites). The periods keep the hook's
 # measured cost under 1% of training time (BENCHMARKS.md, "Conditioning tracking on the paper's configs").
 TRACKED = {
-    "COCO/detr_vitdet_b.py": (10000, ["backbone.net.blocks.0.attn", "backbone.net.blocks.11.attn",
-                                      *_TRANSFORMER_SITES]),
-    "COCO/detr_swin_b.py": (10000, ["backbone.layers.0.blocks.0.attn", "backbone.layers.2.blocks.8.attn",
-                                    "backbone.layers.3.blocks.1.attn", *_TRANSFORMER_SITES]),
+    "COCO/detr_vitdet_b.py": (
+        10000,
+        ["backbone.net.blocks.0.attn", "backbone.net.blocks.11.attn", *_TRANSFORMER_SITES],
+    ),
+    "COCO/detr_swin_b.py": (
+        10000,
+        [
+            "backbone.layers.0.blocks.0.attn",
+            "backbone.layers.2.blocks.8.attn",
+            "backbone.layers.3.blocks.1.attn",
+            *_TRANSFORMER_SITES,
+        ],
+    ),
 }
 
 
@@ -69,8 +83,11 @@ def _site_names(cfg):
     """Every attention-site name of a DETR config's model, from its depths (no build)."""
     backbone = cfg.model.backbone
     if "depths" in backbone:  # Swin
-        names = [f"backbone.layers.{stage}.blocks.{i}.attn" for stage, depth in enumerate(backbone.depths)
-                 for i in range(depth)]
+        names = [
+            f"backbone.layers.{stage}.blocks.{i}.attn"
+            for stage, depth in enumerate(backbone.depths)
+            for i in range(depth)
+        ]
     else:
         names = [f"backbone.net.blocks.{i}.attn" for i in range(backbone.net.depth)]
     transformer = cfg.model.transformer

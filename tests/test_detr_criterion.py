@@ -13,9 +13,10 @@ def _criterion(**kw):
 
 def _targets(n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"labels": torch.randint(0, 3, (n,), generator=g),
-            "boxes": torch.cat([torch.rand(n, 2, generator=g) * 0.5 + 0.25,
-                                torch.rand(n, 2, generator=g) * 0.2 + 0.1], 1)}
+    return {
+        "labels": torch.randint(0, 3, (n,), generator=g),
+        "boxes": torch.cat([torch.rand(n, 2, generator=g) * 0.5 + 0.25, torch.rand(n, 2, generator=g) * 0.2 + 0.1], 1),
+    }
 
 
 @pytest.mark.parametrize("counts", [(0, 0), (1, 0), (5, 3)])
@@ -130,8 +131,9 @@ def test_point_encoding_matches_the_feature_map_encoding():
 
 def test_transformer_ignores_padded_cells():
     torch.manual_seed(0)
-    tr = Transformer(d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,
-                     dropout=0.0).eval()
+    tr = Transformer(
+        d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32, dropout=0.0
+    ).eval()
     pe = PositionEmbeddingSine(num_pos_feats=8)
     src = torch.randn(1, 16, 3, 4)
     mask = torch.zeros(1, 3, 4, dtype=torch.bool)

@@ -29,9 +29,8 @@ def test_assignment_is_optimal(num_queries, num_targets):
     for _ in range(3):
         logits = torch.randn(1, num_queries, 4, generator=gen)
         boxes = _random_boxes(num_queries, gen)[None]
-        tgt = {"labels": torch.randint(0, 3, (num_targets,), generator=gen),
-               "boxes": _random_boxes(num_targets, gen)}
-        (rows, cols), = matcher(logits, boxes, [tgt])
+        tgt = {"labels": torch.randint(0, 3, (num_targets,), generator=gen), "boxes": _random_boxes(num_targets, gen)}
+        ((rows, cols),) = matcher(logits, boxes, [tgt])
         assert len(rows) == len(cols) == num_targets
         assert len(set(rows.tolist())) == num_targets and sorted(cols.tolist()) == list(range(num_targets))
         cost = matcher.cost_matrix(logits[0], boxes[0], tgt["labels"], tgt["boxes"])
@@ -52,7 +51,7 @@ def test_cost_terms_and_weights():
     # The matcher prefers the box with the right class when geometry is equal.
     logits2 = torch.tensor([[[4.0, 0.0, 0.0], [0.0, 4.0, 0.0]]])
     boxes2 = tgt.repeat(2, 1)[None]
-    (rows, cols), = matcher(logits2, boxes2, [{"labels": torch.tensor([1]), "boxes": tgt}])
+    ((rows, cols),) = matcher(logits2, boxes2, [{"labels": torch.tensor([1]), "boxes": tgt}])
     assert rows.tolist() == [1] and cols.tolist() == [0]
 
 
@@ -60,8 +59,10 @@ def test_images_without_objects():
     matcher = HungarianMatcher()
     logits = torch.randn(2, 5, 3)
     boxes = torch.rand(2, 5, 4) * 0.5 + 0.25
-    targets = [{"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)},
-               {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.3, 0.3]])}]
+    targets = [
+        {"labels": torch.zeros(0, dtype=torch.int64), "boxes": torch.zeros(0, 4)},
+        {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.3, 0.3]])},
+    ]
     out = matcher(logits, boxes, targets)
     assert out[0][0].numel() == 0 and out[0][1].numel() == 0
     assert out[0][0].dtype == torch.int64
@@ -72,5 +73,6 @@ def test_rejects_mismatched_batch_and_all_zero_costs():
     with pytest.raises(ValueError, match="non-zero"):
         HungarianMatcher(cost_class=0, cost_bbox=0, cost_giou=0)
     with pytest.raises(ValueError, match="targets"):
-        HungarianMatcher()(torch.randn(2, 3, 3), torch.rand(2, 3, 4), [{"labels": torch.tensor([0]),
-                                                                       "boxes": torch.rand(1, 4)}])
+        HungarianMatcher()(
+            torch.randn(2, 3, 3), torch.rand(2, 3, 4), [{"labels": torch.tensor([0]), "boxes": torch.rand(1, 4)}]
+        )

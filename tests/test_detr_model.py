@@ -25,16 +25,29 @@ NUM_CLASSES = 3
 
 def tiny_detr(num_queries=6, mask=True, mask_train="joint", seed=0, reference_points=False, query_groups=1):
     torch.manual_seed(seed)
-    backbone = ViT(img_size=64, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_ratio=2,
-                   norm_layer=partial(nn.LayerNorm, eps=1e-6), pretrain_img_size=64,
-                   pretrain_use_cls_token=False, out_feature="last_feat")
+    backbone = ViT(
+        img_size=64,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        mlp_ratio=2,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        pretrain_img_size=64,
+        pretrain_use_cls_token=False,
+        out_feature="last_feat",
+    )
     return DETRInstanceSeg(
-        backbone=backbone, in_feature="last_feat",
-        transformer=Transformer(d_model=32, nhead=2, num_encoder_layers=1, num_decoder_layers=2,
-                                dim_feedforward=64, dropout=0.0),
-        num_classes=NUM_CLASSES, num_queries=num_queries,
+        backbone=backbone,
+        in_feature="last_feat",
+        transformer=Transformer(
+            d_model=32, nhead=2, num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=64, dropout=0.0
+        ),
+        num_classes=NUM_CLASSES,
+        num_queries=num_queries,
         criterion=SetCriterion(num_classes=NUM_CLASSES, matcher=HungarianMatcher()),
-        pixel_mean=[128.0, 128.0, 128.0], pixel_std=[64.0, 64.0, 64.0],
+        pixel_mean=[128.0, 128.0, 128.0],
+        pixel_std=[64.0, 64.0, 64.0],
         mask_head=MaskHead(hidden_dim=32, num_heads=2, num_upsample=2, conv_dims=[16, 16, 8, 8]) if mask else None,
         mask_train=mask_train,
         reference_points=reference_points,
@@ -68,11 +81,21 @@ def test_registered_meta_arch():
 def test_training_losses(num_objects):
     model = tiny_detr().train()
     boxes = [(2, 2, 20, 20), (30, 5, 60, 25), (5, 35, 25, 60), (35, 35, 62, 62)][:num_objects]
-    batch = [make_input(boxes, [i % 3 for i in range(num_objects)]),
-             make_input([(10, 10, 40, 30)], [2], size=(48, 56), seed=1)]
+    batch = [
+        make_input(boxes, [i % 3 for i in range(num_objects)]),
+        make_input([(10, 10, 40, 30)], [2], size=(48, 56), seed=1),
+    ]
     losses = model(batch)
-    expected = {"loss_ce", "loss_bbox", "loss_giou", "loss_ce_0", "loss_bbox_0", "loss_giou_0",
-                "loss_mask", "loss_dice"}
+    expected = {
+        "loss_ce",
+        "loss_bbox",
+        "loss_giou",
+        "loss_ce_0",
+        "loss_bbox_0",
+        "loss_giou_0",
+        "loss_mask",
+        "loss_dice",
+    }
     assert set(losses) == expected
     assert all(torch.isfinite(v) and v.dim() == 0 for v in losses.values())
     assert all(v.item() > 0 for k, v in losses.items())
@@ -86,11 +109,22 @@ def test_gradients_reach_every_module():
     # The first decoder layer's self-attention acts on the all-zero decoder input: its value path
     # is zero and (with zero-initialized biases) so is its output, hence no gradient reaches its
     # weights or the following LayerNorm scale at initialization. Everything else must get some.
-    assert missing == ["transformer.decoder.layers.0.self_attn.in_proj_weight",
-                       "transformer.decoder.layers.0.self_attn.out_proj.weight",
-                       "transformer.decoder.layers.0.norm1.weight"]
-    for prefix in ("class_head", "box_head", "mask_head.attention", "mask_head.predictor", "input_proj",
-                   "transformer.encoder", "transformer.decoder", "query_embed", "backbone"):
+    assert missing == [
+        "transformer.decoder.layers.0.self_attn.in_proj_weight",
+        "transformer.decoder.layers.0.self_attn.out_proj.weight",
+        "transformer.decoder.layers.0.norm1.weight",
+    ]
+    for prefix in (
+        "class_head",
+        "box_head",
+        "mask_head.attention",
+        "mask_head.predictor",
+        "input_proj",
+        "transformer.encoder",
+        "transformer.decoder",
+        "query_embed",
+        "backbone",
+    ):
         assert any(n.startswith(prefix) for n, _ in model.named_parameters())
 
 
@@ -143,8 +177,10 @@ def test_query_groups_are_independent_and_training_only(reference_points):
     with torch.no_grad():
         out = model._detect(images, pad, groups=3)
         targets = model.prepare_targets(batch, images)
-        per_group = [model.criterion(lg[-1], bx[-1], targets, aux_outputs=list(zip(lg[:-1], bx[:-1])))[0]
-                     for lg, bx in zip(out["logits"].chunk(3, dim=2), out["boxes"].chunk(3, dim=2))]
+        per_group = [
+            model.criterion(lg[-1], bx[-1], targets, aux_outputs=list(zip(lg[:-1], bx[:-1])))[0]
+            for lg, bx in zip(out["logits"].chunk(3, dim=2), out["boxes"].chunk(3, dim=2))
+        ]
     for key in ("loss_ce", "loss_bbox", "loss_giou", "loss_ce_0"):
         expected = sum(p[key] for p in per_group) / 3
         assert torch.allclose(losses[key], expected, atol=1e-5), key
@@ -174,27 +210,56 @@ def test_masks_only_trains_only_the_mask_head():
 def test_bad_configuration_errors():
     model = tiny_detr()
     with pytest.raises(ValueError, match="in_feature"):
-        DETRInstanceSeg(backbone=model.backbone, in_feature="p5", transformer=model.transformer,
-                        num_classes=NUM_CLASSES, criterion=model.criterion, pixel_mean=[0, 0, 0],
-                        pixel_std=[1, 1, 1])
+        DETRInstanceSeg(
+            backbone=model.backbone,
+            in_feature="p5",
+            transformer=model.transformer,
+            num_classes=NUM_CLASSES,
+            criterion=model.criterion,
+            pixel_mean=[0, 0, 0],
+            pixel_std=[1, 1, 1],
+        )
     with pytest.raises(ValueError, match="num_classes"):
-        DETRInstanceSeg(backbone=model.backbone, in_feature="last_feat", transformer=model.transformer,
-                        num_classes=5, criterion=model.criterion, pixel_mean=[0, 0, 0], pixel_std=[1, 1, 1])
+        DETRInstanceSeg(
+            backbone=model.backbone,
+            in_feature="last_feat",
+            transformer=model.transformer,
+            num_classes=5,
+            criterion=model.criterion,
+            pixel_mean=[0, 0, 0],
+            pixel_std=[1, 1, 1],
+        )
     with pytest.raises(ValueError, match="mask_in_features"):
-        DETRInstanceSeg(backbone=model.backbone, in_feature="last_feat", transformer=model.transformer,
-                        num_classes=NUM_CLASSES, criterion=model.criterion, pixel_mean=[0, 0, 0],
-                        pixel_std=[1, 1, 1], mask_head=MaskHead(hidden_dim=32, fpn_channels=[32]),
-                        mask_in_features=["p4"])
+        DETRInstanceSeg(
+            backbone=model.backbone,
+            in_feature="last_feat",
+            transformer=model.transformer,
+            num_classes=NUM_CLASSES,
+            criterion=model.criterion,
+            pixel_mean=[0, 0, 0],
+            pixel_std=[1, 1, 1],
+            mask_head=MaskHead(hidden_dim=32, fpn_channels=[32]),
+            mask_in_features=["p4"],
+        )
     with pytest.raises(ValueError, match="position_embedding gives 16 channels, the transformer width is 32"):
-        DETRInstanceSeg(backbone=model.backbone, in_feature="last_feat", transformer=model.transformer,
-                        num_classes=NUM_CLASSES, criterion=model.criterion, pixel_mean=[0, 0, 0],
-                        pixel_std=[1, 1, 1], position_embedding=PositionEmbeddingSine(num_pos_feats=8))
+        DETRInstanceSeg(
+            backbone=model.backbone,
+            in_feature="last_feat",
+            transformer=model.transformer,
+            num_classes=NUM_CLASSES,
+            criterion=model.criterion,
+            pixel_mean=[0, 0, 0],
+            pixel_std=[1, 1, 1],
+            position_embedding=PositionEmbeddingSine(num_pos_feats=8),
+        )
 
 
 def test_inference_output_format():
     model = tiny_detr(num_queries=5).eval()
-    batch = [make_input([(2, 2, 20, 20)], [0], out_size=(100, 120)),
-             make_input([], [], size=(40, 56), out_size=(40, 56), seed=2)]
+    batch = [
+        make_input([(2, 2, 20, 20)], [0], out_size=(100, 120)),
+        make_input([], [], size=(40, 56), out_size=(40, 56), seed=2),
+    ]
     for x in batch:
         del x["instances"]
     out = model(batch)
@@ -241,8 +306,15 @@ def _register(name, batch):
                 rle = mask_util.encode(np.asfortranarray(m.numpy().astype(np.uint8)))
                 rle["counts"] = rle["counts"].decode("ascii")
                 anns.append({"bbox": b, "bbox_mode": 0, "category_id": c, "segmentation": rle, "iscrowd": 0})
-            out.append({"file_name": f"{name}_{i}.png", "image_id": i, "height": x["height"],
-                        "width": x["width"], "annotations": anns})
+            out.append(
+                {
+                    "file_name": f"{name}_{i}.png",
+                    "image_id": i,
+                    "height": x["height"],
+                    "width": x["width"],
+                    "annotations": anns,
+                }
+            )
         return out
 
     if name not in DatasetCatalog.list():
@@ -251,8 +323,9 @@ def _register(name, batch):
 
 
 def _evaluate(model, batch, name, tmp_path):
-    evaluator = COCOEvaluator(name, tasks=("bbox", "segm"), distributed=False, output_dir=str(tmp_path),
-                              use_fast_impl=False)
+    evaluator = COCOEvaluator(
+        name, tasks=("bbox", "segm"), distributed=False, output_dir=str(tmp_path), use_fast_impl=False
+    )
     evaluator.reset()
     model.eval()
     for i, x in enumerate(batch):

@@ -1,5 +1,6 @@
 """The embedded digits datasets (real UCI digits from scikit-learn): split, layout, COCO validity, determinism,
 provenance, and both ways in: detectron2's catalog and the pretraining stage's ``data.root``."""
+
 import hashlib
 import json
 import os
@@ -183,10 +184,12 @@ def test_pretraining_reads_embedded_digits_cls(cls_root, monkeypatch):
 
 def test_generation_imports_scikit_learn_only_to_generate(cls_root):
     """Resolving a generated dataset (as every pretraining run does) leaves scikit-learn unimported."""
-    code = ("import sys\n"
-            "from condinit_det.data import resolve_classification_root\n"
-            "print(resolve_classification_root('embedded:digits-cls'))\n"
-            "print('sklearn' in sys.modules)\n")
+    code = (
+        "import sys\n"
+        "from condinit_det.data import resolve_classification_root\n"
+        "print(resolve_classification_root('embedded:digits-cls'))\n"
+        "print('sklearn' in sys.modules)\n"
+    )
     env = dict(os.environ, CONDINIT_DATA=str(cls_root.parent))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
     assert out.stdout.split() == [str(cls_root), "False"]
@@ -240,7 +243,7 @@ def test_det_annotations(det_root, cls_root, split):
     for found in masks_of.values():
         for i, (mask_a, box_a) in enumerate(found):
             grown = cv2.dilate(mask_a.astype(np.uint8), grow).astype(bool)
-            for mask_b, box_b in found[i + 1:]:
+            for mask_b, box_b in found[i + 1 :]:
                 assert not (grown & mask_b).any()
                 iw = min(box_a[2], box_b[2]) - max(box_a[0], box_b[0])
                 ih = min(box_a[3], box_b[3]) - max(box_a[1], box_b[1])
@@ -257,7 +260,7 @@ def test_det_digits_are_visible(det_root):
         mask = mask_util.decode(ann["segmentation"]).astype(bool)
         x, y, w, h = (int(v) for v in ann["bbox"])
         around = np.zeros_like(mask)
-        around[y:y + h, x:x + w] = True
+        around[y : y + h, x : x + w] = True
         around &= ~cv2.dilate(mask.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
         if around.sum() >= 10:
             img = images[ann["image_id"]]
@@ -278,7 +281,8 @@ def test_det_generation_is_deterministic(tmp_path):
     assert (c / "train" / "000000.png").read_bytes() != (a / "train" / "000000.png").read_bytes()
     d = generate_digits_det_dataset(tmp_path / "d", num_train=2, num_val=SMALL["num_val"])
     assert {k: v for k, v in _files(d).items() if k.startswith("val/")} == {
-        k: v for k, v in files_a.items() if k.startswith("val/")}
+        k: v for k, v in files_a.items() if k.startswith("val/")
+    }
     assert _coco(d, "val")["annotations"] == _coco(a, "val")["annotations"]
 
 

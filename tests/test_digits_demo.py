@@ -1,5 +1,6 @@
 """The digits demo: its two configs (pretraining on digits-cls, Mask R-CNN fine-tuning on digits-det) and
 ``make demo-digits``, whose three commands the slow test runs as the Makefile writes them, at tiny size."""
+
 import json
 import os
 import shlex
@@ -50,17 +51,23 @@ def test_configs_read_the_digits_and_share_the_trunk(data_dir, monkeypatch):
     assert det.dataloader.train.mapper.augmentations == []
     net, shapes_net = det.model.backbone.net, shapes_det.model.backbone.net
     assert {k: v for k, v in net.items() if k != "norm_layer"} == {
-        k: v for k, v in shapes_net.items() if k != "norm_layer"}
+        k: v for k, v in shapes_net.items() if k != "norm_layer"
+    }
     assert net.norm_layer.keywords == shapes_net.norm_layer.keywords == {"eps": 1e-6}
     # A shorter schedule (one seed of `make demo-digits` within 15 minutes), warmup and kappa points kept in step.
     assert (det.train.max_iter, det.train.eval_period) == (240, shapes_det.train.eval_period)
     assert det.lr_multiplier.warmup_length * det.train.max_iter == pytest.approx(
-        shapes_det.lr_multiplier.warmup_length * shapes_det.train.max_iter)
+        shapes_det.lr_multiplier.warmup_length * shapes_det.train.max_iter
+    )
     assert det.train.max_iter % det.condinit_analysis.period == 0
     # The detector's ViT is the pretrained classifier's trunk, and each arm starts from its own pretraining run.
     kwargs = pre.model.kwargs
     assert (kwargs.patch_size, kwargs.embed_dim, kwargs.depth, kwargs.num_heads) == (
-        net.patch_size, net.embed_dim, net.depth, net.num_heads)
+        net.patch_size,
+        net.embed_dim,
+        net.depth,
+        net.num_heads,
+    )
     assert net.pretrain_img_size == pre.data.img_size == kwargs.img_size
     assert det.train.init_checkpoint == pre.train.output_dir.removeprefix("./") + "/{arm}/seed{seed}"
 
@@ -81,16 +88,20 @@ def test_the_evaluator_reads_the_digits(data_dir, monkeypatch):
 def make_commands(target="demo-digits", **variables):
     """The commands ``make <target>`` runs (``make -n``), each as a word list; the venv step left out."""
     assigned = [f"{k}={v}" for k, v in variables.items()]
-    out = subprocess.run(["make", "-n", "-s", target, "PY=python", *assigned], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["make", "-n", "-s", target, "PY=python", *assigned], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     lines = out.replace("\\\n", " ").splitlines()
     return [shlex.split(line) for line in lines if line.strip() and "setup_env.sh" not in line]
 
 
 def test_make_demo_digits_trains_every_arm_of_both_stages():
     commands = make_commands(SEEDS="0,1,2", DIGITS_OUTPUT="out/d")
-    assert [c[:2] for c in commands] == [["python", "tools/pretrain_net.py"], ["python", "tools/train_net.py"],
-                                         ["python", "tools/compare_arms.py"]]
+    assert [c[:2] for c in commands] == [
+        ["python", "tools/pretrain_net.py"],
+        ["python", "tools/train_net.py"],
+        ["python", "tools/compare_arms.py"],
+    ]
     pretrain, finetune, compare = commands
     for command, config in ((pretrain, PRETRAIN), (finetune, FINETUNE)):
         assert command[command.index("--config-file") + 1] == config
@@ -110,17 +121,30 @@ def run_demo_digits(work: Path) -> Path:
     data_dir = work / "condinit_data"
     tiny = small_digits_cls(work / "digits-cls", {"train": 2, "val": 1})
     extra = {
-        "tools/pretrain_net.py": [f"data.root={tiny}", "train.epochs=1", "scheduler.warmup_epochs=0",
-                                  "train.batch_size=8", "train.eval_batch_size=10", "train.workers=0"],
-        "tools/train_net.py": ["train.max_iter=1", "train.eval_period=1", "condinit_analysis.period=0",
-                               "dataloader.train.total_batch_size=2"],
+        "tools/pretrain_net.py": [
+            f"data.root={tiny}",
+            "train.epochs=1",
+            "scheduler.warmup_epochs=0",
+            "train.batch_size=8",
+            "train.eval_batch_size=10",
+            "train.workers=0",
+        ],
+        "tools/train_net.py": [
+            "train.max_iter=1",
+            "train.eval_period=1",
+            "condinit_analysis.period=0",
+            "dataloader.train.total_batch_size=2",
+        ],
         "tools/compare_arms.py": ["--bootstrap", "50"],
     }
     env = dict(os.environ, CONDINIT_DATA=str(data_dir), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     for words in make_commands():
         tool = words[1]
-        argv = [sys.executable, str(ROOT / tool)] + [str(ROOT / w) if w.startswith("configs/") else w
-                                                      for w in words[2:]] + extra[tool]
+        argv = (
+            [sys.executable, str(ROOT / tool)]
+            + [str(ROOT / w) if w.startswith("configs/") else w for w in words[2:]]
+            + extra[tool]
+        )
         proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"{' '.join(words)}\n{proc.stderr[-5000:]}"
     return work
@@ -144,8 +168,9 @@ def test_make_demo_digits_end_to_end_at_tiny_size(demo_digits_run):
         report = json.loads((run / "condinit_arm_report.json").read_text())
         started_from = os.path.normpath(os.path.join(tmp_path, report["init_checkpoint"]))
         assert os.path.dirname(started_from) == str(own), report["init_checkpoint"]
-        assert report["sites"] and all(s["weights_from"].endswith(f"(pretrained with arm {arm})")
-                                       for s in report["sites"]), report["sites"]
+        assert report["sites"] and all(
+            s["weights_from"].endswith(f"(pretrained with arm {arm})") for s in report["sites"]
+        ), report["sites"]
     markdown = (base / "report" / "report.md").read_text()
     assert "## Classification pretraining" in markdown and "## Detection" in markdown
     assert all(arm in markdown for arm in ARMS)

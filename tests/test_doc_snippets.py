@@ -6,6 +6,7 @@ imports are paid once) inside a temporary folder; excerpts of a config file, or 
 literally: its snippet, with a demo config's data, optimizer, schedule and train nodes, is planned by
 ``condinit-train --dry-run``, with and without its ``condinit`` line.
 """
+
 import os
 import re
 import subprocess
@@ -39,14 +40,19 @@ def python_snippets():
         text = page.read_text()
         for m in FENCE.finditer(text):
             if m.group(1) == "python" and "fragment" not in m.group(2):
-                line = text[:m.start()].count("\n") + 1
+                line = text[: m.start()].count("\n") + 1
                 found.append((f"{page.relative_to(REPO)}:{line}", m.group(3)))
     return found
 
 
 def _env(tmp_path):
-    return dict(os.environ, CONDINIT_DATA=str(tmp_path / "data"), PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore",
-                OMP_NUM_THREADS="1")
+    return dict(
+        os.environ,
+        CONDINIT_DATA=str(tmp_path / "data"),
+        PYTHONPATH=str(REPO),
+        PYTHONWARNINGS="ignore",
+        OMP_NUM_THREADS="1",
+    )
 
 
 def test_every_page_has_its_snippets_found():
@@ -61,8 +67,14 @@ def test_the_python_snippets_run_as_written(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "configs").symlink_to(REPO / "configs", target_is_directory=True)  # paths as the docs write them
-    done = subprocess.run([sys.executable, "-c", RUNNER, str(listed)], cwd=work, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(listed)],
+        cwd=work,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
 
 
@@ -83,8 +95,16 @@ def test_own_config_as_the_readme_writes_it(tmp_path, with_node):
         snippet = "\n".join(line for line in snippet.splitlines() if not line.startswith("condinit = "))
     config = tmp_path / "my_config.py"
     config.write_text(snippet + README_TAIL)
-    argv = [sys.executable, str(REPO / "tools" / "train_net.py"), "--config-file", str(config), "--arm",
-            "conditioned", "--dry-run", f"train.output_dir={tmp_path / 'out'}"]
+    argv = [
+        sys.executable,
+        str(REPO / "tools" / "train_net.py"),
+        "--config-file",
+        str(config),
+        "--arm",
+        "conditioned",
+        "--dry-run",
+        f"train.output_dir={tmp_path / 'out'}",
+    ]
     done = subprocess.run(argv, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"conditioned/seed0 +train", done.stdout), done.stdout

@@ -4,6 +4,7 @@ Every check is a function from one document to its problems, one line each (``do
 each check over every document, then over small broken documents written to ``tmp_path``, which it must flag. The
 slow test at the end runs the documented two-stage demo as written, at tiny size.
 """
+
 import ast
 import contextlib
 import functools
@@ -23,7 +24,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "BENCHMARKS.md")] + sorted(
-    glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    glob.glob(os.path.join(ROOT, "docs", "*.md"))
+)
 # Pages written to their own rule for measured numbers (the command next to each number), kept out of that check.
 OWN_MEASUREMENT_RULE = ("docs/install.md", "docs/statistics.md")
 README_MAX_LINES = 200
@@ -42,7 +44,8 @@ CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 LINK = re.compile(r"!?\[([^\]]*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE_LINK = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(\S+)", re.MULTILINE)
 CHECKOUT_PATH = re.compile(
-    r"(?<![\w./$-])((?:tools|bench|tests|configs|docs|condinit_det)/[\w./-]*?\.(?:py|sh|md|png|yaml|yml))(?![\w/{<*$])")
+    r"(?<![\w./$-])((?:tools|bench|tests|configs|docs|condinit_det)/[\w./-]*?\.(?:py|sh|md|png|yaml|yml))(?![\w/{<*$])"
+)
 ZOO_NAME = re.compile(r"\bzoo:([\w./-]+)")
 MEASURED = re.compile(r"(?<!not )(?<!never )\bmeasured\b", re.IGNORECASE)
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -108,8 +111,12 @@ def parse(path: str, text: Optional[str] = None) -> Document:
         doc.prose.append("")
         stripped = line.strip()
         marker = current.marker
-        if len(line) - len(line.lstrip(" ")) <= 3 and stripped and set(stripped) == {marker[0]} \
-                and len(stripped) >= len(marker):
+        if (
+            len(line) - len(line.lstrip(" ")) <= 3
+            and stripped
+            and set(stripped) == {marker[0]}
+            and len(stripped) >= len(marker)
+        ):
             current.end = number
             current = None
         else:
@@ -390,16 +397,20 @@ def source_flags(script: str) -> Set[str]:
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-            found.update(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                         and a.value.startswith("-"))
+            found.update(
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+            )
     return found
 
 
 @functools.lru_cache(maxsize=None)
 def shell_script_flags(script: str) -> Set[str]:
     """The flags a ``tools/*.sh`` script's ``--help`` names."""
-    proc = subprocess.run(["bash", os.path.join(ROOT, script), "--help"], capture_output=True, text=True, timeout=60,
-                          cwd=ROOT)
+    proc = subprocess.run(
+        ["bash", os.path.join(ROOT, script), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     flags = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", proc.stdout + proc.stderr))
     return flags | {"--help"} if proc.returncode == 0 else flags - {"--help"}
 
@@ -433,14 +444,18 @@ def console_name(program: str) -> Optional[str]:
 # The checks: one document in, its problems out
 # ---------------------------------------------------------------------------------------------
 def check_fences(doc: Document) -> List[str]:
-    return [f"{doc.where(f.start)}: the code fence {f.marker}{f.info} opened here is never closed"
-            for f in doc.fences if f.end is None]
+    return [
+        f"{doc.where(f.start)}: the code fence {f.marker}{f.info} opened here is never closed"
+        for f in doc.fences
+        if f.end is None
+    ]
 
 
 def check_links(doc: Document) -> List[str]:
     problems = []
-    targets = [(number, m.group(2)) for number, text in paragraphs(doc) for m in LINK.finditer(
-        without_code_spans(text))]
+    targets = [
+        (number, m.group(2)) for number, text in paragraphs(doc) for m in LINK.finditer(without_code_spans(text))
+    ]
     prose = "\n".join(doc.prose)
     targets += [(prose.count("\n", 0, m.start()) + 1, m.group(1)) for m in REFERENCE_LINK.finditer(prose)]
     for number, target in targets:
@@ -451,8 +466,9 @@ def check_links(doc: Document) -> List[str]:
         if not os.path.exists(file):
             problems.append(f"{doc.where(number)}: link target {target} does not exist ({file})")
         elif anchor and file.endswith(".md") and anchor not in anchors(load(file) if file != doc.path else doc):
-            problems.append(f"{doc.where(number)}: link {target}: no heading in {os.path.basename(file)} has the "
-                            f"anchor #{anchor}")
+            problems.append(
+                f"{doc.where(number)}: link {target}: no heading in {os.path.basename(file)} has the anchor #{anchor}"
+            )
     return problems
 
 
@@ -477,12 +493,16 @@ def check_commands(doc: Document) -> List[str]:
         if command.program == "make":
             for word in command.args:
                 if not word.startswith("-") and "=" not in word and word not in make_targets():
-                    problems.append(f"{command.where}: make {word}: no such target in the Makefile "
-                                    f"(targets: {', '.join(sorted(make_targets()))})")
+                    problems.append(
+                        f"{command.where}: make {word}: no such target in the Makefile "
+                        f"(targets: {', '.join(sorted(make_targets()))})"
+                    )
             continue
         if command.program.startswith("condinit-") and command.program not in console_scripts():
-            problems.append(f"{command.where}: {command.program} is not a console script of setup.py "
-                            f"({', '.join(sorted(console_scripts()))})")
+            problems.append(
+                f"{command.where}: {command.program} is not a console script of setup.py "
+                f"({', '.join(sorted(console_scripts()))})"
+            )
             continue
         accepted = program_flags(command.program)
         if accepted is None:
@@ -530,13 +550,17 @@ def _loadable(config: Optional[str]) -> bool:
     """A config the docs name by checkout path or zoo: name (a placeholder such as my_config.py is not checked)."""
     if not config:
         return False
-    return config[len("zoo:"):] in zoo_names() if config.startswith("zoo:") else os.path.isfile(
-        os.path.join(ROOT, config))
+    return (
+        config[len("zoo:") :] in zoo_names()
+        if config.startswith("zoo:")
+        else os.path.isfile(os.path.join(ROOT, config))
+    )
 
 
 def init_template(command: Command) -> Optional[str]:
-    return command.overrides().get("train.init_checkpoint") or config_value(command.value("--config-file"),
-                                                                            "init_checkpoint")
+    return command.overrides().get("train.init_checkpoint") or config_value(
+        command.value("--config-file"), "init_checkpoint"
+    )
 
 
 def output_dir(command: Command) -> Optional[str]:
@@ -551,17 +575,21 @@ def check_two_stage_paths(doc: Document) -> List[str]:
         reads = os.path.normpath(TEMPLATE_TAIL.sub("", template))
         writes = os.path.normpath(output_dir(pretrain) or "")
         if reads != writes:
-            problems.append(f"{finetune.where}: fine-tuning reads {template} but the pretraining at {pretrain.where} "
-                            f"writes its runs into {writes}/<arm>/seed<k>")
+            problems.append(
+                f"{finetune.where}: fine-tuning reads {template} but the pretraining at {pretrain.where} "
+                f"writes its runs into {writes}/<arm>/seed<k>"
+            )
     return problems
 
 
 def check_condinit_node(doc: Document) -> List[str]:
     with open(os.path.join(ROOT, "configs", "common", "condinit.py")) as f:
         real = {line.strip() for line in f}
-    return [f"{doc.where(number)}: this condinit node is not the one in configs/common/condinit.py"
-            for number, line in enumerate(doc.lines, start=1)
-            if line.strip().startswith("condinit = dict(") and line.strip() not in real]
+    return [
+        f"{doc.where(number)}: this condinit node is not the one in configs/common/condinit.py"
+        for number, line in enumerate(doc.lines, start=1)
+        if line.strip().startswith("condinit = dict(") and line.strip() not in real
+    ]
 
 
 def check_measured(doc: Document) -> List[str]:
@@ -588,13 +616,21 @@ def check_measured(doc: Document) -> List[str]:
                 after += 1
             ok = ok or bool(code_spans(text)) or after in starts
         if not ok:
-            problems.append(f"{doc.where(claim)}: says 'measured' but its section has no 'Measured with:' line "
-                            "naming the command")
+            problems.append(
+                f"{doc.where(claim)}: says 'measured' but its section has no 'Measured with:' line naming the command"
+            )
     return problems
 
 
-CHECKS = (check_fences, check_links, check_paths, check_commands, check_two_stage_paths, check_condinit_node,
-          check_measured)
+CHECKS = (
+    check_fences,
+    check_links,
+    check_paths,
+    check_commands,
+    check_two_stage_paths,
+    check_condinit_node,
+    check_measured,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,8 +643,11 @@ def test_the_docs_pass(check):
 
 
 def test_the_docs_show_both_two_stage_examples():
-    shown = {(os.path.normpath(a.value("--config-file")), os.path.normpath(b.value("--config-file")))
-             for path in DOCS for a, b in two_stage_pairs(load(path))}
+    shown = {
+        (os.path.normpath(a.value("--config-file")), os.path.normpath(b.value("--config-file")))
+        for path in DOCS
+        for a, b in two_stage_pairs(load(path))
+    }
     for pair in REQUIRED_PAIRS:
         assert pair in shown, f"no shell block pretrains with {pair[0]} and then fine-tunes with {pair[1]}"
 
@@ -638,36 +677,45 @@ def _doc(tmp_path, text, name="page.md") -> Document:
 
 def test_a_good_document_has_no_problem(tmp_path):
     (tmp_path / "other.md").write_text("# Other\n\n## A section: `with code`\n")
-    doc = _doc(tmp_path, (
-        "# Page\n\nSee [the other page](other.md#a-section-with-code) and [below](#usage).\n\n## Usage\n\n"
-        "```bash\ncondinit-train --config-file configs/demo/mask_rcnn_vit_tiny.py --arm all --seeds 0,1 \\\n"
-        "    train.output_dir=output/x   # a comment\nmake demo DEMO_OUTPUT=output/d\n```\n\n"
-        "It took 3 s.\n\nMeasured with: `time make demo`\n"))
+    doc = _doc(
+        tmp_path,
+        (
+            "# Page\n\nSee [the other page](other.md#a-section-with-code) and [below](#usage).\n\n## Usage\n\n"
+            "```bash\ncondinit-train --config-file configs/demo/mask_rcnn_vit_tiny.py --arm all --seeds 0,1 \\\n"
+            "    train.output_dir=output/x   # a comment\nmake demo DEMO_OUTPUT=output/d\n```\n\n"
+            "It took 3 s.\n\nMeasured with: `time make demo`\n"
+        ),
+    )
     assert [p for check in CHECKS for p in check(doc)] == []
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("# Page\n\n```bash\nmake test\n", "is never closed"),
-    ("# Page\n\n````python\nx = 1\n```\n", "is never closed"),
-    ("# Page\n\nSee [there](missing.md).\n", "does not exist"),
-    ("# Page\n\nSee [there](#nowhere).\n\n## Somewhere\n", "anchor #nowhere"),
-    ("# Page\n\nSee [there](other.md#nowhere).\n", "anchor #nowhere"),
-    ("# Page\n\nThe config `configs/demo/no_such_config.py`.\n", "does not exist in the checkout"),
-    ("# Page\n\n`condinit-train --config-file zoo:demo/no_such.py`\n", "is not a model-zoo name"),
-    ("# Page\n\n```bash\ncondinit-train --config-file x.py --no-such-flag\n```\n", "has no flag --no-such-flag"),
-    ("# Page\n\n```bash\n.venv/bin/python tools/pretrain_net.py --arms all\n```\n", "has no flag --arms"),
-    ("# Page\n\n```bash\ncondinit-protocol --pretrain-cfg a.py\n```\n", "has no flag --pretrain-cfg"),
-    ("# Page\n\n```bash\ncondinit-compare out --boot 10\n```\n", "has no flag --boot"),
-    ("# Page\n\n`condinit-status out --stale 5`\n", "has no flag --stale"),
-    ("# Page\n\n```bash\n.venv/bin/python bench/bench_eval.py --imgs 5\n```\n", "has no flag --imgs"),
-    ("# Page\n\n```bash\nbash tools/setup_env.sh --offlin DIR\n```\n", "has no flag --offlin"),
-    ("# Page\n\n```bash\nmake no-such-target\n```\n", "no such target"),
-    ("# Page\n\n```bash\ncondinit-evaluate out\n```\n", "is not a console script"),
-    ("# Page\n\n```python\ncondinit = dict(arm=\"mimetic\")\n```\n", "is not the one in configs/common/condinit.py"),
-    ("# Page\n\nIt took 3 s, measured on two cores.\n\n## Next\n\nMeasured with: `make demo`\n",
-     "'Measured with:'"),
-    ("# Page\n\nMeasured here: 3 s.\n\nMeasured with: the usual command.\n", "'Measured with:'"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("# Page\n\n```bash\nmake test\n", "is never closed"),
+        ("# Page\n\n````python\nx = 1\n```\n", "is never closed"),
+        ("# Page\n\nSee [there](missing.md).\n", "does not exist"),
+        ("# Page\n\nSee [there](#nowhere).\n\n## Somewhere\n", "anchor #nowhere"),
+        ("# Page\n\nSee [there](other.md#nowhere).\n", "anchor #nowhere"),
+        ("# Page\n\nThe config `configs/demo/no_such_config.py`.\n", "does not exist in the checkout"),
+        ("# Page\n\n`condinit-train --config-file zoo:demo/no_such.py`\n", "is not a model-zoo name"),
+        ("# Page\n\n```bash\ncondinit-train --config-file x.py --no-such-flag\n```\n", "has no flag --no-such-flag"),
+        ("# Page\n\n```bash\n.venv/bin/python tools/pretrain_net.py --arms all\n```\n", "has no flag --arms"),
+        ("# Page\n\n```bash\ncondinit-protocol --pretrain-cfg a.py\n```\n", "has no flag --pretrain-cfg"),
+        ("# Page\n\n```bash\ncondinit-compare out --boot 10\n```\n", "has no flag --boot"),
+        ("# Page\n\n`condinit-status out --stale 5`\n", "has no flag --stale"),
+        ("# Page\n\n```bash\n.venv/bin/python bench/bench_eval.py --imgs 5\n```\n", "has no flag --imgs"),
+        ("# Page\n\n```bash\nbash tools/setup_env.sh --offlin DIR\n```\n", "has no flag --offlin"),
+        ("# Page\n\n```bash\nmake no-such-target\n```\n", "no such target"),
+        ("# Page\n\n```bash\ncondinit-evaluate out\n```\n", "is not a console script"),
+        ('# Page\n\n```python\ncondinit = dict(arm="mimetic")\n```\n', "is not the one in configs/common/condinit.py"),
+        (
+            "# Page\n\nIt took 3 s, measured on two cores.\n\n## Next\n\nMeasured with: `make demo`\n",
+            "'Measured with:'",
+        ),
+        ("# Page\n\nMeasured here: 3 s.\n\nMeasured with: the usual command.\n", "'Measured with:'"),
+    ],
+)
 def test_a_broken_document_is_flagged(tmp_path, text, problem):
     (tmp_path / "other.md").write_text("# Other\n")
     doc = _doc(tmp_path, text)
@@ -676,20 +724,29 @@ def test_a_broken_document_is_flagged(tmp_path, text, problem):
 
 
 def test_two_stage_paths_that_disagree_are_flagged(tmp_path):
-    broken = _doc(tmp_path, (
-        "# Page\n\n```bash\n"
-        "condinit-pretrain --config-file configs/ImageNet/xcit_s12_p16_400ep.py --arm all "
-        "train.output_dir=output/pretrain/xcit_s12_p16\n"
-        "condinit-train --config-file configs/COCO/mask_rcnn_xcit_s12_p16_3x_in1k.py --arm all\n```\n"))
+    broken = _doc(
+        tmp_path,
+        (
+            "# Page\n\n```bash\n"
+            "condinit-pretrain --config-file configs/ImageNet/xcit_s12_p16_400ep.py --arm all "
+            "train.output_dir=output/pretrain/xcit_s12_p16\n"
+            "condinit-train --config-file configs/COCO/mask_rcnn_xcit_s12_p16_3x_in1k.py --arm all\n```\n"
+        ),
+    )
     problems = check_two_stage_paths(broken)
     assert len(problems) == 1 and "output/imagenet/xcit_s12_p16_400ep/{arm}/seed{seed}" in problems[0], problems
-    good = _doc(tmp_path, (
-        "# Page\n\n```bash\n"
-        ".venv/bin/python tools/pretrain_net.py --config-file configs/demo/pretrain_vit_tiny.py --arm all "
-        "train.output_dir=./output/demo_paper/pretrain/\n"
-        "condinit-train --config-file zoo:demo/mask_rcnn_vit_tiny_finetune.py --arm all\n"
-        "condinit-train --config-file configs/demo/mask_rcnn_vit_tiny.py --arm all "
-        "\"train.init_checkpoint='output/demo_paper/pretrain/{arm}/seed{seed}'\"\n```\n"), name="good.md")
+    good = _doc(
+        tmp_path,
+        (
+            "# Page\n\n```bash\n"
+            ".venv/bin/python tools/pretrain_net.py --config-file configs/demo/pretrain_vit_tiny.py --arm all "
+            "train.output_dir=./output/demo_paper/pretrain/\n"
+            "condinit-train --config-file zoo:demo/mask_rcnn_vit_tiny_finetune.py --arm all\n"
+            "condinit-train --config-file configs/demo/mask_rcnn_vit_tiny.py --arm all "
+            "\"train.init_checkpoint='output/demo_paper/pretrain/{arm}/seed{seed}'\"\n```\n"
+        ),
+        name="good.md",
+    )
     assert len(two_stage_pairs(good)) == 2 and check_two_stage_paths(good) == []
 
 
@@ -702,13 +759,20 @@ def test_anchors_follow_githubs_rules():
 
 
 def test_commands_are_read_like_a_shell(tmp_path):
-    doc = _doc(tmp_path, (
-        "# P\n\n```bash\nPY=.venv/bin/python\nOMP_NUM_THREADS=1 $PY tools/train_net.py --arm all \\\n"
-        "    --seeds 0 && time make test\nfor c in a b; do\n  condinit-pretrain --config-file configs/$c.py; done\n"
-        "$PY - <<'EOF'\nprint('--not-a-flag')\nEOF\n.venv/bin/python -m pytest -q\n```\n"))
+    doc = _doc(
+        tmp_path,
+        (
+            "# P\n\n```bash\nPY=.venv/bin/python\nOMP_NUM_THREADS=1 $PY tools/train_net.py --arm all \\\n"
+            "    --seeds 0 && time make test\nfor c in a b; do\n  condinit-pretrain --config-file configs/$c.py; done\n"
+            "$PY - <<'EOF'\nprint('--not-a-flag')\nEOF\n.venv/bin/python -m pytest -q\n```\n"
+        ),
+    )
     commands = [(c.program, c.flags()) for c in commands_in(doc)]
-    assert commands == [("tools/train_net.py", ["--arm", "--seeds"]), ("make", []),
-                        ("condinit-pretrain", ["--config-file"])]
+    assert commands == [
+        ("tools/train_net.py", ["--arm", "--seeds"]),
+        ("make", []),
+        ("condinit-pretrain", ["--config-file"]),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -742,8 +806,11 @@ def comparisons_after(command: Command) -> List[Command]:
 def _as_run_here(command: Command, extra: List[str]) -> List[str]:
     """The documented command line, run with this checkout's tools/ script, its config path absolute (the command
     runs in another folder) and ``extra`` overrides appended."""
-    script = next(s for s in ("tools/pretrain_net.py", "tools/train_net.py", "tools/compare_arms.py")
-                  if console_name(s) == console_name(command.program))
+    script = next(
+        s
+        for s in ("tools/pretrain_net.py", "tools/train_net.py", "tools/compare_arms.py")
+        if console_name(s) == console_name(command.program)
+    )
     args = [os.path.join(ROOT, a) if a.startswith("configs/") else a for a in command.args]
     return [sys.executable, os.path.join(ROOT, script), *args, *extra]
 
@@ -759,19 +826,29 @@ def run_documented_demo_pair(work: str) -> Dict[str, str]:
     spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
     data = generate_classification_dataset(os.path.join(work, "shapes"), num_train=32, num_val=8, spec=spec)
     # Tiny size: data and schedule only.
-    tiny_pretrain = [f"data.root={data}", "train.epochs=1", "scheduler.warmup_epochs=0", "train.batch_size=8",
-                     "train.eval_batch_size=8", "train.workers=0"]
+    tiny_pretrain = [
+        f"data.root={data}",
+        "train.epochs=1",
+        "scheduler.warmup_epochs=0",
+        "train.batch_size=8",
+        "train.eval_batch_size=8",
+        "train.workers=0",
+    ]
     tiny_finetune = ["train.max_iter=1", "train.eval_period=1", "condinit_analysis.period=0"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     compare = comparisons_after(finetune)
     assert len(compare) == 1, "the demo pair's block should end with one condinit-compare of both stages"
     for command, extra in ((pretrain, tiny_pretrain), (finetune, tiny_finetune), (compare[0], [])):
-        proc = subprocess.run(_as_run_here(command, extra), cwd=work, env=env, capture_output=True, text=True,
-                              timeout=900)
+        proc = subprocess.run(
+            _as_run_here(command, extra), cwd=work, env=env, capture_output=True, text=True, timeout=900
+        )
         assert proc.returncode == 0, f"{command.where}: {' '.join(command.args)}\n{proc.stderr[-5000:]}"
-    return {"work": work, "pretrain": os.path.join(work, pretrain.overrides()["train.output_dir"]),
-            "finetune": os.path.join(work, finetune.overrides()["train.output_dir"]),
-            "report": os.path.join(work, compare[0].value("--output"))}
+    return {
+        "work": work,
+        "pretrain": os.path.join(work, pretrain.overrides()["train.output_dir"]),
+        "finetune": os.path.join(work, finetune.overrides()["train.output_dir"]),
+        "report": os.path.join(work, compare[0].value("--output")),
+    }
 
 
 @pytest.mark.slow
@@ -790,8 +867,9 @@ def test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining(d
             report = json.load(f)
         started_from = os.path.normpath(os.path.join(runs["work"], report["init_checkpoint"]))
         assert os.path.dirname(started_from) == os.path.normpath(own), report["init_checkpoint"]
-        assert report["sites"] and all(s["weights_from"].endswith(f"(pretrained with arm {arm})")
-                                       for s in report["sites"]), report["sites"]
+        assert report["sites"] and all(
+            s["weights_from"].endswith(f"(pretrained with arm {arm})") for s in report["sites"]
+        ), report["sites"]
     with open(os.path.join(runs["report"], "report.md")) as f:
         markdown = f.read()
     assert "## Classification pretraining" in markdown and "## Detection" in markdown

@@ -128,9 +128,7 @@ def test_parity_explicit_tasks_and_img_ids(dataset):
 def test_parity_custom_max_dets_per_image(dataset):
     # detectron2 switches to its COCOevalMaxDets summary when the limit is not 100.
     ref = run(
-        COCOEvaluator(
-            dataset["name"], distributed=False, use_fast_impl=False, max_dets_per_image=5
-        ),
+        COCOEvaluator(dataset["name"], distributed=False, use_fast_impl=False, max_dets_per_image=5),
         dataset["inputs"],
         dataset["outputs"],
     )
@@ -143,13 +141,9 @@ def test_parity_custom_max_dets_per_image(dataset):
 
 
 def test_no_predictions_at_all(dataset):
-    empty = [
-        predictions_to_instances([], (inp["height"], inp["width"])) for inp in dataset["inputs"]
-    ]
+    empty = [predictions_to_instances([], (inp["height"], inp["width"])) for inp in dataset["inputs"]]
     ref = run(
-        COCOEvaluator(
-            dataset["name"], tasks=("bbox", "segm"), distributed=False, use_fast_impl=False
-        ),
+        COCOEvaluator(dataset["name"], tasks=("bbox", "segm"), distributed=False, use_fast_impl=False),
         dataset["inputs"],
         empty,
     )
@@ -165,9 +159,7 @@ def test_no_predictions_at_all(dataset):
 def test_output_dir_writes_same_results_json(dataset, tmp_path):
     ref_dir, our_dir = tmp_path / "ref", tmp_path / "ours"
     run(
-        COCOEvaluator(
-            dataset["name"], distributed=False, use_fast_impl=False, output_dir=str(ref_dir)
-        ),
+        COCOEvaluator(dataset["name"], distributed=False, use_fast_impl=False, output_dir=str(ref_dir)),
         dataset["inputs"],
         dataset["outputs"],
     )
@@ -225,10 +217,7 @@ def test_to_fast_evaluator_keeps_arguments_and_interpolations(dataset, tmp_path)
     )
     cfg.evaluator = to_fast_evaluator(cfg.evaluator)
     assert "use_fast_impl" not in cfg.evaluator
-    assert (
-        OmegaConf.to_container(cfg.evaluator, resolve=False)["dataset_name"]
-        == "${..test.dataset_name}"
-    )
+    assert OmegaConf.to_container(cfg.evaluator, resolve=False)["dataset_name"] == "${..test.dataset_name}"
     evaluator = instantiate(cfg.evaluator)
     assert type(evaluator) is FastCOCOEvaluator
     assert evaluator._output_dir == str(tmp_path)
@@ -266,9 +255,7 @@ def _distributed_worker(json_file, dets, out_dir):
     gt = json.loads(open(json_file).read())
     images = gt["images"][comm.get_rank() :: comm.get_world_size()]
     inputs = [{"image_id": img["id"]} for img in images]
-    outputs = [
-        predictions_to_instances(dets[img["id"]], (img["height"], img["width"])) for img in images
-    ]
+    outputs = [predictions_to_instances(dets[img["id"]], (img["height"], img["width"])) for img in images]
     result = run(FastCOCOEvaluator(name, distributed=True), inputs, outputs)
     with open(os.path.join(out_dir, f"rank{comm.get_rank()}.json"), "w") as f:
         json.dump(result, f)
@@ -304,9 +291,7 @@ def _keypoint_dataset(seed=0):
         for _ in range(rng.integers(1, 4)):
             x, y = rng.uniform(0, 150), rng.uniform(0, 80)
             w, h = rng.uniform(30, 140), rng.uniform(40, 110)
-            pts = np.stack(
-                [rng.uniform(x, x + w, 17), rng.uniform(y, y + h, 17), np.full(17, 2.0)], axis=1
-            )
+            pts = np.stack([rng.uniform(x, x + w, 17), rng.uniform(y, y + h, 17), np.full(17, 2.0)], axis=1)
             annotations.append(
                 {
                     "id": len(annotations) + 1,
@@ -340,9 +325,7 @@ def _keypoint_outputs(dets):
         inst.pred_boxes = Boxes(torch.tensor([d[0] for d in dets[image_id]], dtype=torch.float32))
         inst.scores = torch.tensor([d[1] for d in dets[image_id]], dtype=torch.float32)
         inst.pred_classes = torch.zeros(len(dets[image_id]), dtype=torch.int64)
-        inst.pred_keypoints = torch.tensor(
-            np.stack([d[2] for d in dets[image_id]]), dtype=torch.float32
-        )
+        inst.pred_keypoints = torch.tensor(np.stack([d[2] for d in dets[image_id]]), dtype=torch.float32)
         outputs.append({"instances": inst})
     return outputs
 

@@ -1,6 +1,7 @@
 """Failures are results: the report shows a failed run where its numbers would be, a detection run whose data
 loader raises is recorded and resumed, and the processes of a run stop together when one of them raises. (The
 launcher's rules for failures, resume and retry, for both stages: tests/test_launcher.py.)"""
+
 import os
 import subprocess
 import sys
@@ -28,8 +29,9 @@ def _env(**extra):
 
 
 def _tool(tool, *argv, cwd, **env):
-    proc = subprocess.run([sys.executable, tool, *argv], cwd=cwd, env=_env(**env), capture_output=True, text=True,
-                          timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, tool, *argv], cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=1200
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -47,8 +49,18 @@ def test_report_shows_failed_runs(tmp_path):
         d = RunSpec(arm, 0, scale).path(str(tmp_path))
         rf = ResultsFile(d)
         for it, ap in aps:
-            rf.add({"kind": "ap", "stage": "detection", "iteration": it, "arm": arm, "seed": 0, "lr_scale": scale,
-                    "bbox": {"AP": ap, "AP50": ap, "AP75": ap}, "segm": {"AP": ap, "AP50": ap, "AP75": ap}})
+            rf.add(
+                {
+                    "kind": "ap",
+                    "stage": "detection",
+                    "iteration": it,
+                    "arm": arm,
+                    "seed": 0,
+                    "lr_scale": scale,
+                    "bbox": {"AP": ap, "AP50": ap, "AP75": ap},
+                    "segm": {"AP": ap, "AP50": ap, "AP75": ap},
+                }
+            )
         if failure:
             rf.add({"kind": "failed", "stage": "detection", "arm": arm, "seed": 0, "lr_scale": scale, **failure})
 
@@ -78,8 +90,15 @@ def test_report_shows_failed_runs(tmp_path):
 def test_detection_run_whose_loader_raises_then_resume(tmp_path):
     exp = tmp_path / "exp"
     env = {"CONDINIT_FAIL_ONCE": str(tmp_path / "failed-once"), "CONDINIT_FAIL_AT": "2"}
-    argv = ["--config-file", FAILING_CONFIG, "--arm", "all", "train.max_iter=2", "train.eval_period=2",
-            f"train.output_dir={exp}"]
+    argv = [
+        "--config-file",
+        FAILING_CONFIG,
+        "--arm",
+        "all",
+        "train.max_iter=2",
+        "train.eval_period=2",
+        f"train.output_dir={exp}",
+    ]
     rc, out, err = _tool(TRAIN_NET, *argv, cwd=tmp_path, **env)
     assert rc == 1, err[-3000:]
     failure = failure_of(RunSpec("default", 0).path(str(exp)))
@@ -101,9 +120,22 @@ def test_two_processes_stop_together_when_one_rank_raises(tmp_path):
     out_dir = tmp_path / "ddp"
     env = {"CONDINIT_FAIL_RANK": "1", "CONDINIT_FAIL_AT": "2", "CUDA_VISIBLE_DEVICES": ""}
     start = time.time()
-    rc, out, err = _tool(TRAIN_NET, "--config-file", FAILING_CONFIG, "--num-gpus", "2", "--dist-url", "auto",
-                         "--arm", "conditioned", "train.max_iter=20", "train.eval_period=20",
-                         f"train.output_dir={out_dir}", cwd=tmp_path, **env)
+    rc, out, err = _tool(
+        TRAIN_NET,
+        "--config-file",
+        FAILING_CONFIG,
+        "--num-gpus",
+        "2",
+        "--dist-url",
+        "auto",
+        "--arm",
+        "conditioned",
+        "train.max_iter=20",
+        "train.eval_period=20",
+        f"train.output_dir={out_dir}",
+        cwd=tmp_path,
+        **env,
+    )
     elapsed = time.time() - start
     assert rc == 1, err[-3000:]
     run_dir = RunSpec("conditioned", 0).path(str(out_dir))

@@ -1,4 +1,5 @@
 """Each arm's detector starts from that arm's own pretrained backbone (train.init_checkpoint with {arm})."""
+
 import json
 import os
 import subprocess
@@ -27,9 +28,21 @@ def _pretrain_checkpoints(root):
         apply_init(model, arm, seed=7)
         run = root / arm / "seed0"
         run.mkdir(parents=True)
-        torch.save({"format": "condinit_det.pretrain/v1", "model": model.state_dict(), "weights": "model",
-                    "timm_model": TIMM_NAME, "model_kwargs": TIMM_KWARGS, "num_classes": 4, "img_size": 64,
-                    "arm": arm, "seed": 0, "epoch": 1}, run / "model_final.pth")
+        torch.save(
+            {
+                "format": "condinit_det.pretrain/v1",
+                "model": model.state_dict(),
+                "weights": "model",
+                "timm_model": TIMM_NAME,
+                "model_kwargs": TIMM_KWARGS,
+                "num_classes": 4,
+                "img_size": 64,
+                "arm": arm,
+                "seed": 0,
+                "epoch": 1,
+            },
+            run / "model_final.pth",
+        )
         weights[arm] = model.state_dict()
     return weights
 
@@ -40,10 +53,26 @@ def test_each_arm_fine_tunes_from_its_own_pretraining(tmp_path):
     exp = tmp_path / "finetune"
     # lr 0: the weights after one step are the weights the run started from.
     proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", CONFIG, "--arm", ",".join(ARMS), f"train.output_dir={exp}",
-         f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'", "train.max_iter=1",
-         "train.eval_period=1", "optimizer.lr=0.0", "optimizer.weight_decay=0.0"],
-        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            TRAIN_NET,
+            "--config-file",
+            CONFIG,
+            "--arm",
+            ",".join(ARMS),
+            f"train.output_dir={exp}",
+            f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'",
+            "train.max_iter=1",
+            "train.eval_period=1",
+            "optimizer.lr=0.0",
+            "optimizer.weight_decay=0.0",
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     qkv = {}
     for arm in ARMS:

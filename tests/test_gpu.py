@@ -4,6 +4,7 @@ AMPTrainer + evaluation + resume, pretraining with AMP and EMA, 2-GPU NCCL DDP w
 Marked ``gpu``; skipped where no CUDA device is available. ``make gpu-check`` runs them with a verdict
 per test (tools/gpu_check.py).
 """
+
 import os
 import subprocess
 import sys
@@ -15,8 +16,10 @@ from torch import nn
 from condinit_det.init import apply_init, find_attention
 from condinit_det.records.results import ResultsFile
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check)"),
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")
@@ -42,7 +45,7 @@ def _model(dtype, device):
 
 def _head_blocks(w, dim, heads):
     dh = dim // heads
-    return [w[r * dim + h * dh: r * dim + (h + 1) * dh] for r in range(2) for h in range(heads)]
+    return [w[r * dim + h * dh : r * dim + (h + 1) * dh] for r in range(2) for h in range(heads)]
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -55,6 +58,7 @@ def test_arm_on_cuda_matches_the_cpu(arm, dtype, tf32):
     assert torch.backends.cuda.matmul.fp32_precision == ("tf32" if tf32 else "ieee")  # restored
     eps = torch.finfo(dt).eps
     for site_gpu, site_cpu, site_ref in zip(find_attention(gpu), find_attention(cpu), find_attention(ref)):
+
         def weights(site, role):
             return site.weight(role).detach().cpu().double()
 
@@ -90,24 +94,40 @@ def test_arm_on_cuda_matches_the_cpu(arm, dtype, tf32):
 
 def _run(tool, *argv, cwd):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, tool, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, tool, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 
 
 def test_detection_amp_train_evaluate_resume(tmp_path):
     out = tmp_path / "det"
-    common = ["--config-file", DETECTION_DEMO, "--arm", "conditioned", "train.device=cuda", "train.amp.enabled=True",
-              f"train.output_dir={out}", "train.eval_period=4", "train.checkpointer.period=4"]
+    common = [
+        "--config-file",
+        DETECTION_DEMO,
+        "--arm",
+        "conditioned",
+        "train.device=cuda",
+        "train.amp.enabled=True",
+        f"train.output_dir={out}",
+        "train.eval_period=4",
+        "train.checkpointer.period=4",
+    ]
     _run(TRAIN_NET, *common, "train.max_iter=4", cwd=tmp_path)
     assert [r["iteration"] for r in ResultsFile(out).records("ap")] == [4]
     log = _run(TRAIN_NET, *common, "train.max_iter=8", "--resume", cwd=tmp_path)
     assert "Starting training from iteration 4" in log
     records = ResultsFile(out).records("ap")
     assert [r["iteration"] for r in records] == [4, 8]
-    _run(TRAIN_NET, "--config-file", DETECTION_DEMO, "--eval-only", "train.device=cuda",
-         f"train.init_checkpoint={out / 'model_final.pth'}", f"train.output_dir={tmp_path / 'eval'}", cwd=tmp_path)
+    _run(
+        TRAIN_NET,
+        "--config-file",
+        DETECTION_DEMO,
+        "--eval-only",
+        "train.device=cuda",
+        f"train.init_checkpoint={out / 'model_final.pth'}",
+        f"train.output_dir={tmp_path / 'eval'}",
+        cwd=tmp_path,
+    )
     (evaluated,) = ResultsFile(tmp_path / "eval").records("eval")
     a, b = evaluated["bbox"]["AP"], records[-1]["bbox"]["AP"]
     assert (a is None and b is None) or a == pytest.approx(b, abs=0.1)
@@ -120,13 +140,33 @@ def test_pretraining_amp_and_ema(tmp_path, amp_dtype):
     spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
     data = generate_classification_dataset(tmp_path / "shapes", num_train=96, num_val=16, spec=spec)
     out = tmp_path / "pre"
-    opts = {"data.root": data, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 2,
-            "train.output_dir": out, "train.epochs": 2, "train.batch_size": 8, "train.workers": 0,
-            "train.log_period": 4, "train.eval_batch_size": 16, "scheduler.warmup_epochs": 1,
-            "train.device": "cuda", "train.amp": True, "train.amp_dtype": amp_dtype, "train.ema.enabled": True,
-            "train.ema.decay": 0.9}
-    log = _run(PRETRAIN_NET, "--config-file", PRETRAIN_DEMO, "--arm", "mimetic", *[f"{k}={v}" for k, v in opts.items()],
-               cwd=tmp_path)
+    opts = {
+        "data.root": data,
+        "data.img_size": 32,
+        "model.kwargs.img_size": 32,
+        "model.kwargs.depth": 2,
+        "train.output_dir": out,
+        "train.epochs": 2,
+        "train.batch_size": 8,
+        "train.workers": 0,
+        "train.log_period": 4,
+        "train.eval_batch_size": 16,
+        "scheduler.warmup_epochs": 1,
+        "train.device": "cuda",
+        "train.amp": True,
+        "train.amp_dtype": amp_dtype,
+        "train.ema.enabled": True,
+        "train.ema.decay": 0.9,
+    }
+    log = _run(
+        PRETRAIN_NET,
+        "--config-file",
+        PRETRAIN_DEMO,
+        "--arm",
+        "mimetic",
+        *[f"{k}={v}" for k, v in opts.items()],
+        cwd=tmp_path,
+    )
     assert f"AMP {amp_dtype}" in log
     run_dir = out / "mimetic" / "seed0"
     records = ResultsFile(run_dir).records("cls")
@@ -138,8 +178,20 @@ def test_pretraining_amp_and_ema(tmp_path, amp_dtype):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_two_gpu_nccl_ddp_replica_check(tmp_path):
     out = tmp_path / "ddp"
-    log = _run(TRAIN_NET, "--config-file", DETECTION_DEMO, "--num-gpus", "2", "--arm", "mimetic", "train.device=cuda",
-               f"train.output_dir={out}", "train.max_iter=4", "train.eval_period=4", cwd=tmp_path)
+    log = _run(
+        TRAIN_NET,
+        "--config-file",
+        DETECTION_DEMO,
+        "--num-gpus",
+        "2",
+        "--arm",
+        "mimetic",
+        "train.device=cuda",
+        f"train.output_dir={out}",
+        "train.max_iter=4",
+        "train.eval_period=4",
+        cwd=tmp_path,
+    )
     assert "Replica check before training: all 2 processes hold identical weights" in log
     assert "Replica check after training: all 2 processes hold identical weights" in log
     assert [r["iteration"] for r in ResultsFile(out).records("ap")] == [4]

@@ -1,4 +1,5 @@
 """Exact per-head conditioning (condinit_det.analysis.heads) against the dense Jacobian's SVD, every layout."""
+
 import math
 from types import SimpleNamespace
 
@@ -36,19 +37,36 @@ def _layouts():
     mask[1, 0, 1:] = -100.0
     return {
         # two sequences: the weights are shared across them, so J is not block diagonal by sequence
-        "d2_vit_rel_pos": (vit.Attention(8, num_heads=2, use_rel_pos=True, input_size=(2, 3), rel_pos_zero_init=False),
-                           {"x": torch.randn(2, 2, 3, 8, generator=_gen(1))}, "closed_form"),
-        "d2_swin_window": (swin.WindowAttention(8, window_size=(2, 2), num_heads=2),
-                           {"x": torch.randn(2, 4, 8, generator=_gen(2)), "mask": mask}, "closed_form"),
-        "timm_vit": (timm_vit.Attention(8, num_heads=2, qkv_bias=True), {"x": torch.randn(1, 5, 8, generator=_gen(3))},
-                     "closed_form"),
-        "timm_xcit_channel": (timm_xcit.XCA(8, num_heads=2), {"x": torch.randn(1, 6, 8, generator=_gen(4))},
-                              "autodiff"),
+        "d2_vit_rel_pos": (
+            vit.Attention(8, num_heads=2, use_rel_pos=True, input_size=(2, 3), rel_pos_zero_init=False),
+            {"x": torch.randn(2, 2, 3, 8, generator=_gen(1))},
+            "closed_form",
+        ),
+        "d2_swin_window": (
+            swin.WindowAttention(8, window_size=(2, 2), num_heads=2),
+            {"x": torch.randn(2, 4, 8, generator=_gen(2)), "mask": mask},
+            "closed_form",
+        ),
+        "timm_vit": (
+            timm_vit.Attention(8, num_heads=2, qkv_bias=True),
+            {"x": torch.randn(1, 5, 8, generator=_gen(3))},
+            "closed_form",
+        ),
+        "timm_xcit_channel": (
+            timm_xcit.XCA(8, num_heads=2),
+            {"x": torch.randn(1, 6, 8, generator=_gen(4))},
+            "autodiff",
+        ),
         # cross-attention: other key / value widths and lengths, sequence-first
-        "mha_kdim_vdim": (nn.MultiheadAttention(8, 2, kdim=6, vdim=7),
-                          {"query": torch.randn(3, 1, 8, generator=_gen(5)),
-                           "key": torch.randn(6, 1, 6, generator=_gen(6)),
-                           "value": torch.randn(6, 1, 7, generator=_gen(7))}, "closed_form"),
+        "mha_kdim_vdim": (
+            nn.MultiheadAttention(8, 2, kdim=6, vdim=7),
+            {
+                "query": torch.randn(3, 1, 8, generator=_gen(5)),
+                "key": torch.randn(6, 1, 6, generator=_gen(6)),
+                "value": torch.randn(6, 1, 7, generator=_gen(7)),
+            },
+            "closed_form",
+        ),
     }
 
 
@@ -66,8 +84,7 @@ def factor_spectrum(request, monkeypatch):
 
 
 @pytest.mark.parametrize("include_output_proj", [False, True], ids=["no_wo", "with_wo"])
-@pytest.mark.parametrize("name", ["d2_vit_rel_pos", "d2_swin_window", "timm_vit", "timm_xcit_channel",
-                                  "mha_kdim_vdim"])
+@pytest.mark.parametrize("name", ["d2_vit_rel_pos", "d2_swin_window", "timm_vit", "timm_xcit_channel", "mha_kdim_vdim"])
 def test_exact_matches_dense(name, include_output_proj, factor_spectrum):
     module, inputs, structure = _layouts()[name]
     # mimetic's V/O product is rank 7 at vdim 7 (and conditioned's W_V has an empty row): W_O or a head
@@ -86,8 +103,9 @@ def test_exact_matches_dense(name, include_output_proj, factor_spectrum):
     else:
         assert len(exact.kappa_heads) == site.num_heads
         assert max(exact.sigma_max_heads) == exact.sigma_max and min(exact.sigma_min_heads) == exact.sigma_min
-        assert exact.kappa_heads == pytest.approx([a / b for a, b in zip(exact.sigma_max_heads,
-                                                                        exact.sigma_min_heads)], rel=1e-12)
+        assert exact.kappa_heads == pytest.approx(
+            [a / b for a, b in zip(exact.sigma_max_heads, exact.sigma_min_heads)], rel=1e-12
+        )
         assert max(exact.kappa_heads) <= exact.kappa
 
 
@@ -207,18 +225,28 @@ def test_kappa_plot_marks_and_counts_the_measured_points(monkeypatch):
     def capture(path, draw, title, xlabel, ylabel):
         fig, ax = plt.subplots()
         draw(ax)
-        drawn.update(title=title, xlabel=xlabel, lines={line.get_label(): (line.get_marker(), len(line.get_xdata()))
-                                         for line in ax.get_lines()})
+        drawn.update(
+            title=title,
+            xlabel=xlabel,
+            lines={line.get_label(): (line.get_marker(), len(line.get_xdata())) for line in ax.get_lines()},
+        )
         plt.close(fig)
 
     monkeypatch.setattr(plots, "_save", capture)
     five, two = np.array([0, 80, 160, 240, 320]), np.array([0, 400])
-    sr = SimpleNamespace(scale=1.0, stage=SimpleNamespace(unit="epoch"),
-                         kappa={"default": (five, np.full(5, 4.0), np.full(5, 3.0), np.full(5, 5.0)),
-                                "conditioned": (two, np.array([2.0, 3.0]), np.array([1.0, 2.0]), np.array([3.0, 4.0]))})
+    sr = SimpleNamespace(
+        scale=1.0,
+        stage=SimpleNamespace(unit="epoch"),
+        kappa={
+            "default": (five, np.full(5, 4.0), np.full(5, 3.0), np.full(5, 5.0)),
+            "conditioned": (two, np.array([2.0, 3.0]), np.array([1.0, 2.0]), np.array([3.0, 4.0])),
+        },
+    )
     assert plots._kappa_plot("kappa.png", sr)
-    assert drawn["lines"] == {"default (median over sites, 5 measured points)": ("o", 5),
-                              "conditioned (median over sites, 2 measured points)": ("o", 2)}
+    assert drawn["lines"] == {
+        "default (median over sites, 5 measured points)": ("o", 5),
+        "conditioned (median over sites, 2 measured points)": ("o", 2),
+    }
     assert "markers: measured points" in drawn["title"]
     # The x axis is the stage's unit (a pretraining run measures per epoch).
     assert drawn["xlabel"] == "epoch" and "vs epoch" in drawn["title"]

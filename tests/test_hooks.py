@@ -1,4 +1,5 @@
 """The AP hook: storage scalars, results records, best checkpoint, agreement with pycocotools."""
+
 import copy
 import os
 
@@ -92,8 +93,9 @@ def _pycocotools_ap(model, cfg, iou_type):
     dets = []
     for image_id, out in model.outputs:
         inst = out["instances"]
-        for box, score, cls, mask in zip(inst.pred_boxes.tensor.tolist(), inst.scores.tolist(),
-                                         inst.pred_classes.tolist(), inst.pred_masks.numpy()):
+        for box, score, cls, mask in zip(
+            inst.pred_boxes.tensor.tolist(), inst.scores.tolist(), inst.pred_classes.tolist(), inst.pred_masks.numpy()
+        ):
             det = {"image_id": image_id, "category_id": from_contiguous[cls], "score": score}
             if iou_type == "bbox":
                 det["bbox"] = [box[0], box[1], box[2] - box[0], box[3] - box[1]]
@@ -115,14 +117,19 @@ def _train_with_hook(tmp_path, cfg, model, max_iter, eval_period):
     checkpointer = RunCheckpointer(model, str(tmp_path))
 
     def evaluate():
-        return inference_on_dataset(model, instantiate(cfg.dataloader.test),
-                                    instantiate(cfg.dataloader.evaluator))
+        return inference_on_dataset(model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator))
 
-    trainer.register_hooks([
-        APHook(eval_period, evaluate, results_file=results_file,
-               metadata={"arm": "mimetic", "seed": 3, "config": "tiny.py"}),
-        build_best_checkpointer(eval_period, checkpointer, results_file=results_file),
-    ])
+    trainer.register_hooks(
+        [
+            APHook(
+                eval_period,
+                evaluate,
+                results_file=results_file,
+                metadata={"arm": "mimetic", "seed": 3, "config": "tiny.py"},
+            ),
+            build_best_checkpointer(eval_period, checkpointer, results_file=results_file),
+        ]
+    )
     trainer.train(0, max_iter)
     return trainer, results_file
 
@@ -163,8 +170,9 @@ def test_hook_ap_matches_pycocotools(tmp_path, cfg):
 def test_hook_is_nan_safe_and_best_checkpoint_survives_resume(tmp_path, cfg):
     name = cfg.dataloader.evaluator.dataset_name
     # An earlier run left a good evaluation behind.
-    ResultsFile(tmp_path).add(ap_record({"bbox": {"AP": 50.0}, "segm": {"AP": 40.0}},
-                                        iteration=1, arm="default", seed=0, config=None))
+    ResultsFile(tmp_path).add(
+        ap_record({"bbox": {"AP": 50.0}, "segm": {"AP": 40.0}}, iteration=1, arm="default", seed=0, config=None)
+    )
     model = JitteredGroundTruth(name, quality=0.0)  # no detections: every metric NaN
     _, results_file = _train_with_hook(tmp_path, cfg, model, max_iter=2, eval_period=0)
     recs = results_file.records("ap")
@@ -179,8 +187,9 @@ def test_hook_is_nan_safe_and_best_checkpoint_survives_resume(tmp_path, cfg):
 
 
 def test_ap_record_keeps_missing_tasks_as_null():
-    rec = ap_record({"bbox": {"AP": 1.0, "AP50": float("nan"), "AP-red": 3.0}}, iteration=7,
-                    arm="default", seed=0, config="c.py")
+    rec = ap_record(
+        {"bbox": {"AP": 1.0, "AP50": float("nan"), "AP-red": 3.0}}, iteration=7, arm="default", seed=0, config="c.py"
+    )
     assert rec["segm"] is None
     assert rec["bbox"] == {"AP": 1.0, "AP50": None, "AP75": None, "APs": None, "APm": None, "APl": None}
 
@@ -201,14 +210,26 @@ def test_hook_saves_every_evaluations_matches(tmp_path, cfg, caplog):
     def train(ground_truth, out):
         results_file = ResultsFile(out)
         trainer = _IdleTrainer()
-        trainer.register_hooks([APHook(2, evaluate, results_file=results_file, metadata={"arm": "default", "seed": 0},
-                                       predictions_file=predictions, ground_truth=ground_truth)])
+        trainer.register_hooks(
+            [
+                APHook(
+                    2,
+                    evaluate,
+                    results_file=results_file,
+                    metadata={"arm": "default", "seed": 0},
+                    predictions_file=predictions,
+                    ground_truth=ground_truth,
+                )
+            ]
+        )
         trainer.train(0, 3)
         return results_file.records("ap")
 
     recs = train(MetadataCatalog.get(name).json_file, tmp_path)
-    assert [(r["iteration"], r["per_image"]) for r in recs] == [(2, os.path.join("per_image", "ap_iter0000002.npz")),
-                                                              (3, os.path.join("per_image", "ap_iter0000003.npz"))]
+    assert [(r["iteration"], r["per_image"]) for r in recs] == [
+        (2, os.path.join("per_image", "ap_iter0000002.npz")),
+        (3, os.path.join("per_image", "ap_iter0000003.npz")),
+    ]
     assert "predictions" not in recs[0] and recs[1]["predictions"]  # the final record still names its predictions
     for rec in recs:
         matches = load_matches(str(tmp_path / rec["per_image"]))

@@ -1,4 +1,5 @@
 """The arms on every supported attention layout: exact math, isolation, determinism, errors."""
+
 import copy
 import subprocess
 import sys
@@ -22,8 +23,9 @@ from condinit_det.init import (
 def _d2_vit():
     from detectron2.modeling.backbone.vit import Attention
 
-    return Attention(dim=48, num_heads=4, use_rel_pos=True, rel_pos_zero_init=False, input_size=(4, 4)), \
-        lambda: (torch.randn(2, 4, 4, 48),)
+    return Attention(dim=48, num_heads=4, use_rel_pos=True, rel_pos_zero_init=False, input_size=(4, 4)), lambda: (
+        torch.randn(2, 4, 4, 48),
+    )
 
 
 def _d2_swin():
@@ -36,8 +38,9 @@ def _d2_mvit():
     from detectron2.modeling.backbone.mvit import MultiScaleAttention
 
     # q/k/v output width (64) differs from the input width (32): a stage transition.
-    return MultiScaleAttention(dim=32, dim_out=64, num_heads=4, pool_kernel=(3, 3), stride_q=1, stride_kv=2), \
-        lambda: (torch.randn(2, 8, 8, 32),)
+    return MultiScaleAttention(dim=32, dim_out=64, num_heads=4, pool_kernel=(3, 3), stride_q=1, stride_kv=2), lambda: (
+        torch.randn(2, 8, 8, 32),
+    )
 
 
 def _mha_packed():
@@ -172,7 +175,7 @@ def test_conditioned_blocks_are_perfectly_conditioned(layout, gain_qk, gain_v):
     for role in ("q", "k"):
         w = site.weight(role)
         for h in range(site.num_heads):
-            block = w[h * dh:(h + 1) * dh]
+            block = w[h * dh : (h + 1) * dh]
             sv = torch.linalg.svdvals(block)
             assert torch.allclose(sv, torch.full_like(sv, gain_qk), atol=1e-6 * gain_qk), (role, h, sv)
             assert sv.max() / sv.min() == pytest.approx(1.0, abs=1e-6)
@@ -205,7 +208,7 @@ def test_conditioned_value_identity_selects_head_coordinates():
     v = x @ site.weight("v").T
     dh = site.head_dim
     for h in range(site.num_heads):
-        assert torch.equal(v[:, h * dh:(h + 1) * dh], x[:, h * dh:(h + 1) * dh])
+        assert torch.equal(v[:, h * dh : (h + 1) * dh], x[:, h * dh : (h + 1) * dh])
 
 
 def test_conditioned_shared_block_and_output_ablations():
@@ -215,7 +218,7 @@ def test_conditioned_shared_block_and_output_ablations():
     dh = site.head_dim
     w_v = site.weight("v")
     for h in range(site.num_heads):
-        assert torch.equal(w_v[h * dh:(h + 1) * dh], torch.eye(dh, 48, dtype=torch.float64))
+        assert torch.equal(w_v[h * dh : (h + 1) * dh], torch.eye(dh, 48, dtype=torch.float64))
     sv = torch.linalg.svdvals(site.weight("o"))
     assert torch.allclose(sv, torch.ones_like(sv), atol=1e-6)
 
@@ -224,10 +227,10 @@ def _replay_mimetic_noise(site, seed):
     """Recompute the arm's draws: one [H, D_in, D_k_in] draw of the heads' Q/K noises, then the V/O
     noise (std 1/sqrt(D_in))."""
     g = site_generator(seed, site.name)
-    qk = mimetic_noise_batch(site.num_heads, site.dim_in, site.dim_k_in, std=site.dim_in ** -0.5, noise="normal",
-                             generator=g)
-    vo = mimetic_noise_batch(1, site.dim_v_in, site.dim_out, std=site.dim_v_in ** -0.5, noise="normal",
-                             generator=g)[0]
+    qk = mimetic_noise_batch(
+        site.num_heads, site.dim_in, site.dim_k_in, std=site.dim_in**-0.5, noise="normal", generator=g
+    )
+    vo = mimetic_noise_batch(1, site.dim_v_in, site.dim_out, std=site.dim_v_in**-0.5, noise="normal", generator=g)[0]
     return list(qk), vo
 
 
@@ -240,8 +243,8 @@ def test_mimetic_products_match_the_targets(layout):
     qk_noise, vo_noise = _replay_mimetic_noise(site, 11)
     dh = site.head_dim
     for h, z in enumerate(qk_noise):
-        w_q = site.weight("q")[h * dh:(h + 1) * dh]
-        w_k = site.weight("k")[h * dh:(h + 1) * dh]
+        w_q = site.weight("q")[h * dh : (h + 1) * dh]
+        w_k = site.weight("k")[h * dh : (h + 1) * dh]
         target = a1 * z + b1 * torch.eye(*z.shape, dtype=torch.float64)
         u, s, vh = torch.linalg.svd(target, full_matrices=False)
         best = u[:, :dh] @ torch.diag(s[:dh]) @ vh[:dh]
@@ -258,16 +261,16 @@ def test_mimetic_noise_scale_is_one_over_sqrt_d():
     apply_init(attn, "mimetic", seed=5, alpha2=0.5, beta2=0.3)
     w_v = attn.in_proj_weight[512:]
     z = (w_v.T @ attn.out_proj.weight.T + 0.3 * torch.eye(256, dtype=torch.float64)) / 0.5
-    assert z.std().item() == pytest.approx(256 ** -0.5, rel=0.02)
-    assert z.mean().abs().item() < 3 * 256 ** -0.5 / 256
+    assert z.std().item() == pytest.approx(256**-0.5, rel=0.02)
+    assert z.mean().abs().item() < 3 * 256**-0.5 / 256
 
 
 def test_mimetic_uniform_noise_has_same_scale():
     attn = nn.MultiheadAttention(256, 8).double()
     apply_init(attn, "mimetic", seed=5, noise="uniform")
     z = (attn.in_proj_weight[512:].T @ attn.out_proj.weight.T + 0.4 * torch.eye(256, dtype=torch.float64)) / 0.4
-    assert z.std().item() == pytest.approx(256 ** -0.5, rel=0.02)
-    assert z.abs().max().item() <= 3 ** 0.5 * 256 ** -0.5 + 1e-9
+    assert z.std().item() == pytest.approx(256**-0.5, rel=0.02)
+    assert z.abs().max().item() <= 3**0.5 * 256**-0.5 + 1e-9
 
 
 def test_mimetic_rank_limited_value_width_is_reported():
@@ -366,8 +369,9 @@ def test_include_and_exclude_patterns():
 
 def test_errors_name_what_is_accepted():
     attn = nn.MultiheadAttention(16, 2)
-    with pytest.raises(ValueError, match="unknown arm 'orthogonal'; accepted arms: default, mimetic, conditioned, "
-                                         "scale_matched"):
+    with pytest.raises(
+        ValueError, match="unknown arm 'orthogonal'; accepted arms: default, mimetic, conditioned, scale_matched"
+    ):
         apply_init(attn, "orthogonal", seed=0)
     with pytest.raises(ValueError, match="not accepted by the 'conditioned' arm; accepted: gain_qk"):
         apply_init(attn, "conditioned", seed=0, alpha1=0.5)
@@ -390,8 +394,10 @@ class ToyAttention(nn.Module):
 def _toy_layout(m):
     return AttentionLayout(
         num_heads=m.heads,
-        projections={role: Projection(f"to_{name}.weight", bias=f"to_{name}.bias")
-                     for role, name in zip("qkvo", ("q", "k", "v", "out"))},
+        projections={
+            role: Projection(f"to_{name}.weight", bias=f"to_{name}.bias")
+            for role, name in zip("qkvo", ("q", "k", "v", "out"))
+        },
     )
 
 

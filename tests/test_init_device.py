@@ -1,4 +1,5 @@
 """The arms' weights do not depend on the solver (hence on the device): signed singular vectors, no TF32."""
+
 import pytest
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ def test_sign_convention():
 
 
 def test_mimetic_qk_weights_do_not_depend_on_the_solvers_signs(monkeypatch):
-    z = torch.randn(3, 48, 48, generator=torch.Generator().manual_seed(0), dtype=F64) / 48 ** 0.5
+    z = torch.randn(3, 48, 48, generator=torch.Generator().manual_seed(0), dtype=F64) / 48**0.5
     reference = mimetic_qk_batch(z, alpha=0.7, beta=0.7, head_dim=16, solver="dense")
     dense_top = arms._dense_top
 
@@ -46,8 +47,9 @@ def test_mimetic_vo_weights_agree_between_lapack_and_torch_eigh(shape, monkeypat
     default = torch.zeros(40, shape[0], dtype=F64)
     lapack = mimetic_vo(z, alpha=0.4, beta=0.4, dim_v=40, w_v_default=default)
     # The CUDA path: torch.linalg.eigh, whose eigenvector signs are its own.
-    monkeypatch.setattr(arms, "_gram_eigenvectors",
-                        lambda side: _flip_some(torch.linalg.eigh(side.mT @ side)[1].flip(-1), 2))
+    monkeypatch.setattr(
+        arms, "_gram_eigenvectors", lambda side: _flip_some(torch.linalg.eigh(side.mT @ side)[1].flip(-1), 2)
+    )
     other = mimetic_vo(z, alpha=0.4, beta=0.4, dim_v=40, w_v_default=default)
     for a, b in zip(lapack[:2], other[:2]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
@@ -71,8 +73,8 @@ def test_mimetic_weights_pinned_by_an_independent_reference():
     apply_init(attn, "mimetic", seed=5)
     (site,) = find_attention(attn)
     g = site_generator(5, site.name)
-    z_qk = torch.randn(heads, dim, dim, generator=g, dtype=torch.float32).to(F64) * dim ** -0.5
-    z_vo = torch.randn(dim, dim, generator=g, dtype=torch.float32).to(F64) * dim ** -0.5
+    z_qk = torch.randn(heads, dim, dim, generator=g, dtype=torch.float32).to(F64) * dim**-0.5
+    z_vo = torch.randn(dim, dim, generator=g, dtype=torch.float32).to(F64) * dim**-0.5
     eye = torch.eye(dim, dtype=F64)
 
     def signed_svd(m):
@@ -88,17 +90,21 @@ def test_mimetic_weights_pinned_by_an_independent_reference():
         u, s, v = signed_svd(0.7 * z_qk[h] + 0.7 * eye)
         rows = slice(h * dh, (h + 1) * dh)
         torch.testing.assert_close(w[:dim][rows], (u[:, :dh] * s[:dh].sqrt()).T, rtol=0, atol=1e-9)
-        torch.testing.assert_close(w[dim:2 * dim][rows], (v[:, :dh] * s[:dh].sqrt()).T, rtol=0, atol=1e-9)
+        torch.testing.assert_close(w[dim : 2 * dim][rows], (v[:, :dh] * s[:dh].sqrt()).T, rtol=0, atol=1e-9)
     u, s, v = signed_svd(0.4 * z_vo - 0.4 * eye)
-    torch.testing.assert_close(w[2 * dim:], (u * s.sqrt()).T, rtol=0, atol=1e-9)
+    torch.testing.assert_close(w[2 * dim :], (u * s.sqrt()).T, rtol=0, atol=1e-9)
     torch.testing.assert_close(attn.out_proj.weight.detach(), v * s.sqrt(), rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("set_tf32", [
-    lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True),
-    lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
-    lambda: torch.set_float32_matmul_precision("high"),
-], ids=["allow_tf32", "fp32_precision", "matmul_precision"])
+@pytest.mark.parametrize(
+    "set_tf32",
+    [
+        lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True),
+        lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
+        lambda: torch.set_float32_matmul_precision("high"),
+    ],
+    ids=["allow_tf32", "fp32_precision", "matmul_precision"],
+)
 def test_tf32_is_off_inside_and_restored_after(set_tf32):
     # The flags are process-wide and need no CUDA device to be read or set.
     before = torch.backends.cuda.matmul.fp32_precision

@@ -1,6 +1,7 @@
 """The arms' fast paths: float32 normal draws, batched Haar QR, the top-k singular solver and its
 check and fall-back, mimetic through that solver on every layout, and one-thread execution (weights
 that do not depend on the thread count)."""
+
 import math
 
 import pytest
@@ -60,7 +61,7 @@ def test_standard_normal_stream_and_moments():
     n = x.numel()
     assert abs(x.mean().item()) < 5 / math.sqrt(n)
     assert abs(x.std().item() - 1) < 5 / math.sqrt(2 * n)
-    assert abs((x ** 4).mean().item() - 3) < 0.05  # Gaussian kurtosis
+    assert abs((x**4).mean().item() - 3) < 0.05  # Gaussian kurtosis
     assert abs(((x > 1.0).double().mean() - 0.158655).item()) < 0.003
     assert standard_normal(1, generator=_gen(0)).shape == (1,)
     assert standard_normal(0, 4, generator=_gen(0)).numel() == 0
@@ -208,8 +209,9 @@ def test_mimetic_qk_batch_is_the_best_rank_dh_approximation():
 def _replay_qk(site, seed):
     """The arm's Q/K noise draw for a site (float64, as the arm computes with it for every dtype)."""
     g = site_generator(seed, site.name)
-    return mimetic_noise_batch(site.num_heads, site.dim_in, site.dim_k_in, std=site.dim_in ** -0.5, noise="normal",
-                               generator=g), g
+    return mimetic_noise_batch(
+        site.num_heads, site.dim_in, site.dim_k_in, std=site.dim_in**-0.5, noise="normal", generator=g
+    ), g
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -230,11 +232,10 @@ def test_mimetic_subspace_solver_on_every_layout(layout, dtype, monkeypatch):
     target = 0.7 * z + 0.7 * torch.eye(site.dim_in, site.dim_k_in, dtype=F64)
     best = _best_rank(target, dh)
     for h in range(site.num_heads):
-        w_q = site.weight("q")[h * dh:(h + 1) * dh].to(F64)
-        w_k = site.weight("k")[h * dh:(h + 1) * dh].to(F64)
+        w_q = site.weight("q")[h * dh : (h + 1) * dh].to(F64)
+        w_k = site.weight("k")[h * dh : (h + 1) * dh].to(F64)
         assert _relative(w_q.T @ w_k, best[h]) < 1e-4, (layout, h)
-    vo = mimetic_noise_batch(1, site.dim_v_in, site.dim_out, std=site.dim_v_in ** -0.5, noise="normal",
-                             generator=g)[0]
+    vo = mimetic_noise_batch(1, site.dim_v_in, site.dim_out, std=site.dim_v_in**-0.5, noise="normal", generator=g)[0]
     target_vo = 0.4 * vo - 0.4 * torch.eye(site.dim_v_in, site.dim_out, dtype=F64)
     product = site.weight("v").to(F64).T @ site.weight("o").to(F64).T
     assert _relative(product, target_vo) < 1e-4
@@ -251,7 +252,7 @@ def test_conditioned_in_parameter_dtype(layout, dtype):
         w = site.weight(role)
         assert w.dtype == dtype
         for h in range(site.num_heads):
-            sv = torch.linalg.svdvals(w[h * dh:(h + 1) * dh].to(F64))
+            sv = torch.linalg.svdvals(w[h * dh : (h + 1) * dh].to(F64))
             assert (sv - 0.5).abs().max() <= 1e-5 * 0.5
     assert torch.equal(site.weight("v"), torch.eye(site.dim_v, site.dim_v_in, dtype=dtype))
 
@@ -367,8 +368,15 @@ def test_thread_counts_are_restored_after_an_error():
 def test_module_exports_the_fast_functions():
     import condinit_det.init as init
 
-    for name in ("standard_normal", "haar_semi_orthogonal_batch", "mimetic_qk_batch", "top_singular",
-                 "mimetic_noise_batch", "TopSingular", "SOLVERS"):
+    for name in (
+        "standard_normal",
+        "haar_semi_orthogonal_batch",
+        "mimetic_qk_batch",
+        "top_singular",
+        "mimetic_noise_batch",
+        "TopSingular",
+        "SOLVERS",
+    ):
         assert name in init.__all__ and hasattr(init, name)
     assert arms_module.SOLVERS == ("auto", "dense", "subspace")
 

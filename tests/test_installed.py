@@ -6,6 +6,7 @@ environment is given the running environment's packages (torch, detectron2, ...)
 file, so the install itself sees nothing else. Every command then runs from a folder outside the
 checkout, without PYTHONPATH.
 """
+
 import json
 import os
 import shutil
@@ -17,8 +18,14 @@ import pytest
 from table_text import unpadded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("condinit-train", "condinit-pretrain", "condinit-compare", "condinit-conditioning", "condinit-status",
-           "condinit-protocol")
+SCRIPTS = (
+    "condinit-train",
+    "condinit-pretrain",
+    "condinit-compare",
+    "condinit-conditioning",
+    "condinit-status",
+    "condinit-protocol",
+)
 SOURCES = ("setup.py", "README.md", "MANIFEST.in", "condinit_det", "configs")
 
 
@@ -38,8 +45,22 @@ def wheel(tmp_path_factory):
         else:
             shutil.copy(path, src / name)
     out = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-          "--disable-pip-version-check", "-q", "-w", str(out), str(src)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ]
+    )
     (found,) = out.glob("condinit_det-*.whl")
     return found
 
@@ -49,12 +70,13 @@ def test_wheel_carries_every_config_and_the_commands(wheel):
         names = zf.namelist()
         entry_points = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     prefix = "condinit_det/model_zoo/configs/"
-    shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix))
+    shipped = sorted(n[len(prefix) :] for n in names if n.startswith(prefix))
     expected = []
     for path, dirs, files in os.walk(os.path.join(ROOT, "configs")):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
-        expected.extend(os.path.relpath(os.path.join(path, f), os.path.join(ROOT, "configs")).replace(os.sep, "/")
-                        for f in files)
+        expected.extend(
+            os.path.relpath(os.path.join(path, f), os.path.join(ROOT, "configs")).replace(os.sep, "/") for f in files
+        )
     assert shipped == sorted(expected) and len(shipped) > 20
     for script in SCRIPTS:
         assert f"{script} = condinit_det.commands." in entry_points, entry_points
@@ -87,9 +109,11 @@ def installed(wheel, tmp_path_factory):
 @pytest.mark.e2e
 def test_installed_wheel_runs_outside_the_checkout(installed):
     env_dir, run = installed["env_dir"], lambda argv: _run(argv, env=installed["env"], cwd=installed["cwd"])
-    code = ("import json, condinit_det; from condinit_det import model_zoo; names = model_zoo.list_configs(); "
-            "kinds = [type(model_zoo.get_config(n)).__name__ for n in names]; "
-            "print(json.dumps({'package': condinit_det.__file__, 'root': model_zoo.configs_root(), 'kinds': kinds}))")
+    code = (
+        "import json, condinit_det; from condinit_det import model_zoo; names = model_zoo.list_configs(); "
+        "kinds = [type(model_zoo.get_config(n)).__name__ for n in names]; "
+        "print(json.dumps({'package': condinit_det.__file__, 'root': model_zoo.configs_root(), 'kinds': kinds}))"
+    )
     info = json.loads(run([installed["python"], "-W", "ignore", "-c", code]).stdout.strip().splitlines()[-1])
     assert info["package"].startswith(env_dir) and info["root"].startswith(env_dir), info
     assert len(info["kinds"]) > 20 and set(info["kinds"]) == {"DictConfig", "CfgNode"}
@@ -98,8 +122,18 @@ def test_installed_wheel_runs_outside_the_checkout(installed):
 
     # the ViT demo by its zoo name: three arms, two iterations each, then the experiment's report
     out = os.path.join(installed["cwd"], "demo")
-    run(["condinit-train", "--config-file", "zoo:demo/mask_rcnn_vit_tiny.py", "--arm", "all", "train.max_iter=2",
-         "condinit_analysis.period=0", f"train.output_dir={out}"])
+    run(
+        [
+            "condinit-train",
+            "--config-file",
+            "zoo:demo/mask_rcnn_vit_tiny.py",
+            "--arm",
+            "all",
+            "train.max_iter=2",
+            "condinit_analysis.period=0",
+            f"train.output_dir={out}",
+        ]
+    )
     for arm in ("default", "mimetic", "conditioned"):
         with open(os.path.join(out, arm, "seed0", "results.json")) as f:
             final = [r for r in json.load(f)["records"] if r["kind"] == "ap"][-1]
@@ -108,8 +142,13 @@ def test_installed_wheel_runs_outside_the_checkout(installed):
     printed = run(["condinit-compare", out, "--output", os.path.join(out, "report2"), "--bootstrap", "0"]).stdout
     assert "| conditioned |" in unpadded(printed) and os.path.isfile(os.path.join(out, "report2", "summary.csv"))
     # a bad zoo name: one error line naming the closest configs
-    proc = subprocess.run(["condinit-pretrain", "--config-file", "zoo:demo/pretrain_vit.py"], env=installed["env"],
-                          cwd=installed["cwd"], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["condinit-pretrain", "--config-file", "zoo:demo/pretrain_vit.py"],
+        env=installed["env"],
+        cwd=installed["cwd"],
+        capture_output=True,
+        text=True,
+    )
     err = proc.stderr.strip()
     assert proc.returncode == 2 and err.startswith("condinit-pretrain: error: --config-file: ") and "\n" not in err
     assert "did you mean demo/pretrain_vit_tiny.py" in err

@@ -4,6 +4,7 @@ the command line, ``--dry-run``.
 A fake stage (a few lines: what a third stage would write) drives the launcher in this process for the fast
 tests; the slow end-to-end test runs the same scenario through both real commands (detection and pretraining).
 """
+
 import csv
 import json
 import os
@@ -51,10 +52,10 @@ def _diverges(run_dir):
 # Planning
 # ---------------------------------------------------------------------------------------------
 def test_plan_orders_arms_seeds_and_the_lr_scan(tmp_path):
-    experiment = plan_experiment(FakeStage(), _args(tmp_path, "--arm", "all", "--seeds", "0-1", "--lr-scale",
-                                                    "0.5,1"))
-    assert experiment.runs == [RunSpec(a, s) for s in (0, 1) for a in PAPER_ARMS] + \
-        [RunSpec(a, 0, 0.5) for a in PAPER_ARMS]
+    experiment = plan_experiment(FakeStage(), _args(tmp_path, "--arm", "all", "--seeds", "0-1", "--lr-scale", "0.5,1"))
+    assert experiment.runs == [RunSpec(a, s) for s in (0, 1) for a in PAPER_ARMS] + [
+        RunSpec(a, 0, 0.5) for a in PAPER_ARMS
+    ]
     assert experiment.base == str(tmp_path) and experiment.length == 10
     assert [r.path(str(tmp_path)) for r in experiment.runs][-1] == str(tmp_path / "conditioned" / "seed0-lr0.5")
     single = plan_experiment(FakeStage(), _args(tmp_path, "arm=mimetic", "seed=3"))
@@ -63,15 +64,18 @@ def test_plan_orders_arms_seeds_and_the_lr_scan(tmp_path):
     assert [r.arm for r in listed.runs] == ["conditioned", "default"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--arm", "best"], "--arm 'best': 'best' is not an arm; accepted: default, mimetic, conditioned"),
-    (["--seeds", "a"], "--seeds 'a': expected non-negative integers like '0,1,2' or a range '0-2'"),
-    (["--lr-scale", "0"], "--lr-scale '0': expected distinct positive numbers like '0.5,1,2'"),
-    (["--bootstrap", "-1"], "--bootstrap -1: expected a number of resamples >= 0"),
-    (["--slurm", "--eval-only"], "--slurm submits training runs; run --eval-only directly"),
-    (["bogus=1"], "unknown key 'bogus'; accepted:"),
-    (["--arm", "mimetic", "length=-1"], "mimetic needs a positive length"),  # a stage check: the same error type
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arm", "best"], "--arm 'best': 'best' is not an arm; accepted: default, mimetic, conditioned"),
+        (["--seeds", "a"], "--seeds 'a': expected non-negative integers like '0,1,2' or a range '0-2'"),
+        (["--lr-scale", "0"], "--lr-scale '0': expected distinct positive numbers like '0.5,1,2'"),
+        (["--bootstrap", "-1"], "--bootstrap -1: expected a number of resamples >= 0"),
+        (["--slurm", "--eval-only"], "--slurm submits training runs; run --eval-only directly"),
+        (["bogus=1"], "unknown key 'bogus'; accepted:"),
+        (["--arm", "mimetic", "length=-1"], "mimetic needs a positive length"),  # a stage check: the same error type
+    ],
+)
 def test_bad_input_is_one_usage_error(tmp_path, argv, message):
     with pytest.raises(UsageError) as error:
         plan_experiment(FakeStage(), _args(tmp_path, *argv))
@@ -98,13 +102,23 @@ def test_a_failure_is_recorded_and_the_experiment_goes_on(tmp_path, capsys):
     assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "all", "--bootstrap", "0"))) == 1
     assert [s.arm for s in stage.trained] == list(PAPER_ARMS)
     record = failure_of(RunSpec("mimetic", 0).path(str(tmp_path)))
-    assert record == {"kind": "failed", "reason": "diverged", "iteration": 5,
-                      "message": "FloatingPointError: Loss became infinite or NaN at iteration=5!",
-                      "stage": "fake", "arm": "mimetic", "seed": 0, "lr_scale": 1.0, "config": "fake.cfg"}
+    assert record == {
+        "kind": "failed",
+        "reason": "diverged",
+        "iteration": 5,
+        "message": "FloatingPointError: Loss became infinite or NaN at iteration=5!",
+        "stage": "fake",
+        "arm": "mimetic",
+        "seed": 0,
+        "lr_scale": 1.0,
+        "config": "fake.cfg",
+    }
     assert not list(tmp_path.rglob("failure.rank*.json"))  # the notes are consumed
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-2:] == ["1 of 3 run(s) did not finish:",
-                        f"  mimetic seed 0: diverged at iteration 5 ({RunSpec('mimetic', 0).path(str(tmp_path))})"]
+    assert err[-2:] == [
+        "1 of 3 run(s) did not finish:",
+        f"  mimetic seed 0: diverged at iteration 5 ({RunSpec('mimetic', 0).path(str(tmp_path))})",
+    ]
     plan = json.loads((tmp_path / PLAN_FILENAME).read_text())
     assert plan["stage"] == "fake" and plan["length"] == {"unit": "iteration", "total": 10}
     assert plan["stage_description"] == FAKE.to_dict()
@@ -138,8 +152,11 @@ def test_an_error_is_resumed_and_its_record_goes(tmp_path):
     failure = failure_of(run_dir)
     assert failure["reason"] == "error" and failure["message"].startswith("MemoryError: CUDA out of memory")
     assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "conditioned", "--seeds", "1", "--resume"))) == 0
-    assert len(calls) == 2 and failure_of(run_dir) is None and [r["kind"] for r in ResultsFile(run_dir).records()] \
-        == ["fake", "fake"]
+    assert (
+        len(calls) == 2
+        and failure_of(run_dir) is None
+        and [r["kind"] for r in ResultsFile(run_dir).records()] == ["fake", "fake"]
+    )
 
 
 def test_a_fresh_run_never_starts_over_an_earlier_one(tmp_path):
@@ -164,13 +181,16 @@ def test_an_experiment_grows_only_with_runs_of_its_setup(tmp_path):
     assert plan["setup"] == {"length": "10"}
     # more seeds of another setup would pool with runs they do not match: refused, naming the key
     with pytest.raises(UsageError, match=r"holds runs of another setup \(length: 10 vs 12\): runs of two setups"):
-        plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--seeds", "0,1", "--resume",
-                                     "length=12"))
+        plan_experiment(
+            stage, _args(tmp_path, "--arm", "default,conditioned", "--seeds", "0,1", "--resume", "length=12")
+        )
     with pytest.raises(UsageError, match="length: 10 vs 12"):  # so would one arm resumed with a longer schedule
         plan_experiment(stage, _args(tmp_path, "--arm", "default", "--resume", "length=12"))
     # the same setup extends it; every run resumed at once may change it (a longer schedule for all)
-    assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--seeds", "0,1",
-                                                "--resume"))) == 0
+    assert (
+        execute(plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--seeds", "0,1", "--resume")))
+        == 0
+    )
     assert len(json.loads((tmp_path / PLAN_FILENAME).read_text())["runs"]) == 4
     plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--seeds", "0,1", "--resume", "length=12"))
 
@@ -189,8 +209,9 @@ def test_an_element_trains_its_run_alone(tmp_path):
 def test_eval_only_evaluates_every_planned_run(tmp_path):
     stage = FakeStage()
     assert execute(plan_experiment(stage, _args(tmp_path, "--arm", "default,conditioned", "--eval-only"))) == 0
-    assert [len(ResultsFile(RunSpec(a, 0).path(str(tmp_path))).records("fake_eval"))
-            for a in ("default", "conditioned")] == [1, 1]
+    assert [
+        len(ResultsFile(RunSpec(a, 0).path(str(tmp_path))).records("fake_eval")) for a in ("default", "conditioned")
+    ] == [1, 1]
     assert not stage.trained and not (tmp_path / PLAN_FILENAME).exists()
 
 
@@ -198,28 +219,52 @@ def test_failure_summary_names_the_lr_scale():
     from condinit_det.launch.run import Outcome
 
     outcome = Outcome(RunSpec("conditioned", 1, 2.0), "/x", {"reason": "error", "message": "MemoryError: y"})
-    assert failure_summary([outcome]) == ["1 of 1 run(s) did not finish:",
-                                          "  conditioned seed 1 lr scale 2: failed: MemoryError: y (/x)"]
+    assert failure_summary([outcome]) == [
+        "1 of 1 run(s) did not finish:",
+        "  conditioned seed 1 lr scale 2: failed: MemoryError: y (/x)",
+    ]
 
 
 def test_dry_run_describes_every_run_and_writes_nothing(tmp_path):
     stage = FakeStage({"mimetic": _diverges})
     execute(plan_experiment(stage, _args(tmp_path, "--arm", "all", "--bootstrap", "0")))
-    text = describe_plan(plan_experiment(stage, _args(tmp_path, "--arm", "all", "--seeds", "0,1", "--resume",
-                                                      "--step-time", "0.5", "--num-gpus", "2",
-                                                      "--cpus-per-task", "4")))
+    text = describe_plan(
+        plan_experiment(
+            stage,
+            _args(
+                tmp_path,
+                "--arm",
+                "all",
+                "--seeds",
+                "0,1",
+                "--resume",
+                "--step-time",
+                "0.5",
+                "--num-gpus",
+                "2",
+                "--cpus-per-task",
+                "4",
+            ),
+        )
+    )
     plan, cost = text.split("\n\n", 1)
     lines = plan.splitlines()
-    assert lines[0] == (f"Plan of {tmp_path} (fake, fake.cfg): 6 run(s) of 10 iterations (20 optimizer steps) each; "
-                        "2 process(es) per run on cpu")
+    assert lines[0] == (
+        f"Plan of {tmp_path} (fake, fake.cfg): 6 run(s) of 10 iterations (20 optimizer steps) each; "
+        "2 process(es) per run on cpu"
+    )
     assert lines[1].split() == ["default/seed0", "skip:", "finished"]
     assert " ".join(lines[2].split()).startswith("mimetic/seed0 skip: diverged at iteration 5 earlier")
     assert lines[4].split() == ["default/seed1", "train"]
     assert lines[-1] == "3 of 6 run(s) would train; nothing was written"
     assert not (tmp_path / "default" / "seed1").exists()
     # the three runs to train: 20 steps x 0.5 s, each on the 4 CPUs given (a CPU run is priced in CPU-hours)
-    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")]
-                                              for line in cost.splitlines() if line.startswith("|"))}
+    rows = {
+        cells[0]: cells[1:]
+        for cells in (
+            [c.strip() for c in line.strip("|").split("|")] for line in cost.splitlines() if line.startswith("|")
+        )
+    }
     assert rows["run"][2:] == ["CPUs", "wall h:mm", "CPU-hours"], cost
     assert rows["default/seed1"][:3] == rows["conditioned/seed1"][:3] == ["fake", "20", "4"], cost
     assert rows["total (3 runs)"][1] == "60" and rows["total (3 runs)"][4] == f"{3 * 10 * 4 / 3600:.2f}"
@@ -236,20 +281,29 @@ def test_a_third_stage_appears_in_status_and_in_the_report(tmp_path):
     done = subprocess.run(_fake_command(*argv), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     # condinit-status, in a process that never imported the fake stage: the plan describes it
-    status = subprocess.run([sys.executable, "-m", "condinit_det.commands.status", str(exp), "--json"],
-                            capture_output=True, text=True, timeout=300)
+    status = subprocess.run(
+        [sys.executable, "-m", "condinit_det.commands.status", str(exp), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert status.returncode == 0, status.stderr[-2000:]
     runs = {(r["arm"], r["seed"]): r for r in json.loads(status.stdout)["runs"]}
     assert {r["state"] for r in runs.values()} == {"finished"} and len(runs) == 4
     got = runs[("conditioned", 1)]
     assert (got["stage"], got["unit"], got["last"], got["total"]) == ("fake", "iteration", 10, 10)
     assert got["evaluation"] == {"at": 10, "score": score("conditioned", 1, 10)}
-    table = subprocess.run([sys.executable, "-m", "condinit_det.commands.status", str(exp)], capture_output=True,
-                           text=True, timeout=300).stdout
+    table = subprocess.run(
+        [sys.executable, "-m", "condinit_det.commands.status", str(exp)], capture_output=True, text=True, timeout=300
+    ).stdout
     assert f"score {score('default', 0, 10):.2f} @it 10" in table
     # condinit-compare, likewise: the stage's title, table, curves and paired statistics
-    compare = subprocess.run([sys.executable, "-m", "condinit_det.commands.compare", str(exp), "--bootstrap", "0"],
-                             capture_output=True, text=True, timeout=300)
+    compare = subprocess.run(
+        [sys.executable, "-m", "condinit_det.commands.compare", str(exp), "--bootstrap", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert compare.returncode == 0, compare.stderr[-2000:]
     assert "## Fake (dataset not recorded)" in compare.stdout  # the stage's title up to its colon
     rows = list(csv.DictReader((exp / "report" / "stats.csv").open()))
@@ -292,8 +346,12 @@ def test_a_second_process_is_refused_and_the_first_owns_the_run(tmp_path):
     assert line.startswith("-c: error: ") and f"{run_dir} is in use by pid {first.pid} on host" in line
     assert not ResultsFile(run_dir).exists()  # the second process touched nothing
     # In an experiment the run in use is named, the others go on, and the command says so.
-    other = subprocess.run(_fake_command("--resume", "--arm", "default,conditioned", f"output_dir={tmp_path / 'exp'}"),
-                           capture_output=True, text=True, timeout=300)
+    other = subprocess.run(
+        _fake_command("--resume", "--arm", "default,conditioned", f"output_dir={tmp_path / 'exp'}"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert other.returncode == 1 and "conditioned seed 0: not trained here:" in other.stderr
     assert ResultsFile(RunSpec("default", 0).path(str(tmp_path / "exp"))).records("fake")
     hold.write_text("")
@@ -307,8 +365,14 @@ def test_a_second_process_is_refused_and_the_first_owns_the_run(tmp_path):
 # The command line of every training command
 # ---------------------------------------------------------------------------------------------
 def _help(command):
-    proc = subprocess.run([sys.executable, "-m", command, "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="120"))
+    proc = subprocess.run(
+        [sys.executable, "-m", command, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONWARNINGS="ignore", COLUMNS="120"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 
@@ -323,9 +387,21 @@ def test_both_training_commands_share_their_flags():
     pretrain = _help("condinit_det.commands.pretrain")
     strip = {"detection": detection, "pretrain": pretrain}
     for text in strip.values():
-        for flag in ("--arm", "--seeds", "--lr-scale", "--bootstrap", "--retry-failed", "--allow-changed-run",
-                     "--allow-shared-checkpoint", "--trust-pickle", "--dry-run", "--slurm", "--nodes", "--resume",
-                     "--eval-only"):
+        for flag in (
+            "--arm",
+            "--seeds",
+            "--lr-scale",
+            "--bootstrap",
+            "--retry-failed",
+            "--allow-changed-run",
+            "--allow-shared-checkpoint",
+            "--trust-pickle",
+            "--dry-run",
+            "--slurm",
+            "--nodes",
+            "--resume",
+            "--eval-only",
+        ):
             assert flag in text
     a, b = _shared_part(detection), _shared_part(pretrain)
     config_a = a.split("--resume", 1)[1]
@@ -354,28 +430,49 @@ def _tiny_classification(tmp_path):
 def _command(stage, tmp_path, exp):
     """(tool, argv without output) of a tiny two-step experiment of ``stage``."""
     if stage == "detection":
-        return ROOT / "tools" / "train_net.py", ["--config-file", str(ROOT / "tests" / "tiny_train_config.py"),
-                                                 "train.max_iter=3", "train.eval_period=1", f"train.output_dir={exp}"]
-    overrides = {"data.root": _tiny_classification(tmp_path), "data.img_size": 32, "model.kwargs.img_size": 32,
-                 "model.kwargs.depth": 1, "train.output_dir": exp, "train.epochs": 2, "train.batch_size": 8,
-                 "train.workers": 0, "train.log_period": 2, "train.eval_batch_size": 8, "scheduler.warmup_epochs": 0}
+        return ROOT / "tools" / "train_net.py", [
+            "--config-file",
+            str(ROOT / "tests" / "tiny_train_config.py"),
+            "train.max_iter=3",
+            "train.eval_period=1",
+            f"train.output_dir={exp}",
+        ]
+    overrides = {
+        "data.root": _tiny_classification(tmp_path),
+        "data.img_size": 32,
+        "model.kwargs.img_size": 32,
+        "model.kwargs.depth": 1,
+        "train.output_dir": exp,
+        "train.epochs": 2,
+        "train.batch_size": 8,
+        "train.workers": 0,
+        "train.log_period": 2,
+        "train.eval_batch_size": 8,
+        "scheduler.warmup_epochs": 0,
+    }
     return ROOT / "tools" / "pretrain_net.py", [
-        "--config-file", str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"),
-        *[f"{k}={v}" for k, v in overrides.items()]]
+        "--config-file",
+        str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"),
+        *[f"{k}={v}" for k, v in overrides.items()],
+    ]
 
 
 def _tool(tool, argv, cwd):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(tool), *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, str(tool), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=1200
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage, unit, total, evaluations", [
-    ("detection", "iteration", 3, ("ap", "iteration", [1, 2, 3])),
-    ("pretrain", "epoch", 2, ("cls", "epoch", [1, 2])),
-])
+@pytest.mark.parametrize(
+    "stage, unit, total, evaluations",
+    [
+        ("detection", "iteration", 3, ("ap", "iteration", [1, 2, 3])),
+        ("pretrain", "epoch", 2, ("cls", "epoch", [1, 2])),
+    ],
+)
 def test_experiment_with_a_diverging_lr(tmp_path, stage, unit, total, evaluations):
     exp = tmp_path / "exp"
     tool, argv = _command(stage, tmp_path, exp)
@@ -432,8 +529,12 @@ def test_an_experiment_as_a_slurm_array_then_its_status(slurm_env, stage):
     deadline = time.time() + 900
     while time.time() < deadline and not (exp / "report" / "report.md").is_file():
         time.sleep(2)
-    status = subprocess.run([sys.executable, str(ROOT / "tools" / "experiment_status.py"), str(exp), "--json"],
-                            capture_output=True, text=True, timeout=300)
+    status = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "experiment_status.py"), str(exp), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     runs = {r["arm"]: r for r in json.loads(status.stdout)["runs"]}
     assert {a: r["state"] for a, r in runs.items()} == {"default": "finished", "conditioned": "finished"}
     assert runs["conditioned"]["job"]["id"] == f"{array}_1" and report

@@ -7,6 +7,7 @@ that implement it); the stages import nothing from the launcher and never each o
 training code); no import cycle between any modules, not even through an import inside a function; no ``_private``
 name imported from another module.
 """
+
 import ast
 import os
 from collections import defaultdict, deque
@@ -17,10 +18,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "condinit_det")
 LAYERS = {
     "utils": 0,
-    "init": 1, "records": 1, "stage": 1,
-    "modeling": 2, "evaluation": 2, "analysis": 2, "data": 2, "model_zoo": 2, "tracking": 2,
-    "engine": 3, "pretrain": 3,
-    "launch": 4, "report": 4,
+    "init": 1,
+    "records": 1,
+    "stage": 1,
+    "modeling": 2,
+    "evaluation": 2,
+    "analysis": 2,
+    "data": 2,
+    "model_zoo": 2,
+    "tracking": 2,
+    "engine": 3,
+    "pretrain": 3,
+    "launch": 4,
+    "report": 4,
     "commands": 5,
 }
 STAGES = ("engine", "pretrain")
@@ -47,8 +57,13 @@ def read_imports(package_dir):
     paths = {}
     for folder, dirs, files in os.walk(package_dir):
         dirs[:] = [d for d in dirs if d not in ("__pycache__", "configs")]
-        paths.update({_module_name(root, os.path.join(folder, name)): os.path.join(folder, name)
-                      for name in files if name.endswith(".py")})
+        paths.update(
+            {
+                _module_name(root, os.path.join(folder, name)): os.path.join(folder, name)
+                for name in files
+                if name.endswith(".py")
+            }
+        )
     found = defaultdict(list)
     for module, path in sorted(paths.items()):
         parts = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
@@ -166,45 +181,77 @@ def _write_package(tmp_path, files):
     return str(tmp_path / "fake")
 
 
-@pytest.mark.parametrize("files, cycles", [
-    # A module-level circle of three modules inside one subpackage.
-    ({"__init__.py": "", "sub/__init__.py": "", "sub/a.py": "from .b import x\n",
-      "sub/b.py": "from .c import y\nx = 1\n", "sub/c.py": "import fake.sub.a\ny = 2\n"},
-     ["fake.sub.a -> fake.sub.b -> fake.sub.c -> fake.sub.a"]),
-    # A module importing a name of its package, whose __init__ imports that module.
-    ({"__init__.py": "from .a import f\nx = 1\n", "a.py": "from . import x\n\ndef f():\n    return x\n"},
-     ["fake -> fake.a -> fake"]),
-    # What data.digits and data.embedded did: one imported the other, which imported it back in a function.
-    ({"__init__.py": "from . import digits\nfrom .embedded import names\n",
-      "digits.py": "from .embedded import write\n",
-      "embedded.py": "def write():\n    pass\n\n\ndef names():\n    from . import digits\n    return digits\n"},
-     ["fake.digits -> fake.embedded -> fake.digits (fake.embedded imports fake.digits in a function)"]),
-    # No circle: a package exposing its modules, which import each other one way, and the standard library.
-    ({"__init__.py": "from .a import x\nfrom . import b\n", "a.py": "import os\nfrom . import b\nx = 1\n",
-      "b.py": "import fake.c\n\ndef g():\n    from .c import y\n    return y\n", "c.py": "y = 1\n"}, []),
-])
+@pytest.mark.parametrize(
+    "files, cycles",
+    [
+        # A module-level circle of three modules inside one subpackage.
+        (
+            {
+                "__init__.py": "",
+                "sub/__init__.py": "",
+                "sub/a.py": "from .b import x\n",
+                "sub/b.py": "from .c import y\nx = 1\n",
+                "sub/c.py": "import fake.sub.a\ny = 2\n",
+            },
+            ["fake.sub.a -> fake.sub.b -> fake.sub.c -> fake.sub.a"],
+        ),
+        # A module importing a name of its package, whose __init__ imports that module.
+        (
+            {"__init__.py": "from .a import f\nx = 1\n", "a.py": "from . import x\n\ndef f():\n    return x\n"},
+            ["fake -> fake.a -> fake"],
+        ),
+        # What data.digits and data.embedded did: one imported the other, which imported it back in a function.
+        (
+            {
+                "__init__.py": "from . import digits\nfrom .embedded import names\n",
+                "digits.py": "from .embedded import write\n",
+                "embedded.py": (
+                    "def write():\n    pass\n\n\ndef names():\n    from . import digits\n    return digits\n"
+                ),
+            },
+            ["fake.digits -> fake.embedded -> fake.digits (fake.embedded imports fake.digits in a function)"],
+        ),
+        # No circle: a package exposing its modules, which import each other one way, and the standard library.
+        (
+            {
+                "__init__.py": "from .a import x\nfrom . import b\n",
+                "a.py": "import os\nfrom . import b\nx = 1\n",
+                "b.py": "import fake.c\n\ndef g():\n    from .c import y\n    return y\n",
+                "c.py": "y = 1\n",
+            },
+            [],
+        ),
+    ],
+)
 def test_the_cycle_check_itself(tmp_path, files, cycles):
     assert import_cycles(read_imports(_write_package(tmp_path, files))) == cycles
 
 
 def test_no_private_name_crosses_a_module():
-    wrong = [f"{module} imports {target}.{name}" for module, targets in IMPORTS.items() for target, name, _ in targets
-             if name and name.startswith("_") and not name.startswith("__")]
+    wrong = [
+        f"{module} imports {target}.{name}"
+        for module, targets in IMPORTS.items()
+        for target, name, _ in targets
+        if name and name.startswith("_") and not name.startswith("__")
+    ]
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("module, target, ok", [
-    ("condinit_det.engine.stage", "condinit_det.stage.interface", True),
-    ("condinit_det.engine.stage", "condinit_det.launch.run", False),
-    ("condinit_det.engine.train", "condinit_det.launch.plan", False),
-    ("condinit_det.pretrain.trainer", "condinit_det.engine.config", False),
-    ("condinit_det.records.results", "condinit_det.engine.hooks", False),
-    ("condinit_det.report.compare", "condinit_det.modeling.arm", False),
-    ("condinit_det.launch.run", "condinit_det.tracking.writers", True),
-    ("condinit_det.pretrain.trainer", "condinit_det.tracking.writers", True),
-    ("condinit_det.tracking.writers", "condinit_det.launch.run", False),
-    ("condinit_det.tracking.writers", "condinit_det.report.compare", False),
-])
+@pytest.mark.parametrize(
+    "module, target, ok",
+    [
+        ("condinit_det.engine.stage", "condinit_det.stage.interface", True),
+        ("condinit_det.engine.stage", "condinit_det.launch.run", False),
+        ("condinit_det.engine.train", "condinit_det.launch.plan", False),
+        ("condinit_det.pretrain.trainer", "condinit_det.engine.config", False),
+        ("condinit_det.records.results", "condinit_det.engine.hooks", False),
+        ("condinit_det.report.compare", "condinit_det.modeling.arm", False),
+        ("condinit_det.launch.run", "condinit_det.tracking.writers", True),
+        ("condinit_det.pretrain.trainer", "condinit_det.tracking.writers", True),
+        ("condinit_det.tracking.writers", "condinit_det.launch.run", False),
+        ("condinit_det.tracking.writers", "condinit_det.report.compare", False),
+    ],
+)
 def test_the_rules_themselves(module, target, ok, monkeypatch):
     monkeypatch.setitem(IMPORTS, module, [(target, None, False)])
     if ok:

@@ -3,6 +3,7 @@
 This is what detectron2's tools/lazyconfig_train_net.py, detrex or a notebook do: load the config,
 set the arm the documented way (``condinit.arm=...``), build the model.
 """
+
 import glob
 import os
 
@@ -15,13 +16,22 @@ from condinit_det.init import find_attention
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Detector configs (the ImageNet/ and demo/pretrain_* configs build timm classifiers, not detectron2 models).
 CONFIGS = sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs", "**", "*.py"), recursive=True)
-    if "/common/" not in p and "/ImageNet/" not in p and not os.path.basename(p).startswith("pretrain_"))
+    os.path.relpath(p, ROOT)
+    for p in glob.glob(os.path.join(ROOT, "configs", "**", "*.py"), recursive=True)
+    if "/common/" not in p and "/ImageNet/" not in p and not os.path.basename(p).startswith("pretrain_")
+)
 SMALL = [c for c in CONFIGS if c.startswith("configs/demo/")]
 # tests/test_coco_configs.py::test_model_builds_takes_arm_and_runs builds these the same way (and runs them).
-CHECKED_WITH_A_FORWARD = {f"configs/COCO/{n}" for n in ("mask_rcnn_vitdet_b_100ep.py", "mask_rcnn_swin_t_3x.py",
-                                                         "mask_rcnn_swin_b_3x.py", "mask_rcnn_xcit_s12_3x.py",
-                                                         "mask_rcnn_xcit_s12_p16_3x_in1k.py")}
+CHECKED_WITH_A_FORWARD = {
+    f"configs/COCO/{n}"
+    for n in (
+        "mask_rcnn_vitdet_b_100ep.py",
+        "mask_rcnn_swin_t_3x.py",
+        "mask_rcnn_swin_b_3x.py",
+        "mask_rcnn_xcit_s12_3x.py",
+        "mask_rcnn_xcit_s12_p16_3x_in1k.py",
+    )
+}
 
 
 def _build(name, *overrides):
@@ -35,7 +45,7 @@ def _assert_conditioned(site):
     for role in ("q", "k"):
         w = site.weight(role).detach().double()
         for h in range(site.num_heads):
-            s = torch.linalg.svdvals(w[h * dh:(h + 1) * dh])
+            s = torch.linalg.svdvals(w[h * dh : (h + 1) * dh])
             torch.testing.assert_close(s, torch.ones_like(s), atol=1e-5, rtol=0)
     torch.testing.assert_close(site.weight("v").detach(), torch.eye(site.dim_v, site.dim_v_in), atol=0, rtol=0)
 
@@ -46,7 +56,7 @@ def _assert_mimetic_qk_is_low_rank_plus_identity(site):
     dh = site.head_dim
     q, k = site.weight("q").detach().double(), site.weight("k").detach().double()
     for h in range(site.num_heads):
-        prod = q[h * dh:(h + 1) * dh].T @ k[h * dh:(h + 1) * dh]
+        prod = q[h * dh : (h + 1) * dh].T @ k[h * dh : (h + 1) * dh]
         s = torch.linalg.svdvals(prod)
         assert (s > 1e-6 * s[0]).sum() == dh
         assert torch.trace(prod) > 0  # the +beta I term dominates the trace
@@ -84,8 +94,10 @@ def test_demo_configs_take_every_arm(name):
 
 def test_a_saved_config_still_carries_the_arm(tmp_path):
     """What default_setup dumps (config.yaml) reloads and builds the same arm, as detectron2's tools expect."""
-    cfg = LazyConfig.apply_overrides(LazyConfig.load(os.path.join(ROOT, "configs/demo/mask_rcnn_vit_tiny.py")),
-                                     ["condinit.arm=conditioned", "condinit.options.conditioned.gain_v=0.5"])
+    cfg = LazyConfig.apply_overrides(
+        LazyConfig.load(os.path.join(ROOT, "configs/demo/mask_rcnn_vit_tiny.py")),
+        ["condinit.arm=conditioned", "condinit.options.conditioned.gain_v=0.5"],
+    )
     LazyConfig.save(cfg, str(tmp_path / "config.yaml"))
     saved = LazyConfig.load(str(tmp_path / "config.yaml"))
     torch.manual_seed(0)

@@ -1,4 +1,5 @@
 """condinit_det.model_zoo: configs by name, and zoo:<name> on every command line."""
+
 import os
 import re
 
@@ -30,10 +31,15 @@ def test_names_are_the_checkout_configs():
     assert model_zoo.configs_root() == CONFIGS  # a checkout reads configs/ in place
     names = model_zoo.list_configs()
     assert names == sorted(n for n in _files_under(CONFIGS) if not n.startswith("common/"))
-    assert {"COCO/mask_rcnn_xcit_s12_p16_3x_in1k.py", "demo/mask_rcnn_vit_tiny.py", "ImageNet/deit_b_300ep.py",
-            "yacs/mask_rcnn_xcit_s12_3x.yaml"} <= set(names)
-    assert model_zoo.get_config_file("demo/mask_rcnn_vit_tiny.py") == os.path.join(CONFIGS, "demo",
-                                                                                    "mask_rcnn_vit_tiny.py")
+    assert {
+        "COCO/mask_rcnn_xcit_s12_p16_3x_in1k.py",
+        "demo/mask_rcnn_vit_tiny.py",
+        "ImageNet/deit_b_300ep.py",
+        "yacs/mask_rcnn_xcit_s12_3x.yaml",
+    } <= set(names)
+    assert model_zoo.get_config_file("demo/mask_rcnn_vit_tiny.py") == os.path.join(
+        CONFIGS, "demo", "mask_rcnn_vit_tiny.py"
+    )
 
 
 def test_get_config_loads_relative_imports_and_yacs():
@@ -56,7 +62,8 @@ def test_bad_names_say_what_is_accepted(tmp_path, monkeypatch):
             model_zoo.get_config_file(outside)
     # a command line's --config-file: a path, or zoo:<name>
     assert model_zoo.resolve_config_file("zoo:demo/pretrain_vit_tiny.py") == os.path.join(
-        CONFIGS, "demo", "pretrain_vit_tiny.py")
+        CONFIGS, "demo", "pretrain_vit_tiny.py"
+    )
     monkeypatch.chdir(tmp_path)  # outside the checkout, a checkout path is missing: the zoo name is suggested
     with pytest.raises(FileNotFoundError, match="for the model-zoo config write zoo:demo/mask_rcnn_vit_tiny.py"):
         model_zoo.resolve_config_file("configs/demo/mask_rcnn_vit_tiny.py")
@@ -76,8 +83,10 @@ def test_tools_take_zoo_names(tmp_path):
         load_detection_config("zoo:yacs/mask_rcnn_vit_tiny_embedded.yaml", ["SOLVER.MAX_ITR", "7"])
     cfg = load_pretrain_config("zoo:demo/pretrain_vit_tiny.py", ["train.epochs=1"])
     assert cfg.train.epochs == 1
-    wrong = (r"^--config-file: .demo/pretrain_vit_tiy.py. is not a model-zoo config "
-             r".*did you mean demo/pretrain_vit_tiny")
+    wrong = (
+        r"^--config-file: .demo/pretrain_vit_tiy.py. is not a model-zoo config "
+        r".*did you mean demo/pretrain_vit_tiny"
+    )
     with pytest.raises(UsageError, match=wrong):
         load_pretrain_config("zoo:demo/pretrain_vit_tiy.py")
     with pytest.raises(UsageError, match="does not exist; give a config file or a model-zoo name"):

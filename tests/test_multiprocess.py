@@ -1,4 +1,5 @@
 """Several processes on the CPU: the gloo path forced, BatchNorm statistics per rank, --eval-only over 2 processes."""
+
 import json
 import os
 import subprocess
@@ -21,8 +22,14 @@ def _report_process_group(out_dir):
 
     rank = dist.get_rank()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"backend": str(dist.get_backend()), "cuda": torch.cuda.is_available(),
-                   "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
+        json.dump(
+            {
+                "backend": str(dist.get_backend()),
+                "cuda": torch.cuda.is_available(),
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            },
+            f,
+        )
 
 
 @pytest.mark.slow
@@ -54,8 +61,12 @@ def test_replica_fingerprint_leaves_out_only_unsynchronized_statistics():
     net.bn.running_mean.add_(1.0)
     net.bn.num_batches_tracked.add_(3)
     assert replica_fingerprint(net) == before  # differs per rank by design
-    for change in (lambda: net.sync.running_var.mul_(2.0), lambda: net.table.add_(1.0),
-                   lambda: net.conv.weight.data[0, 0, 0, 0].add_(1e-7), lambda: net.bn.weight.data.add_(1.0)):
+    for change in (
+        lambda: net.sync.running_var.mul_(2.0),
+        lambda: net.table.add_(1.0),
+        lambda: net.conv.weight.data[0, 0, 0, 0].add_(1e-7),
+        lambda: net.bn.weight.data.add_(1.0),
+    ):
         change()
         after = replica_fingerprint(net)
         assert after != before
@@ -64,8 +75,14 @@ def test_replica_fingerprint_leaves_out_only_unsynchronized_statistics():
 
 def _run(cwd, *argv):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, TRAIN_NET, "--config-file", XCIT_DEMO, *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, TRAIN_NET, "--config-file", XCIT_DEMO, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 
@@ -82,11 +99,22 @@ def test_xcit_batchnorm_two_processes_and_eval_only(tmp_path):
     # updates its own running statistics. Training must pass the replica check, and every evaluation
     # (during training and --eval-only, 1 or 2 processes) must score with rank 0's statistics, the
     # ones model_final.pth holds. Score threshold 0: a 6-iteration model then keeps detections.
-    detections = ["model.roi_heads.box_predictor.test_score_thresh=0.0",
-                  "model.roi_heads.box_predictor.test_topk_per_image=10"]
+    detections = [
+        "model.roi_heads.box_predictor.test_score_thresh=0.0",
+        "model.roi_heads.box_predictor.test_topk_per_image=10",
+    ]
     train_dir = tmp_path / "train" / "conditioned" / "seed0"  # where a run of arm X, seed k goes
-    log = _run(tmp_path, "--num-gpus", "2", "--arm", "conditioned", f"train.output_dir={tmp_path / 'train'}",
-               "train.max_iter=6", "train.eval_period=6", *detections)
+    log = _run(
+        tmp_path,
+        "--num-gpus",
+        "2",
+        "--arm",
+        "conditioned",
+        f"train.output_dir={tmp_path / 'train'}",
+        "train.max_iter=6",
+        "train.eval_period=6",
+        *detections,
+    )
     assert "Replica check after training: all 2 processes hold identical weights" in log
     final = train_dir / "model_final.pth"
     state = torch.load(final, map_location="cpu", weights_only=False)["model"]
@@ -94,8 +122,15 @@ def test_xcit_batchnorm_two_processes_and_eval_only(tmp_path):
     evals = {}
     for procs in (1, 2):
         out = tmp_path / f"eval{procs}"
-        _run(tmp_path, "--num-gpus", str(procs), "--eval-only", f"train.init_checkpoint={final}",
-             f"train.output_dir={out}", *detections)
+        _run(
+            tmp_path,
+            "--num-gpus",
+            str(procs),
+            "--eval-only",
+            f"train.init_checkpoint={final}",
+            f"train.output_dir={out}",
+            *detections,
+        )
         (evals[procs],) = ResultsFile(out / "default" / "seed0").records("eval")  # the config's arm and seed
     (trained,) = ResultsFile(train_dir).records("ap")
     for task in ("bbox", "segm"):
@@ -105,7 +140,8 @@ def test_xcit_batchnorm_two_processes_and_eval_only(tmp_path):
     predictions = [_predictions(d) for d in (train_dir, *(tmp_path / f"eval{n}" / "default" / "seed0" for n in (1, 2)))]
     assert len(predictions[0]) > 0 and len({len(p) for p in predictions}) == 1
     for p, q, r in zip(*predictions):
-        assert (p["image_id"], p["category_id"]) == (q["image_id"], q["category_id"]) == (r["image_id"],
-                                                                                          r["category_id"])
+        assert (
+            (p["image_id"], p["category_id"]) == (q["image_id"], q["category_id"]) == (r["image_id"], r["category_id"])
+        )
         assert p["score"] == pytest.approx(q["score"], abs=1e-5) and r["score"] == pytest.approx(q["score"], abs=1e-5)
         assert p["bbox"] == pytest.approx(q["bbox"], abs=1e-3) and r["bbox"] == pytest.approx(q["bbox"], abs=1e-3)

@@ -5,6 +5,7 @@ The environment stands for a site's PyTorch: a fresh virtual environment whose o
 torch, torchvision and what they need, reached through a ``.pth`` file naming a folder of symbolic links
 into the running environment (no 5 GB copy of torch). Building the wheelhouse needs the package index.
 """
+
 import importlib.metadata
 import json
 import os
@@ -91,30 +92,44 @@ def listing(folder):
 
 
 def test_print_target_expands_manylinux_to_every_older_glibc():
-    out = _run(["bash", WHEELHOUSE, "--print-target", "--python-version", "3.12", "--platform",
-                "manylinux_2_28_x86_64"]).stdout.split()
+    out = _run(
+        ["bash", WHEELHOUSE, "--print-target", "--python-version", "3.12", "--platform", "manylinux_2_28_x86_64"]
+    ).stdout.split()
     assert out[:4] == ["--python-version", "3.12", "--implementation", "cp"]
     platforms = out[5::2]
     assert all(flag == "--platform" for flag in out[4::2])
     assert platforms == [f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)] + [
-        "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+        "manylinux2014_x86_64",
+        "manylinux2010_x86_64",
+        "manylinux1_x86_64",
+    ]
     # the legacy alias stands for glibc 2.17; other tags pass as they are; the default is this interpreter
     aarch64 = _run(["bash", WHEELHOUSE, "--print-target", "--platform", "manylinux2014_aarch64"]).stdout.split()[1::2]
     assert aarch64 == [f"manylinux_2_{n}_aarch64" for n in range(17, 4, -1)] + ["manylinux2014_aarch64"]
     assert _run(["bash", WHEELHOUSE, "--print-target", "--platform", "win_amd64"]).stdout.split() == [
-        "--platform", "win_amd64"]
+        "--platform",
+        "win_amd64",
+    ]
     assert _run(["bash", WHEELHOUSE, "--print-target"]).stdout.strip() == ""
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "wheelhouse: name the output folder: bash tools/wheelhouse.sh DIR [options] (--help)"),
-    (["d", "--python-version", "3"], "wheelhouse: --python-version needs MAJOR.MINOR of a Python 3, e.g. 3.12"),
-    (["d", "--platform", "Manylinux"], "wheelhouse: --platform needs a wheel platform tag (lower case, digits, _), "
-                                       "e.g. manylinux_2_28_x86_64"),
-    (["d", "e"], "wheelhouse: one output folder only (got 'd' and 'e')"),
-    (["d", "--no-such"], "wheelhouse: unknown option '--no-such'; accepted: --python-version, --platform, --exclude, "
-                         "--torch-version, --torchvision-version, --print-target, --help"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "wheelhouse: name the output folder: bash tools/wheelhouse.sh DIR [options] (--help)"),
+        (["d", "--python-version", "3"], "wheelhouse: --python-version needs MAJOR.MINOR of a Python 3, e.g. 3.12"),
+        (
+            ["d", "--platform", "Manylinux"],
+            "wheelhouse: --platform needs a wheel platform tag (lower case, digits, _), e.g. manylinux_2_28_x86_64",
+        ),
+        (["d", "e"], "wheelhouse: one output folder only (got 'd' and 'e')"),
+        (
+            ["d", "--no-such"],
+            "wheelhouse: unknown option '--no-such'; accepted: --python-version, --platform, --exclude, "
+            "--torch-version, --torchvision-version, --print-target, --help",
+        ),
+    ],
+)
 def test_wheelhouse_refuses_bad_arguments(argv, message, tmp_path):
     proc = subprocess.run(["bash", WHEELHOUSE, *argv], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.strip() == message
@@ -123,22 +138,30 @@ def test_wheelhouse_refuses_bad_arguments(argv, message, tmp_path):
 
 def test_offline_setup_refuses_what_it_cannot_install_from(tmp_path):
     def refusal(*argv, **env):
-        proc = subprocess.run(["bash", SETUP_ENV, *argv], capture_output=True, text=True,
-                              env=_offline_env(CONDINIT_VENV=str(tmp_path / "venv"), **env))
+        proc = subprocess.run(
+            ["bash", SETUP_ENV, *argv],
+            capture_output=True,
+            text=True,
+            env=_offline_env(CONDINIT_VENV=str(tmp_path / "venv"), **env),
+        )
         assert proc.returncode == 1, proc.stderr
         return proc.stderr.strip()
 
     assert refusal("--offline", str(tmp_path / "nothing")) == (
-        f"setup_env: --offline {tmp_path / 'nothing'}: no such folder (build one with tools/wheelhouse.sh)")
+        f"setup_env: --offline {tmp_path / 'nothing'}: no such folder (build one with tools/wheelhouse.sh)"
+    )
     (tmp_path / "empty").mkdir()
     assert refusal("--offline", str(tmp_path / "empty")) == (
         f"setup_env: --offline {tmp_path / 'empty'}: no condinit_det wheel there; build the folder with "
-        "tools/wheelhouse.sh")
+        "tools/wheelhouse.sh"
+    )
     (tmp_path / "empty" / "condinit_det-0.1.0-py3-none-any.whl").write_bytes(b"")
     assert refusal("--offline", str(tmp_path / "empty"), "--python", str(tmp_path / "python")) == (
-        f"setup_env: --python {tmp_path / 'python'}: not a working Python interpreter")
+        f"setup_env: --python {tmp_path / 'python'}: not a working Python interpreter"
+    )
     assert refusal("--python", sys.executable) == (
-        "setup_env: --python is for --offline (the online setup makes its own venv: CONDINIT_VENV, PYTHON)")
+        "setup_env: --python is for --offline (the online setup makes its own venv: CONDINIT_VENV, PYTHON)"
+    )
     assert refusal("--bogus").startswith("setup_env: unknown argument '--bogus'; accepted: --offline DIR")
     assert not (tmp_path / "venv").exists()
 
@@ -149,12 +172,17 @@ def test_offline_setup_needs_an_environment_with_torch(tmp_path):
     (tmp_path / "wheels").mkdir()
     (tmp_path / "wheels" / "condinit_det-0.1.0-py3-none-any.whl").write_bytes(b"")
     bare = str(tmp_path / "bare" / "bin" / "python")
-    proc = subprocess.run(["bash", SETUP_ENV, "--offline", str(tmp_path / "wheels"), "--python", bare],
-                          capture_output=True, text=True, env=_offline_env())
+    proc = subprocess.run(
+        ["bash", SETUP_ENV, "--offline", str(tmp_path / "wheels"), "--python", bare],
+        capture_output=True,
+        text=True,
+        env=_offline_env(),
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         f"setup_env: offline mode installs everything but torch and torchvision, and {bare} cannot import them: name "
-        "an environment that has the site's PyTorch (--python PATH, or PYTHON=PATH for a new venv)")
+        "an environment that has the site's PyTorch (--python PATH, or PYTHON=PATH for a new venv)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +191,9 @@ def wheelhouse(tmp_path_factory, wheel_cache):
     the wheel cache (conftest.py) for the next build."""
     folder = tmp_path_factory.mktemp("wheelhouse")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    proc = _run(["bash", WHEELHOUSE, str(folder)],
-                env=dict(env, PYTHON=sys.executable, CONDINIT_WHEEL_CACHE=wheel_cache))
+    proc = _run(
+        ["bash", WHEELHOUSE, str(folder)], env=dict(env, PYTHON=sys.executable, CONDINIT_WHEEL_CACHE=wheel_cache)
+    )
     return {"folder": str(folder), "stderr": proc.stderr}
 
 
@@ -176,8 +205,11 @@ def test_wheelhouse_holds_every_dependency_as_wheels_without_torch(wheelhouse):
     projects = [wheel_project(f) for f in files]
     assert len(projects) == len(set(projects)), "one version per project"
     # torch, torchvision and what only they pull in stay the site's
-    assert not [p for p in projects if p in ("torch", "torchvision", "triton", "sympy", "networkx", "mpmath")
-                or p.startswith(("nvidia-", "cuda-"))], projects
+    assert not [
+        p
+        for p in projects
+        if p in ("torch", "torchvision", "triton", "sympy", "networkx", "mpmath") or p.startswith(("nvidia-", "cuda-"))
+    ], projects
     # the package, detectron2 as pure Python, and the source-only projects built into pure wheels
     pure = {wheel_project(f) for f in files if f.endswith("-none-any.whl")}
     assert {"condinit-det", "sal-detectron2", "fvcore", "iopath", "antlr4-python3-runtime"} <= pure
@@ -192,13 +224,24 @@ def test_wheelhouse_holds_every_dependency_as_wheels_without_torch(wheelhouse):
             if req.marker is None or req.marker.evaluate({"extra": "test"}):
                 needed.add(canonical(req.name))
     assert needed - {"torch", "torchvision"} <= set(projects), needed - set(projects)
-    assert {"pytest", "pycocotools", "faster-coco-eval", "timm", "submitit", "safetensors", "shapely", "omegaconf",
-            "hydra-core", "threadpoolctl"} <= needed
+    assert {
+        "pytest",
+        "pycocotools",
+        "faster-coco-eval",
+        "timm",
+        "submitit",
+        "safetensors",
+        "shapely",
+        "omegaconf",
+        "hydra-core",
+        "threadpoolctl",
+    } <= needed
     with zipfile.ZipFile(os.path.join(wheelhouse["folder"], "sal_detectron2-0.7.2-py3-none-any.whl")) as zf:
         names = zf.namelist()
     assert not [n for n in names if n.endswith((".so", ".pyd")) or n.startswith("tools/")]
-    assert re.search(r"wheelhouse: \d+ wheels, [\d.]+ MiB, in .* \(left to the site: torch torchvision\)",
-                     wheelhouse["stderr"])
+    assert re.search(
+        r"wheelhouse: \d+ wheels, [\d.]+ MiB, in .* \(left to the site: torch torchvision\)", wheelhouse["stderr"]
+    )
 
 
 @pytest.mark.slow
@@ -211,8 +254,10 @@ def test_offline_install_into_an_environment_with_torch(wheelhouse, tmp_path_fac
     base_purelib = _run([base, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     with open(os.path.join(base_purelib, "torch_site.pth"), "w") as f:
         f.write(site + "\n")
-    identity = "import json, torch, torchvision; print(json.dumps([torch.__file__, torch.__version__, " \
-               "torchvision.__file__, torchvision.__version__]))"
+    identity = (
+        "import json, torch, torchvision; print(json.dumps([torch.__file__, torch.__version__, "
+        "torchvision.__file__, torchvision.__version__]))"
+    )
     before = json.loads(_run([base, "-c", identity]).stdout)
     assert before[0].startswith(site)
     base_before = listing(base_purelib)
@@ -221,14 +266,21 @@ def test_offline_install_into_an_environment_with_torch(wheelhouse, tmp_path_fac
 
     # a new venv made from the base (it sees the base's torch), installed from the folder alone
     venv = str(work / "venv")
-    proc = _run(["bash", SETUP_ENV, "--offline", wheelhouse["folder"]], cwd=outside,
-                env=_offline_env(PYTHON=base, CONDINIT_VENV=venv))
+    proc = _run(
+        ["bash", SETUP_ENV, "--offline", wheelhouse["folder"]],
+        cwd=outside,
+        env=_offline_env(PYTHON=base, CONDINIT_VENV=venv),
+    )
     assert "setup_env: ready (" in proc.stderr and "torch and torchvision untouched" in proc.stderr
     python = os.path.join(venv, "bin", "python")
     assert json.loads(_run([python, "-c", identity], cwd=outside).stdout) == before
     assert listing(base_purelib) == base_before, "the base environment is left as it was"
-    installed = {canonical(d.metadata["Name"]) for d in importlib.metadata.distributions(
-        path=[_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()])}
+    installed = {
+        canonical(d.metadata["Name"])
+        for d in importlib.metadata.distributions(
+            path=[_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()]
+        )
+    }
     assert {"condinit-det", "sal-detectron2", "fvcore", "timm", "pytest"} <= installed
     assert not installed & {"torch", "torchvision"}
     assert _run([python, "-m", "pip", "check"], cwd=outside).stdout.startswith("No broken requirements")
@@ -242,7 +294,10 @@ def test_offline_install_into_an_environment_with_torch(wheelhouse, tmp_path_fac
     assert arm["condinit_det"].startswith(venv) and arm["detectron2"].startswith(venv)
 
     # a second run finds everything in place and changes nothing
-    again = _run(["bash", SETUP_ENV, "--offline", wheelhouse["folder"]], cwd=outside,
-                 env=_offline_env(PYTHON=base, CONDINIT_VENV=venv))
+    again = _run(
+        ["bash", SETUP_ENV, "--offline", wheelhouse["folder"]],
+        cwd=outside,
+        env=_offline_env(PYTHON=base, CONDINIT_VENV=venv),
+    )
     assert "setup_env: installed or changed: \n" in again.stderr
     assert json.loads(_run([python, "-c", identity], cwd=outside).stdout) == before

@@ -1,4 +1,5 @@
 """Classification pretraining (condinit_det.pretrain, tools/pretrain_net.py) on tiny models and datasets."""
+
 import json
 import os
 import random
@@ -44,15 +45,26 @@ SPEC = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     """An 8-class ImageFolder of 32x32 images: 96 training, 16 evaluation."""
-    return str(generate_classification_dataset(tmp_path_factory.mktemp("cls") / "shapes", num_train=96, num_val=16,
-                                               spec=SPEC))
+    return str(
+        generate_classification_dataset(tmp_path_factory.mktemp("cls") / "shapes", num_train=96, num_val=16, spec=SPEC)
+    )
 
 
 def tiny(root, out, epochs=2, **extra):
     """Overrides that shrink the demo config: depth 2, 32 px, batch 8 (12 steps per epoch), no workers."""
-    opts = {"data.root": root, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 2,
-            "train.output_dir": out, "train.epochs": epochs, "train.batch_size": 8, "train.workers": 0,
-            "train.log_period": 4, "train.eval_batch_size": 16, "scheduler.warmup_epochs": 1}
+    opts = {
+        "data.root": root,
+        "data.img_size": 32,
+        "model.kwargs.img_size": 32,
+        "model.kwargs.depth": 2,
+        "train.output_dir": out,
+        "train.epochs": epochs,
+        "train.batch_size": 8,
+        "train.workers": 0,
+        "train.log_period": 4,
+        "train.eval_batch_size": 16,
+        "scheduler.warmup_epochs": 1,
+    }
     opts.update(extra)
     return [f"{k}={v}" for k, v in opts.items()]
 
@@ -104,16 +116,18 @@ def test_arm_is_applied_before_the_first_step(tiny_data, tmp_path, monkeypatch):
         w = seen["state"][f"blocks.{b}.attn.qkv.weight"].double()
         for role in range(2):  # Q, K: every head block has orthonormal rows
             for h in range(heads):
-                block = w[role * dim + h * dh: role * dim + (h + 1) * dh]
+                block = w[role * dim + h * dh : role * dim + (h + 1) * dh]
                 s = torch.linalg.svdvals(block)
                 assert torch.allclose(s, torch.ones_like(s), atol=1e-5), (b, role, h, s)
-        assert torch.equal(w[2 * dim:], torch.eye(dim, dtype=w.dtype))  # V = identity
+        assert torch.equal(w[2 * dim :], torch.eye(dim, dtype=w.dtype))  # V = identity
         assert not seen["state"][f"blocks.{b}.attn.qkv.bias"].any()
 
 
 def test_same_seed_same_data_and_non_attention_weights_across_arms(tiny_data, tmp_path, monkeypatch):
-    runs = {arm: _state_at_first_step(tiny_data, str(tmp_path / arm), arm, monkeypatch)
-            for arm in ("default", "mimetic", "conditioned")}
+    runs = {
+        arm: _state_at_first_step(tiny_data, str(tmp_path / arm), arm, monkeypatch)
+        for arm in ("default", "mimetic", "conditioned")
+    }
     ref_state, ref_batches = runs["default"][0]["state"], runs["default"][0]["batches"]
     for arm in ("mimetic", "conditioned"):
         seen, report = runs[arm]
@@ -128,8 +142,9 @@ def test_same_seed_same_data_and_non_attention_weights_across_arms(tiny_data, tm
             assert torch.equal(x, x0) and torch.equal(y, y0)
     # Another seed: other data order and other weights.
     other, _ = _state_at_first_step(tiny_data, str(tmp_path / "s1"), "default", monkeypatch, seed=1)
-    assert not torch.equal(other["batches"][0][1], ref_batches[0][1]) or \
-        not torch.equal(other["batches"][0][0], ref_batches[0][0])
+    assert not torch.equal(other["batches"][0][1], ref_batches[0][1]) or not torch.equal(
+        other["batches"][0][0], ref_batches[0][0]
+    )
     assert not torch.equal(other["state"]["blocks.0.mlp.fc1.weight"], ref_state["blocks.0.mlp.fc1.weight"])
 
 
@@ -161,8 +176,9 @@ def test_config_nodes_and_learning_rate():
     assert arm_spec(cfg, 7).seed == 3
 
 
-@pytest.mark.parametrize("path", IMAGENET + [Path(DEMO), REPO / "configs" / "demo" / "pretrain_xcit_tiny.py"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", IMAGENET + [Path(DEMO), REPO / "configs" / "demo" / "pretrain_xcit_tiny.py"], ids=lambda p: p.name
+)
 def test_recipes_load_and_build(path):
     import timm
 
@@ -170,8 +186,12 @@ def test_recipes_load_and_build(path):
     nodes = {k: node(cfg, k) for k in ("model", "data", "augment", "optimizer", "scheduler", "train")}
     assert timm.is_model(nodes["model"]["name"])
     with torch.device("meta"):
-        model = timm.create_model(nodes["model"]["name"], pretrained=False, num_classes=nodes["data"]["num_classes"],
-                                  **nodes["model"]["kwargs"])
+        model = timm.create_model(
+            nodes["model"]["name"],
+            pretrained=False,
+            num_classes=nodes["data"]["num_classes"],
+            **nodes["model"]["kwargs"],
+        )
     assert find_attention(model)  # the arm has attention sites to act on
     if "ImageNet" in str(path):
         assert nodes["data"]["num_classes"] == 1000 and nodes["train"]["batch_size"] == 1024
@@ -204,24 +224,38 @@ def test_cli_rejects_an_image_folder_without_images(tmp_path, capsys):
     for split in ("train", "val"):
         (tmp_path / "empty" / split / "cat").mkdir(parents=True)
     out = tmp_path / "out"
-    err = _one_error_line(*run_cli(["--config-file", DEMO, f"data.root={tmp_path / 'empty'}",
-                                    f"train.output_dir={out}"], capsys))
+    err = _one_error_line(
+        *run_cli(["--config-file", DEMO, f"data.root={tmp_path / 'empty'}", f"train.output_dir={out}"], capsys)
+    )
     assert "holds no images in class folders" in err and "<class>/<image>" in err and ".png" in err
     assert not out.exists()
 
 
 def test_cli_suggests_close_model_names(tiny_data, tmp_path, capsys):
     out = tmp_path / "out"
-    err = _one_error_line(*run_cli(["--config-file", DEMO, "model.name=vit_tiny_patch16_22",
-                                 f"data.root={tiny_data}", f"train.output_dir={out}"], capsys))
+    err = _one_error_line(
+        *run_cli(
+            [
+                "--config-file",
+                DEMO,
+                "model.name=vit_tiny_patch16_22",
+                f"data.root={tiny_data}",
+                f"train.output_dir={out}",
+            ],
+            capsys,
+        )
+    )
     assert "is not a timm model" in err and "vit_tiny_patch16_224" in err
     assert not out.exists()
 
 
 def test_cli_rejects_a_class_count_mismatch(tiny_data, tmp_path, capsys):
     out = tmp_path / "out"
-    err = _one_error_line(*run_cli(["--config-file", DEMO, "data.num_classes=10", f"data.root={tiny_data}",
-                                 f"train.output_dir={out}"], capsys))
+    err = _one_error_line(
+        *run_cli(
+            ["--config-file", DEMO, "data.num_classes=10", f"data.root={tiny_data}", f"train.output_dir={out}"], capsys
+        )
+    )
     assert "data.num_classes=10" in err and "has 8 class folders" in err and "data.num_classes=8" in err
     assert not out.exists()
 
@@ -230,12 +264,20 @@ def test_cli_refuses_to_resume_another_arm_or_seed(tiny_data, tmp_path, capsys):
     out = tmp_path / "out"
     run_dir = RunSpec("conditioned", 0).path(str(out))
     os.makedirs(run_dir)
-    theirs = {"arm": "mimetic", "arm_seed": 1, "include": None, "exclude": None, "options": {}, "seed": 1,
-              "lr_scale": 1.0}
+    theirs = {
+        "arm": "mimetic",
+        "arm_seed": 1,
+        "include": None,
+        "exclude": None,
+        "options": {},
+        "seed": 1,
+        "lr_scale": 1.0,
+    }
     write_arm_report(run_dir, {"arm": "mimetic", "sites": []}, theirs)
     before = sorted(os.listdir(out))
-    err = _one_error_line(*run_cli(["--config-file", DEMO, "--arm", "conditioned", "--resume",
-                                 *tiny(tiny_data, str(out))], capsys))
+    err = _one_error_line(
+        *run_cli(["--config-file", DEMO, "--arm", "conditioned", "--resume", *tiny(tiny_data, str(out))], capsys)
+    )
     assert "arm='mimetic'" in err and "arm='conditioned'" in err and "seed=1" in err and "seed=0" in err
     assert "--allow-changed-run" in err
     assert sorted(os.listdir(out)) == before  # no plan written
@@ -245,8 +287,9 @@ def test_cli_refuses_to_resume_another_arm_or_seed(tiny_data, tmp_path, capsys):
 # End to end, in subprocesses
 # ---------------------------------------------------------------------------------------------
 def _run(argv, **kw):
-    return subprocess.run([sys.executable, TOOL, *argv], env=_env(), cwd=REPO, capture_output=True, text=True,
-                          timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, TOOL, *argv], env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300, **kw
+    )
 
 
 @pytest.mark.slow
@@ -259,16 +302,22 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
     run_b = RunSpec("mimetic", 0).path(b)
-    proc = subprocess.Popen([sys.executable, TOOL, *argv, *tiny(tiny_data, b, epochs=epochs)], env=_env(), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, TOOL, *argv, *tiny(tiny_data, b, epochs=epochs)],
+        env=_env(),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     target = os.path.join(run_b, "checkpoint_epoch0001.pth")
     deadline = time.time() + 240
     while not os.path.exists(target) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert os.path.exists(target) and not os.path.exists(os.path.join(run_b, "model_final.pth")), \
+    assert os.path.exists(target) and not os.path.exists(os.path.join(run_b, "model_final.pth")), (
         "the run finished before it could be killed"
+    )
     resumed = _run([*argv, "--resume", *tiny(tiny_data, b, epochs=epochs)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resumed from" in resumed.stdout
@@ -286,10 +335,23 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
         assert torch.equal(fa["model"][k], fb["model"][k]), k
     ra, rb = ResultsFile(run_a).records("cls"), ResultsFile(run_b).records("cls")
     assert [r["epoch"] for r in rb] == list(range(1, epochs + 1))  # none lost, none duplicated
-    assert [(r["epoch"], r["iteration"], r["top1"], r["train_loss"]) for r in ra] == \
-        [(r["epoch"], r["iteration"], r["top1"], r["train_loss"]) for r in rb]
-    assert set(ra[-1]) >= {"kind", "iteration", "epoch", "top1", "top5", "train_loss", "eval_loss", "lr", "arm",
-                           "seed", "lr_scale", "config"}
+    assert [(r["epoch"], r["iteration"], r["top1"], r["train_loss"]) for r in ra] == [
+        (r["epoch"], r["iteration"], r["top1"], r["train_loss"]) for r in rb
+    ]
+    assert set(ra[-1]) >= {
+        "kind",
+        "iteration",
+        "epoch",
+        "top1",
+        "top5",
+        "train_loss",
+        "eval_loss",
+        "lr",
+        "arm",
+        "seed",
+        "lr_scale",
+        "config",
+    }
     with open(os.path.join(run_b, "metrics.json")) as f:
         its = [json.loads(line)["iteration"] for line in f]
     assert its == sorted(set(its)) and its[-1] == epochs * 12
@@ -338,9 +400,11 @@ def test_eval_only_records_the_checkpoints_own_arm(tiny_data, tmp_path):
     torch.manual_seed(0)
     weights = create_classifier(node(cfg, "model"), 8).state_dict()
     run_dir = RunSpec("default", 0).path(str(tmp_path))
-    for name, extra, arm in (("final.pth", {"arm": "mimetic"}, "mimetic"),  # a model_final file names its arm
-                             ("epoch.pth", {"identity": {"arm": "conditioned"}}, "conditioned"),  # an epoch file too
-                             ("bare.pth", {}, "default")):  # none: the config's, said in the log
+    for name, extra, arm in (
+        ("final.pth", {"arm": "mimetic"}, "mimetic"),  # a model_final file names its arm
+        ("epoch.pth", {"identity": {"arm": "conditioned"}}, "conditioned"),  # an epoch file too
+        ("bare.pth", {}, "default"),
+    ):  # none: the config's, said in the log
         torch.save({"model": weights, **extra}, tmp_path / name)
         record = trainer.evaluate_checkpoint(cfg, run_dir=run_dir, checkpoint=str(tmp_path / name), config_file=DEMO)
         assert (record["arm"], record["stage"]) == (arm, "pretrain")
@@ -355,12 +419,31 @@ def test_tiny_run_prints_no_deprecation_notice(tiny_data, tmp_path):
     env = dict(_env(), PYTHONWARNINGS="default")
     # (the kappa measurements, tested in test_pretrain_conditioning.py, are off: torch scripts its forward-mode
     # decompositions on their first use)
-    proc = subprocess.run([sys.executable, "-W", "default", TOOL, "--config-file", DEMO, "--arm", "conditioned",
-                           *tiny(tiny_data, str(tmp_path), epochs=1), "condinit_analysis.period=0"], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "default",
+            TOOL,
+            "--config-file",
+            DEMO,
+            "--arm",
+            "conditioned",
+            *tiny(tiny_data, str(tmp_path), epochs=1),
+            "condinit_analysis.period=0",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    noise = [line for line in proc.stderr.splitlines() if "DeprecationWarning" in line or "FutureWarning" in line
-             or "deprecated" in line]
+    noise = [
+        line
+        for line in proc.stderr.splitlines()
+        if "DeprecationWarning" in line or "FutureWarning" in line or "deprecated" in line
+    ]
     assert not noise, "\n".join(noise)
     assert "eta:" in proc.stdout
     log = Path(RunSpec("conditioned", 0).path(str(tmp_path)), "log.txt").read_text()

@@ -1,4 +1,5 @@
 """kappa of the attention Jacobian along pretraining (condinit_det.pretrain.conditioning), on tiny runs."""
+
 import json
 import math
 import os
@@ -39,13 +40,17 @@ def one_thread():
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """The 8-class ImageFolder of tests/test_pretrain.py: 96 training, 16 evaluation images of 32x32."""
-    return str(generate_classification_dataset(tmp_path_factory.mktemp("cls") / "shapes", num_train=96, num_val=16,
-                                               spec=SPEC))
+    return str(
+        generate_classification_dataset(tmp_path_factory.mktemp("cls") / "shapes", num_train=96, num_val=16, spec=SPEC)
+    )
 
 
 def _cfg(root, out, period=PERIOD, **extra):
-    return configure_run(load_config(DEMO, tiny(root, out, epochs=EPOCHS, **{"condinit_analysis.period": period},
-                                                **extra)), RunSpec("conditioned", 0), out)
+    return configure_run(
+        load_config(DEMO, tiny(root, out, epochs=EPOCHS, **{"condinit_analysis.period": period}, **extra)),
+        RunSpec("conditioned", 0),
+        out,
+    )
 
 
 def _train(cfg, *, resume=False):
@@ -68,8 +73,7 @@ def _metrics(run_dir):
 def runs(data, tmp_path_factory):
     """The same run with the measurement on (every 2 epochs) and off: {"on": run_dir, "off": run_dir}."""
     base = tmp_path_factory.mktemp("runs")
-    return {name: _train(_cfg(data, str(base / name), period=period)) for name, period in (("on", PERIOD),
-                                                                                          ("off", 0))}
+    return {name: _train(_cfg(data, str(base / name), period=period)) for name, period in (("on", PERIOD), ("off", 0))}
 
 
 def test_records_at_the_due_epochs(runs):
@@ -82,8 +86,13 @@ def test_records_at_the_due_epochs(runs):
         assert r["iteration"] == r["epoch"] * STEPS == steps.get(r["epoch"], 0)
         assert math.isfinite(r["kappa"]) and r["kappa"] >= 1 and r["converged"] and r["method"] == "exact"
         assert r["kappa"] == pytest.approx(r["sigma_max"] / r["sigma_min"])
-        assert (r["stage"], r["arm"], r["seed"], r["lr_scale"], r["config"]) == ("pretrain", "conditioned", 0, 1.0,
-                                                                                DEMO)
+        assert (r["stage"], r["arm"], r["seed"], r["lr_scale"], r["config"]) == (
+            "pretrain",
+            "conditioned",
+            0,
+            1.0,
+            DEMO,
+        )
     # The event storage: the initialization on a line of its own, later points on their epoch's last line.
     lines = _metrics(run_dir)
     its = [line["iteration"] for line in lines]
@@ -93,15 +102,18 @@ def test_records_at_the_due_epochs(runs):
 
 
 def test_measuring_does_not_change_training(runs):
-    on, off = ({(r["epoch"], r["iteration"]): r for r in ResultsFile(runs[k]).records(PRETRAIN.eval_kind)}
-               for k in ("on", "off"))
+    on, off = (
+        {(r["epoch"], r["iteration"]): r for r in ResultsFile(runs[k]).records(PRETRAIN.eval_kind)}
+        for k in ("on", "off")
+    )
     assert on.keys() == off.keys() and len(on) == EPOCHS
     for key in on:
         for field in ("top1", "top5", "train_loss", "eval_loss", "lr"):
             assert on[key][field] == off[key][field], (key, field)
     assert not ResultsFile(runs["off"]).records("conditioning")
-    losses = [[(m["iteration"], m["total_loss"]) for m in _metrics(runs[k]) if "total_loss" in m] for k in ("on",
-                                                                                                            "off")]
+    losses = [
+        [(m["iteration"], m["total_loss"]) for m in _metrics(runs[k]) if "total_loss" in m] for k in ("on", "off")
+    ]
     assert losses[0] == losses[1] and len(losses[0]) == EPOCHS * STEPS // 4
     final = [load_checkpoint(os.path.join(runs[k], "model_final.pth"))["model"] for k in ("on", "off")]
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[1])
@@ -161,8 +173,11 @@ def test_the_options_are_the_detection_ones(data, tmp_path, capsys):
     # The command line: one line, exit status 2, before anything is written.
     out = tmp_path / "cli"
     code, err = run_cli(["--config-file", DEMO, *tiny(data, str(out)), "condinit_analysis.perod=3"], capsys)
-    assert code == 2 and "\n" not in err and "condinit_analysis.perod: no such key; did you mean " \
-        "condinit_analysis.period?" in err
+    assert (
+        code == 2
+        and "\n" not in err
+        and "condinit_analysis.perod: no such key; did you mean condinit_analysis.period?" in err
+    )
     assert not out.exists()
 
 
@@ -171,8 +186,12 @@ def test_class_attention_and_no_rng_moved(tmp_path):
     cfg = load_config(XCIT_DEMO, tiny(str(tmp_path), str(tmp_path)))
     model = create_classifier(node(cfg, "model"), 8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    probe = EpochConditioning(torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)),
-                              conditioning_options(cfg), num_epochs=6, meta={"arm": "default"})
+    probe = EpochConditioning(
+        torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)),
+        conditioning_options(cfg),
+        num_epochs=6,
+        meta={"arm": "default"},
+    )
     rng = (torch.get_rng_state(), np.random.get_state()[1].copy())
     records = probe.measure(model, epoch=0, step=0)
     assert torch.equal(rng[0], torch.get_rng_state()) and np.array_equal(rng[1], np.random.get_state()[1])

@@ -1,5 +1,6 @@
 """The report on runs that keep per-image data of every evaluation: two-level intervals, the censored speed-up,
 fallbacks with their reasons, the per-image file format, seed planning."""
+
 import os
 
 import numpy as np
@@ -33,12 +34,21 @@ def _cls_run(root, arm, seed, accuracies, labels, rng, per_image=True):
     for epoch, acc in zip(EPOCHS, accuracies):
         correct = np.zeros(labels.size, dtype=bool)
         correct[rng.permutation(labels.size)[: int(round(acc / 100 * labels.size))]] = True
-        record = {"kind": "cls", "stage": "pretrain", "iteration": 10 * epoch, "epoch": epoch,
-                  "top1": 100 * correct.mean(), "top5": 90.0, "arm": arm, "seed": seed}
+        record = {
+            "kind": "cls",
+            "stage": "pretrain",
+            "iteration": 10 * epoch,
+            "epoch": epoch,
+            "top1": 100 * correct.mean(),
+            "top5": 90.0,
+            "arm": arm,
+            "seed": seed,
+        }
         if per_image:
             top1 = np.where(correct, labels, (labels + 1) % 7)
-            path = write_classification_eval(run, epoch, labels=labels, top1=top1,
-                                             top5_hit=correct | (rng.uniform(size=labels.size) < 0.5))
+            path = write_classification_eval(
+                run, epoch, labels=labels, top1=top1, top5_hit=correct | (rng.uniform(size=labels.size) < 0.5)
+            )
             record["per_image"] = os.path.relpath(path, run)
         records.append(record)
     ResultsFile(run).extend(records)
@@ -49,9 +59,11 @@ def _cls_run(root, arm, seed, accuracies, labels, rng, per_image=True):
 def cls_experiment(tmp_path):
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 7, size=N_IMAGES)
-    curves = {"default": [[20, 30, 40, 50], [22, 32, 42, 52], [18, 28, 38, 48]],
-              # seed 2 never reaches the default's final 48 (censored at epoch 8)
-              "conditioned": [[30, 50, 55, 58], [25, 40, 52, 60], [20, 30, 40, 45]]}
+    curves = {
+        "default": [[20, 30, 40, 50], [22, 32, 42, 52], [18, 28, 38, 48]],
+        # seed 2 never reaches the default's final 48 (censored at epoch 8)
+        "conditioned": [[30, 50, 55, 58], [25, 40, 52, 60], [20, 30, 40, 45]],
+    }
     for arm, per_seed in curves.items():
         for seed, acc in enumerate(per_seed):
             _cls_run(str(tmp_path / "pre"), arm, seed, acc, labels, rng)
@@ -60,8 +72,9 @@ def cls_experiment(tmp_path):
 
 def test_classification_per_image_file_round_trip(tmp_path):
     labels = np.array([0, 1, 2, 3, 4, 0, 1, 2, 3])
-    path = write_classification_eval(str(tmp_path), 3, labels=labels, top1=[0, 1, 0, 3, 4, 1, 1, 2, 0],
-                                     top5_hit=[1, 1, 1, 0, 1, 1, 1, 1, 1])
+    path = write_classification_eval(
+        str(tmp_path), 3, labels=labels, top1=[0, 1, 0, 3, 4, 1, 1, 2, 0], top5_hit=[1, 1, 1, 0, 1, 1, 1, 1, 1]
+    )
     assert path == classification_eval_path(str(tmp_path), 3) == str(tmp_path / PER_IMAGE_DIRNAME / "cls_epoch0003.npz")
     ev = read_classification_eval(path)
     assert ev.epoch == 3 and ev.num_images == 9 and ev.labels_sha1 == labels_digest(labels)
@@ -97,8 +110,10 @@ def test_several_seeds_with_per_image_data_get_the_two_level_interval(cls_experi
     assert iv.high - iv.low >= t.high - t.low - 1e-9
     assert row.p_holm == pytest.approx(iv.p_value)  # a family of one
     assert float(row.improvement.estimate) == pytest.approx(2 / 3)
-    assert f"| conditioned | top-1 | 54.3 ± 8.1 | {iv.p_value:.3f} | {row.p_holm:.3f} | [{t.low:+.1f}, " \
-           f"{t.high:+.1f}] |" in unpadded(text)
+    assert (
+        f"| conditioned | top-1 | 54.3 ± 8.1 | {iv.p_value:.3f} | {row.p_holm:.3f} | [{t.low:+.1f}, "
+        f"{t.high:+.1f}] |" in unpadded(text)
+    )
 
     # speed-up: seed 0 reaches its default's 50 at epoch 4 (50 %), seed 1 its 52 at epoch 6 (25 %); seed 2
     # never reaches 48 and is kept, censored at epoch 8 (speed-up below 0)
@@ -123,8 +138,9 @@ def test_missing_per_image_data_falls_back_and_says_why(cls_experiment):
     report, text = compare_arms([str(cls_experiment)], bootstrap=200)
     row = next(s for s in report.stage("pretrain").stats if s.key == "top1" and s.arm == "conditioned")
     assert row.interval.replication == "runs"
-    assert row.note == ("evaluation-image variance not included: default seed 1 kept no per-image data of its "
-                        f"epoch {EPOCHS[-1]}")
+    assert row.note == (
+        f"evaluation-image variance not included: default seed 1 kept no per-image data of its epoch {EPOCHS[-1]}"
+    )
     assert f"- conditioned, top-1: {row.note}" in text
 
 
@@ -145,7 +161,7 @@ def test_one_seed_speedup_has_no_interval(tmp_path):
 
 def _rle(x, y, size=48):
     m = np.zeros((size, size), dtype=np.uint8, order="F")
-    m[y:y + 12, x:x + 12] = 1
+    m[y : y + 12, x : x + 12] = 1
     r = mask_utils.encode(m)
     r["counts"] = r["counts"].decode("ascii")
     return r
@@ -157,10 +173,22 @@ def _detection_data(num_images=12, seed=0):
     for i in range(num_images):
         for c in (1, 2):
             x, y = (int(v) for v in rng.integers(0, 36, size=2))
-            anns.append({"id": len(anns) + 1, "image_id": 100 + i, "category_id": c, "bbox": [x, y, 12, 12],
-                         "area": 144, "iscrowd": 0, "segmentation": _rle(x, y)})
-    gt = {"images": [{"id": 100 + i, "width": 48, "height": 48, "file_name": f"{i}.png"} for i in range(num_images)],
-          "annotations": anns, "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]}
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": 100 + i,
+                    "category_id": c,
+                    "bbox": [x, y, 12, 12],
+                    "area": 144,
+                    "iscrowd": 0,
+                    "segmentation": _rle(x, y),
+                }
+            )
+    gt = {
+        "images": [{"id": 100 + i, "width": 48, "height": 48, "file_name": f"{i}.png"} for i in range(num_images)],
+        "annotations": anns,
+        "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}],
+    }
     return gt
 
 
@@ -170,8 +198,15 @@ def _predictions(gt, jitter, rng):
         x, y = a["bbox"][:2]
         dx, dy = (int(v) for v in rng.integers(-jitter, jitter + 1, size=2))
         x, y = min(max(x + dx, 0), 36), min(max(y + dy, 0), 36)
-        preds.append({"image_id": a["image_id"], "category_id": a["category_id"], "bbox": [x, y, 12, 12],
-                      "score": float(rng.uniform(0.2, 1.0)), "segmentation": _rle(x, y)})
+        preds.append(
+            {
+                "image_id": a["image_id"],
+                "category_id": a["category_id"],
+                "bbox": [x, y, 12, 12],
+                "score": float(rng.uniform(0.2, 1.0)),
+                "segmentation": _rle(x, y),
+            }
+        )
     return preds
 
 
@@ -185,9 +220,18 @@ def _det_run(root, arm, seed, jitters, gt, rng, iterations=(100, 200, 300)):
         path = detection_eval_path(run, it)
         save_matches(path, match_predictions(gt, preds))
         relpath = os.path.relpath(path, run)
-        records.append({"kind": "ap", "stage": "detection",
-                        "iteration": it, "arm": arm, "seed": seed, "per_image": relpath,
-                        "bbox": {"AP": ap["bbox"]}, "segm": {"AP": ap["segm"]}})
+        records.append(
+            {
+                "kind": "ap",
+                "stage": "detection",
+                "iteration": it,
+                "arm": arm,
+                "seed": seed,
+                "per_image": relpath,
+                "bbox": {"AP": ap["bbox"]},
+                "segm": {"AP": ap["segm"]},
+            }
+        )
     ResultsFile(run).extend(records)
     return run
 
@@ -242,10 +286,12 @@ def test_plan_seeds_command(capsys):
     # a shared image variance no number of seeds can average away
     assert compare_main(["--plan-seeds", "--delta", "0.6", "--std", "0.1", "--shared-variance", "1"]) == 0
     assert "no number of seeds suffices" in capsys.readouterr().out
-    for argv, message in ((["--plan-seeds", "--delta", "0.6"], "needs --delta"),
-                          (["--plan-seeds", "--delta", "0.6", "--std", "0.1", "somedir"], "takes no run directories"),
-                          (["--plan-seeds", "--delta", "-1", "--std", "0.1"], "expected a positive number"),
-                          ([], "give run or experiment directories")):
+    for argv, message in (
+        (["--plan-seeds", "--delta", "0.6"], "needs --delta"),
+        (["--plan-seeds", "--delta", "0.6", "--std", "0.1", "somedir"], "takes no run directories"),
+        (["--plan-seeds", "--delta", "-1", "--std", "0.1"], "expected a positive number"),
+        ([], "give run or experiment directories"),
+    ):
         with pytest.raises(SystemExit) as e:
             compare_main(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err
@@ -255,8 +301,9 @@ def test_delta_and_std_options_reach_the_report(cls_experiment, capsys):
     out_dir = cls_experiment.parent / "r"
     assert compare_main([str(cls_experiment), "--bootstrap", "0", "--delta", "top1=2", "--output", str(out_dir)]) == 0
     needed = seeds_needed(2.0, float(np.std([8, 8, -3], ddof=1)))
-    assert f"| conditioned | top-1 | 2 (given) | 6.35 (observed over 3 seeds) | {needed} | 3 |" in \
-        unpadded(capsys.readouterr().out)
+    assert f"| conditioned | top-1 | 2 (given) | 6.35 (observed over 3 seeds) | {needed} | 3 |" in unpadded(
+        capsys.readouterr().out
+    )
     stats = (out_dir / "stats.csv").read_text().splitlines()
     header = stats[0].split(",")
     assert header[:5] == ["stage", "arm", "lr_scale", "kind", "metric"]
@@ -268,8 +315,9 @@ def test_delta_and_std_options_reach_the_report(cls_experiment, capsys):
     assert "| conditioned | top-1 | 4.33 (the observed difference) | 1.5 (given) |" in unpadded(capsys.readouterr().out)
 
 
-def test_a_compare_into_the_same_folder_reuses_resamples_and_figures_while_their_inputs_hold(cls_experiment,
-                                                                                             monkeypatch):
+def test_a_compare_into_the_same_folder_reuses_resamples_and_figures_while_their_inputs_hold(
+    cls_experiment, monkeypatch
+):
     """Image resamples and figures are kept in <output>/.cache and reused by the next compare into that folder while
     the per-image files, records, options and code they come from are unchanged; the report stays the same."""
     from condinit_det.evaluation import bootstrap
@@ -296,8 +344,7 @@ def test_a_compare_into_the_same_folder_reuses_resamples_and_figures_while_their
     monkeypatch.setattr(bootstrap, "resampled_mean", resampled_mean)
     with open(os.path.join(out, ".cache", resamples[0]), "wb") as f:
         f.write(b"not an array")
-    assert intervals(compare_arms([str(cls_experiment)], output_dir=out, bootstrap=200, seed=3)[0]) == \
-        intervals(report)
+    assert intervals(compare_arms([str(cls_experiment)], output_dir=out, bootstrap=200, seed=3)[0]) == intervals(report)
     assert np.fromfile(os.path.join(out, ".cache", resamples[0])).shape == (200,) and drawn == []
     compare_arms([str(cls_experiment)], output_dir=out, bootstrap=100, seed=3)
     assert len([p for p in os.listdir(os.path.join(out, ".cache")) if p.startswith("resampled-")]) == 12

@@ -54,9 +54,17 @@ def test_smoothing_is_a_trailing_median():
 
 def _run(path, arm, losses, its):
     os.makedirs(path)
-    ResultsFile(str(path)).add({"kind": "ap", "stage": "detection",
-                                "iteration": int(its[-1]) + 1, "arm": arm, "seed": 0,
-                                "bbox": {"AP": 30.0}, "segm": {"AP": 25.0}})
+    ResultsFile(str(path)).add(
+        {
+            "kind": "ap",
+            "stage": "detection",
+            "iteration": int(its[-1]) + 1,
+            "arm": arm,
+            "seed": 0,
+            "bbox": {"AP": 30.0},
+            "segm": {"AP": 25.0},
+        }
+    )
     with open(os.path.join(path, "metrics.json"), "w") as f:
         for it, loss in zip(its, losses):
             f.write(_line(int(it), float(loss)) + "\n")

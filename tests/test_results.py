@@ -8,8 +8,15 @@ from condinit_det.records.results import RESULTS_FILENAME, ResultsFile
 
 
 def _ap(iteration, ap, kind="ap", **extra):
-    return {"kind": kind, "iteration": iteration, "arm": "conditioned", "seed": 0,
-            "config": "c.py", "bbox": {"AP": ap}, **extra}
+    return {
+        "kind": kind,
+        "iteration": iteration,
+        "arm": "conditioned",
+        "seed": 0,
+        "config": "c.py",
+        "bbox": {"AP": ap},
+        **extra,
+    }
 
 
 def test_add_writes_strict_json_sorted_by_iteration(tmp_path):
@@ -32,10 +39,12 @@ def test_same_key_replaces_and_sites_are_distinct(tmp_path):
     rf = ResultsFile(tmp_path)
     rf.add(_ap(10, 1.0))
     rf.add(_ap(10, 1.5))
-    rf.extend([
-        {"kind": "conditioning", "iteration": 10, "site": "a", "kappa": 2.0},
-        {"kind": "conditioning", "iteration": 10, "site": "b", "kappa": 4.0},
-    ])
+    rf.extend(
+        [
+            {"kind": "conditioning", "iteration": 10, "site": "a", "kappa": 2.0},
+            {"kind": "conditioning", "iteration": 10, "site": "b", "kappa": 4.0},
+        ]
+    )
     rf.add({"kind": "conditioning", "iteration": 10, "site": "a", "kappa": 5.0})
     aps = rf.records("ap")
     assert len(aps) == 1 and aps[0]["bbox"]["AP"] == 1.5
@@ -52,8 +61,7 @@ def test_resume_keeps_earlier_points(tmp_path):
     resumed.add(_ap(300, 3.25))
     resumed.add(_ap(400, 4.0))
     recs = ResultsFile(tmp_path).records("ap")
-    assert [(r["iteration"], r["bbox"]["AP"]) for r in recs] == [
-        (100, 1.0), (200, 2.0), (300, 3.25), (400, 4.0)]
+    assert [(r["iteration"], r["bbox"]["AP"]) for r in recs] == [(100, 1.0), (200, 2.0), (300, 3.25), (400, 4.0)]
 
 
 def test_failed_write_leaves_previous_file_intact(tmp_path, monkeypatch):

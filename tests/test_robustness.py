@@ -1,4 +1,5 @@
 """tools/train_net.py under DDP and under SIGKILL: replicas identical, nothing lost, duplicated or half-read."""
+
 import json
 import os
 import random
@@ -30,13 +31,24 @@ def _env(**extra):
 
 def _popen(tmp_path, *argv, config=CONFIG, **env):
     log = open(tmp_path / f"stdout.{time.time_ns()}.txt", "w")
-    return subprocess.Popen([sys.executable, TRAIN_NET, "--config-file", config, *argv], cwd=tmp_path,
-                            env=_env(**env), stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, TRAIN_NET, "--config-file", config, *argv],
+        cwd=tmp_path,
+        env=_env(**env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _run(tmp_path, *argv, config=CONFIG, **env):
-    proc = subprocess.run([sys.executable, TRAIN_NET, "--config-file", config, *argv], cwd=tmp_path, env=_env(**env),
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, TRAIN_NET, "--config-file", config, *argv],
+        cwd=tmp_path,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 
@@ -86,8 +98,10 @@ def test_kill_during_training_then_resume(tmp_path):
     run = tmp_path / "exp" / "conditioned" / "seed0"  # where a run of arm X, seed k goes
     args = ["--arm", "conditioned", f"train.output_dir={tmp_path / 'exp'}", *SCHEDULE]
     proc = _popen(tmp_path, *args)
-    _kill_when(proc, lambda: _read(run / "last_checkpoint") == "model_0000009.pth"
-               and max(_metric_iterations(run), default=0) >= 12)
+    _kill_when(
+        proc,
+        lambda: _read(run / "last_checkpoint") == "model_0000009.pth" and max(_metric_iterations(run), default=0) >= 12,
+    )
     assert _iterations(run) == [10]
     _run(tmp_path, "--resume", *args)
     assert _iterations(run) == [10, 20]
@@ -157,8 +171,14 @@ def test_kill_while_a_file_is_replaced(tmp_path, what):
 
 def test_arm_all_resume_after_a_kill_in_the_middle_arm(tmp_path):
     exp = tmp_path / "exp"
-    args = ["--arm", "all", f"train.output_dir={exp}", "train.max_iter=6", "train.eval_period=3",
-            "train.checkpointer.period=3"]
+    args = [
+        "--arm",
+        "all",
+        f"train.output_dir={exp}",
+        "train.max_iter=6",
+        "train.eval_period=3",
+        "train.checkpointer.period=3",
+    ]
     proc = _popen(tmp_path, *args)
     _kill_when(proc, lambda: (exp / "mimetic" / "seed0" / "last_checkpoint").is_file())
     assert _iterations(exp / "default" / "seed0") == [3, 6]
@@ -172,8 +192,17 @@ def test_arm_all_resume_after_a_kill_in_the_middle_arm(tmp_path):
 
 def test_seed_and_lr_scan_layout_resumes_after_a_kill_between_runs(tmp_path):
     exp = tmp_path / "exp"
-    args = ["--arm", "all", "--seeds", "0,1", "--lr-scale", "0.5,1", f"train.output_dir={exp}", "train.max_iter=1",
-            "train.eval_period=1"]
+    args = [
+        "--arm",
+        "all",
+        "--seeds",
+        "0,1",
+        "--lr-scale",
+        "0.5,1",
+        f"train.output_dir={exp}",
+        "train.max_iter=1",
+        "train.eval_period=1",
+    ]
     proc = _popen(tmp_path, *args)
     _kill_when(proc, lambda: _iterations(exp / "conditioned" / "seed0") == [1])
     log = _run(tmp_path, "--resume", *args)
@@ -184,10 +213,14 @@ def test_seed_and_lr_scan_layout_resumes_after_a_kill_between_runs(tmp_path):
     for run in plan["runs"]:
         records = ResultsFile(exp / run["dir"]).records("ap")
         assert [(r["iteration"], r["arm"], r["seed"], r["lr_scale"]) for r in records] == [
-            (1, run["arm"], run["seed"], run["lr_scale"])]
+            (1, run["arm"], run["seed"], run["lr_scale"])
+        ]
         identity = json.loads(_read(exp / run["dir"] / "condinit_arm_report.json"))["run"]
-        assert (identity["seed"], identity["arm_seed"], identity["lr_scale"]) == (run["seed"], run["seed"],
-                                                                                  run["lr_scale"])
+        assert (identity["seed"], identity["arm_seed"], identity["lr_scale"]) == (
+            run["seed"],
+            run["seed"],
+            run["lr_scale"],
+        )
     assert "lr: 5.0e-05" in _read(exp / "default" / "seed0-lr0.5" / "config.yaml")
     assert "lr: 0.0001" in _read(exp / "default" / "seed1" / "config.yaml")
 
@@ -197,8 +230,17 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     # Score threshold 0: even a model 3 iterations old then keeps detections, so the evaluations compared
     # below have predictions to agree on.
     every_detection = "model.roi_heads.box_predictor.test_score_thresh=0.0"
-    _run(tmp_path, "--num-gpus", "2", "--arm", "all", f"train.output_dir={exp}", "train.max_iter=3",
-         "train.eval_period=3", every_detection)
+    _run(
+        tmp_path,
+        "--num-gpus",
+        "2",
+        "--arm",
+        "all",
+        f"train.output_dir={exp}",
+        "train.max_iter=3",
+        "train.eval_period=3",
+        every_detection,
+    )
     for arm in ARMS:
         run = exp / arm / "seed0"
         log = _read(run / "log.txt")
@@ -212,8 +254,13 @@ def test_ddp_two_processes_match_one_process(tmp_path):
         check_checkpoint_file(str(run / "model_final.pth"))
     # The 2-process evaluation equals a 1-process evaluation of the same checkpoint.
     run = exp / "conditioned" / "seed0"
-    _run(tmp_path, "--eval-only", f"train.init_checkpoint={run / 'model_final.pth'}",
-         f"train.output_dir={tmp_path / 'eval'}", every_detection)
+    _run(
+        tmp_path,
+        "--eval-only",
+        f"train.init_checkpoint={run / 'model_final.pth'}",
+        f"train.output_dir={tmp_path / 'eval'}",
+        every_detection,
+    )
     evaluated = tmp_path / "eval" / "default" / "seed0"  # the config's arm: the record names the checkpoint
     (ddp,), (single,) = ResultsFile(run).records("ap"), ResultsFile(evaluated).records("eval")
     for task in ("bbox", "segm"):

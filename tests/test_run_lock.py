@@ -1,5 +1,6 @@
 """One owner per run directory (condinit_det.records.lock): refusal, release on every exit path, stale locks,
 Slurm jobs (a fake ``squeue`` on PATH), forked and executed children."""
+
 import datetime
 import fcntl
 import json
@@ -97,16 +98,23 @@ def log():
 
 def start(helper, run_dir, mode, **kwargs):
     """A helper process in ``mode``; for the holding modes, returns once it holds the lock (and its first line)."""
-    proc = subprocess.Popen([sys.executable, helper, PACKAGE, str(run_dir), mode], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    proc = subprocess.Popen(
+        [sys.executable, helper, PACKAGE, str(run_dir), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
     line = proc.stdout.readline().split()
     assert line and line[0] == "held", proc.stderr.read()
     return proc, [int(x) for x in line[1:]]
 
 
 def try_acquire(helper, run_dir):
-    done = subprocess.run([sys.executable, helper, PACKAGE, str(run_dir), "try"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, helper, PACKAGE, str(run_dir), "try"], capture_output=True, text=True, timeout=60
+    )
     return done.returncode, done.stdout.strip()
 
 
@@ -123,13 +131,21 @@ def flock_free(run_dir) -> bool:
 
 def hold_flock(run_dir) -> subprocess.Popen:
     """A process holding the flock of ``run_dir``'s lock file without writing a record (kill it when done)."""
-    locker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    locker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import fcntl, os, time
         fd = os.open({str(run_dir / LOCK_FILENAME)!r}, os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)
         print("locked", flush=True)
         time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert locker.stdout.readline().strip() == "locked"
     return locker
 
@@ -192,9 +208,11 @@ def test_second_process_is_refused_while_the_first_holds_the_run(helper, tmp_pat
 
         code, message = try_acquire(helper, run_dir)
         assert code == 2
-        assert re.fullmatch(rf"{re.escape(str(run_dir))} is in use by pid {pid} on host "
-                            rf"{re.escape(socket.gethostname())} since \d\d:\d\d:\d\d; wait for it, or stop it",
-                            message), message
+        assert re.fullmatch(
+            rf"{re.escape(str(run_dir))} is in use by pid {pid} on host "
+            rf"{re.escape(socket.gethostname())} since \d\d:\d\d:\d\d; wait for it, or stop it",
+            message,
+        ), message
         with pytest.raises(RunInUse, match=f"in use by pid {pid} ") as refused:  # and in this process
             RunLock(str(run_dir)).acquire()
         assert isinstance(refused.value, ValueError) and refused.value.owner["pid"] == pid
@@ -373,13 +391,17 @@ def test_foreign_running_slurm_job_is_refused_even_when_the_flock_is_free(tmp_pa
             RunLock(str(run_dir)).acquire()
 
 
-@pytest.mark.parametrize("answer", [
-    dict(out=""),
-    dict(out="805_7|COMPLETED\n"),
-    dict(out="805_7|CANCELLED\n"),
-    dict(out="", rc=1, err="slurm_load_jobs error: Invalid job id specified"),
-    None,  # no squeue on PATH
-], ids=["empty", "completed", "cancelled", "unknown-job", "no-squeue"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        dict(out=""),
+        dict(out="805_7|COMPLETED\n"),
+        dict(out="805_7|CANCELLED\n"),
+        dict(out="", rc=1, err="slurm_load_jobs error: Invalid job id specified"),
+        None,  # no squeue on PATH
+    ],
+    ids=["empty", "completed", "cancelled", "unknown-job", "no-squeue"],
+)
 def test_foreign_slurm_job_that_is_gone_is_taken_over(tmp_path, log, caplog, fake_squeue, monkeypatch, answer):
     if answer is None:
         empty = tmp_path / "empty_bin"
@@ -415,7 +437,8 @@ def test_describe_owner_names_pid_host_job_and_start():
     assert describe_owner(record) == "pid 1234 on host h (Slurm job 5_0) since 12:03:04"
     earlier = today - datetime.timedelta(days=3)
     assert describe_owner({**record, "slurm_job": None, "started": earlier.isoformat()}) == (
-        f"pid 1234 on host h since {earlier:%Y-%m-%d} 12:03:04")
+        f"pid 1234 on host h since {earlier:%Y-%m-%d} 12:03:04"
+    )
     assert describe_owner(None) == "a process that has not written its record yet"
 
 

@@ -4,6 +4,7 @@ Targets are taken from the conditioned arm itself (applied to a copy of the same
 tests check the definition, not a re-derivation of it: every head block of W_Q, W_K and W_V has
 the norm the conditioned arm gives it, and the direction the default arm gives it.
 """
+
 import copy
 import json
 
@@ -161,8 +162,7 @@ def test_zero_targets_zero_the_block_and_are_reported():
     report = apply_init(attn, "scale_matched", seed=0)
     v = attn.v_proj_weight.unflatten(0, (4, 12))
     assert torch.equal(v[2:], torch.zeros_like(v[2:])) and not torch.signbit(v[2:]).any()  # +0.0
-    torch.testing.assert_close(torch.linalg.matrix_norm(v[:2].double()), torch.tensor([12 ** 0.5, 8 ** 0.5],
-                                                                                      dtype=F64))
+    torch.testing.assert_close(torch.linalg.matrix_norm(v[:2].double()), torch.tensor([12**0.5, 8**0.5], dtype=F64))
     assert "v2, v3" in report.sites[0].note
     # A zero gain zeroes every block of its role.
     torch.manual_seed(0)
@@ -183,7 +183,7 @@ def test_head_wider_than_its_input():
         got = _norms(_head_blocks(find_attention(matched)[0], role), "frobenius")
         want = _norms(_head_blocks(find_attention(conditioned)[0], role), "frobenius")
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    assert conditioned_head_norms(find_attention(matched)[0])["k"] == pytest.approx([8 ** 0.5] * 2)
+    assert conditioned_head_norms(find_attention(matched)[0])["k"] == pytest.approx([8**0.5] * 2)
 
 
 def test_a_zero_default_block_is_an_error_and_changes_nothing():
@@ -215,13 +215,24 @@ def test_include_and_exclude_patterns():
 def test_options_and_their_errors():
     assert "scale_matched" in ARMS and ARMS.index("scale_matched") == ARMS.index("conditioned") + 1
     assert PAPER_ARMS == ("default", "mimetic", "conditioned")
-    assert ARM_OPTIONS["scale_matched"] == {"gain_qk": 1.0, "gain_v": 1.0, "value_mode": "identity",
-                                            "norm": "frobenius"}
+    assert ARM_OPTIONS["scale_matched"] == {
+        "gain_qk": 1.0,
+        "gain_v": 1.0,
+        "value_mode": "identity",
+        "norm": "frobenius",
+    }
     assert resolve_options("scale_matched", {"gain_v": 0.5, "norm": "spectral"}) == {
-        "gain_qk": 1.0, "gain_v": 0.5, "value_mode": "identity", "norm": "spectral"}
+        "gain_qk": 1.0,
+        "gain_v": 0.5,
+        "value_mode": "identity",
+        "norm": "spectral",
+    }
     bad = [
-        ({"condition_output": True}, "option(s) condition_output are not accepted by the 'scale_matched' arm; "
-                                     "accepted: gain_qk, gain_v, value_mode, norm"),
+        (
+            {"condition_output": True},
+            "option(s) condition_output are not accepted by the 'scale_matched' arm; "
+            "accepted: gain_qk, gain_v, value_mode, norm",
+        ),
         ({"alpha1": 0.5}, "option(s) alpha1 are not accepted by the 'scale_matched' arm"),
         ({"norm": "nuclear"}, "norm must be one of frobenius, spectral, got 'nuclear'"),
         ({"value_mode": "diag"}, "value_mode must be one of identity, shared_block, got 'diag'"),
@@ -251,8 +262,13 @@ def test_init_report():
 
 
 def test_arm_node_accepts_the_arm():
-    spec = resolve_arm_node({"arm": "scale_matched", "seed": 2, "options": {
-        "conditioned": {"gain_v": 0.5}, "scale_matched": {"gain_v": 0.5, "norm": "spectral"}}})
+    spec = resolve_arm_node(
+        {
+            "arm": "scale_matched",
+            "seed": 2,
+            "options": {"conditioned": {"gain_v": 0.5}, "scale_matched": {"gain_v": 0.5, "norm": "spectral"}},
+        }
+    )
     assert spec.arm == "scale_matched" and spec.arm_options == {"gain_v": 0.5, "norm": "spectral"}
     assert spec.identity()["options"] == {"gain_qk": 1.0, "gain_v": 0.5, "value_mode": "identity", "norm": "spectral"}
     torch.manual_seed(0)

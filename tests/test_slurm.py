@@ -1,5 +1,6 @@
 """condinit_det.launch.slurm: flags, rendezvous, dependencies; and, on a real cluster (marker ``slurm``), job
 arrays, per-element dependencies, requeue on USR2 and on ``scontrol requeue``, ``--max-parallel``."""
+
 import argparse
 import functools
 import os
@@ -26,10 +27,33 @@ def _parse(*argv):
 
 def test_flags_parse():
     args = _parse(
-        "--slurm", "--nodes", "2", "--gpus-per-node", "8", "--cpus-per-task", "10", "--mem", "64GB",
-        "--time", "01:30:00", "--partition", "gpu", "--account", "lab", "--qos", "high",
-        "--constraint", "a100|h100", "--slurm-extra", "exclusive=true", "--slurm-extra", "mail_type=END",
-        "--max-parallel", "4", "--slurm-folder", "/x/slurm",
+        "--slurm",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--cpus-per-task",
+        "10",
+        "--mem",
+        "64GB",
+        "--time",
+        "01:30:00",
+        "--partition",
+        "gpu",
+        "--account",
+        "lab",
+        "--qos",
+        "high",
+        "--constraint",
+        "a100|h100",
+        "--slurm-extra",
+        "exclusive=true",
+        "--slurm-extra",
+        "mail_type=END",
+        "--max-parallel",
+        "4",
+        "--slurm-folder",
+        "/x/slurm",
     )
     assert args.slurm and args.nodes == 2 and args.gpus_per_node == 8 and args.cpus_per_task == 10
     assert args.mem == "64G" and args.time == 90 and args.signal_delay == 120
@@ -202,8 +226,16 @@ def test_array_and_dependent_report(slurm_env):
     assert report[0].result() == [0, 1, 2]
     assert _stamps(out, "report_start")[0] >= max(_stamps(out, f"end{i}")[0] for i in range(3))
     text = (slurm_env / "slurm" / base / f"{base}_submission.sh").read_text()  # an array's script
-    for line in ("--array=0-2%3", "--signal=USR2@120", "--time=5", "--cpus-per-task=1", "--ntasks-per-node=1",
-                 "--comment=condinit", "--job-name=arr", "--mem=1G"):
+    for line in (
+        "--array=0-2%3",
+        "--signal=USR2@120",
+        "--time=5",
+        "--cpus-per-task=1",
+        "--ntasks-per-node=1",
+        "--comment=condinit",
+        "--job-name=arr",
+        "--mem=1G",
+    ):
         assert f"#SBATCH {line}" in text, text
     assert "dependency" not in ex.parameters  # the report's dependency did not stay on the executor
     assert "--dependency=afterany:" in open(report[0].paths.submission_file).read()
@@ -448,8 +480,7 @@ def test_status_names_queued_and_running_elements(slurm_env):
         while not os.path.exists(out / "start0") and time.time() < deadline:
             time.sleep(0.2)
         states = {s.seed: (s.state, s.job["id"]) for s in experiment_status(str(exp))}
-        assert states == {0: ("running", jobs[0].job_id), 1: ("queued", jobs[1].job_id),
-                          2: ("queued", jobs[2].job_id)}
+        assert states == {0: ("running", jobs[0].job_id), 1: ("queued", jobs[1].job_id), 2: ("queued", jobs[2].job_id)}
     finally:
         for job in jobs:
             job.cancel(check=False)

@@ -1,5 +1,6 @@
 """Experiments on a real (one-node) Slurm: job arrays of runs, the report job, requeue, cancel and resubmit, and the
 two-stage protocol. Skipped without a cluster (tools/slurm_local.sh start; .ci/run starts one)."""
+
 import json
 import os
 import re
@@ -22,8 +23,17 @@ STATUS = str(ROOT / "tools" / "experiment_status.py")
 PROTOCOL = str(ROOT / "tools" / "submit_protocol.py")
 CONFIG = str(ROOT / "tests" / "tiny_train_config.py")
 SLURM = ["--slurm", "--time", "30", "--cpus-per-task", "1"]
-DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-        "DEADLINE"}
+DONE = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def _env():
@@ -31,15 +41,20 @@ def _env():
 
 
 def _tool(tool, *argv, cwd):
-    proc = subprocess.run([sys.executable, tool, *argv], cwd=cwd, env=_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, tool, *argv], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
 
 def _states(job: str):
-    out = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T", "-j", job],
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["squeue", "--states=all", "--noheader", "--format=%i|%T", "-j", job],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     return dict(line.split("|", 1) for line in out.split() if "|" in line)
 
 
@@ -66,8 +81,20 @@ def _iterations(run_dir):
 
 def test_arm_all_two_seeds_as_an_array_then_cancel_and_resubmit(slurm_env):
     exp = slurm_env / "exp"
-    argv = ["--config-file", CONFIG, "--arm", "all", "--seeds", "0,1", *SLURM, "--max-parallel", "2",
-            "train.max_iter=2", "train.eval_period=1", f"train.output_dir={exp}"]
+    argv = [
+        "--config-file",
+        CONFIG,
+        "--arm",
+        "all",
+        "--seeds",
+        "0,1",
+        *SLURM,
+        "--max-parallel",
+        "2",
+        "train.max_iter=2",
+        "train.eval_period=1",
+        f"train.output_dir={exp}",
+    ]
     log = _tool(TRAIN_NET, *argv, cwd=slurm_env)
     array, report = _ids(log)
     assert f"Submitted 6 run(s) of {exp} as job array {array}" in log
@@ -127,8 +154,9 @@ def test_extending_a_running_experiment_submits_only_the_new_runs(slurm_env):
         if after.get(f"{first}_{i}") in ("PENDING", "RUNNING"):  # in flight before and after the second command
             assert f"{arm}/seed0: in flight as job {first}_{i}: not resubmitted" in log, log
     assert f"Submitted 3 run(s) of {exp} as job array {second}" in log
-    assert [line.split()[-1] for line in log.splitlines() if line.startswith(f"  {second}_")] == \
-        [f"{arm}/seed1" for arm in ARMS]
+    assert [line.split()[-1] for line in log.splitlines() if line.startswith(f"  {second}_")] == [
+        f"{arm}/seed1" for arm in ARMS
+    ]
     assert f"Report job {first_report} (pending) is replaced by report job {report}" in log
     history = json.loads((exp / "slurm.json").read_text())
     assert all(len(jobs) == 1 for jobs in history["runs"].values()) and len(history["runs"]) == 6  # no duplicate
@@ -138,14 +166,26 @@ def test_extending_a_running_experiment_submits_only_the_new_runs(slurm_env):
     md = (exp / "report" / "report.md").read_text()  # one report after every run of both submissions
     assert "None: every planned run has finished." in md
     # each arm's row of the main table: two seeds, both at iteration 40
-    assert {line.split("|")[1].strip() for line in md.splitlines()
-            if re.search(r"\|\s+2\s+\|\s+40\s+\|$", line)} == set(ARMS), md
+    assert {
+        line.split("|")[1].strip() for line in md.splitlines() if re.search(r"\|\s+2\s+\|\s+40\s+\|$", line)
+    } == set(ARMS), md
 
 
 def test_a_run_requeued_in_the_middle_records_every_evaluation_once(slurm_env):
     exp = slurm_env / "exp"
-    log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "conditioned", *SLURM, "train.max_iter=60",
-                "train.eval_period=20", "train.checkpointer.period=20", f"train.output_dir={exp}", cwd=slurm_env)
+    log = _tool(
+        TRAIN_NET,
+        "--config-file",
+        CONFIG,
+        "--arm",
+        "conditioned",
+        *SLURM,
+        "train.max_iter=60",
+        "train.eval_period=20",
+        "train.checkpointer.period=20",
+        f"train.output_dir={exp}",
+        cwd=slurm_env,
+    )
     array, report = _ids(log)
     assert report is None  # one run: no comparison to write
     run_dir = RunSpec("conditioned", 0).path(str(exp))
@@ -167,12 +207,29 @@ def test_protocol_pretraining_then_finetuning_then_report(slurm_env):
     spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
     data = generate_classification_dataset(slurm_env / "shapes", num_train=32, num_val=8, spec=spec)
     out = slurm_env / "protocol"
-    pre = ["data.root=" + str(data), "train.epochs=1", "train.batch_size=8", "train.workers=0",
-           "train.eval_batch_size=8", "scheduler.warmup_epochs=0"]
+    pre = [
+        "data.root=" + str(data),
+        "train.epochs=1",
+        "train.batch_size=8",
+        "train.workers=0",
+        "train.eval_batch_size=8",
+        "scheduler.warmup_epochs=0",
+    ]
     ft = ["train.max_iter=2", "train.eval_period=2", "condinit_analysis.period=0"]
-    argv = ["--pretrain-config", str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"),
-            "--finetune-config", str(ROOT / "configs" / "demo" / "mask_rcnn_vit_tiny_finetune.py"),
-            "--output", str(out), "--seeds", "0", "--time", "30", "--cpus-per-task", "1"]
+    argv = [
+        "--pretrain-config",
+        str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"),
+        "--finetune-config",
+        str(ROOT / "configs" / "demo" / "mask_rcnn_vit_tiny_finetune.py"),
+        "--output",
+        str(out),
+        "--seeds",
+        "0",
+        "--time",
+        "30",
+        "--cpus-per-task",
+        "1",
+    ]
     argv += [a for opt in pre for a in ("--pretrain-opt", opt)] + [a for opt in ft for a in ("--finetune-opt", opt)]
     log = _tool(PROTOCOL, *argv, cwd=slurm_env)
     arrays = re.findall(r"Submitted \d+ run\(s\) of \S+ as job (?:array )?(\d+)", log)
@@ -193,9 +250,21 @@ def test_protocol_pretraining_then_finetuning_then_report(slurm_env):
 
 def test_time_limit_signal_checkpoints_and_requeues(slurm_env):
     exp = slurm_env / "exp"
-    log = _tool(TRAIN_NET, "--config-file", CONFIG, "--arm", "mimetic", *SLURM, "--signal-delay", "60",
-                "train.max_iter=150", "train.eval_period=50", "train.checkpointer.period=1000",
-                f"train.output_dir={exp}", cwd=slurm_env)
+    log = _tool(
+        TRAIN_NET,
+        "--config-file",
+        CONFIG,
+        "--arm",
+        "mimetic",
+        *SLURM,
+        "--signal-delay",
+        "60",
+        "train.max_iter=150",
+        "train.eval_period=50",
+        "train.checkpointer.period=1000",
+        f"train.output_dir={exp}",
+        cwd=slurm_env,
+    )
     job, _ = _ids(log)
     run_dir = Path(RunSpec("mimetic", 0).path(str(exp)))
     deadline = time.time() + 600
@@ -222,11 +291,26 @@ def test_pretraining_requeued_in_the_middle_ends_bitwise_as_an_uninterrupted_run
     tool = str(ROOT / "tools" / "pretrain_net.py")
 
     def argv(out):
-        opts = {"data.root": data, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 2,
-                "train.output_dir": out, "train.epochs": 4, "train.batch_size": 8, "train.workers": 0,
-                "train.log_period": 2, "train.eval_batch_size": 8, "scheduler.warmup_epochs": 1}
-        return ["--config-file", str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"), "--arm", "mimetic",
-                *[f"{k}={v}" for k, v in opts.items()]]
+        opts = {
+            "data.root": data,
+            "data.img_size": 32,
+            "model.kwargs.img_size": 32,
+            "model.kwargs.depth": 2,
+            "train.output_dir": out,
+            "train.epochs": 4,
+            "train.batch_size": 8,
+            "train.workers": 0,
+            "train.log_period": 2,
+            "train.eval_batch_size": 8,
+            "scheduler.warmup_epochs": 1,
+        }
+        return [
+            "--config-file",
+            str(ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"),
+            "--arm",
+            "mimetic",
+            *[f"{k}={v}" for k, v in opts.items()],
+        ]
 
     log = _tool(tool, *SLURM, *argv(slurm_env / "slurm"), cwd=slurm_env)
     job, _ = _ids(log)

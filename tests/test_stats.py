@@ -104,7 +104,7 @@ def _orthogonal(n, length):
     """n centred, mutually orthogonal vectors of equal norm (rows of a Hadamard-like sign matrix)."""
     from scipy.linalg import hadamard
 
-    h = hadamard(length)[1:n + 1].astype(float)
+    h = hadamard(length)[1 : n + 1].astype(float)
     return h / h.std(axis=1, ddof=1, keepdims=True)
 
 
@@ -191,11 +191,12 @@ def test_power_and_seeds_needed():
     # larger std, more comparisons: more seeds
     assert seeds_needed(0.6, 0.3) < seeds_needed(0.6, 0.3, comparisons=6) < seeds_needed(0.6, 0.6, comparisons=6)
     # shared image variance alone keeps the power below 80%: no number of seeds suffices
-    assert seeds_needed(0.6, 0.1, shared_variance=0.5 ** 2) is None
+    assert seeds_needed(0.6, 0.1, shared_variance=0.5**2) is None
     plan = plan_seeds(PAPER_DELTA["bbox"], 0.14, delta_source="the paper's claimed gain", comparisons=4)
     assert plan.needed == seeds_needed(0.6, 0.14, comparisons=4)
-    assert plan.text().endswith(f"n ≥ {plan.needed} seeds per arm") and "Δ = 0.6 (the paper's claimed gain)" in \
-        plan.text()
+    assert (
+        plan.text().endswith(f"n ≥ {plan.needed} seeds per arm") and "Δ = 0.6 (the paper's claimed gain)" in plan.text()
+    )
     with pytest.raises(ValueError, match="delta must be > 0.*std must be >= 0"):
         seeds_needed(0.0, -1.0)
 
@@ -209,8 +210,13 @@ def test_order_statistic_interval_for_the_median():
 
 def test_censored_speedups_are_kept():
     # default final at 100; seeds reach at 60, 80, 70, never (last evaluation 100), never (90)
-    reaches = [Reach(0, 60, 100, 100), Reach(1, 80, 100, 100), Reach(2, 70, 100, 100), Reach(3, None, 100, 100),
-               Reach(4, None, 90, 100)]
+    reaches = [
+        Reach(0, 60, 100, 100),
+        Reach(1, 80, 100, 100),
+        Reach(2, 70, 100, 100),
+        Reach(3, None, 100, 100),
+        Reach(4, None, 90, 100),
+    ]
     sp = summarize_reaches(reaches)
     assert (sp.n, sp.reached) == (5, 3)
     # best to worst: 40, 30, 20, then the censored ones (< 10 before < 0): the median is the 3rd, 20

@@ -1,4 +1,5 @@
 """Experiment status on synthetic run directories of both stages (no training)."""
+
 import json
 import os
 import subprocess
@@ -38,13 +39,25 @@ def det_run(base, spec, *, evals=(), lines=(), failed=None, when=OLD):
         f.write("[12/01 10:00:00 d2.engine.train_loop]: Starting training from iteration 0\n")
     with open(os.path.join(run_dir, "metrics.json"), "w") as f:
         for it, sec, eta in lines:
-            f.write(json.dumps({"data_time": 0.01, "eta_seconds": eta, "iteration": it, "lr": 1e-4,
-                                "time": sec, "total_loss": 2.0}) + "\n")
+            f.write(
+                json.dumps(
+                    {"data_time": 0.01, "eta_seconds": eta, "iteration": it, "lr": 1e-4, "time": sec, "total_loss": 2.0}
+                )
+                + "\n"
+            )
             f.write(json.dumps({"bbox/AP": 1.0, "iteration": it, "segm/AP": 1.0}) + "\n")
     rf = ResultsFile(run_dir)
     for it, box, mask in evals:
-        rf.add({"kind": "ap", "stage": "detection", "iteration": it, **_meta(spec), "bbox": {"AP": box},
-                "segm": {"AP": mask}})
+        rf.add(
+            {
+                "kind": "ap",
+                "stage": "detection",
+                "iteration": it,
+                **_meta(spec),
+                "bbox": {"AP": box},
+                "segm": {"AP": mask},
+            }
+        )
     if failed is not None:
         rf.add({"kind": "failed", **_meta(spec), **failed})
     _touch(run_dir, when)
@@ -59,13 +72,35 @@ def pre_run(base, spec, *, evals=(), lines=(), failed=None, final=False, when=OL
         f.write("[12/01 10:00:00 condinit_det.pretrain]: Training\n")
     with open(os.path.join(run_dir, "metrics.json"), "w") as f:
         for step, sec in lines:
-            f.write(json.dumps({"iteration": step, "epoch": step / steps, "total_loss": 2.0, "lr": 1e-3,
-                                "time": sec, "data_time": 0.01}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "iteration": step,
+                        "epoch": step / steps,
+                        "total_loss": 2.0,
+                        "lr": 1e-3,
+                        "time": sec,
+                        "data_time": 0.01,
+                    }
+                )
+                + "\n"
+            )
     rf = ResultsFile(run_dir)
     for epoch, top1 in evals:
-        rf.add({"kind": "cls", "stage": "pretrain", "iteration": epoch * steps, "epoch": epoch, **_meta(spec),
+        rf.add(
+            {
+                "kind": "cls",
+                "stage": "pretrain",
+                "iteration": epoch * steps,
+                "epoch": epoch,
+                **_meta(spec),
                 "top1": top1,
-                "top5": 90.0, "train_loss": 1.0, "eval_loss": 1.0, "lr": 1e-3})
+                "top5": 90.0,
+                "train_loss": 1.0,
+                "eval_loss": 1.0,
+                "lr": 1e-3,
+            }
+        )
     if failed is not None:
         rf.add({"kind": "failed", **_meta(spec), **failed})
     if final:
@@ -93,12 +128,14 @@ def half_finished(tmp_path):
 
 def test_half_finished_detection(half_finished):
     statuses = experiment_status(half_finished, now=NOW)
-    assert [(s.arm, s.lr_scale) for s in statuses] == [(a, sc) for sc in (1.0, 2.0)
-                                                       for a in ("default", "mimetic", "conditioned")]
+    assert [(s.arm, s.lr_scale) for s in statuses] == [
+        (a, sc) for sc in (1.0, 2.0) for a in ("default", "mimetic", "conditioned")
+    ]
     runs = by_arm(statuses)
     assert [runs[a].state for a in ("default", "mimetic", "conditioned")] == ["finished", "running", "stopped"]
-    assert all(s.state == "not started" and s.last is None and s.stage == "detection"
-               for s in by_arm(statuses, 2.0).values())
+    assert all(
+        s.state == "not started" and s.last is None and s.stage == "detection" for s in by_arm(statuses, 2.0).values()
+    )
     d, m, c = runs["default"], runs["mimetic"], runs["conditioned"]
     assert (d.last, d.total, d.evaluation) == (100, 100, {"at": 100, "bbox": 20.0, "segm": 18.0})
     # metrics.json numbers iterations from 0: its line 59 is the 60th completed step
@@ -132,10 +169,24 @@ def test_failed_and_diverged_runs(tmp_path):
     write_plan(base, runs, stage=DETECTION, config="c.py", length=12)
     for spec in runs[:3]:
         det_run(base, spec, evals=[(12, 5.0, 4.0)], lines=[(11, 0.5, 0.0)])
-    det_run(base, runs[3], lines=[(1, 0.5, 5.0)], failed={"reason": "diverged", "iteration": 4, "message":
-            "FloatingPointError: Predicted boxes or scores contain Inf/NaN. Training has diverged."})
-    det_run(base, runs[4], evals=[(6, 1.0, 1.0)], lines=[(5, 0.5, 3.0)], when=RECENT,
-            failed={"reason": "error", "iteration": 7, "message": "RuntimeError: DataLoader worker (pid 9) is killed"})
+    det_run(
+        base,
+        runs[3],
+        lines=[(1, 0.5, 5.0)],
+        failed={
+            "reason": "diverged",
+            "iteration": 4,
+            "message": "FloatingPointError: Predicted boxes or scores contain Inf/NaN. Training has diverged.",
+        },
+    )
+    det_run(
+        base,
+        runs[4],
+        evals=[(6, 1.0, 1.0)],
+        lines=[(5, 0.5, 3.0)],
+        when=RECENT,
+        failed={"reason": "error", "iteration": 7, "message": "RuntimeError: DataLoader worker (pid 9) is killed"},
+    )
     statuses = experiment_status(base, now=NOW)
     scan = by_arm(statuses, 1e6)
     assert [s.state for s in by_arm(statuses).values()] == ["finished"] * 3
@@ -155,12 +206,17 @@ def test_pretraining_experiment(tmp_path):
     base = str(tmp_path / "pre")
     runs = [RunSpec(a, s) for s in (0, 1) for a in ("default", "conditioned")]
     write_plan(base, runs, stage=PRETRAIN, config="p.py", length=6)
-    pre_run(base, runs[0], evals=[(e, 10.0 * e) for e in range(1, 7)], lines=[(s, 0.2) for s in (24, 48, 72)],
-            final=True)
+    pre_run(
+        base, runs[0], evals=[(e, 10.0 * e) for e in range(1, 7)], lines=[(s, 0.2) for s in (24, 48, 72)], final=True
+    )
     pre_run(base, runs[1], evals=[(1, 12.0), (2, 25.0)], lines=[(24, 0.2), (30, 0.25)], when=RECENT)
-    pre_run(base, runs[2], evals=[(1, 11.0)], lines=[(16, 0.2)],
-            failed={"reason": "diverged", "iteration": 17, "epoch": 1,
-                    "message": "FloatingPointError: loss became nan"})
+    pre_run(
+        base,
+        runs[2],
+        evals=[(1, 11.0)],
+        lines=[(16, 0.2)],
+        failed={"reason": "diverged", "iteration": 17, "epoch": 1, "message": "FloatingPointError: loss became nan"},
+    )
     statuses = experiment_status(base, now=NOW)
     f, r, dv, ns = statuses
     assert [s.state for s in statuses] == ["finished", "running", "diverged", "not started"]
@@ -185,29 +241,52 @@ def test_runs_without_plan_and_set_aside_runs(tmp_path):
     det_run(base, RunSpec("mimetic", 3), evals=[(6, 1.0, 1.0)], lines=[(5, 0.5, 3.0)])  # not in this plan
     statuses = experiment_status(base, now=NOW)
     assert [(s.arm, s.seed, s.state, s.planned) for s in statuses] == [
-        ("default", 0, "finished", True), ("conditioned", 0, "not started", True), ("mimetic", 3, "stopped", False)]
+        ("default", 0, "finished", True),
+        ("conditioned", 0, "not started", True),
+        ("mimetic", 3, "stopped", False),
+    ]
     assert "1 run(s) listed in no plan: " + os.path.join(base, "mimetic", "seed3") in format_table(statuses)
 
     # One run directory: its plan lies two levels up.
     (only,) = experiment_status(runs[0].path(base), now=NOW)
-    assert (only.arm, only.seed, only.stage, only.last, only.planned, only.state) == \
-        ("default", 0, "detection", 12, True, "finished")
+    assert (only.arm, only.seed, only.stage, only.last, only.planned, only.state) == (
+        "default",
+        0,
+        "detection",
+        12,
+        True,
+        "finished",
+    )
     # A run directory outside any plan: identity and stage from its records, its length from its final file.
     alone = tmp_path / "alone"
     os.makedirs(alone)
     os.replace(runs[0].path(base), alone / "run")
     open(alone / "run" / "model_final.pth", "wb").close()
     (found,) = experiment_status(str(alone / "run"), now=NOW)
-    assert (found.arm, found.stage, found.total, found.state, found.planned) == ("default", "detection", 12,
-                                                                                  "finished", False)
+    assert (found.arm, found.stage, found.total, found.state, found.planned) == (
+        "default",
+        "detection",
+        12,
+        "finished",
+        False,
+    )
 
 
 def test_json_output(half_finished, capsys):
     # --stale-after as the fixture's clock would have it (its files are dated from the module's import)
     assert main([half_finished, "--json", "--stale-after", str(time.time() - NOW + 600)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["counts"] == {"not started": 3, "queued": 0, "running": 1, "stopped": 1, "cancelled": 0,
-                              "finished": 1, "failed": 0, "diverged": 0, "unreadable": 0}
+    assert data["counts"] == {
+        "not started": 3,
+        "queued": 0,
+        "running": 1,
+        "stopped": 1,
+        "cancelled": 0,
+        "finished": 1,
+        "failed": 0,
+        "diverged": 0,
+        "unreadable": 0,
+    }
     runs = {(r["arm"], r["lr_scale"]): r for r in data["runs"]}
     m = runs[("mimetic", 1.0)]
     assert (m["state"], m["last"], m["total"], m["unit"], m["job"]) == ("running", 60, 100, "iteration", None)
@@ -243,9 +322,13 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path, capsys):
 
 
 def test_tool_prints_table_and_summary(half_finished):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "experiment_status.py"), half_finished,
-                           "--stale-after", "1e9"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tools", "experiment_status.py"), half_finished, "--stale-after", "1e9"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 8 and lines[0].startswith("arm ")

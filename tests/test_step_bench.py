@@ -1,5 +1,6 @@
 """bench/bench_gpu_step.py: its helpers, its input checks, a --tiny CPU run of the four recipes (the JSON it
 writes, read back by the launcher's cost model), and on a CUDA device a short run at the recipes' real size."""
+
 import json
 import math
 import os
@@ -28,8 +29,12 @@ RECIPE_PATHS = {
     "xcit_s12_p16_400ep": "configs/ImageNet/xcit_s12_p16_400ep.py",
 }
 # (total batch of the config, per-GPU batch of the recipe): ViTDet 64 on 64 GPUs, the others on 8.
-RECIPE_BATCHES = {"mask_rcnn_vitdet_b_100ep": (64, 1), "mask_rcnn_swin_b_3x": (16, 2),
-                  "mask_rcnn_xcit_s12_3x": (16, 2), "xcit_s12_p16_400ep": (1024, 128)}
+RECIPE_BATCHES = {
+    "mask_rcnn_vitdet_b_100ep": (64, 1),
+    "mask_rcnn_swin_b_3x": (16, 2),
+    "mask_rcnn_xcit_s12_3x": (16, 2),
+    "xcit_s12_p16_400ep": (1024, 128),
+}
 ROUNDS = 2
 
 
@@ -42,8 +47,7 @@ def _run_bench(args, timeout=900):
 # ---------------------------------------------------------------------------------------------
 def test_rotated_starts_each_round_one_later():
     items = ["a", "b", "c"]
-    assert [rotated(items, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
-                                                      ["a", "b", "c"]]
+    assert [rotated(items, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
     assert rotated([], 3) == []
 
 
@@ -94,15 +98,13 @@ def test_detection_batches_shapes_and_instances():
         assert ((inst.gt_classes >= 0) & (inst.gt_classes < 80)).all()
         # The boxes are the polygons' bounding boxes (the recipes recompute boxes from masks).
         torch.testing.assert_close(inst.gt_masks.get_bounding_boxes().tensor, boxes)
-        assert all(len(p) == 1 and p[0].shape == (2 * bench_gpu_step.POLYGON_VERTICES,)
-                   for p in inst.gt_masks.polygons)
+        assert all(len(p) == 1 and p[0].shape == (2 * bench_gpu_step.POLYGON_VERTICES,) for p in inst.gt_masks.polygons)
     again = bench_gpu_step.detection_batches(num=2, batch=3, size=(96, 128), num_classes=80, seed=0)
     assert torch.equal(again[1][2]["image"], batches[1][2]["image"])  # fixed by the seed
 
 
 def test_classification_batches():
-    batches = bench_gpu_step.classification_batches(num=2, batch=4, size=(32, 32), num_classes=10, seed=0,
-                                                    pin=False)
+    batches = bench_gpu_step.classification_batches(num=2, batch=4, size=(32, 32), num_classes=10, seed=0, pin=False)
     images, labels = batches[0]
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
     assert labels.shape == (4,) and labels.dtype == torch.int64 and ((labels >= 0) & (labels < 10)).all()
@@ -120,7 +122,7 @@ def test_device_info_on_cpu():
 def _timed_variant(arm, times, steps_per_round=1):
     v = bench_gpu_step.Variant(arm, torch.device("cpu"))
     v.times = list(times)
-    v.round_times = [sum(times[i:i + steps_per_round]) for i in range(0, len(times), steps_per_round)]
+    v.round_times = [sum(times[i : i + steps_per_round]) for i in range(0, len(times), steps_per_round)]
     return v
 
 
@@ -129,8 +131,16 @@ def test_recipe_entry_ratios_on_known_times():
     default = _timed_variant("default", [1.0, 1.2, 1.1, 3.0])
     slower = _timed_variant("conditioned", [2.0, 2.4, 2.2, 6.0])  # twice the default in every round
     drift = _timed_variant("mimetic", [1.0, 1.2, 1.1, 1.0])  # same as the default but its last round
-    entry = bench_gpu_step.recipe_entry(recipe, [default, slower, drift], total_batch=16, batch_per_gpu=2,
-                                        size=(800, 1333), amp=True, rounds=4, overrides=[])
+    entry = bench_gpu_step.recipe_entry(
+        recipe,
+        [default, slower, drift],
+        total_batch=16,
+        batch_per_gpu=2,
+        size=(800, 1333),
+        amp=True,
+        rounds=4,
+        overrides=[],
+    )
     arms = entry["arms"]
     assert list(arms) == ["default", "conditioned", "mimetic"]
     assert arms["default"]["median_step_s"] == pytest.approx(1.15) and arms["default"]["min_step_s"] == 1.0
@@ -152,13 +162,15 @@ def test_a_failing_recipe_is_recorded_and_the_others_still_run(monkeypatch, tmp_
         if recipe.name == "mask_rcnn_swin_b_3x":
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(more detail)")
         variants = [_timed_variant(arm, [0.5, 0.5]) for arm in arms]
-        return bench_gpu_step.recipe_entry(recipe, variants, total_batch=16, batch_per_gpu=2, size=(96, 128),
-                                           amp=False, rounds=2, overrides=[])
+        return bench_gpu_step.recipe_entry(
+            recipe, variants, total_batch=16, batch_per_gpu=2, size=(96, 128), amp=False, rounds=2, overrides=[]
+        )
 
     monkeypatch.setattr(bench_gpu_step, "measure_recipe", fake_measure)
     out = tmp_path / "bench.json"
-    status = bench_gpu_step.main(["--tiny", "--device", "cpu", "--arms", "conditioned", "--budget", "400",
-                                  "--output", str(out)])
+    status = bench_gpu_step.main(
+        ["--tiny", "--device", "cpu", "--arms", "conditioned", "--budget", "400", "--output", str(out)]
+    )
     assert status == 1
     stdout = capsys.readouterr().out
     assert "FAILED: mask_rcnn_swin_b_3x: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in stdout
@@ -180,17 +192,20 @@ def test_a_failing_recipe_is_recorded_and_the_others_still_run(monkeypatch, tmp_
 # ---------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, message", [
-    (["--device", "cpu"], "--device cpu needs --tiny"),
-    (["--tiny", "--device", "cpu", "--configs", "mask_rcnn_r50"], "--configs: unknown mask_rcnn_r50; accepted:"),
-    (["--tiny", "--device", "cpu", "--arms", "default,orthogonal"], "--arms: unknown orthogonal; accepted:"),
-    (["--tiny", "--device", "cpu", "--arms", "default,default"], "--arms lists a name twice"),
-    (["--tiny", "--device", "cpu", "--warmup", "0"], "--warmup must be >= 1"),
-    (["--tiny", "--device", "cpu", "--min-rounds", "4", "--max-rounds", "3"], "--max-rounds (3) must be >= --min"),
-    (["--tiny", "--device", "cpu", "--budget", "0"], "--budget must be a positive number"),
-    (["--tiny", "--device", "tpu"], "--device 'tpu'; accepted: cuda, cuda:N, cpu"),
-    (["--tiny", "--device", "cpu", "--output", "/nonexistent/folder/b.json"], "its folder does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "cpu"], "--device cpu needs --tiny"),
+        (["--tiny", "--device", "cpu", "--configs", "mask_rcnn_r50"], "--configs: unknown mask_rcnn_r50; accepted:"),
+        (["--tiny", "--device", "cpu", "--arms", "default,orthogonal"], "--arms: unknown orthogonal; accepted:"),
+        (["--tiny", "--device", "cpu", "--arms", "default,default"], "--arms lists a name twice"),
+        (["--tiny", "--device", "cpu", "--warmup", "0"], "--warmup must be >= 1"),
+        (["--tiny", "--device", "cpu", "--min-rounds", "4", "--max-rounds", "3"], "--max-rounds (3) must be >= --min"),
+        (["--tiny", "--device", "cpu", "--budget", "0"], "--budget must be a positive number"),
+        (["--tiny", "--device", "tpu"], "--device 'tpu'; accepted: cuda, cuda:N, cpu"),
+        (["--tiny", "--device", "cpu", "--output", "/nonexistent/folder/b.json"], "its folder does not exist"),
+    ],
+)
 def test_bad_arguments_exit_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         bench_gpu_step.main(argv)
@@ -205,8 +220,23 @@ def test_bad_arguments_exit_with_one_line(argv, message, capsys):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("step_bench") / "tiny.json")
-    proc = _run_bench(["--tiny", "--device", "cpu", "--warmup", "1", "--min-rounds", str(ROUNDS), "--max-rounds",
-                       str(ROUNDS), "--budget", "1", "--output", out])
+    proc = _run_bench(
+        [
+            "--tiny",
+            "--device",
+            "cpu",
+            "--warmup",
+            "1",
+            "--min-rounds",
+            str(ROUNDS),
+            "--max-rounds",
+            str(ROUNDS),
+            "--budget",
+            "1",
+            "--output",
+            out,
+        ]
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     with open(out) as f:
         return json.load(f), proc.stdout, out

@@ -1,5 +1,6 @@
 """Threads from the allocation (condinit_det.utils.threads): fake allocations, the division rule, and the settings
 applied in a process started with a Slurm-like environment."""
+
 import json
 import os
 import subprocess
@@ -24,14 +25,18 @@ LOADER = textwrap.dedent(f"""
 # ---------------------------------------------------------------------------------------------
 # The allocation
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("environ, affinity, machine, expected", [
-    ({"SLURM_CPUS_PER_TASK": "1"}, range(2), 2, 1),  # the two-elements-on-a-2-core-node case: no pinning
-    ({"SLURM_CPUS_PER_TASK": "4"}, range(64), 64, 4),
-    ({"SLURM_CPUS_PER_TASK": "8"}, range(2), 64, 2),  # pinned to fewer CPUs than Slurm counts
-    ({}, range(4), 16, 4),  # taskset / cpuset
-    ({}, range(16), 16, None),  # the whole machine
-    ({"SLURM_CPUS_PER_TASK": ""}, range(16), 16, None),
-], ids=["slurm-1", "slurm-4", "slurm-above-affinity", "affinity", "machine", "slurm-empty"])
+@pytest.mark.parametrize(
+    "environ, affinity, machine, expected",
+    [
+        ({"SLURM_CPUS_PER_TASK": "1"}, range(2), 2, 1),  # the two-elements-on-a-2-core-node case: no pinning
+        ({"SLURM_CPUS_PER_TASK": "4"}, range(64), 64, 4),
+        ({"SLURM_CPUS_PER_TASK": "8"}, range(2), 64, 2),  # pinned to fewer CPUs than Slurm counts
+        ({}, range(4), 16, 4),  # taskset / cpuset
+        ({}, range(16), 16, None),  # the whole machine
+        ({"SLURM_CPUS_PER_TASK": ""}, range(16), 16, None),
+    ],
+    ids=["slurm-1", "slurm-4", "slurm-above-affinity", "affinity", "machine", "slurm-empty"],
+)
 def test_allocated_cpus_under_fake_allocations(environ, affinity, machine, expected):
     assert allocated_cpus(environ, affinity=set(affinity), machine_cpus=machine) == expected
 
@@ -58,17 +63,20 @@ def test_allocated_cpus_reads_the_real_affinity():
 # ---------------------------------------------------------------------------------------------
 # The division
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("processes, allocated, kwargs, expected", [
-    (2, 1, {}, (1, 0)),  # oversubscribed: still one thread each
-    (1, 1, {}, (1, 0)),
-    (1, 2, {}, (1, 1)),
-    (2, 2, {}, (1, 0)),
-    (1, 3, {}, (2, 1)),
-    (1, 8, {}, (4, 4)),
-    (8, 64, {}, (4, 4)),
-    (1, 8, {"max_workers": 0}, (8, 0)),  # a config loading in the training process: all CPUs compute
-    (1, 8, {"max_workers": 2}, (6, 2)),
-])
+@pytest.mark.parametrize(
+    "processes, allocated, kwargs, expected",
+    [
+        (2, 1, {}, (1, 0)),  # oversubscribed: still one thread each
+        (1, 1, {}, (1, 0)),
+        (1, 2, {}, (1, 1)),
+        (2, 2, {}, (1, 0)),
+        (1, 3, {}, (2, 1)),
+        (1, 8, {}, (4, 4)),
+        (8, 64, {}, (4, 4)),
+        (1, 8, {"max_workers": 0}, (8, 0)),  # a config loading in the training process: all CPUs compute
+        (1, 8, {"max_workers": 2}, (6, 2)),
+    ],
+)
 def test_threads_for_process(processes, allocated, kwargs, expected):
     plan = threads_for_process(processes, allocated=allocated, **kwargs)
     assert isinstance(plan, ThreadPlan) and tuple(plan) == expected
@@ -95,13 +103,16 @@ def test_no_allocation_divides_the_machine(monkeypatch):
     assert threads_for_process(2, allocated=None) == (2, 1)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(processes_per_node=0, allocated=4), "processes_per_node=0: expected an integer >= 1"),
-    (dict(processes_per_node="2", allocated=4), "processes_per_node='2': expected an integer >= 1"),
-    (dict(processes_per_node=True, allocated=4), "processes_per_node=True: expected an integer >= 1"),
-    (dict(processes_per_node=1, allocated=0), "allocated=0: expected an integer >= 1"),
-    (dict(processes_per_node=1, allocated=4, max_workers=2.5), "max_workers=2.5: expected an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(processes_per_node=0, allocated=4), "processes_per_node=0: expected an integer >= 1"),
+        (dict(processes_per_node="2", allocated=4), "processes_per_node='2': expected an integer >= 1"),
+        (dict(processes_per_node=True, allocated=4), "processes_per_node=True: expected an integer >= 1"),
+        (dict(processes_per_node=1, allocated=0), "allocated=0: expected an integer >= 1"),
+        (dict(processes_per_node=1, allocated=4, max_workers=2.5), "max_workers=2.5: expected an integer >= 0"),
+    ],
+)
 def test_bad_input_is_refused(kwargs, message):
     processes = kwargs.pop("processes_per_node")
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -140,8 +151,12 @@ def test_apply_thread_settings_in_a_process_with_one_cpu():
     assert first["child"] == ["1", "1"]  # children inherit the count; a BLAS-specific variable follows it
     assert second["plan"] == [1, 0] and second["torch"] == 1 and second["omp"] == "1" and second["pools"] == [1]
     lines = [line for line in done.stderr.splitlines() if "Threads:" in line]
-    assert lines[0] == ("INFO Threads: 1 intra-op thread(s) and 0 data-loader worker(s) per process: 1 CPU(s) "
-                        "(SLURM_CPUS_PER_TASK) for 2 process(es) on this node")
+    assert lines[0] == (
+        "INFO Threads: 1 intra-op thread(s) and 0 data-loader worker(s) per process: 1 CPU(s) "
+        "(SLURM_CPUS_PER_TASK) for 2 process(es) on this node"
+    )
     assert lines[1].startswith("WARNING Threads: 2 process(es) x (1 thread(s) + 0 worker(s)) = 2 busy threads on 1 ")
-    assert lines[2].startswith("INFO Threads: 1 intra-op thread(s) and 0 data-loader worker(s) per process: 1 CPU(s) "
-                               "(SLURM_CPUS_PER_TASK) for 1 process(es)")
+    assert lines[2].startswith(
+        "INFO Threads: 1 intra-op thread(s) and 0 data-loader worker(s) per process: 1 CPU(s) "
+        "(SLURM_CPUS_PER_TASK) for 1 process(es)"
+    )

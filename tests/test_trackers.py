@@ -5,6 +5,7 @@ own data: MLflow's client on the SQLite store beside the experiment, and W&B's o
 ``run-<id>.wandb`` that ``wandb sync`` uploads, decoded with W&B's own protobuf records). The fast tests pin the config
 node, the one-line errors, the writers' steps, ids and endings, and the real trackers' runs continued by a resume.
 """
+
 import glob
 import json
 import os
@@ -36,23 +37,37 @@ BOTH = ["train.trackers.wandb.enabled=True", "train.trackers.mlflow.enabled=True
 def tracker_env(tmp_path, monkeypatch):
     """W&B quiet, its caches and settings in the test's folder; no account anywhere. Returns the environment of the
     training processes."""
-    values = {"WANDB_SILENT": "true", "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
-              "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
-              "MLFLOW_DISABLE_TELEMETRY": "true", "NETRC": str(tmp_path / "no-netrc")}
+    values = {
+        "WANDB_SILENT": "true",
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "NETRC": str(tmp_path / "no-netrc"),
+    }
     for key, value in values.items():
         monkeypatch.setenv(key, value)
-    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_ID", "MLFLOW_TRACKING_URI",
-                "MLFLOW_ALLOW_FILE_STORE"):
+    for key in (
+        "WANDB_MODE",
+        "WANDB_API_KEY",
+        "WANDB_PROJECT",
+        "WANDB_ENTITY",
+        "WANDB_RUN_ID",
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_ALLOW_FILE_STORE",
+    ):
         monkeypatch.delenv(key, raising=False)
     (tmp_path / "tmp").mkdir()  # W&B's temporary folders, of this process and of the training processes
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-                TMPDIR=str(tmp_path / "tmp"))
+    return dict(
+        os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore", TMPDIR=str(tmp_path / "tmp")
+    )
 
 
 def _tool(tool, *argv, cwd, env, **extra):
-    proc = subprocess.run([sys.executable, tool, *argv], cwd=cwd, env={**env, **extra}, capture_output=True,
-                          text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, tool, *argv], cwd=cwd, env={**env, **extra}, capture_output=True, text=True, timeout=1200
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -91,8 +106,8 @@ def _wandb_records(path):
         if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 0:
             break
         if kind == 1:
@@ -122,15 +137,15 @@ def wandb_sessions(run_dir):
             elif kind == "config":
                 session["config"].update({u.key: json.loads(u.value_json) for u in record.config.update})
             elif kind == "history":
-                session["rows"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                                        for i in record.history.item})
+                session["rows"].append(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                )
             elif kind == "exit":
                 session["exit"] = record.exit.exit_code
             elif kind == "preempting":
                 session["preempting"] = True
         files = os.path.join(folder, "files")
-        session["files"] = sorted(os.path.relpath(os.path.join(r, f), files) for r, _, fs in os.walk(files)
-                                  for f in fs)
+        session["files"] = sorted(os.path.relpath(os.path.join(r, f), files) for r, _, fs in os.walk(files) for f in fs)
         sessions.append(session)
     return sessions
 
@@ -166,7 +181,9 @@ def test_every_config_of_both_stages_has_the_switches_off(path):
     assert "trackers" in cfg.train, f"{path}: train.trackers is missing"
     assert OmegaConf.to_container(cfg.train.trackers) == DEFAULTS
     assert tracker_settings(LazyConfig.apply_overrides(cfg, ["train.trackers.mlflow.enabled=True"])) == {
-        **DEFAULTS, "mlflow": {**DEFAULTS["mlflow"], "enabled": True}}
+        **DEFAULTS,
+        "mlflow": {**DEFAULTS["mlflow"], "enabled": True},
+    }
 
 
 def test_yacs_configs_have_the_switches():
@@ -177,8 +194,16 @@ def test_yacs_configs_have_the_switches():
     cfg = add_condinit_config(get_cfg())
     cfg.merge_from_file(str(ROOT / "configs" / "yacs" / "mask_rcnn_vit_tiny_embedded.yaml"))
     assert tracker_settings(cfg) == DEFAULTS
-    cfg.merge_from_list(["TRACKERS.WANDB.ENABLED", "True", "TRACKERS.WANDB.PROJECT", "p",
-                         "TRACKERS.MLFLOW.TRACKING_URI", "sqlite:///tmp/mlflow.db"])
+    cfg.merge_from_list(
+        [
+            "TRACKERS.WANDB.ENABLED",
+            "True",
+            "TRACKERS.WANDB.PROJECT",
+            "p",
+            "TRACKERS.MLFLOW.TRACKING_URI",
+            "sqlite:///tmp/mlflow.db",
+        ]
+    )
     settings = tracker_settings(cfg)
     assert settings["wandb"] == {**DEFAULTS["wandb"], "enabled": True, "project": "p"}
     assert settings["mlflow"]["tracking_uri"] == "sqlite:///tmp/mlflow.db" and not settings["mlflow"]["enabled"]
@@ -187,15 +212,20 @@ def test_yacs_configs_have_the_switches():
         tracker_settings(cfg)
 
 
-@pytest.mark.parametrize("node, message", [
-    ({"neptune": {}}, "train.trackers has unknown tracker(s) neptune; accepted: wandb, mlflow"),
-    ({"wandb": {"enabled": True, "projct": "x"}},
-     "train.trackers.wandb has unknown key(s) projct; accepted: enabled, project, entity, mode, group"),
-    ({"wandb": {"enabled": "yes"}}, "train.trackers.wandb.enabled='yes': expected True or False"),
-    ({"wandb": {"mode": "cloud"}}, "train.trackers.wandb.mode='cloud'; accepted: offline, online"),
-    ({"mlflow": {"tracking_uri": 3}}, "train.trackers.mlflow.tracking_uri=3: expected a string or None"),
-    ({"wandb": {"project": ""}}, "train.trackers.wandb.project is empty"),
-])
+@pytest.mark.parametrize(
+    "node, message",
+    [
+        ({"neptune": {}}, "train.trackers has unknown tracker(s) neptune; accepted: wandb, mlflow"),
+        (
+            {"wandb": {"enabled": True, "projct": "x"}},
+            "train.trackers.wandb has unknown key(s) projct; accepted: enabled, project, entity, mode, group",
+        ),
+        ({"wandb": {"enabled": "yes"}}, "train.trackers.wandb.enabled='yes': expected True or False"),
+        ({"wandb": {"mode": "cloud"}}, "train.trackers.wandb.mode='cloud'; accepted: offline, online"),
+        ({"mlflow": {"tracking_uri": 3}}, "train.trackers.mlflow.tracking_uri=3: expected a string or None"),
+        ({"wandb": {"project": ""}}, "train.trackers.wandb.project is empty"),
+    ],
+)
 def test_bad_settings_are_named(node, message):
     with pytest.raises(UsageError) as e:
         tracker_settings({"train": {"trackers": node}})
@@ -212,8 +242,10 @@ def _refusal(tmp_path, capsys, *opts):
     from condinit_det.launch.command import run_command
 
     out = tmp_path / "exp"
-    code = run_command(DetectionStage, ["--config-file", str(ROOT / "tests" / "tiny_train_config.py"),
-                                        f"train.output_dir={out}", *opts])
+    code = run_command(
+        DetectionStage,
+        ["--config-file", str(ROOT / "tests" / "tiny_train_config.py"), f"train.output_dir={out}", *opts],
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert not out.exists(), "nothing may be written before a refusal"
     return code, err
@@ -225,8 +257,9 @@ def test_a_missing_package_is_one_line_before_training(tmp_path, capsys, monkeyp
     assert code == 2 and len(err) == 1, err
     message = err[0].split(": error: ", 1)[1]
     assert message.startswith("the wandb tracker is enabled but the wandb package does not import (")
-    assert message.endswith("install it with: pip install 'condinit-det[wandb]' (or set "
-                            "train.trackers.wandb.enabled=False)")
+    assert message.endswith(
+        "install it with: pip install 'condinit-det[wandb]' (or set train.trackers.wandb.enabled=False)"
+    )
     import mlflow  # noqa: F401 -- imported without sqlalchemy, it would keep SQL stores off for this process
 
     monkeypatch.setitem(sys.modules, "sqlalchemy", None)  # MLflow's SQLite store needs it
@@ -237,12 +270,17 @@ def test_a_missing_package_is_one_line_before_training(tmp_path, capsys, monkeyp
 def test_a_bad_setting_is_one_line_before_training(tmp_path, capsys):
     code, err = _refusal(tmp_path, capsys, "train.trackers.wandb.mode=cloud")
     assert code == 2 and len(err) == 1, err
-    assert err[0].endswith("error: train.trackers.wandb.mode='cloud'; accepted: offline, online (enabled=False "
-                           "turns W&B off)")
+    assert err[0].endswith(
+        "error: train.trackers.wandb.mode='cloud'; accepted: offline, online (enabled=False turns W&B off)"
+    )
     blocked = tmp_path / "file"
     blocked.write_text("")
-    code, err = _refusal(tmp_path, capsys, "train.trackers.mlflow.enabled=True",
-                         f"train.trackers.mlflow.tracking_uri=sqlite:///{blocked}/mlflow.db")
+    code, err = _refusal(
+        tmp_path,
+        capsys,
+        "train.trackers.mlflow.enabled=True",
+        f"train.trackers.mlflow.tracking_uri=sqlite:///{blocked}/mlflow.db",
+    )
     assert code == 2 and len(err) == 1 and f"cannot write to {blocked} for the store" in err[0], err
 
 
@@ -263,8 +301,11 @@ def test_the_mlflow_store_is_a_sqlite_database_beside_the_experiment(tmp_path, t
 def test_wandb_online_needs_an_api_key(tmp_path, tracker_env, monkeypatch):
     online = {**DEFAULTS, "wandb": {**DEFAULTS["wandb"], "enabled": True, "mode": "online"}}
     check_trackers({**online, "wandb": {**online["wandb"], "mode": "offline"}}, str(tmp_path / "exp"))
-    with pytest.raises(UsageError, match=r"^train.trackers.wandb.mode='online' needs a W&B account on this machine: "
-                                         r"run `wandb login` or set WANDB_API_KEY"):
+    with pytest.raises(
+        UsageError,
+        match=r"^train.trackers.wandb.mode='online' needs a W&B account on this machine: "
+        r"run `wandb login` or set WANDB_API_KEY",
+    ):
         check_trackers(online, str(tmp_path / "exp"))
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
     check_trackers(online, str(tmp_path / "exp"))
@@ -279,8 +320,15 @@ class Recorder(TrackerWriter):
     tracker = "recorder"
 
     def __init__(self, run_dir, **kwargs):
-        super().__init__({}, run_dir=str(run_dir), experiment_dir=str(Path(run_dir).parents[1]),
-                         name="default/seed0", stage="detection", params=kwargs.pop("params", {}), **kwargs)
+        super().__init__(
+            {},
+            run_dir=str(run_dir),
+            experiment_dir=str(Path(run_dir).parents[1]),
+            name="default/seed0",
+            stage="detection",
+            params=kwargs.pop("params", {}),
+            **kwargs,
+        )
         self.calls = []
 
     def _open(self):
@@ -299,8 +347,13 @@ class Recorder(TrackerWriter):
 def test_the_writer_sends_each_scalar_once_with_its_step(tmp_path):
     from detectron2.utils.events import EventStorage
 
-    writer = Recorder(tmp_path / "exp" / "default" / "seed0", step_offset=1, max_step=4, exclude=("eval/",),
-                      params={"arm": "default", "config": None, "identity": {"seed": 0, "arm": "default"}})
+    writer = Recorder(
+        tmp_path / "exp" / "default" / "seed0",
+        step_offset=1,
+        max_step=4,
+        exclude=("eval/",),
+        params={"arm": "default", "config": None, "identity": {"seed": 0, "arm": "default"}},
+    )
     assert writer.calls == []  # the tracker run opens at the first thing sent
     with EventStorage(start_iter=0) as storage:
         for it, loss in enumerate([4.0, 3.0, 2.0, 1.0]):
@@ -316,13 +369,23 @@ def test_the_writer_sends_each_scalar_once_with_its_step(tmp_path):
     writer.log({"eval/top1": 50.0}, step=2, step_name="epoch")
     writer.close()
     writer.close()  # once
-    assert writer.calls == [("open",), (2, "iteration", {"bbox/AP": 12.5, "lr": 0.2, "total_loss": 3.0}),
-                            (4, "iteration", {"lr": pytest.approx(0.4), "total_loss": 1.0}),
-                            (4, "iteration", {"bbox/AP": 20.0}), (2, "epoch", {"eval/top1": 50.0}),
-                            ("end", "finished")]
-    assert writer.params == {"stage": "detection", "run": "default/seed0", "experiment": str(tmp_path / "exp"),
-                             "run_dir": str(tmp_path / "exp" / "default" / "seed0"), "arm": "default",
-                             "identity.arm": "default", "identity.seed": 0}  # None (no config file) left out
+    assert writer.calls == [
+        ("open",),
+        (2, "iteration", {"bbox/AP": 12.5, "lr": 0.2, "total_loss": 3.0}),
+        (4, "iteration", {"lr": pytest.approx(0.4), "total_loss": 1.0}),
+        (4, "iteration", {"bbox/AP": 20.0}),
+        (2, "epoch", {"eval/top1": 50.0}),
+        ("end", "finished"),
+    ]
+    assert writer.params == {
+        "stage": "detection",
+        "run": "default/seed0",
+        "experiment": str(tmp_path / "exp"),
+        "run_dir": str(tmp_path / "exp" / "default" / "seed0"),
+        "arm": "default",
+        "identity.arm": "default",
+        "identity.seed": 0,
+    }  # None (no config file) left out
 
 
 def _trainer(run_dir, fail_with=None):
@@ -340,8 +403,15 @@ def _trainer(run_dir, fail_with=None):
     return trainer, writer
 
 
-@pytest.mark.parametrize("error, how", [(None, "finished"), (RuntimeError("data loader failed"), "failed"),
-                                        (Preempted("time limit"), "killed"), (KeyboardInterrupt(), "killed")])
+@pytest.mark.parametrize(
+    "error, how",
+    [
+        (None, "finished"),
+        (RuntimeError("data loader failed"), "failed"),
+        (Preempted("time limit"), "killed"),
+        (KeyboardInterrupt(), "killed"),
+    ],
+)
 def test_closing_ends_the_tracker_run_as_the_training_ended(tmp_path, error, how):
     trainer, writer = _trainer(tmp_path / "exp" / "default" / "seed0", fail_with=error)
     if error is None:
@@ -382,8 +452,9 @@ def test_the_tracker_run_id_is_the_run_directory_and_its_retries(tmp_path):
     assert second != first and second == tracker_run_id(str(run_dir))
     (tmp_path / "exp" / "default" / "seed0.failed1").mkdir()
     assert tracker_run_id(str(run_dir)) not in (first, second)
-    assert tracker_run_id(str(tmp_path / "exp" / "default" / "seed0-lr0.5")) == \
-        tracker_run_id(str(tmp_path / "exp" / "default" / "seed0-lr0.5"))  # other runs' retries do not count
+    assert tracker_run_id(str(tmp_path / "exp" / "default" / "seed0-lr0.5")) == tracker_run_id(
+        str(tmp_path / "exp" / "default" / "seed0-lr0.5")
+    )  # other runs' retries do not count
 
 
 def test_a_failing_tracker_never_stops_the_run(tmp_path, caplog):
@@ -396,8 +467,10 @@ def test_a_failing_tracker_never_stops_the_run(tmp_path, caplog):
     trainer._hooks[0]._writers.append(broken)
     trainer.train(0, 3)
     assert trainer.iter == 3 and broken.state == "dropped" and broken.calls == [("open",)]  # not ended either
-    assert caplog.text.count("recorder: logging metrics failed (OSError: disk full); not tracking the rest of "
-                             "this run") == 1
+    assert (
+        caplog.text.count("recorder: logging metrics failed (OSError: disk full); not tracking the rest of this run")
+        == 1
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,9 +478,14 @@ def test_a_failing_tracker_never_stops_the_run(tmp_path, caplog):
 # ---------------------------------------------------------------------------------------------
 def _writer(cls, run_dir, **settings):
     name = "mlflow" if cls is MlflowWriter else "wandb"
-    return cls({**DEFAULTS[name], "enabled": True, **settings}, run_dir=str(run_dir),
-               experiment_dir=str(Path(run_dir).parents[1]), name="mimetic/seed1", stage="pretrain",
-               params={"arm": "mimetic", "seed": 1, "identity": {"arm": "mimetic", "lr_scale": 1.0}})
+    return cls(
+        {**DEFAULTS[name], "enabled": True, **settings},
+        run_dir=str(run_dir),
+        experiment_dir=str(Path(run_dir).parents[1]),
+        name="mimetic/seed1",
+        stage="pretrain",
+        params={"arm": "mimetic", "seed": 1, "identity": {"arm": "mimetic", "lr_scale": 1.0}},
+    )
 
 
 def test_an_mlflow_run_is_continued_by_its_resumes(tmp_path, tracker_env, monkeypatch):
@@ -434,13 +512,19 @@ def test_an_mlflow_run_is_continued_by_its_resumes(tmp_path, tracker_env, monkey
     run = runs["mimetic/seed1"]
     assert run.info.status == "FINISHED" and run.info.run_id == killed.mlflow_run == requeued.mlflow_run
     assert history(client, run, "eval/top1") == [(1, 10.0), (2, 20.0), (3, 30.0)]
-    assert (run.data.params["stage"], run.data.params["seed"], run.data.params["identity.lr_scale"]) == \
-        ("pretrain", "1", "1.0")
+    assert (run.data.params["stage"], run.data.params["seed"], run.data.params["identity.lr_scale"]) == (
+        "pretrain",
+        "1",
+        "1.0",
+    )
     assert (run.data.tags["arm"], run.data.tags["stage"], run.data.tags["experiment"]) == ("mimetic", "pretrain", "exp")
     (tmp_path / "exp" / "report").mkdir()
     (tmp_path / "exp" / "report" / "report.md").write_text("# report")
-    assert attach_report({name: {**DEFAULTS[name], "enabled": name == "mlflow"} for name in DEFAULTS},
-                         str(tmp_path / "exp"), str(tmp_path / "exp" / "report")) == ["mlflow"]
+    assert attach_report(
+        {name: {**DEFAULTS[name], "enabled": name == "mlflow"} for name in DEFAULTS},
+        str(tmp_path / "exp"),
+        str(tmp_path / "exp" / "report"),
+    ) == ["mlflow"]
     runs, client = mlflow_runs(tmp_path, "exp")
     assert [a.path for a in client.list_artifacts(runs["report"].info.run_id, "report")] == ["report/report.md"]
     assert (tmp_path / "mlartifacts").is_dir() and not (run_dir / "mlruns").exists()
@@ -465,8 +549,12 @@ def test_a_wandb_run_is_continued_by_its_resumes(tmp_path, tracker_env):
     assert wandb_series(sessions, "total_loss") == [(1, 2.0), (2, 1.0)]
     assert wandb_series(sessions, "eval/top1", step="epoch") == [(1, 30.0)]
     run = sessions[1]["run"]
-    assert (run.run_group, run.job_type, run.display_name, run.project) == ("exp", "pretrain", "mimetic/seed1",
-                                                                            "condinit-det")
+    assert (run.run_group, run.job_type, run.display_name, run.project) == (
+        "exp",
+        "pretrain",
+        "mimetic/seed1",
+        "condinit-det",
+    )
     assert list(run.tags) == ["pretrain", "mimetic"] and sessions[1]["config"]["identity.arm"] == "mimetic"
 
 
@@ -480,9 +568,20 @@ def _ap_records(run_dir):
 @pytest.mark.slow
 def test_detection_experiment_with_both_trackers_fail_and_resume(tmp_path, tracker_env):
     exp = tmp_path / "exp"
-    argv = ["--config-file", FAILING_CONFIG, "--arm", "default,conditioned", "--bootstrap", "0",
-            "train.max_iter=4", "train.eval_period=2", "train.log_period=1", "train.checkpointer.period=2",
-            f"train.output_dir={exp}", *BOTH]
+    argv = [
+        "--config-file",
+        FAILING_CONFIG,
+        "--arm",
+        "default,conditioned",
+        "--bootstrap",
+        "0",
+        "train.max_iter=4",
+        "train.eval_period=2",
+        "train.log_period=1",
+        "train.checkpointer.period=2",
+        f"train.output_dir={exp}",
+        *BOTH,
+    ]
     fail = {"CONDINIT_FAIL_ONCE": str(tmp_path / "failed-once"), "CONDINIT_FAIL_AT": "3"}
     rc, out, err = _tool(TRAIN_NET, *argv, cwd=tmp_path, env=tracker_env, **fail)
     assert rc == 1, err[-3000:]  # the default arm's loader raised on its third batch
@@ -529,8 +628,12 @@ def test_detection_experiment_with_both_trackers_fail_and_resume(tmp_path, track
     assert [s["exit"] for s in sessions] == [1, 0]  # failed, then the resumed run finished
     for s in sessions:
         run = s["run"]
-        assert (run.run_group, run.job_type, run.display_name, run.project) == \
-            ("exp", "detection", "default/seed0", "condinit-det")
+        assert (run.run_group, run.job_type, run.display_name, run.project) == (
+            "exp",
+            "detection",
+            "default/seed0",
+            "condinit-det",
+        )
         assert list(run.tags) == ["detection", "default"]
         assert s["config"]["arm"] == "default" and s["config"]["seed"] == 0 and s["config"]["stage"] == "detection"
     assert [i for i, _ in wandb_series(sessions[:1], "total_loss")] == [1, 2]
@@ -543,8 +646,14 @@ def test_detection_experiment_with_both_trackers_fail_and_resume(tmp_path, track
     # ready for `wandb sync` (a dry run: no account, no network)
     wandb_cli = os.path.join(os.path.dirname(sys.executable), "wandb")
     folders = [s["folder"] for s in sessions]
-    proc = subprocess.run([wandb_cli, "sync", "--dry-run", *folders], cwd=tmp_path, env=tracker_env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [wandb_cli, "sync", "--dry-run", *folders],
+        cwd=tmp_path,
+        env=tracker_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for folder in folders:
         assert os.path.relpath(folder, tmp_path) in proc.stdout + proc.stderr
@@ -563,11 +672,32 @@ def test_pretraining_experiment_with_both_trackers(tmp_path, tracker_env):
     spec = ShapesClsSpec(image_size=32, min_size=14.0, max_size=22.0, center_jitter=3.0, distractor_size=(4.0, 7.0))
     data = generate_classification_dataset(tmp_path / "shapes", num_train=48, num_val=16, spec=spec)
     exp = tmp_path / "pre"
-    opts = {"data.root": data, "data.img_size": 32, "model.kwargs.img_size": 32, "model.kwargs.depth": 1,
-            "train.output_dir": exp, "train.epochs": 2, "train.batch_size": 8, "train.workers": 0,
-            "train.log_period": 4, "train.eval_batch_size": 16, "scheduler.warmup_epochs": 1}
-    rc, out, err = _tool(PRETRAIN_NET, "--config-file", PRETRAIN_DEMO, "--arm", "default,conditioned", "--bootstrap",
-                         "0", *[f"{k}={v}" for k, v in opts.items()], *BOTH, cwd=tmp_path, env=tracker_env)
+    opts = {
+        "data.root": data,
+        "data.img_size": 32,
+        "model.kwargs.img_size": 32,
+        "model.kwargs.depth": 1,
+        "train.output_dir": exp,
+        "train.epochs": 2,
+        "train.batch_size": 8,
+        "train.workers": 0,
+        "train.log_period": 4,
+        "train.eval_batch_size": 16,
+        "scheduler.warmup_epochs": 1,
+    }
+    rc, out, err = _tool(
+        PRETRAIN_NET,
+        "--config-file",
+        PRETRAIN_DEMO,
+        "--arm",
+        "default,conditioned",
+        "--bootstrap",
+        "0",
+        *[f"{k}={v}" for k, v in opts.items()],
+        *BOTH,
+        cwd=tmp_path,
+        env=tracker_env,
+    )
     assert rc == 0, err[-3000:]
     runs, client = mlflow_runs(tmp_path, "pre")
     assert sorted(runs) == ["conditioned/seed0", "default/seed0", "report"]
@@ -584,8 +714,9 @@ def test_pretraining_experiment_with_both_trackers(tmp_path, tracker_env):
         (session,) = wandb_sessions(run_dir)
         assert session["exit"] == 0 and session["run"].job_type == "pretrain"
         assert session["run"].run_id == tracker_run_id(run_dir)
-        assert wandb_series([session], "eval/top1", step="epoch") == \
-            [(e, pytest.approx(records[e]["top1"])) for e in (1, 2)]
+        assert wandb_series([session], "eval/top1", step="epoch") == [
+            (e, pytest.approx(records[e]["top1"])) for e in (1, 2)
+        ]
         assert [i for i, _ in wandb_series([session], "total_loss")] == [4, 6, 8, 12]
         assert glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
     attached = sorted(a.path for a in client.list_artifacts(runs["report"].info.run_id, "report"))
@@ -599,9 +730,23 @@ def test_pretraining_experiment_with_both_trackers(tmp_path, tracker_env):
 @pytest.mark.slow
 def test_yacs_config_run_is_tracked(tmp_path, tracker_env):
     exp, yaml = tmp_path / "yacs", str(ROOT / "configs" / "yacs" / "mask_rcnn_vit_tiny_embedded.yaml")
-    rc, out, err = _tool(TRAIN_NET, "--config-file", yaml, "OUTPUT_DIR", str(exp), "SOLVER.MAX_ITER", "2",
-                         "TEST.EVAL_PERIOD", "2", "SOLVER.IMS_PER_BATCH", "2", "TRACKERS.MLFLOW.ENABLED", "True",
-                         cwd=tmp_path, env=tracker_env)
+    rc, out, err = _tool(
+        TRAIN_NET,
+        "--config-file",
+        yaml,
+        "OUTPUT_DIR",
+        str(exp),
+        "SOLVER.MAX_ITER",
+        "2",
+        "TEST.EVAL_PERIOD",
+        "2",
+        "SOLVER.IMS_PER_BATCH",
+        "2",
+        "TRACKERS.MLFLOW.ENABLED",
+        "True",
+        cwd=tmp_path,
+        env=tracker_env,
+    )
     assert rc == 0, err[-3000:]
     run_dir = exp / "default" / "seed0"
     runs, client = mlflow_runs(tmp_path, "yacs")

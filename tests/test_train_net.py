@@ -1,4 +1,5 @@
 """tools/train_net.py end to end on a tiny CPU config, and the arm-isolation guarantee."""
+
 import json
 import os
 import subprocess
@@ -33,7 +34,11 @@ def _train_net(tmp_path, *argv, python=(), config=CONFIG, both=True):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, *python, TRAIN_NET, "--config-file", config, *argv],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr if both else proc
@@ -82,8 +87,7 @@ def test_arms_differ_only_in_attention_weights(tmp_path):
     for name in sd_a:
         if name not in attn:
             assert torch.equal(sd_a[name], sd_b[name]), name
-    assert not torch.equal(sd_a["backbone.net.blocks.0.attn.qkv.weight"],
-                           sd_b["backbone.net.blocks.0.attn.qkv.weight"])
+    assert not torch.equal(sd_a["backbone.net.blocks.0.attn.qkv.weight"], sd_b["backbone.net.blocks.0.attn.qkv.weight"])
     assert [d["image_id"] for d in batch_a] == [d["image_id"] for d in batch_b]
     for x, y in zip(batch_a, batch_b):
         assert torch.equal(x["image"], y["image"])
@@ -108,8 +112,9 @@ def test_train_then_arm_all_with_resume(tmp_path):
     exp = tmp_path / "exp"
     # 1. One arm: a run goes to <output_dir>/<arm>/seed<k>/, the layout --arm all uses.
     run = exp / "conditioned" / "seed0"
-    log = _train_net(tmp_path, "--arm", "conditioned", f"train.output_dir={exp}",
-                     "train.max_iter=2", "train.eval_period=1")
+    log = _train_net(
+        tmp_path, "--arm", "conditioned", f"train.output_dir={exp}", "train.max_iter=2", "train.eval_period=1"
+    )
     assert "eta:" in log  # progress with ETA
     recs = ResultsFile(run).records("ap")
     assert [r["iteration"] for r in recs] == [1, 2]
@@ -126,8 +131,9 @@ def test_train_then_arm_all_with_resume(tmp_path):
 
     # 2. --arm all --resume: the finished arm is skipped and kept, the others are trained,
     #    then the report is written and printed.
-    log = _train_net(tmp_path, "--arm", "all", "--resume", f"train.output_dir={exp}",
-                     "train.max_iter=2", "train.eval_period=1")
+    log = _train_net(
+        tmp_path, "--arm", "all", "--resume", f"train.output_dir={exp}", "train.max_iter=2", "train.eval_period=1"
+    )
     assert log.count("already finished") == 1
     assert ResultsFile(run).records("ap") == recs
     for arm in ARMS:
@@ -148,8 +154,9 @@ def test_train_then_arm_all_with_resume(tmp_path):
     # 3. A longer schedule with --resume continues every arm from its checkpoint: no point lost
     #    or duplicated.
     before = {arm: ResultsFile(exp / arm / "seed0").records("ap") for arm in ARMS}
-    _train_net(tmp_path, "--arm", "all", "--resume", f"train.output_dir={exp}",
-               "train.max_iter=3", "train.eval_period=1")
+    _train_net(
+        tmp_path, "--arm", "all", "--resume", f"train.output_dir={exp}", "train.max_iter=3", "train.eval_period=1"
+    )
     for arm in ARMS:
         after = ResultsFile(exp / arm / "seed0").records("ap")
         assert [r["iteration"] for r in after] == [1, 2, 3]
@@ -198,8 +205,16 @@ def test_yacs_config_path(tmp_path):
     load_config(CONFIG, [])  # registers the tiny datasets in this process
     yaml_file = tmp_path / "tiny.yaml"
     yaml_file.write_text(_TINY_YACS)
-    argv = ["--config-file", str(yaml_file), "--arm", "mimetic", "OUTPUT_DIR", str(tmp_path / "yacs_run"),
-            "SOLVER.CHECKPOINT_PERIOD", "1"]
+    argv = [
+        "--config-file",
+        str(yaml_file),
+        "--arm",
+        "mimetic",
+        "OUTPUT_DIR",
+        str(tmp_path / "yacs_run"),
+        "SOLVER.CHECKPOINT_PERIOD",
+        "1",
+    ]
     _plan_and_run(argv)
     out = tmp_path / "yacs_run" / "mimetic" / "seed0"
     recs = ResultsFile(out).records("ap")
@@ -216,7 +231,12 @@ def test_yacs_config_path(tmp_path):
 
     _, meta = load_safetensors(str(out / "model_final.safetensors"))  # the shareable copy, with the run's metadata
     assert (meta["format"], meta["arm"], meta["seed"], meta["iteration"], meta["stage"]) == (
-        "condinit_det.detection/v1", "mimetic", 0, 1, "detection")
+        "condinit_det.detection/v1",
+        "mimetic",
+        0,
+        1,
+        "detection",
+    )
 
     # A run killed after its first iteration: --resume continues from that checkpoint
     (out / "model_final.pth").unlink()
@@ -231,17 +251,31 @@ def test_yacs_config_path(tmp_path):
 
     # --eval-only files its record under the checkpoint's own arm, whatever the config's arm says
     weights = str(out / "model_final.pth")
-    _plan_and_run(["--config-file", str(yaml_file), "--eval-only", "MODEL.WEIGHTS", weights,
-                   "OUTPUT_DIR", str(tmp_path / "eval")])
+    _plan_and_run(
+        ["--config-file", str(yaml_file), "--eval-only", "MODEL.WEIGHTS", weights, "OUTPUT_DIR", str(tmp_path / "eval")]
+    )
     (record,) = ResultsFile(tmp_path / "eval" / "default" / "seed0").records("eval")
     assert (record["arm"], record["stage"], record["checkpoint"], record["iteration"]) == (
-        "mimetic", "detection", weights, 2)
+        "mimetic",
+        "detection",
+        weights,
+        2,
+    )
     assert record["bbox"] == ResultsFile(out).records("ap")[-1]["bbox"]  # the same weights as the final evaluation
     # a checkpoint that names no arm is recorded under the config's, and the log says so
     bare = tmp_path / "bare.pth"
     torch.save({"model": torch.load(weights, weights_only=True)["model"]}, bare)
-    _plan_and_run(["--config-file", str(yaml_file), "--eval-only", "MODEL.WEIGHTS", str(bare),
-                   "OUTPUT_DIR", str(tmp_path / "eval_bare")])
+    _plan_and_run(
+        [
+            "--config-file",
+            str(yaml_file),
+            "--eval-only",
+            "MODEL.WEIGHTS",
+            str(bare),
+            "OUTPUT_DIR",
+            str(tmp_path / "eval_bare"),
+        ]
+    )
     run = tmp_path / "eval_bare" / "default" / "seed0"
     (record,) = ResultsFile(run).records("eval")
     assert record["arm"] == "default"
@@ -251,10 +285,21 @@ def test_yacs_config_path(tmp_path):
 @pytest.mark.slow
 def test_lazy_run_console_and_files(tmp_path):
     """A run of the documented command prints no third-party deprecation notice, even with every warning shown."""
-    proc = _train_net(tmp_path, "--arm", "conditioned", f"train.output_dir={tmp_path / 'exp'}", "train.max_iter=2",
-                      "train.eval_period=2", python=("-W", "default"), both=False)
-    noise = [line for line in proc.stderr.splitlines() if "DeprecationWarning" in line or "FutureWarning" in line
-             or "deprecated" in line]
+    proc = _train_net(
+        tmp_path,
+        "--arm",
+        "conditioned",
+        f"train.output_dir={tmp_path / 'exp'}",
+        "train.max_iter=2",
+        "train.eval_period=2",
+        python=("-W", "default"),
+        both=False,
+    )
+    noise = [
+        line
+        for line in proc.stderr.splitlines()
+        if "DeprecationWarning" in line or "FutureWarning" in line or "deprecated" in line
+    ]
     assert not noise, "\n".join(noise)
     assert "eta:" in proc.stdout and "\x1b[" not in (tmp_path / "exp" / "conditioned" / "seed0" / "log.txt").read_text()
     _finished_run_files(tmp_path / "exp" / "conditioned" / "seed0")
@@ -266,18 +311,21 @@ def test_a_config_without_condinit_node_gets_its_defaults(tmp_path):
     assert cfg.condinit == CONDINIT_DEFAULTS
     torch.manual_seed(0)
     assert instantiate(cfg.model).condinit_report.arm == "default"  # the armed node resolves its ${condinit}
-    args = build_parser().parse_args(["--config-file", config, "--arm", "mimetic", "--dry-run",
-                                      f"train.output_dir={tmp_path}"])
+    args = build_parser().parse_args(
+        ["--config-file", config, "--arm", "mimetic", "--dry-run", f"train.output_dir={tmp_path}"]
+    )
     experiment = plan_experiment(DetectionStage(), args)
     assert [spec.arm for spec in experiment.runs] == ["mimetic"]
 
 
 def test_missing_keys_and_cuda_are_one_line_errors(tmp_path, monkeypatch):
     config = tmp_path / "no_max_iter.py"
-    config.write_text(f"from detectron2.config import LazyConfig\n_base = LazyConfig.load({CONFIG!r})\n"
-                      "model, dataloader, optimizer = _base.model, _base.dataloader, _base.optimizer\n"
-                      "lr_multiplier, train, condinit = _base.lr_multiplier, _base.train, _base.condinit\n"
-                      "del train['max_iter']\n")
+    config.write_text(
+        f"from detectron2.config import LazyConfig\n_base = LazyConfig.load({CONFIG!r})\n"
+        "model, dataloader, optimizer = _base.model, _base.dataloader, _base.optimizer\n"
+        "lr_multiplier, train, condinit = _base.lr_multiplier, _base.train, _base.condinit\n"
+        "del train['max_iter']\n"
+    )
     args = build_parser().parse_args(["--config-file", str(config), "--dry-run"])
     with pytest.raises(UsageError, match=r"^.*no_max_iter.py: the config has no train.max_iter; a detection config"):
         plan_experiment(DetectionStage(), args)
@@ -289,8 +337,9 @@ def test_missing_keys_and_cuda_are_one_line_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(stage, "check_arm_sites", lambda cfg: pytest.fail("the model was built"))
     cfg = load_config(CONFIG, ["train.device=cuda"])
     runs = [(RunSpec("default", 0), DetectionStage().configure_run(cfg, RunSpec("default", 0), str(tmp_path)))]
-    with pytest.raises(UsageError, match="train.device='cuda' .* but no CUDA device is available; pass "
-                                         "train.device=cpu"):
+    with pytest.raises(
+        UsageError, match="train.device='cuda' .* but no CUDA device is available; pass train.device=cpu"
+    ):
         DetectionStage().check(RunOptions(), runs)
 
 
@@ -313,4 +362,6 @@ def test_init_checkpoint_override_is_detected_per_site(tmp_path):
     overwritten = snapshot.overwritten(model)
     assert overwritten == ["backbone.net.blocks.0.attn"]
     assert weights_from(report, overwritten, "partial.pth", None) == {
-        "backbone.net.blocks.0.attn": "checkpoint partial.pth", "backbone.net.blocks.1.attn": "arm conditioned"}
+        "backbone.net.blocks.0.attn": "checkpoint partial.pth",
+        "backbone.net.blocks.1.attn": "arm conditioned",
+    }

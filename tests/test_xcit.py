@@ -1,4 +1,5 @@
 """XCiT detectron2 backbone: shapes and strides, timm naming and numerics, attention sites, demo config."""
+
 import os
 
 import pytest
@@ -108,8 +109,11 @@ def test_convert_checkpoint_official_layout_and_errors():
     assert {"cls_token", "norm.weight", "head.weight"} <= set(converted.dropped)
     assert any(k.startswith("cls_attn_blocks.") for k in converted.dropped)
     assert set(converted) == set(model.state_dict())
-    with pytest.raises(ValueError, match=r"condinit_det XCiT .* at backbone\.net: keys the trunk has no place for "
-                                         r"\(1\): dist_token; pretrain"):
+    with pytest.raises(
+        ValueError,
+        match=r"condinit_det XCiT .* at backbone\.net: keys the trunk has no place for "
+        r"\(1\): dist_token; pretrain",
+    ):
         convert_timm_checkpoint({**sd, "dist_token": torch.zeros(1)}, model)
     with pytest.raises(ValueError, match=r"trunk keys it lacks \(\d+\): patch_embed\."):
         convert_timm_checkpoint({"head.weight": torch.zeros(1)}, model)
@@ -158,7 +162,7 @@ def test_find_attention_and_conditioned_arm():
     for role in ("q", "k"):
         w = site.weight(role).double()
         for h in range(4):
-            block = w[h * 16:(h + 1) * 16]
+            block = w[h * 16 : (h + 1) * 16]
             torch.testing.assert_close(block @ block.T, torch.eye(16, dtype=torch.float64), atol=1e-5, rtol=0)
     torch.testing.assert_close(site.weight("v"), torch.eye(64))
     assert torch.all(site.bias("q") == 0)

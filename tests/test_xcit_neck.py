@@ -1,5 +1,6 @@
 """XCiT's own detection neck (XCiTDeconvPyramid): strides, layers, FPN on top, and one training step
 of the reproduction config (configs/COCO/mask_rcnn_xcit_s12_p16_3x_in1k.py) at CPU size."""
+
 import os
 import re
 
@@ -17,8 +18,9 @@ from condinit_det.modeling.xcit import XCiT, XCiTDeconvPyramid
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
-CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "COCO",
-                      "mask_rcnn_xcit_s12_p16_3x_in1k.py")
+CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "COCO", "mask_rcnn_xcit_s12_p16_3x_in1k.py"
+)
 TINY = dict(embed_dim=64, depth=4, num_heads=4, out_indices=(0, 1, 2, 3))
 NAMES = ["s4", "s8", "s16", "s32"]
 
@@ -38,7 +40,11 @@ def test_strides_and_shapes_on_a_non_square_input_and_fpn_on_top():
     with torch.no_grad():
         out = neck(x)
     assert {n: tuple(v.shape) for n, v in out.items()} == {
-        "s4": (2, 64, 24, 40), "s8": (2, 64, 12, 20), "s16": (2, 64, 6, 10), "s32": (2, 64, 3, 5)}
+        "s4": (2, 64, 24, 40),
+        "s8": (2, 64, 12, 20),
+        "s16": (2, 64, 6, 10),
+        "s32": (2, 64, 3, 5),
+    }
 
     fpn = FPN(bottom_up=neck, in_features=NAMES, out_channels=32, top_block=LastLevelMaxPool()).eval()
     assert fpn.size_divisibility == 32
@@ -46,7 +52,12 @@ def test_strides_and_shapes_on_a_non_square_input_and_fpn_on_top():
     with torch.no_grad():
         feats = fpn(x)
     assert {n: tuple(v.shape[2:]) for n, v in feats.items()} == {
-        "p2": (24, 40), "p3": (12, 20), "p4": (6, 10), "p5": (3, 5), "p6": (2, 3)}
+        "p2": (24, 40),
+        "p3": (12, 20),
+        "p4": (6, 10),
+        "p5": (3, 5),
+        "p6": (2, 3),
+    }
     assert all(v.shape[:2] == (2, 32) for v in feats.values())
 
 
@@ -120,7 +131,7 @@ def _instances(h, w, boxes, classes):
     inst.gt_classes = torch.tensor(classes)
     masks = torch.zeros(len(boxes), h, w, dtype=torch.bool)
     for m, (x0, y0, x1, y1) in zip(masks, boxes):
-        m[int(y0):int(y1), int(x0):int(x1)] = True
+        m[int(y0) : int(y1), int(x0) : int(x1)] = True
     inst.gt_masks = BitMasks(masks)
     return inst
 
@@ -139,10 +150,14 @@ def test_reproduction_config_trains_one_step_at_cpu_size():
     model.train()
     gen = torch.Generator().manual_seed(0)
     batch = [
-        {"image": torch.randint(0, 256, (3, 96, 128), generator=gen).float(),
-         "instances": _instances(96, 128, [[8, 10, 60, 70], [70, 20, 120, 90]], [0, 1])},
-        {"image": torch.randint(0, 256, (3, 128, 96), generator=gen).float(),
-         "instances": _instances(128, 96, [[20, 30, 80, 110]], [1])},
+        {
+            "image": torch.randint(0, 256, (3, 96, 128), generator=gen).float(),
+            "instances": _instances(96, 128, [[8, 10, 60, 70], [70, 20, 120, 90]], [0, 1]),
+        },
+        {
+            "image": torch.randint(0, 256, (3, 128, 96), generator=gen).float(),
+            "instances": _instances(128, 96, [[20, 30, 80, 110]], [1]),
+        },
     ]
     with EventStorage(0):
         losses = model(batch)
@@ -151,6 +166,10 @@ def test_reproduction_config_trains_one_step_at_cpu_size():
     assert all(torch.isfinite(v) for v in losses.values()) and torch.isfinite(total)
     total.backward()
     bottom_up = model.backbone.bottom_up
-    for param in (bottom_up.net.blocks[0].attn.qkv.weight, bottom_up.net.blocks[3].attn.qkv.weight,
-                  bottom_up.fpn1[0].weight, bottom_up.fpn2[0].weight):
+    for param in (
+        bottom_up.net.blocks[0].attn.qkv.weight,
+        bottom_up.net.blocks[3].attn.qkv.weight,
+        bottom_up.fpn1[0].weight,
+        bottom_up.fpn2[0].weight,
+    ):
         assert param.grad is not None and torch.isfinite(param.grad).all() and param.grad.abs().sum() > 0

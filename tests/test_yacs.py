@@ -1,4 +1,5 @@
 """yacs path: add_condinit_config + yaml + BACKBONE_REGISTRY builders that apply the arm."""
+
 import os
 
 import pytest
@@ -42,8 +43,18 @@ def test_keys_and_options():
     for key in ("VIT", "SWIN", "XCIT", "SIMPLE_FPN"):
         assert key in cfg.MODEL
     assert node.NORM is None
-    cfg.merge_from_list(["MODEL.CONDINIT.GAIN_QK", "0.5", "MODEL.CONDINIT.VALUE_MODE", "shared_block",
-                         "MODEL.CONDINIT.ALPHA1", "0.3", "MODEL.CONDINIT.NORM", "spectral"])
+    cfg.merge_from_list(
+        [
+            "MODEL.CONDINIT.GAIN_QK",
+            "0.5",
+            "MODEL.CONDINIT.VALUE_MODE",
+            "shared_block",
+            "MODEL.CONDINIT.ALPHA1",
+            "0.3",
+            "MODEL.CONDINIT.NORM",
+            "spectral",
+        ]
+    )
     # An option key reaches only the arms that accept it (so --arm all runs with them); the
     # conditioned arm's gains and value mode also reach its scale-matched control.
     assert condinit_options(cfg.MODEL.CONDINIT) == {}
@@ -78,7 +89,7 @@ def test_conditioned_arm_applied_by_build_model():
     site = sites[1]
     q = site.weight("q").double()
     for h in range(site.num_heads):
-        block = q[h * site.head_dim:(h + 1) * site.head_dim]
+        block = q[h * site.head_dim : (h + 1) * site.head_dim]
         torch.testing.assert_close(block @ block.T, torch.eye(site.head_dim, dtype=torch.float64), atol=1e-5, rtol=0)
     torch.testing.assert_close(site.weight("v"), torch.eye(site.dim_v, site.dim_in))
 
@@ -104,8 +115,17 @@ def test_default_arm_is_bitwise_the_disabled_build():
 
 def test_scale_matched_arm_applied_by_build_model():
     base = _build(_cfg(TINY_YAML, "MODEL.CONDINIT.ENABLED", "False")).state_dict()
-    model = _build(_cfg(TINY_YAML, "MODEL.CONDINIT.ARM", "scale_matched", "MODEL.CONDINIT.GAIN_V", "0.5",
-                        "MODEL.CONDINIT.NORM", "spectral"))
+    model = _build(
+        _cfg(
+            TINY_YAML,
+            "MODEL.CONDINIT.ARM",
+            "scale_matched",
+            "MODEL.CONDINIT.GAIN_V",
+            "0.5",
+            "MODEL.CONDINIT.NORM",
+            "spectral",
+        )
+    )
     report = model.backbone.condinit_report
     assert report.arm == "scale_matched"
     assert report.options == {"gain_qk": 1.0, "gain_v": 0.5, "value_mode": "identity", "norm": "spectral"}
@@ -152,18 +172,43 @@ def test_embedded_yaml_trains_one_step():
     "opts, kind, names, strides",
     [
         (
-            ["MODEL.BACKBONE.NAME", "build_condinit_xcit_backbone", "MODEL.XCIT.PATCH_SIZE", "8",
-             "MODEL.XCIT.EMBED_DIM", "64", "MODEL.XCIT.DEPTH", "2", "MODEL.XCIT.NUM_HEADS", "4",
-             "MODEL.SIMPLE_FPN.TOP_BLOCK", "True"],
+            [
+                "MODEL.BACKBONE.NAME",
+                "build_condinit_xcit_backbone",
+                "MODEL.XCIT.PATCH_SIZE",
+                "8",
+                "MODEL.XCIT.EMBED_DIM",
+                "64",
+                "MODEL.XCIT.DEPTH",
+                "2",
+                "MODEL.XCIT.NUM_HEADS",
+                "4",
+                "MODEL.SIMPLE_FPN.TOP_BLOCK",
+                "True",
+            ],
             "timm_xcit",
             ["backbone.net.blocks.0.attn", "backbone.net.blocks.1.attn"],
             {"p2": 4, "p3": 8, "p4": 16, "p5": 32},  # p5: max-pooled p4
         ),
         (
-            ["MODEL.BACKBONE.NAME", "build_condinit_swin_fpn_backbone", "MODEL.SWIN.EMBED_DIM", "32",
-             "MODEL.SWIN.DEPTHS", "[1, 1, 1, 1]", "MODEL.SWIN.NUM_HEADS", "[1, 2, 4, 8]", "MODEL.SWIN.WINDOW_SIZE", "4",
-             "MODEL.FPN.IN_FEATURES", "['p0', 'p1', 'p2', 'p3']", "MODEL.SIMPLE_FPN.SQUARE_PAD", "0",
-             "MODEL.CONDINIT.INCLUDE", "['backbone.bottom_up.*']"],
+            [
+                "MODEL.BACKBONE.NAME",
+                "build_condinit_swin_fpn_backbone",
+                "MODEL.SWIN.EMBED_DIM",
+                "32",
+                "MODEL.SWIN.DEPTHS",
+                "[1, 1, 1, 1]",
+                "MODEL.SWIN.NUM_HEADS",
+                "[1, 2, 4, 8]",
+                "MODEL.SWIN.WINDOW_SIZE",
+                "4",
+                "MODEL.FPN.IN_FEATURES",
+                "['p0', 'p1', 'p2', 'p3']",
+                "MODEL.SIMPLE_FPN.SQUARE_PAD",
+                "0",
+                "MODEL.CONDINIT.INCLUDE",
+                "['backbone.bottom_up.*']",
+            ],
             "d2_swin",
             [f"backbone.bottom_up.layers.{i}.blocks.0.attn" for i in range(4)],
             {"p2": 4, "p3": 8, "p4": 16, "p5": 32, "p6": 64},

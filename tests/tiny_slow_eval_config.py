@@ -20,5 +20,7 @@ class AnnouncedSlowEvaluator(COCOEvaluator):
 
 
 dataloader.evaluator = L(AnnouncedSlowEvaluator)(
-    dataset_name="condinit_tiny_val", tasks=("bbox", "segm"), use_fast_impl=False,
+    dataset_name="condinit_tiny_val",
+    tasks=("bbox", "segm"),
+    use_fast_impl=False,
 )

@@ -51,16 +51,25 @@ def _make_split(split, num_images, seed):
             y0 = 2 if j == 0 else SIZE - h - 2
             cat = j % 2 + 1
             img[y0 : y0 + h, x0 : x0 + w] = (220, 60, 60) if cat == 1 else (60, 220, 60)
-            annotations.append({
-                "id": len(annotations) + 1, "image_id": i + 1, "category_id": cat,
-                "bbox": [x0, y0, w, h], "area": w * h, "iscrowd": 0,
-                "segmentation": [[x0, y0, x0 + w, y0, x0 + w, y0 + h, x0, y0 + h]],
-            })
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": i + 1,
+                    "category_id": cat,
+                    "bbox": [x0, y0, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                    "segmentation": [[x0, y0, x0 + w, y0, x0 + w, y0 + h, x0, y0 + h]],
+                }
+            )
         name = f"{i:03d}.png"
         cv2.imwrite(os.path.join(img_dir, name), img[:, :, ::-1])
         images.append({"id": i + 1, "file_name": name, "width": SIZE, "height": SIZE})
-    coco = {"images": images, "annotations": annotations,
-            "categories": [{"id": 1, "name": "red"}, {"id": 2, "name": "green"}]}
+    coco = {
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": 1, "name": "red"}, {"id": 2, "name": "green"}],
+    }
     tmp = ann_path + f".{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(coco, f)
@@ -76,10 +85,21 @@ for _split, _n, _seed in (("train", 4, 0), ("val", 2, 1)):
 model = armed(model_zoo.get_config("common/models/mask_rcnn_vitdet.py").model)
 model.backbone = L(SimpleFeaturePyramid)(
     net=L(ViT)(
-        img_size=SIZE, patch_size=16, embed_dim=32, depth=2, num_heads=2, drop_path_rate=0.0,
-        window_size=2, mlp_ratio=2, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
-        window_block_indexes=[0], residual_block_indexes=[], use_rel_pos=False,
-        pretrain_img_size=SIZE, out_feature="last_feat",
+        img_size=SIZE,
+        patch_size=16,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        drop_path_rate=0.0,
+        window_size=2,
+        mlp_ratio=2,
+        qkv_bias=True,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        window_block_indexes=[0],
+        residual_block_indexes=[],
+        use_rel_pos=False,
+        pretrain_img_size=SIZE,
+        out_feature="last_feat",
     ),
     in_feature="${.net.out_feature}",
     out_channels=16,
@@ -115,8 +135,10 @@ dataloader = OmegaConf.create()
 dataloader.train = L(build_detection_train_loader)(
     dataset=L(get_detection_dataset_dicts)(names="condinit_tiny_train"),
     mapper=L(DatasetMapper)(
-        is_train=True, augmentations=[L(T.RandomFlip)(horizontal=True)],
-        image_format="RGB", use_instance_mask=True,
+        is_train=True,
+        augmentations=[L(T.RandomFlip)(horizontal=True)],
+        image_format="RGB",
+        use_instance_mask=True,
     ),
     total_batch_size=2,
     num_workers=0,
@@ -128,7 +150,9 @@ dataloader.test = L(build_detection_test_loader)(
     num_workers=0,
 )
 dataloader.evaluator = L(COCOEvaluator)(
-    dataset_name="condinit_tiny_val", tasks=("bbox", "segm"), use_fast_impl=False,
+    dataset_name="condinit_tiny_val",
+    tasks=("bbox", "segm"),
+    use_fast_impl=False,
 )
 
 optimizer = model_zoo.get_config("common/optim.py").AdamW

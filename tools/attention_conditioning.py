@@ -8,6 +8,7 @@ installed command is ``condinit-conditioning``).
 Prints a Markdown table and writes <output>/attention_conditioning.{csv,md} and .json. The
 command lives in condinit_det.commands.conditioning.
 """
+
 import sys
 
 from condinit_det.commands.conditioning import main

@@ -11,6 +11,7 @@ DIR is a run directory (with results.json) or an experiment directory containing
 and writes report.md, summary.csv, stats.csv and the figures into --output (default: <first
 DIR>/report). The command lives in condinit_det.commands.compare.
 """
+
 import sys
 
 from condinit_det.commands.compare import main

@@ -7,6 +7,7 @@ Where an experiment stands (both stages): one line per planned run, then a count
 DIR is an experiment directory (with experiment.json), a folder of experiments, or one run
 directory. Reads the run directories only; see condinit_det/launch/status.py for the states.
 """
+
 import sys
 
 from condinit_det.commands.status import main

@@ -17,6 +17,7 @@ Exit status 1 when a check failed, 2 when there is no CUDA device.
 finished: ``{"device": ..., "torch": ..., "checks": [{"verdict", "name", "seconds", "detail"}, ...],
 "counts": {verdict: n}, "complete": bool}``.
 """
+
 import argparse
 import json
 import os
@@ -34,8 +35,14 @@ TESTS = os.path.join(ROOT, "tests", "test_gpu.py")
 CONDITIONED_TARGET, MIMETIC_TARGET = 0.10, 1.0
 # pytest -v: "tests/test_gpu.py::test_name[params] PASSED  [ 12%]"
 VERBOSE_LINE = re.compile(r"^\S*::(?P<name>\S+) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-VERBOSE_VERDICT = {"PASSED": "PASS", "XPASS": "PASS", "FAILED": "FAIL", "ERROR": "FAIL", "SKIPPED": "SKIP",
-                   "XFAIL": "SKIP"}
+VERBOSE_VERDICT = {
+    "PASSED": "PASS",
+    "XPASS": "PASS",
+    "FAILED": "FAIL",
+    "ERROR": "FAIL",
+    "SKIPPED": "SKIP",
+    "XFAIL": "SKIP",
+}
 
 
 def _text(output):
@@ -75,8 +82,18 @@ def run_tests(timeout: int, junitxml=None):
     """
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.abspath(junitxml) if junitxml else os.path.join(tmp, "junit.xml")
-        cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", TESTS,
-               f"--junitxml={report}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "gpu",
+            TESTS,
+            f"--junitxml={report}",
+        ]
         try:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
@@ -108,9 +125,11 @@ def run_bench(models):
         cost = {row[3]: float(row[5]) for row in rows}
         ratio_c, ratio_m = cost["conditioned"] / build, cost["mimetic"] / build
         ok = ratio_c <= CONDITIONED_TARGET and ratio_m <= MIMETIC_TARGET
-        detail = (f"build {build:.2f} s; conditioned {cost['conditioned']:.3f} s ({100 * ratio_c:.1f}%, target "
-                  f"<= {100 * CONDITIONED_TARGET:.0f}%); mimetic {cost['mimetic']:.3f} s ({ratio_m:.2f}x, target "
-                  f"<= {MIMETIC_TARGET:g}x)")
+        detail = (
+            f"build {build:.2f} s; conditioned {cost['conditioned']:.3f} s ({100 * ratio_c:.1f}%, target "
+            f"<= {100 * CONDITIONED_TARGET:.0f}%); mimetic {cost['mimetic']:.3f} s ({ratio_m:.2f}x, target "
+            f"<= {MIMETIC_TARGET:g}x)"
+        )
         yield "PASS" if ok else "SLOW", f"bench {name}", time.perf_counter() - start, detail
 
 
@@ -144,8 +163,11 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("gpu-check: error: no CUDA device is available; run it on a machine with a GPU", file=sys.stderr)
         return 2
-    header = {"device": torch.cuda.get_device_name(), "device_count": torch.cuda.device_count(),
-              "torch": torch.__version__}
+    header = {
+        "device": torch.cuda.get_device_name(),
+        "device_count": torch.cuda.device_count(),
+        "torch": torch.__version__,
+    }
     print(f"gpu-check on {header['device']} ({header['device_count']} device(s)), torch {header['torch']}", flush=True)
     checks = []
     if args.json:

@@ -6,6 +6,7 @@ command is ``condinit-pretrain``).
 The same command line as tools/train_net.py (--help lists it) with lazy .py pretraining configs. The command lives
 in condinit_det.commands.pretrain, the stage in condinit_det.pretrain, the launcher in condinit_det.launch.
 """
+
 import sys
 
 from condinit_det.commands.pretrain import main

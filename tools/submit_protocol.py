@@ -4,6 +4,7 @@ The paper's protocol on Slurm in one command: each arm's pretraining runs (job a
 from its own pretraining run (job array, element i after pretraining element i), then one report of both
 stages. The command lives in condinit_det.commands.protocol, the logic in condinit_det.launch.protocol.
 """
+
 import sys
 import warnings
 

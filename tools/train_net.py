@@ -7,6 +7,7 @@ Lazy (.py) and yacs (.yaml) configs; detectron2's command line (--num-gpus, --nu
 them). The command lives in condinit_det.commands.train, the stage in condinit_det.engine, the launcher in
 condinit_det.launch.
 """
+
 import sys
 
 from condinit_det.commands.train import main

@@ -1,6 +1,7 @@
 """The terms of Theorem 3.1 (Saratchandran & Lucey) and the bound on kappa(J) they give, on the paper's f (no biases,
 relative positions, masks or pooling). See docs/conditioning.md#methods.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,16 +69,20 @@ def lambda_softmax_condition(attn: torch.Tensor) -> float:
     tiny = 1e-13 * d[:, 0]
     # A tie at an interval's ends pins the eigenvalue there (deflation); otherwise bisect.
     top = torch.where(d[:, 0] - d[:, 1] <= tiny, d[:, 0], _secular_root(d, d[:, 1].clone(), d[:, 0].clone()))
-    bottom = top if n == 2 else torch.where(d[:, -2] - d[:, -1] <= tiny, d[:, -1],
-                                            _secular_root(d, d[:, -1].clone(), d[:, -2].clone()))
+    bottom = (
+        top
+        if n == 2
+        else torch.where(d[:, -2] - d[:, -1] <= tiny, d[:, -1], _secular_root(d, d[:, -1].clone(), d[:, -2].clone()))
+    )
     smallest = float(bottom.min())
     if smallest <= 0:
         return math.inf
     return float(top.max()) / smallest
 
 
-def theorem_terms(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, *,
-                  num_heads: int) -> BoundTerms:
+def theorem_terms(
+    x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, *, num_heads: int
+) -> BoundTerms:
     """Theorem 3.1 terms for token matrix ``x [N, D_in]`` feeding queries, keys and values, weights ``[out, D_in]``;
     per head h the bound is ``kappa(X)^3 kappa(Lambda_h) kappa(W_V^h) (kappa(W_Q^h) + kappa(W_K^h)) + kappa(X)
     kappa(A_h)``."""
@@ -95,8 +100,20 @@ def theorem_terms(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch
     kv = [condition_number(block) for block in wv.split(dv)]
     ka = [condition_number(a) for a in attn]
     kl = [lambda_softmax_condition(a) for a in attn]
-    bounds = [kx ** 3 * lam * v * (q + k) + kx * a for q, k, v, a, lam in zip(kq, kk, kv, ka, kl)]
-    return BoundTerms(bound=max(bounds), kappa_x=kx, kappa_wq=condition_number(wq), kappa_wk=condition_number(wk),
-                      kappa_wv=condition_number(wv), kappa_softmax=max(ka), kappa_lambda=max(kl),
-                      tokens=int(x.shape[0]), bound_heads=bounds, kappa_wq_heads=kq, kappa_wk_heads=kk,
-                      kappa_wv_heads=kv, kappa_softmax_heads=ka, kappa_lambda_heads=kl)
+    bounds = [kx**3 * lam * v * (q + k) + kx * a for q, k, v, a, lam in zip(kq, kk, kv, ka, kl)]
+    return BoundTerms(
+        bound=max(bounds),
+        kappa_x=kx,
+        kappa_wq=condition_number(wq),
+        kappa_wk=condition_number(wk),
+        kappa_wv=condition_number(wv),
+        kappa_softmax=max(ka),
+        kappa_lambda=max(kl),
+        tokens=int(x.shape[0]),
+        bound_heads=bounds,
+        kappa_wq_heads=kq,
+        kappa_wk_heads=kk,
+        kappa_wv_heads=kv,
+        kappa_softmax_heads=ka,
+        kappa_lambda_heads=kl,
+    )

@@ -2,6 +2,7 @@
 seen), reduced to a measurable size: the first ``max_batch`` entries (or windows) and at most ``max_tokens`` tokens.
 See docs/conditioning.md#methods.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,10 @@ def _reduce_site_inputs(site, inputs: Dict[str, object], *, max_batch: Optional[
                 notes.append(f"tokens {h}x{w} -> {x.shape[1]}x{x.shape[2]} (stride {stride})")
         elif x.dim() == 3 and x.shape[1] > max_tokens:
             if any(isinstance(v, torch.Tensor) for k, v in inputs.items() if k != xname):
-                raise ValueError(f"site {site.name!r}: cannot subsample tokens of an input with extra tensor "
-                                 f"arguments ({[k for k in inputs if k != xname]}); raise max_tokens or pass None")
+                raise ValueError(
+                    f"site {site.name!r}: cannot subsample tokens of an input with extra tensor "
+                    f"arguments ({[k for k in inputs if k != xname]}); raise max_tokens or pass None"
+                )
             idx = _even_indices(x.shape[1], max_tokens, x.device)
             notes.append(f"tokens {x.shape[1]} -> {idx.numel()} evenly spaced")
             x = x[:, idx]
@@ -81,8 +84,10 @@ def _reduce_mha(module: nn.MultiheadAttention, inputs, max_batch, max_tokens):
     q, k, v = inputs.get("query"), inputs.get("key"), inputs.get("value")
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise TypeError("nn.MultiheadAttention inputs must include query, key and value tensors")
-    am, kpm = (mask if isinstance(mask, torch.Tensor) else None
-               for mask in (inputs.get("attn_mask"), inputs.get("key_padding_mask")))
+    am, kpm = (
+        mask if isinstance(mask, torch.Tensor) else None
+        for mask in (inputs.get("attn_mask"), inputs.get("key_padding_mask"))
+    )
     notes = []
     if q.dim() == 3 and max_batch is not None and q.shape[bdim] > max_batch:
         b = q.shape[bdim]
@@ -90,7 +95,7 @@ def _reduce_mha(module: nn.MultiheadAttention, inputs, max_batch, max_tokens):
         notes.append(f"first {max_batch} of {b} along batch dim {bdim}")
         kpm = None if kpm is None else kpm[:max_batch]
         if am is not None and am.dim() == 3:
-            am = am[:max_batch * module.num_heads]
+            am = am[: max_batch * module.num_heads]
     if max_tokens is not None and q.dim() == 3 and q.shape[tdim] > max_tokens:
         idx = _even_indices(q.shape[tdim], max_tokens, q.device)
         notes.append(f"queries {q.shape[tdim]} -> {idx.numel()}")
@@ -111,8 +116,9 @@ def _reduce_mha(module: nn.MultiheadAttention, inputs, max_batch, max_tokens):
     return inputs, "; ".join(notes) or "none"
 
 
-def capture_site_inputs(model: nn.Module, batched_inputs, sites: Sequence, *, max_batch: Optional[int] = 1,
-                        max_tokens: Optional[int] = 256) -> Dict[str, CapturedInput]:
+def capture_site_inputs(
+    model: nn.Module, batched_inputs, sites: Sequence, *, max_batch: Optional[int] = 1, max_tokens: Optional[int] = 256
+) -> Dict[str, CapturedInput]:
     """``{site.name: CapturedInput}`` for ``sites`` (``AttentionSite`` objects of ``model``) from one forward of
     ``model(batched_inputs)`` (see module doc); raises RuntimeError naming the sites the forward never reached."""
     sites = list(sites)
@@ -131,6 +137,7 @@ def capture_site_inputs(model: nn.Module, batched_inputs, sites: Sequence, *, ma
             if set(captured) >= wanted:
                 raise _Done
             return None
+
         return hook
 
     handles = [s.module.register_forward_pre_hook(make_hook(s), with_kwargs=True) for s in sites]
@@ -144,6 +151,8 @@ def capture_site_inputs(model: nn.Module, batched_inputs, sites: Sequence, *, ma
             h.remove()
     missing = sorted(wanted - set(captured))
     if missing:
-        raise RuntimeError(f"the forward pass never reached attention site(s) {missing}; check that the batch "
-                           f"goes through them (e.g. a decoder that only runs in training mode)")
+        raise RuntimeError(
+            f"the forward pass never reached attention site(s) {missing}; check that the batch "
+            f"goes through them (e.g. a decoder that only runs in training mode)"
+        )
     return captured

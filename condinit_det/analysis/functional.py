@@ -1,6 +1,7 @@
 """The attention map as a function of its query, key and value weights, ``f(W_Q, W_K, W_V) = vec(site.module(
 **inputs))``, in float64 through the layer's own forward. See docs/conditioning.md#what-is-measured.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,17 +65,21 @@ class AttentionFunction:
     W_V [D_v, D_v_in]), ``rows`` (output size), ``cols`` (weight count), ``output_shape``, ``output_proj``
     ("identity", "kept" or "absent")."""
 
-    def __init__(self, site, inputs: Dict[str, object], *, include_output_proj: bool = False,
-                 dtype: torch.dtype = torch.float64):
+    def __init__(
+        self, site, inputs: Dict[str, object], *, include_output_proj: bool = False, dtype: torch.dtype = torch.float64
+    ):
         self.site = site
         self.module = site.module
         self.include_output_proj = bool(include_output_proj)
         self.dtype = dtype
         self.inputs = detached_copy(dict(inputs), dtype)
-        self.state = {name: t.detach().to(dtype) if t.is_floating_point() else t.detach()
-                      for name, t in list(self.module.named_parameters()) + list(self.module.named_buffers())}
+        self.state = {
+            name: t.detach().to(dtype) if t.is_floating_point() else t.detach()
+            for name, t in list(self.module.named_parameters()) + list(self.module.named_buffers())
+        }
         self.weights: Tuple[torch.Tensor, ...] = tuple(
-            self.state[site.projections[r].weight][site.projections[r].rows].clone() for r in _QKV)
+            self.state[site.projections[r].weight][site.projections[r].rows].clone() for r in _QKV
+        )
         self.output_proj = "kept" if self.include_output_proj else self._identity_output()
         with torch.no_grad(), eval_mode(self.module):
             out = self(*self.weights)
@@ -89,9 +94,11 @@ class AttentionFunction:
         weight = self.state[proj.weight]
         block = weight[proj.rows]
         if block.shape[0] != block.shape[1] or block.shape[0] != weight.shape[0]:
-            raise ValueError(f"attention site {self.site.name!r}: the output projection {proj.weight} has shape "
-                             f"{tuple(block.shape)}; the paper's form replaces it by the identity, which needs a "
-                             f"square, unfused [D_v, D_v] weight. Pass include_output_proj=True to keep it.")
+            raise ValueError(
+                f"attention site {self.site.name!r}: the output projection {proj.weight} has shape "
+                f"{tuple(block.shape)}; the paper's form replaces it by the identity, which needs a "
+                f"square, unfused [D_v, D_v] weight. Pass include_output_proj=True to keep it."
+            )
         self.state[proj.weight] = torch.eye(block.shape[0], dtype=weight.dtype, device=weight.device)
         if proj.bias is not None and proj.bias in self.state:
             self.state[proj.bias] = torch.zeros_like(self.state[proj.bias])
@@ -116,8 +123,10 @@ class AttentionFunction:
         if isinstance(out, (tuple, list)):
             out = out[0]
         if not isinstance(out, torch.Tensor):
-            raise TypeError(f"site {self.site.name!r} returned {type(out).__name__}; expected a tensor "
-                            f"(or a tuple whose first element is the attention output)")
+            raise TypeError(
+                f"site {self.site.name!r} returned {type(out).__name__}; expected a tensor "
+                f"(or a tuple whose first element is the attention output)"
+            )
         self._last_shape = out.shape
         return out.reshape(-1)
 
@@ -134,8 +143,10 @@ class AttentionFunction:
         """Tokens entering each of the q/k/v projections, ``{role: [M, D_in]}`` (every call stacked), or None when
         a projection weight is not owned by an ``nn.Linear``."""
         if isinstance(self.module, nn.MultiheadAttention):
-            return {r: self.inputs[name].reshape(-1, self.inputs[name].shape[-1])
-                    for r, name in zip(_QKV, ("query", "key", "value"))}
+            return {
+                r: self.inputs[name].reshape(-1, self.inputs[name].shape[-1])
+                for r, name in zip(_QKV, ("query", "key", "value"))
+            }
         owners = {}
         for role in _QKV:
             wname = self.site.projections[role].weight
@@ -158,8 +169,9 @@ class AttentionFunction:
         return {r: torch.cat(seen[owners[r]], dim=0).to(self.dtype) for r in _QKV}
 
 
-def as_function(site, inputs: Optional[Dict[str, object]] = None, *,
-                include_output_proj: bool = False) -> AttentionFunction:
+def as_function(
+    site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False
+) -> AttentionFunction:
     """``site`` itself when it is an :class:`AttentionFunction`, else the ``AttentionSite``'s function at ``inputs``."""
     if isinstance(site, AttentionFunction):
         return site

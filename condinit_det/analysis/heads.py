@@ -1,6 +1,7 @@
 """Exact kappa of the attention Jacobian from per-head factors ``F_h`` with ``F_h F_h^T = J_h J_h^T`` (closed form for
 token attention, ``torch.func`` otherwise, each checked against one ``J v``). See docs/conditioning.md#methods.
 """
+
 from __future__ import annotations
 
 import logging
@@ -135,8 +136,9 @@ def _mha(fn: AttentionFunction) -> Optional[_TokenAttention]:
     if kpm is not None:
         terms.append(kpm[:, None, None, :])
     index = torch.arange(nq * bsz).reshape(nq, bsz).T if seq_first else None
-    return _token_attention(fn, (query, key, value), float(fn.weights[0].shape[0] // heads) ** -0.5, terms=terms,
-                            index=index)
+    return _token_attention(
+        fn, (query, key, value), float(fn.weights[0].shape[0] // heads) ** -0.5, terms=terms, index=index
+    )
 
 
 _CLOSED_FORMS = {"d2_vit": _d2_vit, "d2_swin": _d2_swin, "timm_vit": _timm_vit, "mha": _mha}
@@ -165,8 +167,11 @@ def _closed_form_factors(fn: AttentionFunction) -> Optional[Tuple[List[torch.Ten
         m_q = t.scale * vt_lambda(kh)  # s V^T Lambda_i K
         if t.rel is not None:
             # V^T Lambda_i R_i with R_i = rel[i] [Nk, dh] (the same for every sequence)
-            m_q = m_q + torch.einsum("bjd,bij,ijc->bidc", vh, ah, t.rel) \
+            m_q = (
+                m_q
+                + torch.einsum("bjd,bij,ijc->bidc", vh, ah, t.rel)
                 - out[..., :, None] * torch.einsum("bij,ijc->bic", ah, t.rel)[:, :, None, :]
+            )
         bsz, nq, dv = out.shape
         dq = qh.shape[-1]
         fq = m_q[..., :, :, None] * yq[:, :, None, None, :]  # [B, Nq, dh_v, dh, r_q]
@@ -175,8 +180,16 @@ def _closed_form_factors(fn: AttentionFunction) -> Optional[Tuple[List[torch.Ten
         eye = torch.eye(dv, dtype=ay.dtype, device=ay.device)
         fv = eye[None, None, :, :, None] * ay[:, :, None, None, :]  # [B, Nq, dh_v, dh_v, r_v]
         rows = bsz * nq * dv
-        factors.append(torch.cat([fq.reshape(rows, dq * yq.shape[-1]), fk.reshape(rows, dq * yk.shape[-1]),
-                                  fv.reshape(rows, dv * yv.shape[-1])], dim=1))
+        factors.append(
+            torch.cat(
+                [
+                    fq.reshape(rows, dq * yq.shape[-1]),
+                    fk.reshape(rows, dq * yk.shape[-1]),
+                    fv.reshape(rows, dv * yv.shape[-1]),
+                ],
+                dim=1,
+            )
+        )
     return factors, t.token_index.reshape(-1), bases
 
 
@@ -185,7 +198,7 @@ def _head_deltas(fn: AttentionFunction, bases: Dict[str, torch.Tensor], c: torch
     deltas, start = [], 0
     for role, w in zip(_QKV, fn.weights):
         rows, r = w.shape[0] // fn.site.num_heads, bases[role].shape[1]
-        deltas.append((slice(h * rows, (h + 1) * rows), c[start:start + rows * r].reshape(rows, r) @ bases[role].T))
+        deltas.append((slice(h * rows, (h + 1) * rows), c[start : start + rows * r].reshape(rows, r) @ bases[role].T))
         start += rows * r
     return deltas
 
@@ -197,9 +210,12 @@ def _autodiff_factors(fn: AttentionFunction, bases: Dict[str, torch.Tensor]) -> 
     size = sum(w.shape[0] // heads * bases[r].shape[1] for r, w in zip(_QKV, fn.weights))
     factors = []
     for h in range(heads):
+
         def f_h(c, h=h):
-            ws = [w.slice_scatter(w[rows] + delta, dim=0, start=rows.start, end=rows.stop)
-                  for w, (rows, delta) in zip(fn.weights, _head_deltas(fn, bases, c, h))]
+            ws = [
+                w.slice_scatter(w[rows] + delta, dim=0, start=rows.start, end=rows.stop)
+                for w, (rows, delta) in zip(fn.weights, _head_deltas(fn, bases, c, h))
+            ]
             return fn(*ws).reshape(-1, heads, dv // heads)[:, h].reshape(-1)
 
         zero = torch.zeros(size, dtype=fn.dtype, device=fn.weights[0].device)
@@ -231,8 +247,9 @@ def _check(fn: AttentionFunction, factors, bases, token_index, w_out) -> float:
         for i, (rows, delta) in enumerate(_head_deltas(fn, bases, c, h)):
             deltas[i][rows] = delta
     jv = JacobianOperator(fn).matvec(torch.cat([d.reshape(-1) for d in deltas])[None])[0]
-    heads_out = torch.stack([(f @ c).reshape(-1, f.shape[0] // token_index.numel())
-                             for f, c in zip(factors, coeffs)], dim=1)  # [tokens, H, dh_v]
+    heads_out = torch.stack(
+        [(f @ c).reshape(-1, f.shape[0] // token_index.numel()) for f, c in zip(factors, coeffs)], dim=1
+    )  # [tokens, H, dh_v]
     pre = heads_out.reshape(token_index.numel(), -1)
     if w_out is not None:
         pre = pre @ w_out.T
@@ -241,8 +258,13 @@ def _check(fn: AttentionFunction, factors, bases, token_index, w_out) -> float:
     return float((mine.reshape(-1) - jv).norm() / jv.norm().clamp_min(1e-300))
 
 
-def head_factors(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False,
-                 max_entries: Optional[int] = None) -> Tuple[List[torch.Tensor], str, Optional[torch.Tensor]]:
+def head_factors(
+    site,
+    inputs: Optional[Dict[str, object]] = None,
+    *,
+    include_output_proj: bool = False,
+    max_entries: Optional[int] = None,
+) -> Tuple[List[torch.Tensor], str, Optional[torch.Tensor]]:
     """(factors, structure, W_O): the per-head factors ``F_h [tokens * dh_v, cols_h]`` with ``F_h F_h^T = J_h J_h^T``
     (rows ordered token, channel), "closed_form" or "autodiff", and W_O (None unless the output projection is kept).
     Raises ValueError when the largest matrix formed would exceed ``max_entries``."""
@@ -256,36 +278,50 @@ def head_factors(site, inputs: Optional[Dict[str, object]] = None, *, include_ou
         proj = fn.site.projections["o"]
         w_out = fn.state[proj.weight][proj.rows]
     if pre.output_shape[-1] != fn.weights[2].shape[0]:
-        raise ValueError(f"attention site {name!r}: the output's last dimension {pre.output_shape[-1]} is not the "
-                         f"value width {fn.weights[2].shape[0]}, so its channels cannot be split by head; use "
-                         f"method='matrix_free'")
+        raise ValueError(
+            f"attention site {name!r}: the output's last dimension {pre.output_shape[-1]} is not the "
+            f"value width {fn.weights[2].shape[0]}, so its channels cannot be split by head; use "
+            f"method='matrix_free'"
+        )
     bases = _bases(pre)
     entries = _entries(fn, bases)
     if max_entries is not None and entries > max_entries:
         raise ValueError(
             f"exact per-head conditioning of attention site {name!r} would form a {entries:.3g}-entry matrix "
             f"({entries * 8 / 2**30:.2f} GiB in float64), above max_entries={max_entries:.3g}; use "
-            f"method='matrix_free' (or fewer tokens, or a larger max_entries)")
+            f"method='matrix_free' (or fewer tokens, or a larger max_entries)"
+        )
     closed = _closed_form_factors(pre)
     if closed is not None:
         factors, token_index, bases = closed
         err = _check(fn, factors, bases, token_index, w_out)
         if err <= _CHECK_TOL:
             return factors, "closed_form", w_out
-        _logger.warning("site %s (%s): closed form differs from the layer's Jacobian by %.2e; using autodiff",
-                        name, fn.site.kind, err)
+        _logger.warning(
+            "site %s (%s): closed form differs from the layer's Jacobian by %.2e; using autodiff",
+            name,
+            fn.site.kind,
+            err,
+        )
     factors = _autodiff_factors(pre, bases)
     tokens = factors[0].shape[0] // (fn.weights[2].shape[0] // heads)
     err = _check(fn, factors, bases, torch.arange(tokens), w_out)
     if not err <= _CHECK_TOL:
-        raise RuntimeError(f"attention site {name!r} ({fn.site.kind}): J is not block diagonal by heads (a head's "
-                           f"output moves with another head's weights, relative {err:.2e}); use "
-                           f"method='matrix_free'")
+        raise RuntimeError(
+            f"attention site {name!r} ({fn.site.kind}): J is not block diagonal by heads (a head's "
+            f"output moves with another head's weights, relative {err:.2e}); use "
+            f"method='matrix_free'"
+        )
     return factors, "autodiff", w_out
 
 
-def exact_conditioning(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False,
-                       max_entries: Optional[int] = DEFAULT_MAX_ENTRIES) -> SpectrumResult:
+def exact_conditioning(
+    site,
+    inputs: Optional[Dict[str, object]] = None,
+    *,
+    include_output_proj: bool = False,
+    max_entries: Optional[int] = DEFAULT_MAX_ENTRIES,
+) -> SpectrumResult:
     """Exact kappa(J) of an ``AttentionSite`` at ``inputs`` (or of an ``AttentionFunction``) from its per-head
     factors: rank deficient when fewer than min(rows, cols) singular values exceed ``max(rows, cols) * eps *
     sigma_max``; each head's values too without W_O. ``max_entries``: see :func:`head_factors` (None: no limit).
@@ -299,8 +335,9 @@ def exact_conditioning(site, inputs: Optional[Dict[str, object]] = None, *, incl
         blocks, k_block = list(factors), k_total // heads  # every head has rows / H rows and cols / H columns
     else:
         n_tok = factors[0].shape[0] // (w_out.shape[1] // heads)
-        stacked = torch.block_diag(*[f.reshape(n_tok, -1, f.shape[1]).transpose(0, 1).reshape(-1, f.shape[1])
-                                     for f in factors])  # rows (head, channel, token)
+        stacked = torch.block_diag(
+            *[f.reshape(n_tok, -1, f.shape[1]).transpose(0, 1).reshape(-1, f.shape[1]) for f in factors]
+        )  # rows (head, channel, token)
         stacked = stacked.reshape(w_out.shape[1], n_tok, -1)
         blocks, k_block = [torch.einsum("oc,ctk->tok", w_out, stacked).reshape(n_tok * w_out.shape[0], -1)], k_total
     ends = [extreme_singular_values(b) for b in blocks]
@@ -315,7 +352,19 @@ def exact_conditioning(site, inputs: Optional[Dict[str, object]] = None, *, incl
     per_head = w_out is None
     hkappa = [math.inf if top == 0 or low <= tol * top else top / low for top, low in zip(tops, lows)]
     return SpectrumResult(
-        kappa=math.inf if deficient else smax / smin, sigma_max=smax, sigma_min=smin, rank_deficient=deficient,
-        numerical_rank=rank, converged=True, iterations=0, residual_max=0.0, residual_min=0.0, method="exact",
-        shape=(fn.rows, fn.cols), structure=structure, sigma_max_heads=tops if per_head else [],
-        sigma_min_heads=lows if per_head else [], kappa_heads=hkappa if per_head else [])
+        kappa=math.inf if deficient else smax / smin,
+        sigma_max=smax,
+        sigma_min=smin,
+        rank_deficient=deficient,
+        numerical_rank=rank,
+        converged=True,
+        iterations=0,
+        residual_max=0.0,
+        residual_min=0.0,
+        method="exact",
+        shape=(fn.rows, fn.cols),
+        structure=structure,
+        sigma_max_heads=tops if per_head else [],
+        sigma_min_heads=lows if per_head else [],
+        kappa_heads=hkappa if per_head else [],
+    )

@@ -1,6 +1,7 @@
 """kappa of the attention Jacobian during detectron2 training (main process only; no RNG advances). See
 docs/conditioning.md#during-training.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,18 @@ class ConditioningHook(HookBase):
     the end, into event storage and ``results`` (default: ``ResultsFile(output_dir)``) as records carrying ``arm``,
     ``seed`` and ``config``; ``options``: the measurement keys of ``ANALYSIS_DEFAULTS``."""
 
-    def __init__(self, batch, *, period: int, output_dir: Optional[str] = None, results=None, arm: Optional[str] = None,
-                 seed: Optional[int] = None, config: Optional[str] = None, **options):
+    def __init__(
+        self,
+        batch,
+        *,
+        period: int,
+        output_dir: Optional[str] = None,
+        results=None,
+        arm: Optional[str] = None,
+        seed: Optional[int] = None,
+        config: Optional[str] = None,
+        **options,
+    ):
         if int(period) <= 0:
             raise ValueError(f"period must be a positive number of iterations, got {period}")
         if not isinstance(batch, (list, tuple)) or not batch:
@@ -51,9 +62,16 @@ class ConditioningHook(HookBase):
         if not comm.is_main_process() or self._last_measured == iteration:
             return []
         model = getattr(self.trainer.model, "module", self.trainer.model)  # unwrap DistributedDataParallel
-        rows = measure_conditioning(model, self.batch, sites=self.patterns, at=f"iteration {iteration}", logger=_logger,
-                                    storage=getattr(self.trainer, "storage", None), **self.capture_kwargs,
-                                    **self.measure_kwargs)
+        rows = measure_conditioning(
+            model,
+            self.batch,
+            sites=self.patterns,
+            at=f"iteration {iteration}",
+            logger=_logger,
+            storage=getattr(self.trainer, "storage", None),
+            **self.capture_kwargs,
+            **self.measure_kwargs,
+        )
         records = conditioning_records(rows, iteration=iteration, arm=self.arm, seed=self.seed, config=self.config)
         if self.results is not None:
             for rec in records:
@@ -113,6 +131,12 @@ def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = Non
         batch = fixed_batch(cfg, int(opts["num_images"]))
     condinit = cfg.get("condinit", None) or {}
     output_dir = cfg.train.output_dir if "train" in cfg and "output_dir" in cfg.train else None
-    return ConditioningHook(batch, period=int(opts["period"]), output_dir=output_dir,
-                            arm=condinit.get("arm", "default"), seed=condinit.get("seed", 0), config=config_name,
-                            **measurement_options(opts))
+    return ConditioningHook(
+        batch,
+        period=int(opts["period"]),
+        output_dir=output_dir,
+        arm=condinit.get("arm", "default"),
+        seed=condinit.get("seed", 0),
+        config=config_name,
+        **measurement_options(opts),
+    )

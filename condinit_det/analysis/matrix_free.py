@@ -1,6 +1,7 @@
 """Matrix-free kappa of the attention Jacobian from ``J v`` (jvp) and ``J^T u`` (vjp) products only. See
 docs/conditioning.md.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -51,14 +52,32 @@ class JacobianOperator:
             return vmap(self._mv_reverse)(v)
 
 
-def estimate_conditioning(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False,
-                          tol: float = 1e-4, max_iter: int = 60, block_size: int = 8, rank_tol: float = 1e-7,
-                          seed: int = 0) -> SpectrumResult:
+def estimate_conditioning(
+    site,
+    inputs: Optional[Dict[str, object]] = None,
+    *,
+    include_output_proj: bool = False,
+    tol: float = 1e-4,
+    max_iter: int = 60,
+    block_size: int = 8,
+    rank_tol: float = 1e-7,
+    seed: int = 0,
+) -> SpectrumResult:
     """Matrix-free kappa(J) of an ``AttentionSite`` at ``inputs`` (or of an ``AttentionFunction``); ``converged``
     False means sigma_min is an upper bound and kappa a lower one. Arguments: see
     :func:`.spectrum.matrix_free_spectrum` (``max_iter`` steps of ``block_size`` vjp and jvp products each).
     """
     fn = as_function(site, inputs, include_output_proj=include_output_proj)
     op = JacobianOperator(fn)
-    return matrix_free_spectrum(op.matvec, op.rmatvec, op.shape, tol=tol, max_iter=max_iter, block_size=block_size,
-                                rank_tol=rank_tol, seed=seed, dtype=torch.float64, device=fn.theta().device)
+    return matrix_free_spectrum(
+        op.matvec,
+        op.rmatvec,
+        op.shape,
+        tol=tol,
+        max_iter=max_iter,
+        block_size=block_size,
+        rank_tol=rank_tol,
+        seed=seed,
+        dtype=torch.float64,
+        device=fn.theta().device,
+    )

@@ -1,6 +1,7 @@
 """Per-site measurement: kappa(J) by the route :func:`choose_method` picks, next to the Theorem 3.1 terms, as one
 :class:`SiteMeasurement` per site; :func:`write_table` saves them as CSV and Markdown. See docs/conditioning.md.
 """
+
 from __future__ import annotations
 
 import csv
@@ -22,9 +23,17 @@ from .heads import exact_conditioning, factor_entries
 from .matrix_free import estimate_conditioning
 from .options import DEFAULT_MAX_ENTRIES, METHODS
 
-__all__ = ["METHODS", "SiteMeasurement", "TABLE_COLUMNS", "choose_method", "format_markdown", "measure_site",
-           "measure_sites", "resolve_sites", "write_table"]
-
+__all__ = [
+    "METHODS",
+    "SiteMeasurement",
+    "TABLE_COLUMNS",
+    "choose_method",
+    "format_markdown",
+    "measure_site",
+    "measure_sites",
+    "resolve_sites",
+    "write_table",
+]
 
 
 @dataclass(kw_only=True)
@@ -71,8 +80,25 @@ class SiteMeasurement:
         return asdict(self)
 
 
-TABLE_COLUMNS = ("site", "kind", "kappa", "sigma_max", "sigma_min", "bound", "kappa_wq", "kappa_wk", "kappa_wv",
-                 "kappa_x", "kappa_softmax", "kappa_lambda", "method", "converged", "rows", "cols", "tokens")
+TABLE_COLUMNS = (
+    "site",
+    "kind",
+    "kappa",
+    "sigma_max",
+    "sigma_min",
+    "bound",
+    "kappa_wq",
+    "kappa_wk",
+    "kappa_wv",
+    "kappa_x",
+    "kappa_softmax",
+    "kappa_lambda",
+    "method",
+    "converged",
+    "rows",
+    "cols",
+    "tokens",
+)
 
 
 def resolve_sites(model: nn.Module, patterns: Union[str, Sequence[str], None] = None, *, default: str = "all") -> List:
@@ -101,22 +127,43 @@ def choose_method(fn: AttentionFunction, method: str = "auto", *, max_entries: i
     return "exact" if factor_entries(fn) <= max_entries else "matrix_free"
 
 
-def measure_site(site, inputs: Dict[str, object], *, method: str = "matrix_free", include_output_proj: bool = False,
-                 tol: float = 1e-4, max_iter: int = 60, block_size: int = 8, rank_tol: float = 1e-7,
-                 max_entries: int = DEFAULT_MAX_ENTRIES, seed: int = 0, bound: bool = True,
-                 reduction: str = "") -> SiteMeasurement:
+def measure_site(
+    site,
+    inputs: Dict[str, object],
+    *,
+    method: str = "matrix_free",
+    include_output_proj: bool = False,
+    tol: float = 1e-4,
+    max_iter: int = 60,
+    block_size: int = 8,
+    rank_tol: float = 1e-7,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+    seed: int = 0,
+    bound: bool = True,
+    reduction: str = "",
+) -> SiteMeasurement:
     """Measure one site at its (already reduced) inputs by :func:`choose_method`'s route for ``method``; ``bound``:
     also the Theorem 3.1 terms. The other arguments: see the two routes."""
     fn = AttentionFunction(site, inputs, include_output_proj=include_output_proj)
     if choose_method(fn, method, max_entries=max_entries) == "exact":
         spec = exact_conditioning(fn, max_entries=max_entries)
     else:
-        spec = estimate_conditioning(fn, tol=tol, max_iter=max_iter, block_size=block_size, rank_tol=rank_tol,
-                                     seed=seed)
+        spec = estimate_conditioning(
+            fn, tol=tol, max_iter=max_iter, block_size=block_size, rank_tol=rank_tol, seed=seed
+        )
     terms = _theorem_terms(fn) if bound else None
-    return SiteMeasurement(site=site.name, kind=site.kind, rows=fn.rows, cols=fn.cols, num_heads=site.num_heads,
-                           include_output_proj=include_output_proj, output_proj=fn.output_proj, reduction=reduction,
-                           **_measured(spec), **(_measured(terms) if terms else {}))
+    return SiteMeasurement(
+        site=site.name,
+        kind=site.kind,
+        rows=fn.rows,
+        cols=fn.cols,
+        num_heads=site.num_heads,
+        include_output_proj=include_output_proj,
+        output_proj=fn.output_proj,
+        reduction=reduction,
+        **_measured(spec),
+        **(_measured(terms) if terms else {}),
+    )
 
 
 def _measured(result) -> dict:
@@ -136,8 +183,15 @@ def _theorem_terms(fn: AttentionFunction):
     return theorem_terms(tokens["q"], *fn.weights, num_heads=fn.site.num_heads)
 
 
-def measure_sites(model: nn.Module, batched_inputs, sites: Sequence, *, max_batch: Optional[int] = 1,
-                  max_tokens: Optional[int] = 256, **kwargs) -> List[SiteMeasurement]:
+def measure_sites(
+    model: nn.Module,
+    batched_inputs,
+    sites: Sequence,
+    *,
+    max_batch: Optional[int] = 1,
+    max_tokens: Optional[int] = 256,
+    **kwargs,
+) -> List[SiteMeasurement]:
     """Capture X for ``sites`` on ``batched_inputs`` and :func:`measure_site` (``kwargs``) each one; the model's
     parameters are only read."""
     captured = capture_site_inputs(model, batched_inputs, sites, max_batch=max_batch, max_tokens=max_tokens)

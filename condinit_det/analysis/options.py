@@ -6,5 +6,16 @@ __all__ = ["ANALYSIS_DEFAULTS", "DEFAULT_MAX_ENTRIES", "METHODS"]
 
 METHODS = ("auto", "exact", "matrix_free")  # auto: exact when one head's factor fits max_entries, else matrix-free
 DEFAULT_MAX_ENTRIES = 50_000_000  # the largest float64 head factor the exact method forms
-ANALYSIS_DEFAULTS = dict(period=0, sites=None, method="auto", max_iter=100, block_size=16, tol=1e-3, max_batch=1,
-                         max_tokens=16, include_output_proj=False, bound=True, num_images=1)
+ANALYSIS_DEFAULTS = dict(
+    period=0,
+    sites=None,
+    method="auto",
+    max_iter=100,
+    block_size=16,
+    tol=1e-3,
+    max_batch=1,
+    max_tokens=16,
+    include_output_proj=False,
+    bound=True,
+    num_images=1,
+)

@@ -1,6 +1,7 @@
 """Extreme singular values of a matrix (:func:`extreme_singular_values`) or of a map known by its products only
 (:func:`matrix_free_spectrum`); kappa is over the min(rows, cols) singular values. See docs/conditioning.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-__all__ = ["SpectrumResult", "condition_number", "extreme_singular_values", "matrix_free_spectrum",
-           "singular_values"]
+__all__ = ["SpectrumResult", "condition_number", "extreme_singular_values", "matrix_free_spectrum", "singular_values"]
 
 MatVec = Callable[[torch.Tensor], torch.Tensor]
 
@@ -91,8 +91,9 @@ def _lanczos_ends(r: np.ndarray) -> Optional[Tuple[float, float]]:
 
     n = r.shape[0]
     gram = LinearOperator((n, n), matvec=lambda v: r.T @ (r @ v), dtype=np.float64)
-    inverse = LinearOperator((n, n), matvec=lambda v: scipy.linalg.cho_solve((r, False), v, check_finite=False),
-                             dtype=np.float64)
+    inverse = LinearOperator(
+        (n, n), matvec=lambda v: scipy.linalg.cho_solve((r, False), v, check_finite=False), dtype=np.float64
+    )
     start = np.random.default_rng(0).standard_normal(n)  # a private generator: the global RNG stays untouched
 
     def largest(op):
@@ -119,11 +120,11 @@ def _ritz_check(diag, off, last_coupling, tol: float, floor: float) -> Tuple[flo
     start = 0
     for j, a in enumerate(diag):
         b = sizes[j]
-        t[start:start + b, start:start + b] = a.to(torch.float64).cpu()
+        t[start : start + b, start : start + b] = a.to(torch.float64).cpu()
         if j < len(diag) - 1:
             c = off[j].to(torch.float64).cpu()  # [b_{j+1}, b_j]
-            t[start + b:start + b + c.shape[0], start:start + b] = c
-            t[start:start + b, start + b:start + b + c.shape[0]] = c.T
+            t[start + b : start + b + c.shape[0], start : start + b] = c
+            t[start : start + b, start + b : start + b + c.shape[0]] = c.T
         start += b
     # T is block tridiagonal (bandwidth < 2 b), and only its two extreme eigenpairs are needed: the
     # banded solver finds them in O(m b^2) instead of a dense O(m^3) eigh at every step.
@@ -131,12 +132,12 @@ def _ritz_check(diag, off, last_coupling, tol: float, floor: float) -> Tuple[flo
     bandwidth = min(m - 1, 2 * max(sizes) - 1)
     band = np.zeros((bandwidth + 1, m))
     for k in range(bandwidth + 1):
-        band[k, :m - k] = np.diagonal(tn, -k)
+        band[k, : m - k] = np.diagonal(tn, -k)
     coupling = last_coupling.to(torch.float64).cpu().numpy()
     extremes = []
     for index in (0, m - 1):
         theta, vec = scipy.linalg.eig_banded(band, lower=True, select="i", select_range=(index, index))
-        last = vec[m - sizes[-1]:, 0]  # the Ritz vector's components on the last block
+        last = vec[m - sizes[-1] :, 0]  # the Ritz vector's components on the last block
         extremes.append((float(theta[0]), float(np.linalg.norm(coupling @ last))))
     (tmin, rmin), (tmax, rmax) = extremes
     ok_max = rmax <= tol * abs(tmax)
@@ -144,9 +145,19 @@ def _ritz_check(diag, off, last_coupling, tol: float, floor: float) -> Tuple[flo
     return tmin, tmax, rmin, rmax, bool(ok_max and ok_min)
 
 
-def matrix_free_spectrum(matvec: MatVec, rmatvec: MatVec, shape: Tuple[int, int], *, tol: float = 1e-4,
-                         max_iter: int = 60, block_size: int = 8, rank_tol: float = 1e-7, seed: int = 0,
-                         dtype: torch.dtype = torch.float64, device=None) -> SpectrumResult:
+def matrix_free_spectrum(
+    matvec: MatVec,
+    rmatvec: MatVec,
+    shape: Tuple[int, int],
+    *,
+    tol: float = 1e-4,
+    max_iter: int = 60,
+    block_size: int = 8,
+    rank_tol: float = 1e-7,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    device=None,
+) -> SpectrumResult:
     """sigma_max, sigma_min and kappa of ``J`` from ``matvec: V [b, cols] -> [b, rows]`` and ``rmatvec: U [b, rows]
     -> [b, cols]`` only: block Lanczos on the smaller Gram operator from a private random start. tol: relative
     accuracy asked of the extreme sigma^2 (an unconverged run over-estimates sigma_min); at most ``max_iter`` steps of
@@ -205,7 +216,7 @@ def matrix_free_spectrum(matvec: MatVec, rmatvec: MatVec, shape: Tuple[int, int]
                 coupling = torch.cat([coupling, coupling.new_zeros(fill, q.shape[0])], dim=0)
         else:
             new, coupling = None, w.new_zeros(0, q.shape[0])
-        theta_min, theta_max, res_min, res_max, converged = _ritz_check(diag, off, coupling, tol, rank_tol ** 2)
+        theta_min, theta_max, res_min, res_max, converged = _ritz_check(diag, off, coupling, tol, rank_tol**2)
         if remaining <= 0:  # the basis spans R^n: T is the whole operator
             converged, res_min, res_max = True, 0.0, 0.0
         if converged:
@@ -216,7 +227,17 @@ def matrix_free_spectrum(matvec: MatVec, rmatvec: MatVec, shape: Tuple[int, int]
     smin = math.sqrt(max(theta_min, 0.0))
     deficient = smin <= rank_tol * smax
     scale = max(abs(theta_max), 1e-300)
-    return SpectrumResult(kappa=math.inf if deficient else smax / smin, sigma_max=smax, sigma_min=smin,
-                          rank_deficient=bool(deficient), numerical_rank=None, converged=converged,
-                          iterations=len(diag), residual_max=res_max / scale, residual_min=res_min / scale,
-                          method="lanczos", shape=(rows, cols), products=products)
+    return SpectrumResult(
+        kappa=math.inf if deficient else smax / smin,
+        sigma_max=smax,
+        sigma_min=smin,
+        rank_deficient=bool(deficient),
+        numerical_rank=None,
+        converged=converged,
+        iterations=len(diag),
+        residual_max=res_max / scale,
+        residual_min=res_min / scale,
+        method="lanczos",
+        shape=(rows, cols),
+        products=products,
+    )

@@ -1,6 +1,7 @@
 """kappa(J) along training, for the detection hook (:mod:`.hooks`) and the pretraining loop: the ``condinit_analysis``
 node (:data:`ANALYSIS_DEFAULTS`; ``period <= 0``: off), measuring, and the ``"conditioning"`` records.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,18 +13,44 @@ from torch import nn
 from .measure import SiteMeasurement, measure_sites, resolve_sites
 from .options import ANALYSIS_DEFAULTS
 
-__all__ = ["ANALYSIS_DEFAULTS", "analysis_options", "conditioning_records", "measure_conditioning",
-           "measurement_options"]
+__all__ = [
+    "ANALYSIS_DEFAULTS",
+    "analysis_options",
+    "conditioning_records",
+    "measure_conditioning",
+    "measurement_options",
+]
 
 _logger = logging.getLogger(__name__)
 
 # The keys of the config node ``condinit_analysis``. The matrix-free estimate is exact once max_iter * block_size
 # reaches max_tokens * D_v (its Gram operator's size), and sigma_min rarely converges much sooner.
 
-_RECORD_KEYS = ("kappa", "sigma_max", "sigma_min", "bound", "kappa_wq", "kappa_wk", "kappa_wv", "kappa_x",
-                "kappa_softmax", "kappa_lambda", "converged", "rank_deficient", "rows", "cols", "tokens", "method",
-                "include_output_proj", "reduction", "structure", "num_heads", "sigma_max_heads", "sigma_min_heads",
-                "kappa_heads")
+_RECORD_KEYS = (
+    "kappa",
+    "sigma_max",
+    "sigma_min",
+    "bound",
+    "kappa_wq",
+    "kappa_wk",
+    "kappa_wv",
+    "kappa_x",
+    "kappa_softmax",
+    "kappa_lambda",
+    "converged",
+    "rank_deficient",
+    "rows",
+    "cols",
+    "tokens",
+    "method",
+    "include_output_proj",
+    "reduction",
+    "structure",
+    "num_heads",
+    "sigma_max_heads",
+    "sigma_min_heads",
+    "kappa_heads",
+)
 
 
 def analysis_options(node: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -39,25 +66,54 @@ def analysis_options(node: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
 def measurement_options(opts: Mapping[str, Any]) -> Dict[str, Any]:
     """The keywords of :func:`measure_conditioning` in ``opts`` (:func:`analysis_options`), typed; ``period``
     and ``num_images`` (how often, on how many images) are the caller's."""
-    return dict(sites=opts["sites"], method=str(opts["method"]), max_batch=opts["max_batch"],
-                max_tokens=opts["max_tokens"], max_iter=int(opts["max_iter"]), block_size=int(opts["block_size"]),
-                tol=float(opts["tol"]), include_output_proj=bool(opts["include_output_proj"]),
-                bound=bool(opts["bound"]))
+    return dict(
+        sites=opts["sites"],
+        method=str(opts["method"]),
+        max_batch=opts["max_batch"],
+        max_tokens=opts["max_tokens"],
+        max_iter=int(opts["max_iter"]),
+        block_size=int(opts["block_size"]),
+        tol=float(opts["tol"]),
+        include_output_proj=bool(opts["include_output_proj"]),
+        bound=bool(opts["bound"]),
+    )
 
 
-def conditioning_records(measurements: Sequence[SiteMeasurement], *, iteration: int, arm=None, seed=None,
-                         config=None, **fields) -> List[dict]:
+def conditioning_records(
+    measurements: Sequence[SiteMeasurement], *, iteration: int, arm=None, seed=None, config=None, **fields
+) -> List[dict]:
     """One results record per measurement: ``{"kind": "conditioning", "iteration": <completed optimizer steps>,
     "site", "kappa", "sigma_max", "sigma_min", "bound", ..., "kappa_heads", "site_kind", "iterations_lanczos",
     "arm", "seed", "config"}`` and ``fields`` (e.g. ``epoch=3, stage="pretrain"``)."""
-    return [{"kind": "conditioning", "iteration": int(iteration), "site": m.site,
-             **{key: getattr(m, key) for key in _RECORD_KEYS}, "site_kind": m.kind, "iterations_lanczos": m.iterations,
-             "arm": arm, "seed": seed, "config": config, **fields} for m in measurements]
+    return [
+        {
+            "kind": "conditioning",
+            "iteration": int(iteration),
+            "site": m.site,
+            **{key: getattr(m, key) for key in _RECORD_KEYS},
+            "site_kind": m.kind,
+            "iterations_lanczos": m.iterations,
+            "arm": arm,
+            "seed": seed,
+            "config": config,
+            **fields,
+        }
+        for m in measurements
+    ]
 
 
-def measure_conditioning(model: nn.Module, batch, *, sites: Optional[Sequence[str]] = None, storage=None,
-                         at: str = "", logger: Optional[logging.Logger] = None, max_batch: Optional[int] = 1,
-                         max_tokens: Optional[int] = 16, **kwargs) -> List[SiteMeasurement]:
+def measure_conditioning(
+    model: nn.Module,
+    batch,
+    *,
+    sites: Optional[Sequence[str]] = None,
+    storage=None,
+    at: str = "",
+    logger: Optional[logging.Logger] = None,
+    max_batch: Optional[int] = 1,
+    max_tokens: Optional[int] = 16,
+    **kwargs,
+) -> List[SiteMeasurement]:
     """Measure kappa(J) of ``model``'s ``sites`` (fnmatch patterns; None: first, middle, last) on ``batch``; put the
     finite ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}`` into ``storage`` and warn about an unconverged
     estimate ``at`` (e.g. ``"iteration 500"``)."""
@@ -70,6 +126,11 @@ def measure_conditioning(model: nn.Module, batch, *, sites: Optional[Sequence[st
                 if math.isfinite(value):
                     storage.put_scalar(f"conditioning/{m.site}/{key}", value, smoothing_hint=False)
         if not m.converged:
-            (logger or _logger).warning("conditioning of %s at %s did not converge in %d steps: kappa %.4g is a lower "
-                                        "estimate", m.site, at or "this point", m.iterations, m.kappa)
+            (logger or _logger).warning(
+                "conditioning of %s at %s did not converge in %d steps: kappa %.4g is a lower estimate",
+                m.site,
+                at or "this point",
+                m.iterations,
+                m.kappa,
+            )
     return rows

@@ -10,6 +10,7 @@ DIR is a run directory (with results.json) or a directory holding runs, of eithe
 writes it with its CSV files and figures into --output (default: <first DIR>/report). An unreadable file is named on
 stderr and left out; runs of one stage with different setups exit with status 2 (or --group-by-config).
 """
+
 import argparse
 import os
 import sys
@@ -27,8 +28,9 @@ def _positive_per_metric(text: str) -> Union[float, Dict[str, float]]:
             raise ValueError
         return values[""] if "" in values else values
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number (e.g. 0.6) or metric=number pairs "
-                                         "(e.g. bbox=0.6,segm=0.5)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a positive number (e.g. 0.6) or metric=number pairs (e.g. bbox=0.6,segm=0.5)"
+        ) from None
 
 
 def _contrast(text: str) -> Tuple[str, str]:
@@ -44,26 +46,53 @@ def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="*", metavar="DIR", help="run directories or directories containing them")
     parser.add_argument("--output", metavar="DIR", help="where to write the report files (default: <first DIR>/report)")
-    parser.add_argument("--bootstrap", type=int, default=1000, metavar="B",
-                        help="image resamples of the image and two-level bootstraps (0: intervals over seeds only)")
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        metavar="B",
+        help="image resamples of the image and two-level bootstraps (0: intervals over seeds only)",
+    )
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the resampling generators")
-    parser.add_argument("--delta", type=_positive_per_metric, metavar="D",
-                        help="difference the seed plans are for (default: the paper's gain, AP^b 0.6 / AP^m 0.5, "
-                             "else the observed difference); with --plan-seeds, the difference to detect")
-    parser.add_argument("--contrast", type=_contrast, action="append", default=[], metavar="A:B",
-                        help="also compare arm A with arm B (A minus B, in the Holm family); repeatable")
-    parser.add_argument("--group-by-config", action="store_true",
-                        help="one section per setup when the runs of a stage were trained with different configs")
+    parser.add_argument(
+        "--delta",
+        type=_positive_per_metric,
+        metavar="D",
+        help="difference the seed plans are for (default: the paper's gain, AP^b 0.6 / AP^m 0.5, "
+        "else the observed difference); with --plan-seeds, the difference to detect",
+    )
+    parser.add_argument(
+        "--contrast",
+        type=_contrast,
+        action="append",
+        default=[],
+        metavar="A:B",
+        help="also compare arm A with arm B (A minus B, in the Holm family); repeatable",
+    )
+    parser.add_argument(
+        "--group-by-config",
+        action="store_true",
+        help="one section per setup when the runs of a stage were trained with different configs",
+    )
     plan = parser.add_argument_group("planning a comparison (--plan-seeds, no run directories)")
     plan.add_argument("--plan-seeds", action="store_true", help="print the seeds per arm needed to detect --delta")
-    plan.add_argument("--std", type=_positive_per_metric, metavar="S",
-                      help="std of the per-seed paired differences (in a report: replaces the measured one)")
+    plan.add_argument(
+        "--std",
+        type=_positive_per_metric,
+        metavar="S",
+        help="std of the per-seed paired differences (in a report: replaces the measured one)",
+    )
     plan.add_argument("--arms", type=int, default=1, metavar="A", help="arms against default (+1 per contrast)")
     plan.add_argument("--metrics", type=int, default=1, metavar="M", help="headline metrics per arm (detection: 2)")
     plan.add_argument("--power", type=float, default=0.8, metavar="P", help="power (default 0.8)")
     plan.add_argument("--level", type=float, default=0.05, metavar="L", help="family-wise level (default 0.05)")
-    plan.add_argument("--shared-variance", type=float, default=0.0, metavar="V",
-                      help="evaluation-image variance shared by every training run (the report prints it)")
+    plan.add_argument(
+        "--shared-variance",
+        type=float,
+        default=0.0,
+        metavar="V",
+        help="evaluation-image variance shared by every training run (the report prints it)",
+    )
     return parser
 
 
@@ -73,24 +102,46 @@ def _plan(parser: argparse.ArgumentParser, args) -> int:
     from condinit_det.report.statistics import plan_seeds, power
 
     if args.delta is None or args.std is None:
-        parser.error("--plan-seeds needs --delta (the difference to detect) and --std (std of the per-seed paired "
-                     "differences)")
+        parser.error(
+            "--plan-seeds needs --delta (the difference to detect) and --std (std of the per-seed paired differences)"
+        )
     if isinstance(args.delta, dict) or isinstance(args.std, dict):
         parser.error("--plan-seeds takes one number each for --delta and --std (e.g. --delta 0.6 --std 0.1)")
     if args.dirs or args.contrast:
-        parser.error("--plan-seeds takes no run directories and no --contrast (count each contrast as one more arm "
-                     "in --arms)")
+        parser.error(
+            "--plan-seeds takes no run directories and no --contrast (count each contrast as one more arm in --arms)"
+        )
     comparisons = args.arms * args.metrics
     try:
-        p = plan_seeds(args.delta, args.std, comparisons=comparisons, level=args.level, power_target=args.power,
-                       shared_variance=args.shared_variance)
+        p = plan_seeds(
+            args.delta,
+            args.std,
+            comparisons=comparisons,
+            level=args.level,
+            power_target=args.power,
+            shared_variance=args.shared_variance,
+        )
     except ValueError as e:
         parser.error(str(e))
-    print(f"{args.arms} arm{'s' * (args.arms > 1)} x {args.metrics} metric{'s' * (args.metrics > 1)} compared with "
-          f"default: {p.text()}.")
+    print(
+        f"{args.arms} arm{'s' * (args.arms > 1)} x {args.metrics} metric{'s' * (args.metrics > 1)} compared with "
+        f"default: {p.text()}."
+    )
     if p.needed is not None:
-        rows = [[n, power(n, args.delta, args.std, level=args.level, comparisons=comparisons,
-                          shared_variance=args.shared_variance)] for n in range(2, p.needed + 3)]
+        rows = [
+            [
+                n,
+                power(
+                    n,
+                    args.delta,
+                    args.std,
+                    level=args.level,
+                    comparisons=comparisons,
+                    shared_variance=args.shared_variance,
+                ),
+            ]
+            for n in range(2, p.needed + 3)
+        ]
         print("\n" + tabulate(rows, ["seeds per arm", "power"], tablefmt="pipe", floatfmt=".3f"))
     return 0
 
@@ -108,9 +159,16 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     output = args.output if args.output is not None else os.path.join(args.dirs[0], "report")
     try:
-        report, text = compare_arms(args.dirs, output_dir=output, bootstrap=args.bootstrap, seed=args.seed,
-                                    delta=args.delta, std=args.std, contrasts=args.contrast,
-                                    group_by_config=args.group_by_config)
+        report, text = compare_arms(
+            args.dirs,
+            output_dir=output,
+            bootstrap=args.bootstrap,
+            seed=args.seed,
+            delta=args.delta,
+            std=args.std,
+            contrasts=args.contrast,
+            group_by_config=args.group_by_config,
+        )
     except ValueError as e:
         print(f"{parser.prog}: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

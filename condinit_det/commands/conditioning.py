@@ -8,6 +8,7 @@ bound and terms. Prints a Markdown table and writes <output>/attention_condition
 (default) is exact per head when one head's factor fits --max-entries, else matrix_free (block Lanczos, labelled
 converged or not). A failure ends the command with one error line. See docs/conditioning.md.
 """
+
 import argparse
 import json
 import logging
@@ -23,18 +24,36 @@ from condinit_det.utils.fileio import atomic_write
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config-file", required=True,
-                   help="detectron2 lazy config (.py or .yaml): a path, or a model-zoo name zoo:NAME")
-    p.add_argument("--arm", default="all", choices=ARMS + ("all",),
-                   help=f"arm to measure; all: {', '.join(PAPER_ARMS)} (default: all)")
-    p.add_argument("--weights", default=None, help="checkpoint loaded after the arm is applied (overwrites it): "
-                   ".safetensors, .pth (weights only) or a pretraining run's model_final file")
-    p.add_argument(TRUST_FLAG, action="store_true",
-                   help="let --weights be a .pkl or a .pth that needs full unpickling (can run code stored in it)")
+    p.add_argument(
+        "--config-file",
+        required=True,
+        help="detectron2 lazy config (.py or .yaml): a path, or a model-zoo name zoo:NAME",
+    )
+    p.add_argument(
+        "--arm",
+        default="all",
+        choices=ARMS + ("all",),
+        help=f"arm to measure; all: {', '.join(PAPER_ARMS)} (default: all)",
+    )
+    p.add_argument(
+        "--weights",
+        default=None,
+        help="checkpoint loaded after the arm is applied (overwrites it): "
+        ".safetensors, .pth (weights only) or a pretraining run's model_final file",
+    )
+    p.add_argument(
+        TRUST_FLAG,
+        action="store_true",
+        help="let --weights be a .pkl or a .pth that needs full unpickling (can run code stored in it)",
+    )
     p.add_argument("--sites", nargs="*", default=None, help="fnmatch patterns on site names (default: all sites)")
     p.add_argument("--output", default=None, help="directory for the CSV / Markdown / JSON tables")
-    p.add_argument("--method", default="auto", choices=METHODS,
-                   help="auto: exact when one head's factor fits --max-entries, else matrix_free (default)")
+    p.add_argument(
+        "--method",
+        default="auto",
+        choices=METHODS,
+        help="auto: exact when one head's factor fits --max-entries, else matrix_free (default)",
+    )
     p.add_argument("--split", default="test", choices=("test", "train"), help="data loader giving the batch")
     p.add_argument("--num-images", type=int, default=1, help="images in the batch")
     p.add_argument("--max-batch", type=int, default=1, help="sequences (windows) kept per site")
@@ -42,8 +61,12 @@ def get_parser():
     p.add_argument("--max-iter", type=int, default=60, help="block-Lanczos steps")
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--tol", type=float, default=1e-4)
-    p.add_argument("--max-entries", type=float, default=DEFAULT_MAX_ENTRIES,
-                   help="largest float64 matrix the exact method may form (default %(default).3g)")
+    p.add_argument(
+        "--max-entries",
+        type=float,
+        default=DEFAULT_MAX_ENTRIES,
+        help="largest float64 matrix the exact method may form (default %(default).3g)",
+    )
     p.add_argument("--include-output-proj", action="store_true", help="keep W_O in f (default: identity)")
     p.add_argument("--device", default="cpu")
     p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value")
@@ -112,16 +135,32 @@ def measure(argv=None):
 
             RunCheckpointer(model, trust_pickle=args.trust_pickle).load(args.weights)
         sites = resolve_sites(model, args.sites, default="all")
-        for m in measure_sites(model, batch, sites, max_batch=args.max_batch, max_tokens=args.max_tokens,
-                               method=args.method, max_iter=args.max_iter, block_size=args.block_size, tol=args.tol,
-                               include_output_proj=args.include_output_proj, max_entries=int(args.max_entries)):
+        for m in measure_sites(
+            model,
+            batch,
+            sites,
+            max_batch=args.max_batch,
+            max_tokens=args.max_tokens,
+            method=args.method,
+            max_iter=args.max_iter,
+            block_size=args.block_size,
+            tol=args.tol,
+            include_output_proj=args.include_output_proj,
+            max_entries=int(args.max_entries),
+        ):
             rows.append({"arm": arm, **m.to_dict()})
     print(format_markdown(rows, columns), end="")
     if args.output:
         paths = write_table(rows, args.output, columns=columns)
         json_path = os.path.join(args.output, "attention_conditioning.json")
-        atomic_write(json_path, json.dumps({"config": args.config_file, "weights": args.weights,
-                                            "rows": [_json_safe(r) for r in rows]}, indent=1, allow_nan=False))
+        atomic_write(
+            json_path,
+            json.dumps(
+                {"config": args.config_file, "weights": args.weights, "rows": [_json_safe(r) for r in rows]},
+                indent=1,
+                allow_nan=False,
+            ),
+        )
         print(f"wrote {paths['csv']}, {paths['md']}, {json_path}", file=sys.stderr)
     return rows
 

@@ -3,6 +3,7 @@
 The same command line as ``condinit-train`` (:mod:`condinit_det.launch.arguments`) with lazy ``.py`` pretraining
 configs; the same exit statuses. The stage lives in :mod:`condinit_det.pretrain`.
 """
+
 import sys
 from typing import List, Optional
 
@@ -29,10 +30,13 @@ def _stage():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_command(_stage, argv, description="Classification pretraining of a timm model with an "
-                       "attention-initialization arm.", examples=EXAMPLES,
-                       config_help="a lazy .py config: a path, or a model-zoo name zoo:NAME (NAME = its path under "
-                       "configs/)")
+    return run_command(
+        _stage,
+        argv,
+        description="Classification pretraining of a timm model with an attention-initialization arm.",
+        examples=EXAMPLES,
+        config_help="a lazy .py config: a path, or a model-zoo name zoo:NAME (NAME = its path under configs/)",
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 (pretraining array -> fine-tuning array, element by element -> report of both stages); the logic is in
 :mod:`condinit_det.launch.protocol`.
 """
+
 import sys
 from typing import List, Optional
 

@@ -4,6 +4,7 @@
 
 The states and what is read are described in :mod:`condinit_det.launch.status`.
 """
+
 import argparse
 import json
 import math
@@ -18,13 +19,22 @@ from condinit_det.launch.status import STALE_AFTER, STATES, experiment_status, f
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="One line per run of an experiment (both stages): state, progress, latest evaluation, time "
-                    "per iteration, ETA and log; then a count per state. Reads the run directories only.")
-    parser.add_argument("dir", metavar="DIR", help="an experiment directory (with experiment.json), a folder of "
-                                                   "experiments, or one run directory")
+        "per iteration, ETA and log; then a count per state. Reads the run directories only."
+    )
+    parser.add_argument(
+        "dir",
+        metavar="DIR",
+        help="an experiment directory (with experiment.json), a folder of experiments, or one run directory",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (runs and counts) instead")
-    parser.add_argument("--stale-after", type=float, default=STALE_AFTER, metavar="S",
-                        help="seconds without a log or metrics write after which a run counts as stopped rather "
-                             f"than running (default {STALE_AFTER:g})")
+    parser.add_argument(
+        "--stale-after",
+        type=float,
+        default=STALE_AFTER,
+        metavar="S",
+        help="seconds without a log or metrics write after which a run counts as stopped rather "
+        f"than running (default {STALE_AFTER:g})",
+    )
     return parser
 
 
@@ -32,8 +42,10 @@ def main(argv=None) -> int:
     parser = get_parser()
     args = parser.parse_args(argv)
     if not math.isfinite(args.stale_after) or args.stale_after <= 0:
-        print(f"{parser.prog}: error: --stale-after {args.stale_after:g}: expected a positive number of seconds",
-              file=sys.stderr)
+        print(
+            f"{parser.prog}: error: --stale-after {args.stale_after:g}: expected a positive number of seconds",
+            file=sys.stderr,
+        )
         return 2
     try:
         statuses = experiment_status(args.dir, stale_after=args.stale_after)
@@ -42,9 +54,18 @@ def main(argv=None) -> int:
         return 2
     if args.json:
         counts = Counter(s.state for s in statuses)
-        print(json.dumps({"dir": os.path.abspath(args.dir), "time": time.time(), "stale_after": args.stale_after,
-                          "runs": [s.to_dict() for s in statuses],
-                          "counts": {state: counts[state] for state in STATES}}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "dir": os.path.abspath(args.dir),
+                    "time": time.time(),
+                    "stale_after": args.stale_after,
+                    "runs": [s.to_dict() for s in statuses],
+                    "counts": {state: counts[state] for state in STATES},
+                },
+                indent=1,
+            )
+        )
     else:
         print(format_table(statuses, base=args.dir))
         print(summary_line(statuses))

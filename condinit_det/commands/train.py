@@ -4,6 +4,7 @@ Lazy (.py) and yacs (.yaml) configs, as a path or a model-zoo name (``zoo:demo/.
 the experiment and Slurm flags (:mod:`condinit_det.launch.arguments`). A bad input ends with one error line and exit
 status 2; a run that fails or diverges is recorded, the others go on, and the exit status is 1.
 """
+
 import sys
 from typing import List, Optional
 
@@ -34,10 +35,14 @@ def _stage():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_command(_stage, argv, description="Train or evaluate a detectron2 detector with an "
-                       "attention-initialization arm.", examples=EXAMPLES,
-                       config_help="a lazy .py or yacs .yaml config: a path, or a model-zoo name zoo:NAME (NAME = its "
-                       "path under configs/)")
+    return run_command(
+        _stage,
+        argv,
+        description="Train or evaluate a detectron2 detector with an attention-initialization arm.",
+        examples=EXAMPLES,
+        config_help="a lazy .py or yacs .yaml config: a path, or a model-zoo name zoo:NAME (NAME = its "
+        "path under configs/)",
+    )
 
 
 if __name__ == "__main__":

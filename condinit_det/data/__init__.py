@@ -5,6 +5,7 @@ Owns the synthetic ``shapes`` (detection, :mod:`.shapes`) and ``shapes-cls`` (cl
 (:mod:`.digits`), the versioned, atomic cache under ``$CONDINIT_DATA`` they share (:mod:`.cache`), and the one
 registry of them all with detectron2's catalog and ``data.root="embedded:<name>"`` (:mod:`.embedded`).
 """
+
 from .digits import CLASSES as DIGIT_CLASSES
 from .digits import generate_digits_cls_dataset, generate_digits_det_dataset
 from .embedded import (

@@ -6,6 +6,7 @@ generator's parameters, written last). It is built in a temporary sibling folder
 and renamed into place, so readers never see half a dataset and concurrent first uses are safe; a temporary folder
 whose process is gone is removed by the next generation on that host.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,16 @@ import cv2
 import numpy as np
 import pycocotools.mask as mask_util
 
-__all__ = ["cache_root", "check_counts", "expected_manifest", "generate_atomically", "read_manifest",
-           "write_coco_split", "write_image_folder", "write_png"]
+__all__ = [
+    "cache_root",
+    "check_counts",
+    "expected_manifest",
+    "generate_atomically",
+    "read_manifest",
+    "write_coco_split",
+    "write_image_folder",
+    "write_png",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +68,13 @@ def read_manifest(root: Path) -> Optional[dict]:
 
 def expected_manifest(version: str, seed: int, num_images: Dict[str, int], spec, classes: Sequence[str]) -> dict:
     """The generator's entries of a manifest; ``spec`` is the generator's dataclass of knobs."""
-    return {"version": version, "seed": int(seed), "num_images": {k: int(v) for k, v in num_images.items()},
-            "spec": dataclasses.asdict(spec), "classes": list(classes)}
+    return {
+        "version": version,
+        "seed": int(seed),
+        "num_images": {k: int(v) for k, v in num_images.items()},
+        "spec": dataclasses.asdict(spec),
+        "classes": list(classes),
+    }
 
 
 def check_counts(minimum: int, **counts) -> None:
@@ -85,7 +99,7 @@ def _remove_abandoned_temp_dirs(root: Path) -> None:
     if not root.parent.is_dir():
         return
     for path in root.parent.glob(_temp_prefix(root) + "*"):
-        parts = path.name[len(_temp_prefix(root)):].split("-")
+        parts = path.name[len(_temp_prefix(root)) :].split("-")
         if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
             continue
         try:
@@ -96,8 +110,9 @@ def _remove_abandoned_temp_dirs(root: Path) -> None:
             pass  # alive, owned by someone else
 
 
-def generate_atomically(root: Optional[PathLike], expected: dict, write: Callable[[Path], dict], *,
-                        replace_stale: Optional[bool] = None) -> Path:
+def generate_atomically(
+    root: Optional[PathLike], expected: dict, write: Callable[[Path], dict], *, replace_stale: Optional[bool] = None
+) -> Path:
     """Make sure ``root`` holds the dataset that ``expected`` (:func:`expected_manifest`) describes; return the root.
 
     Args:
@@ -119,10 +134,13 @@ def generate_atomically(root: Optional[PathLike], expected: dict, write: Callabl
                 raise ValueError(
                     f"{root} holds a dataset generated with other parameters "
                     f"(seed={found.get('seed')}, num_images={found.get('num_images')}); expected seed="
-                    f"{expected['seed']}, num_images={expected['num_images']}. Delete it or pass another root.")
+                    f"{expected['seed']}, num_images={expected['num_images']}. Delete it or pass another root."
+                )
             if any(root.iterdir()):
-                raise ValueError(f"{root} is not a complete {expected['version']} dataset (it holds files but no "
-                                 f"{MANIFEST}); delete it or pass another root")
+                raise ValueError(
+                    f"{root} is not a complete {expected['version']} dataset (it holds files but no "
+                    f"{MANIFEST}); delete it or pass another root"
+                )
         return False
 
     if complete():
@@ -155,8 +173,9 @@ def generate_atomically(root: Optional[PathLike], expected: dict, write: Callabl
     return root
 
 
-def write_image_folder(root: Path, split: str, images: Iterable[Tuple[str, int, np.ndarray]], *,
-                       classes: Sequence[str]) -> None:
+def write_image_folder(
+    root: Path, split: str, images: Iterable[Tuple[str, int, np.ndarray]], *, classes: Sequence[str]
+) -> None:
     """Write ``(file stem, label, image)`` triples as ``<root>/<split>/<classes[label]>/<stem>.png`` (the
     ImageFolder layout); every class gets its folder, even an empty one."""
     for name in classes:
@@ -165,8 +184,15 @@ def write_image_folder(root: Path, split: str, images: Iterable[Tuple[str, int, 
         write_png(root / split / classes[label] / f"{stem}.png", img)
 
 
-def write_coco_split(root: Path, split: str, scenes: Iterable[Tuple[np.ndarray, Sequence[tuple]]], *,
-                     classes: Sequence[str], version: str, supercategory: str) -> int:
+def write_coco_split(
+    root: Path,
+    split: str,
+    scenes: Iterable[Tuple[np.ndarray, Sequence[tuple]]],
+    *,
+    classes: Sequence[str],
+    version: str,
+    supercategory: str,
+) -> int:
     """Write the images of ``split`` (``<root>/<split>/000000.png``, ...) and their COCO json
     (``<root>/annotations/instances_<split>.json``); returns the number of instances.
 
@@ -187,12 +213,25 @@ def write_coco_split(root: Path, split: str, scenes: Iterable[Tuple[np.ndarray, 
             w, h = int(xs.max()) + 1 - x0, int(ys.max()) + 1 - y0
             rle = mask_util.encode(np.asfortranarray(mask.astype(np.uint8)))
             segmentation = {"size": list(rle["size"]), "counts": rle["counts"].decode("ascii")}
-            annotations.append({"id": len(annotations) + 1, "image_id": idx + 1, "category_id": int(category_id),
-                                "bbox": [float(x0), float(y0), float(w), float(h)], "area": float(mask.sum()),
-                                "iscrowd": 0, "segmentation": segmentation, **extra})
-    coco = {"info": {"description": f"condinit-det embedded {version} {split}", "version": version},
-            "licenses": [], "images": images, "annotations": annotations,
-            "categories": [{"id": i + 1, "name": n, "supercategory": supercategory} for i, n in enumerate(classes)]}
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": idx + 1,
+                    "category_id": int(category_id),
+                    "bbox": [float(x0), float(y0), float(w), float(h)],
+                    "area": float(mask.sum()),
+                    "iscrowd": 0,
+                    "segmentation": segmentation,
+                    **extra,
+                }
+            )
+    coco = {
+        "info": {"description": f"condinit-det embedded {version} {split}", "version": version},
+        "licenses": [],
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": i + 1, "name": n, "supercategory": supercategory} for i, n in enumerate(classes)],
+    }
     (root / "annotations").mkdir(exist_ok=True)
     with open(root / "annotations" / f"instances_{split}.json", "w") as f:
         json.dump(coco, f)

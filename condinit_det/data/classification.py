@@ -5,6 +5,7 @@
 splits) on the detection dataset's cluttered backgrounds (:mod:`.shapes`), with distractors and occluders, drawn
 from its own generator seeded by ``(seed, split, i)``: the same bytes on every machine. Details: docs/pretraining.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,13 @@ from .shapes import (
     shape_mask,
 )
 
-__all__ = ["CLASSES", "DATASET_VERSION", "ShapesClsSpec", "generate_classification_dataset",
-           "render_classification_image"]
+__all__ = [
+    "CLASSES",
+    "DATASET_VERSION",
+    "ShapesClsSpec",
+    "generate_classification_dataset",
+    "render_classification_image",
+]
 
 DATASET_VERSION = "shapes-cls-v1"
 # Sorted, so that the folder order (timm and torchvision sort class folders by name) is the label order.
@@ -56,8 +62,9 @@ class ShapesClsSpec:
     hue_jitter: float = 12.0
 
 
-def render_classification_image(seed: int, split: str, index: int,
-                                spec: ShapesClsSpec = ShapesClsSpec()) -> Tuple[np.ndarray, int]:
+def render_classification_image(
+    seed: int, split: str, index: int, spec: ShapesClsSpec = ShapesClsSpec()
+) -> Tuple[np.ndarray, int]:
     """Render image ``index`` of ``split``; returns (HxWx3 uint8 BGR image, class index into CLASSES)."""
     rng = image_rng(seed, split, index)
     size = spec.image_size
@@ -82,8 +89,13 @@ def render_classification_image(seed: int, split: str, index: int,
         return int((visible & ~mask).sum()) >= spec.min_visible_fraction * full
 
     for _ in range(int(rng.integers(0, spec.max_distractors + 1))):
-        m = shape_mask(CLASSES[int(rng.integers(len(CLASSES)))], rng.uniform(0, size, 2),
-                       rng.uniform(*spec.distractor_size), rng.uniform(0, 2 * np.pi), size)
+        m = shape_mask(
+            CLASSES[int(rng.integers(len(CLASSES)))],
+            rng.uniform(0, size, 2),
+            rng.uniform(*spec.distractor_size),
+            rng.uniform(0, 2 * np.pi),
+            size,
+        )
         if m.any() and keeps_target(m):
             visible &= ~m
             paint(img, m, random_color(rng, img[m].mean(0)), rng)
@@ -96,9 +108,15 @@ def render_classification_image(seed: int, split: str, index: int,
     return add_noise(img, rng, spec.noise_std), label
 
 
-def generate_classification_dataset(root: Optional[PathLike] = None, *, seed: int = DEFAULT_SEED,
-                                    num_train: int = 5000, num_val: int = 1000, spec: ShapesClsSpec = ShapesClsSpec(),
-                                    replace_stale: Optional[bool] = None) -> Path:
+def generate_classification_dataset(
+    root: Optional[PathLike] = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    num_train: int = 5000,
+    num_val: int = 1000,
+    spec: ShapesClsSpec = ShapesClsSpec(),
+    replace_stale: Optional[bool] = None,
+) -> Path:
     """Make sure ``shapes-cls-v1`` made with these parameters (at least one image per class) exists at ``root``
     (default: its cache folder); return the root. ``replace_stale``: as in :func:`.cache.generate_atomically`."""
     check_counts(len(CLASSES), num_train=num_train, num_val=num_val)

@@ -7,6 +7,7 @@ as a 64x64 grey image, ImageFolder ``<split>/<digit>/<source index>.png``. ``dig
 1 to 5 of the split's digits, a mask each (masks never touch), category id = digit + 1, each annotation naming its
 ``digit_index``. Details: docs/configs.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,9 +30,21 @@ from .cache import (
 )
 from .shapes import add_noise, background, desaturate, image_rng
 
-__all__ = ["CLASSES", "CLS_VERSION", "DET_VERSION", "DigitsClsSpec", "DigitsDetSpec", "PlacedDigit", "SOURCE",
-           "digit_ink", "generate_digits_cls_dataset", "generate_digits_det_dataset", "load_source_digits",
-           "render_digit_image", "split_digits"]
+__all__ = [
+    "CLASSES",
+    "CLS_VERSION",
+    "DET_VERSION",
+    "DigitsClsSpec",
+    "DigitsDetSpec",
+    "PlacedDigit",
+    "SOURCE",
+    "digit_ink",
+    "generate_digits_cls_dataset",
+    "generate_digits_det_dataset",
+    "load_source_digits",
+    "render_digit_image",
+    "split_digits",
+]
 
 CLS_VERSION = "digits-cls-v1"
 DET_VERSION = "digits-det-v2"
@@ -53,13 +66,13 @@ SOURCE = {
     "url": "https://archive.ics.uci.edu/dataset/80/optical+recognition+of+handwritten+digits",
     "doi": "10.24432/C50P49",
     "citation": "E. Alpaydin and C. Kaynak (1998). Optical Recognition of Handwritten Digits. "
-                "UCI Machine Learning Repository. https://doi.org/10.24432/C50P49",
+    "UCI Machine Learning Repository. https://doi.org/10.24432/C50P49",
     "license": "CC BY 4.0",
     "license_url": "https://creativecommons.org/licenses/by/4.0/",
     "carrier": "scikit-learn's sklearn.datasets.load_digits (UCI's optdigits test set: 1,797 digits of 13 writers, "
-               "8x8 counts 0..16 of 4x4 blocks of 32x32 bitmaps)",
+    "8x8 counts 0..16 of 4x4 blocks of 32x32 bitmaps)",
     "changes": "each 8x8 digit upscaled bicubically; digits-cls: grey images; digits-det: digits inked on "
-               "generated canvases, masks by thresholding the upscaled digit",
+    "generated canvases, masks by thresholding the upscaled digit",
     "sha256": _SOURCE_SHA256,
     "num_digits": sum(_SOURCE_CLASS_COUNTS),
 }
@@ -125,9 +138,11 @@ def load_source_digits() -> Tuple[np.ndarray, np.ndarray]:
     pixels, labels = np.asarray(bunch.images).astype(np.uint8), np.asarray(bunch.target).astype(np.int64)
     digest = hashlib.sha256(pixels.tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
     if digest != _SOURCE_SHA256:
-        raise RuntimeError(f"scikit-learn's load_digits data has sha256 {digest}, not {_SOURCE_SHA256} of the "
-                           f"data {CLS_VERSION} and {DET_VERSION} are made from; install a scikit-learn whose "
-                           "digits are UCI's optdigits test set unchanged")
+        raise RuntimeError(
+            f"scikit-learn's load_digits data has sha256 {digest}, not {_SOURCE_SHA256} of the "
+            f"data {CLS_VERSION} and {DET_VERSION} are made from; install a scikit-learn whose "
+            "digits are UCI's optdigits test set unchanged"
+        )
     pixels.setflags(write=False)
     labels.setflags(write=False)
     return pixels, labels
@@ -140,8 +155,10 @@ def _val_count(n: int, val_fraction: float) -> int:
 def _check_val_fraction(val_fraction: float) -> None:
     smallest = min(_SOURCE_CLASS_COUNTS)
     if not isinstance(val_fraction, float) or not 0 < _val_count(smallest, val_fraction) < smallest:
-        raise ValueError(f"val_fraction must be a float that leaves every class digits in both splits "
-                         f"(0 < val_fraction * {smallest} rounds to 1..{smallest - 1}), got {val_fraction!r}")
+        raise ValueError(
+            f"val_fraction must be a float that leaves every class digits in both splits "
+            f"(0 < val_fraction * {smallest} rounds to 1..{smallest - 1}), got {val_fraction!r}"
+        )
 
 
 def _split_sizes(val_fraction: float) -> Dict[str, int]:
@@ -149,8 +166,9 @@ def _split_sizes(val_fraction: float) -> Dict[str, int]:
     return {"train": sum(_SOURCE_CLASS_COUNTS) - val, "val": val}
 
 
-def split_digits(labels: np.ndarray, seed: int = DEFAULT_SEED,
-                 val_fraction: float = DEFAULT_VAL_FRACTION) -> Dict[str, np.ndarray]:
+def split_digits(
+    labels: np.ndarray, seed: int = DEFAULT_SEED, val_fraction: float = DEFAULT_VAL_FRACTION
+) -> Dict[str, np.ndarray]:
     """Stratified split: per class, ``round(val_fraction * n)`` digits drawn from ``(seed, class)`` go to val,
     the rest to train. Returns sorted index arrays ``{"train": ..., "val": ...}``."""
     _check_val_fraction(val_fraction)
@@ -193,8 +211,9 @@ def _canvas(rng: np.random.Generator, spec: DigitsDetSpec) -> np.ndarray:
 def _ink_color(rng: np.random.Generator, under: np.ndarray, spec: DigitsDetSpec) -> np.ndarray:
     """A light colour (BGR, 0..255) at least ``spec.min_contrast`` away from ``under``, the canvas under the digit."""
     for _ in range(20):
-        hsv = np.array([[[rng.uniform(0, 360), rng.uniform(0, spec.ink_saturation), rng.uniform(*spec.ink_value)]]],
-                       np.float32)
+        hsv = np.array(
+            [[[rng.uniform(0, 360), rng.uniform(0, spec.ink_saturation), rng.uniform(*spec.ink_value)]]], np.float32
+        )
         color = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0] * 255.0
         if np.abs(color - under).sum() >= spec.min_contrast:
             return color
@@ -211,8 +230,9 @@ def _box_overlap(a: Tuple[int, int, int, int], b: Tuple[int, int, int, int]) -> 
     return w * h / smaller
 
 
-def _scene(rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, pool: np.ndarray,
-           spec: DigitsDetSpec) -> Tuple[np.ndarray, List[PlacedDigit]]:
+def _scene(
+    rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, pool: np.ndarray, spec: DigitsDetSpec
+) -> Tuple[np.ndarray, List[PlacedDigit]]:
     size = spec.image_size
     img = _canvas(rng, spec)
     taken = np.zeros((size, size), np.uint8)  # masks placed so far, grown by min_gap
@@ -234,14 +254,14 @@ def _scene(rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, poo
         for _attempt in range(spec.place_attempts):
             y0, x0 = int(rng.integers(0, size - ph + 1)), int(rng.integers(0, size - pw + 1))
             mask = np.zeros((size, size), bool)
-            mask[y0:y0 + ph, x0:x0 + pw] = stroke
+            mask[y0 : y0 + ph, x0 : x0 + pw] = stroke
             box = (x0 + int(xs.min()), y0 + int(ys.min()), x0 + int(xs.max()) + 1, y0 + int(ys.max()) + 1)
             if taken[mask].any() or any(_box_overlap(box, b) > spec.max_box_overlap for b in boxes):
                 continue
-            region = img[y0:y0 + ph, x0:x0 + pw]
+            region = img[y0 : y0 + ph, x0 : x0 + pw]
             color = _ink_color(rng, region[stroke].mean(0), spec)
             alpha = ink[:, :, None]
-            img[y0:y0 + ph, x0:x0 + pw] = region * (1 - alpha) + color[None, None, :] * alpha
+            img[y0 : y0 + ph, x0 : x0 + pw] = region * (1 - alpha) + color[None, None, :] * alpha
             taken |= cv2.dilate(mask.astype(np.uint8), grow)
             boxes.append(box)
             placed.append(PlacedDigit(int(labels[digit]), mask, digit))
@@ -249,8 +269,13 @@ def _scene(rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, poo
     return add_noise(img, rng, spec.noise_std), placed
 
 
-def generate_digits_cls_dataset(root: Optional[PathLike] = None, *, seed: int = DEFAULT_SEED,
-                                spec: DigitsClsSpec = DigitsClsSpec(), replace_stale: Optional[bool] = None) -> Path:
+def generate_digits_cls_dataset(
+    root: Optional[PathLike] = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    spec: DigitsClsSpec = DigitsClsSpec(),
+    replace_stale: Optional[bool] = None,
+) -> Path:
     """Make sure ``digits-cls`` made with ``seed`` (the split's) and ``spec`` exists at ``root`` (default: its cache
     folder); return the root. The manifest records the source, the split sizes (``num_images``) and the
     source indices of each split (``split``). ``replace_stale``: as in :func:`.cache.generate_atomically`.
@@ -269,9 +294,15 @@ def generate_digits_cls_dataset(root: Optional[PathLike] = None, *, seed: int = 
     return generate_atomically(root, expected, write, replace_stale=replace_stale)
 
 
-def generate_digits_det_dataset(root: Optional[PathLike] = None, *, seed: int = DEFAULT_SEED, num_train: int = 512,
-                                num_val: int = 64, spec: DigitsDetSpec = DigitsDetSpec(),
-                                replace_stale: Optional[bool] = None) -> Path:
+def generate_digits_det_dataset(
+    root: Optional[PathLike] = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    num_train: int = 512,
+    num_val: int = 64,
+    spec: DigitsDetSpec = DigitsDetSpec(),
+    replace_stale: Optional[bool] = None,
+) -> Path:
     """Make sure ``digits-det`` with these parameters exists at ``root`` (default: its cache folder); return the root.
 
     ``seed`` draws the scenes; ``spec.split_seed`` and ``spec.val_fraction`` choose the digits each split may use
@@ -281,8 +312,12 @@ def generate_digits_det_dataset(root: Optional[PathLike] = None, *, seed: int = 
     check_counts(1, num_train=num_train, num_val=num_val)
     if not 1 <= spec.min_objects <= spec.max_objects:
         raise ValueError(f"need 1 <= min_objects <= max_objects, got {spec.min_objects}, {spec.max_objects}")
-    if not 8 <= spec.min_size <= spec.max_size <= spec.image_size * 8 / (8 + 2 * spec.margin) / (
-            1 + spec.aspect_jitter):
+    if (
+        not 8
+        <= spec.min_size
+        <= spec.max_size
+        <= spec.image_size * 8 / (8 + 2 * spec.margin) / (1 + spec.aspect_jitter)
+    ):
         raise ValueError(f"digit sizes {spec.min_size}..{spec.max_size} px do not fit a {spec.image_size} px image")
 
     def write(tmp: Path) -> dict:
@@ -294,11 +329,18 @@ def generate_digits_det_dataset(root: Optional[PathLike] = None, *, seed: int = 
                 img, digits = _scene(image_rng(seed, name, idx), pixels, labels, split[name], spec)
                 yield img, [(d.label + 1, d.mask, {"digit_index": d.digit_index}) for d in digits]
 
-        counts = {name: write_coco_split(tmp, name, scenes(name, num), classes=CLASSES, version=DET_VERSION,
-                                         supercategory="digit")
-                  for name, num in (("train", num_train), ("val", num_val))}
-        return {"num_instances": counts, "image_size": spec.image_size, "source": SOURCE,
-                "split": {k: v.tolist() for k, v in split.items()}}
+        counts = {
+            name: write_coco_split(
+                tmp, name, scenes(name, num), classes=CLASSES, version=DET_VERSION, supercategory="digit"
+            )
+            for name, num in (("train", num_train), ("val", num_val))
+        }
+        return {
+            "num_instances": counts,
+            "image_size": spec.image_size,
+            "source": SOURCE,
+            "split": {k: v.tolist() for k, v in split.items()},
+        }
 
     expected = expected_manifest(DET_VERSION, seed, {"train": num_train, "val": num_val}, spec, CLASSES)
     return generate_atomically(root, expected, write, replace_stale=replace_stale)

@@ -5,6 +5,7 @@ detectron2 under their two names by :func:`register_embedded_datasets`) and ``sh
 (classification, named ``"embedded:<name>"`` as a ``data.root``, :func:`resolve_classification_root`). Each is
 generated on first use into its cache folder (:mod:`.cache`). The datasets: docs/configs.md.
 """
+
 import logging
 import os
 from pathlib import Path
@@ -13,9 +14,17 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple
 from . import classification, digits, shapes
 from .cache import PathLike, read_manifest
 
-__all__ = ["DATASET_NAMES", "DIGITS_DATASET_NAMES", "EMBEDDED_DATASETS", "EMBEDDED_PREFIX", "EmbeddedDataset",
-           "embedded_dataset_info", "get_embedded_dataset_dicts", "register_embedded_datasets",
-           "resolve_classification_root"]
+__all__ = [
+    "DATASET_NAMES",
+    "DIGITS_DATASET_NAMES",
+    "EMBEDDED_DATASETS",
+    "EMBEDDED_PREFIX",
+    "EmbeddedDataset",
+    "embedded_dataset_info",
+    "get_embedded_dataset_dicts",
+    "register_embedded_datasets",
+    "resolve_classification_root",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,27 +46,41 @@ class EmbeddedDataset(NamedTuple):
     detectron2_names: Optional[Tuple[str, str]] = None  # (train, val) of a detection dataset; None: classification
 
 
-EMBEDDED_DATASETS: Dict[str, EmbeddedDataset] = {found.name: found for found in (
-    EmbeddedDataset("shapes", shapes.DATASET_VERSION, shapes.SHAPE_CLASSES, shapes.generate_shapes_dataset,
-                    DATASET_NAMES),
-    EmbeddedDataset("digits-det", digits.DET_VERSION, digits.CLASSES, digits.generate_digits_det_dataset,
-                    DIGITS_DATASET_NAMES),
-    EmbeddedDataset("shapes-cls", classification.DATASET_VERSION, classification.CLASSES,
-                    classification.generate_classification_dataset),
-    EmbeddedDataset("digits-cls", digits.CLS_VERSION, digits.CLASSES, digits.generate_digits_cls_dataset),
-)}
+EMBEDDED_DATASETS: Dict[str, EmbeddedDataset] = {
+    found.name: found
+    for found in (
+        EmbeddedDataset(
+            "shapes", shapes.DATASET_VERSION, shapes.SHAPE_CLASSES, shapes.generate_shapes_dataset, DATASET_NAMES
+        ),
+        EmbeddedDataset(
+            "digits-det", digits.DET_VERSION, digits.CLASSES, digits.generate_digits_det_dataset, DIGITS_DATASET_NAMES
+        ),
+        EmbeddedDataset(
+            "shapes-cls",
+            classification.DATASET_VERSION,
+            classification.CLASSES,
+            classification.generate_classification_dataset,
+        ),
+        EmbeddedDataset("digits-cls", digits.CLS_VERSION, digits.CLASSES, digits.generate_digits_cls_dataset),
+    )
+}
 
 
 def _find(dataset: str, *, detection: Optional[bool], argument: str, accepted_too: str = "") -> EmbeddedDataset:
     """The dataset named ``dataset`` (``embedded:`` prefix optional) among the detection ones (``detection=True``),
     the classification ones (False) or all (None); otherwise a ValueError naming the accepted ones."""
-    name = dataset[len(EMBEDDED_PREFIX):] if dataset.startswith(EMBEDDED_PREFIX) else dataset
-    kind = {key: found for key, found in EMBEDDED_DATASETS.items()
-            if detection is None or (found.detectron2_names is not None) == detection}
+    name = dataset[len(EMBEDDED_PREFIX) :] if dataset.startswith(EMBEDDED_PREFIX) else dataset
+    kind = {
+        key: found
+        for key, found in EMBEDDED_DATASETS.items()
+        if detection is None or (found.detectron2_names is not None) == detection
+    }
     if name not in kind:
         what = {True: "detection ", False: "classification ", None: ""}[detection]
-        raise ValueError(f"{argument}={dataset!r} names no embedded {what}dataset; accepted: "
-                         f"{', '.join(EMBEDDED_PREFIX + key for key in kind)}{accepted_too}")
+        raise ValueError(
+            f"{argument}={dataset!r} names no embedded {what}dataset; accepted: "
+            f"{', '.join(EMBEDDED_PREFIX + key for key in kind)}{accepted_too}"
+        )
     return kind[name]
 
 
@@ -113,8 +136,10 @@ def get_embedded_dataset_dicts(names, *, filter_empty: bool = True, root: Option
     wanted = {names} if isinstance(names, str) else set(names)
     owners = [key for key, found in EMBEDDED_DATASETS.items() if wanted & set(found.detectron2_names or ())]
     if root is not None and len(owners) != 1:
-        raise ValueError(f"root={root} needs the names of one embedded dataset; {sorted(wanted)} belong to "
-                         f"{len(owners)} ({', '.join(owners) or 'none'})")
+        raise ValueError(
+            f"root={root} needs the names of one embedded dataset; {sorted(wanted)} belong to "
+            f"{len(owners)} ({', '.join(owners) or 'none'})"
+        )
     for key in owners:
         register_embedded_datasets(root, dataset=key)
     return get_detection_dataset_dicts(names, filter_empty=filter_empty)

@@ -6,6 +6,7 @@ HxWx3 uint8 BGR; an instance's mask is the HxW bool of its *visible* pixels (lat
 subtracted from earlier ones); COCO layout as :func:`.cache.write_coco_split` writes it. The drawing helpers
 (backgrounds, shapes, colours) are shared by the other embedded datasets. Details: docs/demos.md.
 """
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -15,8 +16,14 @@ import numpy as np
 
 from .cache import DEFAULT_SEED, PathLike, check_counts, expected_manifest, generate_atomically, write_coco_split
 
-__all__ = ["DATASET_VERSION", "SHAPE_CLASSES", "ShapesSpec", "RenderedInstance", "generate_shapes_dataset",
-           "render_image"]
+__all__ = [
+    "DATASET_VERSION",
+    "SHAPE_CLASSES",
+    "ShapesSpec",
+    "RenderedInstance",
+    "generate_shapes_dataset",
+    "render_image",
+]
 
 DATASET_VERSION = "shapes-v1"
 # Category ids are 1-based (COCO style) in this order.
@@ -65,7 +72,7 @@ def background(rng: np.random.Generator, size: int) -> np.ndarray:
     if kind == 0:  # linear gradient between two colours
         c0, c1 = rng.uniform(0, 255, size=(2, 3)).astype(np.float32)
         angle = rng.uniform(0, 2 * np.pi)
-        t = (np.cos(angle) * xx + np.sin(angle) * yy)
+        t = np.cos(angle) * xx + np.sin(angle) * yy
         t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
         img = c0 * (1 - t[..., None]) + c1 * t[..., None]
     elif kind == 1:  # low-frequency colour blotches
@@ -263,9 +270,15 @@ AREA_RATIO = {
 }
 
 
-def generate_shapes_dataset(root: Optional[PathLike] = None, *, seed: int = DEFAULT_SEED, num_train: int = 512,
-                            num_val: int = 64, spec: ShapesSpec = ShapesSpec(),
-                            replace_stale: Optional[bool] = None) -> Path:
+def generate_shapes_dataset(
+    root: Optional[PathLike] = None,
+    *,
+    seed: int = DEFAULT_SEED,
+    num_train: int = 512,
+    num_val: int = 64,
+    spec: ShapesSpec = ShapesSpec(),
+    replace_stale: Optional[bool] = None,
+) -> Path:
     """Make sure ``shapes-v1`` made with these parameters exists at ``root`` (default: its cache folder); return the
     root. ``replace_stale``: as in :func:`.cache.generate_atomically` (default: only in the cache folder)."""
     check_counts(1, num_train=num_train, num_val=num_val)
@@ -276,9 +289,12 @@ def generate_shapes_dataset(root: Optional[PathLike] = None, *, seed: int = DEFA
             yield img, [(inst.category_id, inst.mask, {}) for inst in instances]
 
     def write(tmp: Path) -> dict:
-        counts = {split: write_coco_split(tmp, split, scenes(split, num), classes=SHAPE_CLASSES,
-                                          version=DATASET_VERSION, supercategory="shape")
-                  for split, num in (("train", num_train), ("val", num_val))}
+        counts = {
+            split: write_coco_split(
+                tmp, split, scenes(split, num), classes=SHAPE_CLASSES, version=DATASET_VERSION, supercategory="shape"
+            )
+            for split, num in (("train", num_train), ("val", num_val))
+        }
         return {"num_instances": counts, "image_size": spec.image_size}
 
     expected = expected_manifest(DATASET_VERSION, seed, {"train": num_train, "val": num_val}, spec, SHAPE_CLASSES)

@@ -4,6 +4,7 @@
 :mod:`.yacs` (yacs configs made lazy), :mod:`.train` (one run in every process), :mod:`.hooks` (AP records, best
 and requeue checkpoints, the ETA), :mod:`.checkpoint`, :mod:`.arm_report` (where each site's weights came from).
 """
+
 import warnings
 
 with warnings.catch_warnings():  # fvcore, which detectron2's layers import, scripts a loss with torch.jit (deprecated)

@@ -2,6 +2,7 @@
 stage) in every file and ``model_final.safetensors`` to share, reads weights-only (``.pkl`` with ``trust_pickle``)
 and converts a pretraining checkpoint (:data:`PRETRAIN_FORMAT`) to the model's backbone. Detail: docs/checkpoints.md.
 """
+
 import logging
 import os
 import zipfile
@@ -25,8 +26,7 @@ from ..utils.checkpoint_io import (
 )
 from ..utils.fileio import atomic_torch_save, atomic_write
 
-__all__ = ["RunCheckpointer", "check_checkpoint_file",
-           "pretrain_checkpoint_file", "read_pretrain_meta"]
+__all__ = ["RunCheckpointer", "check_checkpoint_file", "pretrain_checkpoint_file", "read_pretrain_meta"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ def pretrain_checkpoint_file(path: str) -> str:
         if final is None:
             raise FileNotFoundError(
                 f"{path} is a directory without {_FINAL}.pth (or {_FINAL}{SAFETENSORS_SUFFIX}): point "
-                "train.init_checkpoint at a finished tools/pretrain_net.py run directory or at a checkpoint file")
+                "train.init_checkpoint at a finished tools/pretrain_net.py run directory or at a checkpoint file"
+            )
         return final
     return path
 
@@ -59,7 +60,8 @@ def check_checkpoint_file(path: str) -> None:
     if not zipfile.is_zipfile(path):
         raise ValueError(
             f"checkpoint {path} is truncated or not a PyTorch checkpoint ({os.path.getsize(path)} bytes, no zip "
-            "directory): it was probably cut short by a crash; delete it (and fix last_checkpoint) or start afresh")
+            "directory): it was probably cut short by a crash; delete it (and fix last_checkpoint) or start afresh"
+        )
 
 
 def read_pretrain_meta(path: str, *, trust_pickle: bool = False) -> Optional[dict]:
@@ -97,8 +99,11 @@ class RunCheckpointer(DetectionCheckpointer):
         path = os.path.join(self.save_dir, basename)
         if name == _FINAL:  # the weights to share, written before the .pth that marks the run finished
             extra = {k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))}
-            save_safetensors(data["model"], os.path.join(self.save_dir, _FINAL + SAFETENSORS_SUFFIX),
-                             {"format": DETECTION_FORMAT, **self.metadata, **extra})
+            save_safetensors(
+                data["model"],
+                os.path.join(self.save_dir, _FINAL + SAFETENSORS_SUFFIX),
+                {"format": DETECTION_FORMAT, **self.metadata, **extra},
+            )
         self.logger.info(f"Saving checkpoint to {path}")
         atomic_torch_save(data, path)
         if name != "model_best":  # --resume continues from the newest periodic checkpoint
@@ -112,8 +117,9 @@ class RunCheckpointer(DetectionCheckpointer):
         try:
             return torch_load(f, trust_pickle=self.trust_pickle)
         except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as e:
-            raise ValueError(f"checkpoint {f} cannot be read ({type(e).__name__}: {e}); it is truncated or "
-                             "corrupt") from None
+            raise ValueError(
+                f"checkpoint {f} cannot be read ({type(e).__name__}: {e}); it is truncated or corrupt"
+            ) from None
 
     def _load_file(self, filename):
         if filename.endswith(SAFETENSORS_SUFFIX):
@@ -130,8 +136,14 @@ class RunCheckpointer(DetectionCheckpointer):
 
         model = self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
         self.pretrain_meta = {k: v for k, v in loaded.items() if k != "model"}
-        converted = convert_timm_checkpoint(loaded["model"], model, timm_model_name=loaded.get("timm_model"),
-                                            timm_model_kwargs=loaded.get("model_kwargs"))
-        logger.info(f"Converted {filename} (timm {loaded.get('timm_model')}, arm {loaded.get('arm')}, "
-                    f"seed {loaded.get('seed')}) to {len(converted)} detectron2 parameters")
+        converted = convert_timm_checkpoint(
+            loaded["model"],
+            model,
+            timm_model_name=loaded.get("timm_model"),
+            timm_model_kwargs=loaded.get("model_kwargs"),
+        )
+        logger.info(
+            f"Converted {filename} (timm {loaded.get('timm_model')}, arm {loaded.get('arm')}, "
+            f"seed {loaded.get('seed')}) to {len(converted)} detectron2 parameters"
+        )
         return {"model": converted, "__author__": "condinit_det.pretrain", "matching_heuristics": False}

@@ -2,6 +2,7 @@
 as detectron2's ``lazyconfig_train_net.py`` reads it, plus ``condinit`` (the arm) and the optional
 ``condinit_analysis``; a yacs config is made lazy at loading (:mod:`.yacs`). Detail: docs/training.md, docs/configs.md.
 """
+
 from __future__ import annotations
 
 import gc
@@ -25,8 +26,20 @@ from ..utils.errors import UsageError
 from .checkpoint import check_checkpoint_file, pretrain_checkpoint_file, read_pretrain_meta
 from .yacs import build_yacs_model, lazy_from_yacs
 
-__all__ = ["CONDINIT_DEFAULTS", "DEFAULT_SEED", "INFERENCE_DIRNAME", "OPTIONAL_KEYS", "arm_spec", "check_arm_sites",
-           "check_run", "check_shared_checkpoints", "dataset_names", "load_config", "prepare_config", "run_identity"]
+__all__ = [
+    "CONDINIT_DEFAULTS",
+    "DEFAULT_SEED",
+    "INFERENCE_DIRNAME",
+    "OPTIONAL_KEYS",
+    "arm_spec",
+    "check_arm_sites",
+    "check_run",
+    "check_shared_checkpoints",
+    "dataset_names",
+    "load_config",
+    "prepare_config",
+    "run_identity",
+]
 
 logger = logging.getLogger("detectron2")
 
@@ -34,12 +47,29 @@ DEFAULT_SEED = 0
 INFERENCE_DIRNAME = "inference"
 # Keys the stage reads though a config may lack them (their defaults: below and in prepare_config); the arm node's
 # options are judged per arm by its own check.
-OPTIONAL_KEYS = (*(f"condinit.{key}" for key in ARM_NODE_KEYS),
-                 *(f"condinit_analysis.{key}" for key in ANALYSIS_DEFAULTS),
-                 "train.seed", "train.lr_scale", "train.init_checkpoint", "train.trackers", "train.cudnn_benchmark")
-REQUIRED_KEYS = ("model", "optimizer", "lr_multiplier", "dataloader.train", "train.output_dir", "train.max_iter",
-                 "train.eval_period", "train.log_period", "train.checkpointer", "train.amp.enabled", "train.ddp",
-                 "train.device")
+OPTIONAL_KEYS = (
+    *(f"condinit.{key}" for key in ARM_NODE_KEYS),
+    *(f"condinit_analysis.{key}" for key in ANALYSIS_DEFAULTS),
+    "train.seed",
+    "train.lr_scale",
+    "train.init_checkpoint",
+    "train.trackers",
+    "train.cudnn_benchmark",
+)
+REQUIRED_KEYS = (
+    "model",
+    "optimizer",
+    "lr_multiplier",
+    "dataloader.train",
+    "train.output_dir",
+    "train.max_iter",
+    "train.eval_period",
+    "train.log_period",
+    "train.checkpointer",
+    "train.amp.enabled",
+    "train.ddp",
+    "train.device",
+)
 CONDINIT_DEFAULTS = {"arm": "default", "seed": None, "include": None, "exclude": None, "options": {}}
 
 
@@ -52,8 +82,10 @@ def load_config(config_file: str, opts: Sequence[str] = ()):
         cfg = lazy_from_yacs(cfg)
     missing = [key for key in REQUIRED_KEYS if OmegaConf.select(cfg, key, default=None) is None]
     if missing:
-        raise UsageError(f"{config_file}: the config has no {', '.join(missing)}; a detection config defines them as "
-                         "detectron2's lazy configs do (common/train.py holds the train.* keys)")
+        raise UsageError(
+            f"{config_file}: the config has no {', '.join(missing)}; a detection config defines them as "
+            "detectron2's lazy configs do (common/train.py holds the train.* keys)"
+        )
     if cfg.get("condinit") is None:
         with open_dict(cfg):
             cfg.condinit = dict(CONDINIT_DEFAULTS)
@@ -89,8 +121,10 @@ def _check_model_arm(cfg) -> None:
     nodes = armed_nodes(cfg.model)
     if not nodes:
         armed(cfg.model)
-        logger.info("cfg.model is not armed: armed it here so this run builds condinit.arm (wrap the model node "
-                    "with condinit_det.modeling.armed() so every trainer gets the arm)")
+        logger.info(
+            "cfg.model is not armed: armed it here so this run builds condinit.arm (wrap the model node "
+            "with condinit_det.modeling.armed() so every trainer gets the arm)"
+        )
         return
     if len(nodes) > 1:
         raise ValueError(f"the arm is applied in two places ({', '.join(p for p, _ in nodes)}); arm the model once")
@@ -119,8 +153,14 @@ def _set_evaluator_output(cfg, output_dir: str) -> None:
         node.output_dir = os.path.join(output_dir, INFERENCE_DIRNAME)
 
 
-def prepare_config(cfg, *, arm: Optional[str] = None, output_dir: Optional[str] = None,
-                   seed: Optional[int] = None, lr_scale: float = 1.0):
+def prepare_config(
+    cfg,
+    *,
+    arm: Optional[str] = None,
+    output_dir: Optional[str] = None,
+    seed: Optional[int] = None,
+    lr_scale: float = 1.0,
+):
     """Set the run's arm, output directory, seed and learning-rate scale; resolve ``{arm}`` / ``{seed}``
     in the init checkpoint. Returns cfg (modified in place); raises ValueError on a bad arm node."""
     with open_dict(cfg):
@@ -131,8 +171,10 @@ def prepare_config(cfg, *, arm: Optional[str] = None, output_dir: Optional[str] 
         if seed is not None:
             cfg.train.seed = int(seed)
         if cfg.train.get("seed") is None or cfg.train.seed < 0:
-            logger.info(f"train.seed={cfg.train.get('seed')} (random) replaced by {DEFAULT_SEED} so that arms share "
-                        "data order and non-attention weights; use --seeds or train.seed=N for others.")
+            logger.info(
+                f"train.seed={cfg.train.get('seed')} (random) replaced by {DEFAULT_SEED} so that arms share "
+                "data order and non-attention weights; use --seeds or train.seed=N for others."
+            )
             cfg.train.seed = DEFAULT_SEED
         if cfg.condinit.get("seed") is None or seed is not None:
             cfg.condinit.seed = cfg.train.seed
@@ -140,8 +182,7 @@ def prepare_config(cfg, *, arm: Optional[str] = None, output_dir: Optional[str] 
         if lr_scale != 1.0:
             cfg.optimizer.lr = float(cfg.optimizer.lr) * float(lr_scale)
         spec = resolve_arm_node(cfg.condinit)
-        cfg.train.init_checkpoint = _format_checkpoint(cfg.train.get("init_checkpoint", ""), spec.arm,
-                                                       cfg.train.seed)
+        cfg.train.init_checkpoint = _format_checkpoint(cfg.train.get("init_checkpoint", ""), spec.arm, cfg.train.seed)
         _check_model_arm(cfg)
         _set_evaluator_output(cfg, cfg.train.output_dir)
     return cfg
@@ -166,15 +207,18 @@ def _check_datasets(names: List[str]) -> None:
     for name in names:
         if name not in registered:
             shown = ", ".join(sorted(registered)[:12])
-            raise ValueError(f"dataset {name!r} is not registered; register it (DatasetCatalog.register or "
-                             f"register_coco_instances) or use a registered one, e.g. {shown}, ...")
+            raise ValueError(
+                f"dataset {name!r} is not registered; register it (DatasetCatalog.register or "
+                f"register_coco_instances) or use a registered one, e.g. {shown}, ..."
+            )
         meta = MetadataCatalog.get(name)
         for key in ("image_root", "json_file"):
             path = meta.get(key, None)
             if path and not os.path.exists(path):
                 raise ValueError(
                     f"dataset {name!r}: its {key} {path} does not exist; for the COCO configs set "
-                    "DETECTRON2_DATASETS to the folder that holds coco/ (docs/configs.md)")
+                    "DETECTRON2_DATASETS to the folder that holds coco/ (docs/configs.md)"
+                )
 
 
 def _check_writable(output_dir: str) -> None:
@@ -185,8 +229,10 @@ def _check_writable(output_dir: str) -> None:
     try:  # a real write (permission bits alone say nothing for root or read-only mounts)
         os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=existing))
     except OSError as e:
-        raise ValueError(f"cannot write to the output directory {output_dir} ({e.strerror}: {existing}); choose "
-                         "another with train.output_dir=DIR (OUTPUT_DIR DIR for yacs configs)") from None
+        raise ValueError(
+            f"cannot write to the output directory {output_dir} ({e.strerror}: {existing}); choose "
+            "another with train.output_dir=DIR (OUTPUT_DIR DIR for yacs configs)"
+        ) from None
 
 
 def _checkpoint_to_resume(output_dir: str) -> Optional[str]:
@@ -196,13 +242,23 @@ def _checkpoint_to_resume(output_dir: str) -> Optional[str]:
     with open(tag) as f:
         name = f.read().strip()
     if not name:
-        raise ValueError(f"{tag} is empty; it should name the checkpoint to resume from: write that file name "
-                         "into it or delete it to start afresh")
+        raise ValueError(
+            f"{tag} is empty; it should name the checkpoint to resume from: write that file name "
+            "into it or delete it to start afresh"
+        )
     return os.path.join(output_dir, name)
 
 
-def check_run(cfg, *, resume: bool, eval_only: bool, allow_shared_checkpoint: bool = False,
-              trust_pickle: bool = False, upstream: Optional[str] = None, data: bool = True) -> None:
+def check_run(
+    cfg,
+    *,
+    resume: bool,
+    eval_only: bool,
+    allow_shared_checkpoint: bool = False,
+    trust_pickle: bool = False,
+    upstream: Optional[str] = None,
+    data: bool = True,
+) -> None:
     """Refuse, with one clear error, what would fail later or lose data; changes nothing on disk. An init checkpoint
     under ``upstream`` (an earlier stage's experiment) may not exist yet. ``data``: check that the datasets exist."""
     output_dir = cfg.train.output_dir
@@ -217,8 +273,10 @@ def check_run(cfg, *, resume: bool, eval_only: bool, allow_shared_checkpoint: bo
             check_loadable(last, trust_pickle=trust_pickle)
     init = cfg.train.get("init_checkpoint") or ""
     if eval_only and not init and not (resume and _checkpoint_to_resume(output_dir)):
-        raise UsageError("--eval-only needs train.init_checkpoint=PATH (MODEL.WEIGHTS for yacs) or --resume in a "
-                         "run directory with a checkpoint")
+        raise UsageError(
+            "--eval-only needs train.init_checkpoint=PATH (MODEL.WEIGHTS for yacs) or --resume in a "
+            "run directory with a checkpoint"
+        )
     under_upstream = upstream and os.path.abspath(init).startswith(os.path.join(os.path.abspath(upstream), ""))
     if init and under_upstream and not os.path.isfile(init):
         return  # the upstream run has not finished yet: checked when this run starts
@@ -231,7 +289,8 @@ def check_run(cfg, *, resume: bool, eval_only: bool, allow_shared_checkpoint: bo
         if meta and meta.get("arm") not in (None, spec.arm) and not (eval_only or allow_shared_checkpoint):
             raise UsageError(
                 f"train.init_checkpoint {init} was pretrained with arm {meta.get('arm')!r} but this run's arm is "
-                f"{spec.arm!r}; use that arm's checkpoint (e.g. a path with {{arm}}) or pass --allow-shared-checkpoint")
+                f"{spec.arm!r}; use that arm's checkpoint (e.g. a path with {{arm}}) or pass --allow-shared-checkpoint"
+            )
 
 
 def check_shared_checkpoints(runs, *, allow_shared_checkpoint: bool) -> None:
@@ -250,4 +309,5 @@ def check_shared_checkpoints(runs, *, allow_shared_checkpoint: bool) -> None:
                 f"every arm would start from the same checkpoint {next(iter(paths.values()))} (seed {seed}), which "
                 "overwrites the arm at every site it holds: give each arm its own checkpoint with {arm} in "
                 "train.init_checkpoint (e.g. \"train.init_checkpoint='output/pretrain/{arm}/seed{seed}'\") or pass "
-                "--allow-shared-checkpoint")
+                "--allow-shared-checkpoint"
+            )

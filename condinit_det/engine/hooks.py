@@ -1,5 +1,6 @@
 """Training hooks: COCO AP records (and the time the evaluations to come will take), the best and requeue
 checkpoints."""
+
 import logging
 import math
 import os
@@ -30,16 +31,32 @@ def _finite_or_none(value) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def ap_record(results: Mapping[str, Any], *, iteration: int, arm: Optional[str], seed: Optional[int],
-              config: Optional[str], lr_scale: Optional[float] = 1.0, kind: str = "ap") -> Dict[str, Any]:
+def ap_record(
+    results: Mapping[str, Any],
+    *,
+    iteration: int,
+    arm: Optional[str],
+    seed: Optional[int],
+    config: Optional[str],
+    lr_scale: Optional[float] = 1.0,
+    kind: str = "ap",
+) -> Dict[str, Any]:
     """A results-file record of a COCO evaluator's output ``{"bbox": {"AP": ...}, "segm": {...}}`` (percent) after
     ``iteration`` completed iterations. A task not evaluated is ``None``, an undefined metric (NaN) too."""
-    record: Dict[str, Any] = {"kind": kind, "stage": DETECTION.name, "iteration": int(iteration), "arm": arm,
-                              "seed": seed, "lr_scale": lr_scale, "config": config}
+    record: Dict[str, Any] = {
+        "kind": kind,
+        "stage": DETECTION.name,
+        "iteration": int(iteration),
+        "arm": arm,
+        "seed": seed,
+        "lr_scale": lr_scale,
+        "config": config,
+    }
     for task in _TASKS:
         task_results = results.get(task) if isinstance(results, Mapping) else None
-        record[task] = None if not task_results else {
-            m: _finite_or_none(task_results.get(m)) for m in AP_RECORD_METRICS}
+        record[task] = (
+            None if not task_results else {m: _finite_or_none(task_results.get(m)) for m in AP_RECORD_METRICS}
+        )
     return record
 
 
@@ -49,9 +66,16 @@ class APHook(hooks.EvalHook):
     predictions), its matches with ``ground_truth`` (the COCO json) are saved (``per_image``; a failure is logged)
     and the final record names both files."""
 
-    def __init__(self, eval_period: int, eval_function: Callable[[], Optional[Mapping[str, Any]]], *,
-                 results_file: Optional[ResultsFile], metadata: Optional[Mapping[str, Any]] = None,
-                 predictions_file: Optional[str] = None, ground_truth: Optional[str] = None):
+    def __init__(
+        self,
+        eval_period: int,
+        eval_function: Callable[[], Optional[Mapping[str, Any]]],
+        *,
+        results_file: Optional[ResultsFile],
+        metadata: Optional[Mapping[str, Any]] = None,
+        predictions_file: Optional[str] = None,
+        ground_truth: Optional[str] = None,
+    ):
         self._evaluate = eval_function
         self._results_file = results_file
         self._metadata = {**{k: None for k in _METADATA_KEYS}, **(metadata or {})}
@@ -74,8 +98,11 @@ class APHook(hooks.EvalHook):
         done = self.trainer.iter
         if not (self._period > 0 and 0 < done < self.trainer.max_iter and done % self._period == 0):
             return
-        recorded = comm.is_main_process() and self._results_file is not None and any(
-            r["iteration"] == done for r in self._results_file.records("ap"))
+        recorded = (
+            comm.is_main_process()
+            and self._results_file is not None
+            and any(r["iteration"] == done for r in self._results_file.records("ap"))
+        )
         if not comm.all_gather(recorded)[0]:
             # Stored as the uninterrupted run would have: by the last finished iteration.
             storage, self._iteration = self.trainer.storage, done
@@ -109,8 +136,10 @@ class APHook(hooks.EvalHook):
                 if saved:
                     record["per_image"] = os.path.relpath(saved, self._results_file.output_dir)
             self._results_file.add(record)
-            logger.info(f"Iteration {iteration}: box AP {_fmt_ap(record['bbox'])}, mask AP {_fmt_ap(record['segm'])} "
-                        f"(arm {self._metadata['arm']}) recorded in {self._results_file.path}")
+            logger.info(
+                f"Iteration {iteration}: box AP {_fmt_ap(record['bbox'])}, mask AP {_fmt_ap(record['segm'])} "
+                f"(arm {self._metadata['arm']}) recorded in {self._results_file.path}"
+            )
         return results
 
     def _save_matches(self, iteration: int, tasks) -> Optional[str]:
@@ -125,11 +154,15 @@ class APHook(hooks.EvalHook):
             matches = match_predictions(self._ground_truth_data, load_json(self._predictions_file), iou_types=tasks)
             size = save_matches(path, matches)
         except Exception as e:  # the run must not stop for a report aid
-            logger.warning(f"Iteration {iteration}: per-image matches not saved ({type(e).__name__}: {e}); the report "
-                           "falls back to intervals without this evaluation's images.")
+            logger.warning(
+                f"Iteration {iteration}: per-image matches not saved ({type(e).__name__}: {e}); the report "
+                "falls back to intervals without this evaluation's images."
+            )
             return None
-        logger.info(f"Iteration {iteration}: per-image matches ({', '.join(matches)}) saved to {path} "
-                    f"({size / 1024:.0f} KiB, {time.perf_counter() - started:.2f} s)")
+        logger.info(
+            f"Iteration {iteration}: per-image matches ({', '.join(matches)}) saved to {path} "
+            f"({size / 1024:.0f} KiB, {time.perf_counter() - started:.2f} s)"
+        )
         return path
 
 
@@ -147,8 +180,9 @@ class _BestCheckpointer(hooks.BestCheckpointer):
             self._best_checking()
 
 
-def build_best_checkpointer(eval_period: int, checkpointer, *, results_file: Optional[ResultsFile] = None,
-                            val_metric: str = "bbox/AP") -> hooks.BestCheckpointer:
+def build_best_checkpointer(
+    eval_period: int, checkpointer, *, results_file: Optional[ResultsFile] = None, val_metric: str = "bbox/AP"
+) -> hooks.BestCheckpointer:
     """detectron2's ``BestCheckpointer`` keeping ``model_best.pth`` by ``val_metric`` (NaN is never "best"), with the
     best so far of a resumed run restored from its results file. Register it after the :class:`APHook`."""
     best = _BestCheckpointer(eval_period, checkpointer, val_metric, mode="max")

@@ -1,4 +1,5 @@
 """The detection stage: detectron2 detectors (Mask R-CNN, DETR-style) trained with an arm, box / mask AP recorded."""
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
@@ -29,16 +30,28 @@ class DetectionStage(Stage):
     ``train.max_iter`` iterations; each evaluation adds an ``"ap"`` record."""
 
     descriptor = DETECTION
-    run_keys = ("condinit.arm", "condinit.seed", "train.seed", "train.output_dir", "train.trackers",
-                "yacs.MODEL.CONDINIT", "yacs.SEED", "yacs.OUTPUT_DIR", "yacs.TRACKERS")
+    run_keys = (
+        "condinit.arm",
+        "condinit.seed",
+        "train.seed",
+        "train.output_dir",
+        "train.trackers",
+        "yacs.MODEL.CONDINIT",
+        "yacs.SEED",
+        "yacs.OUTPUT_DIR",
+        "yacs.TRACKERS",
+    )
     optional_keys = OPTIONAL_KEYS
 
     def load_config(self, config_file: str, opts: Sequence[str]):
         return load_config(config_file, list(opts or []))
 
     def defaults(self, cfg) -> ConfigDefaults:
-        return ConfigDefaults(output_dir=cfg.train.output_dir, arm=arm_spec(cfg).arm,
-                              seed=max(int(cfg.train.get("seed", -1)), DEFAULT_SEED))
+        return ConfigDefaults(
+            output_dir=cfg.train.output_dir,
+            arm=arm_spec(cfg).arm,
+            seed=max(int(cfg.train.get("seed", -1)), DEFAULT_SEED),
+        )
 
     def configure_run(self, cfg, spec: RunSpec, run_dir: str, *, init_from: Optional[str] = None):
         if init_from is not None:
@@ -59,20 +72,28 @@ class DetectionStage(Stage):
     def dataset(self, cfg) -> Optional[str]:
         return next(iter(dataset_names(cfg)), None)
 
-    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]],
-              *, upstream: Optional[str] = None) -> None:
+    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *, upstream: Optional[str] = None) -> None:
         if options.eval_only and len(runs) > 1:
-            raise UsageError("--eval-only evaluates one checkpoint; it cannot be combined with several arms, --seeds "
-                             "or --lr-scale")
+            raise UsageError(
+                "--eval-only evaluates one checkpoint; it cannot be combined with several arms, --seeds or --lr-scale"
+            )
         device = self.device(runs[0][1])
         if device.startswith("cuda") and not (options.submitted or options.dry_run) and not torch.cuda.is_available():
-            raise UsageError(f"train.device={device!r} (MODEL.DEVICE for yacs configs) but no CUDA device is "
-                             "available; pass train.device=cpu (MODEL.DEVICE cpu)")
+            raise UsageError(
+                f"train.device={device!r} (MODEL.DEVICE for yacs configs) but no CUDA device is "
+                "available; pass train.device=cpu (MODEL.DEVICE cpu)"
+            )
         check_arm_sites(runs[0][1])  # the runs differ in arm, seed and lr only: the same sites
         for _, cfg in runs:
-            check_run(cfg, resume=options.resume, eval_only=options.eval_only, trust_pickle=options.trust_pickle,
-                      allow_shared_checkpoint=options.allow_shared_checkpoint, upstream=upstream,
-                      data=not options.dry_run)
+            check_run(
+                cfg,
+                resume=options.resume,
+                eval_only=options.eval_only,
+                trust_pickle=options.trust_pickle,
+                allow_shared_checkpoint=options.allow_shared_checkpoint,
+                upstream=upstream,
+                data=not options.dry_run,
+            )
         check_shared_checkpoints(runs, allow_shared_checkpoint=options.allow_shared_checkpoint)
 
     def loader_workers(self, cfg) -> Optional[int]:

@@ -3,6 +3,7 @@
 :func:`run` trains (:func:`do_train`: ``SimpleTrainer`` / ``AMPTrainer`` with the project's hooks) or, with
 ``--eval-only``, evaluates one checkpoint (:func:`do_eval_only`). Operational detail: docs/training.md.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,16 @@ from .checkpoint import RunCheckpointer, pretrain_checkpoint_file
 from .config import arm_spec, dataset_names, run_identity
 from .hooks import APHook, PreemptionHook, ap_record, build_best_checkpointer
 
-__all__ = ["PREDICTIONS_FIGURE", "build_model", "do_eval_only", "do_test", "do_train", "final_recorded", "run",
-           "save_predictions_figure"]
+__all__ = [
+    "PREDICTIONS_FIGURE",
+    "build_model",
+    "do_eval_only",
+    "do_test",
+    "do_train",
+    "final_recorded",
+    "run",
+    "save_predictions_figure",
+]
 
 logger = logging.getLogger("detectron2")
 
@@ -63,8 +72,10 @@ def _setup(cfg, options: RunOptions) -> dict:
     torch.backends.cudnn.benchmark = bool(cfg.train.get("cudnn_benchmark", False)) and not options.eval_only
     environment = environment_record(0, device=str(cfg.train.device))
     shown = ", ".join(f"{key} {value}" for key, value in environment.items() if key not in ("kind", "iteration"))
-    logger.info(f"Process {rank} of {comm.get_world_size()}, config {options.config_file or '-'} (as run: "
-                f"{os.path.join(output_dir, 'config.yaml')}); environment: {shown}")
+    logger.info(
+        f"Process {rank} of {comm.get_world_size()}, config {options.config_file or '-'} (as run: "
+        f"{os.path.join(output_dir, 'config.yaml')}); environment: {shown}"
+    )
     return environment
 
 
@@ -94,8 +105,12 @@ def do_test(cfg, model):
 
 
 def _metadata(cfg, config_file):
-    return {"arm": arm_spec(cfg).arm, "seed": int(cfg.train.seed), "lr_scale": float(cfg.train.get("lr_scale", 1.0)),
-            "config": config_file or None}
+    return {
+        "arm": arm_spec(cfg).arm,
+        "seed": int(cfg.train.seed),
+        "lr_scale": float(cfg.train.get("lr_scale", 1.0)),
+        "config": config_file or None,
+    }
 
 
 def final_recorded(run_dir: str, max_iter: int) -> bool:
@@ -166,15 +181,30 @@ def do_train(options: RunOptions, cfg, environment: dict):
 
     ddp_model = _create_ddp(model, cfg)
     trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, train_loader, optim)
-    checkpointer = RunCheckpointer(ddp_model, output_dir, optimizer=optim, trainer=trainer,
-                                   trust_pickle=options.trust_pickle, metadata={**metadata, "stage": DETECTION.name})
+    checkpointer = RunCheckpointer(
+        ddp_model,
+        output_dir,
+        optimizer=optim,
+        trainer=trainer,
+        trust_pickle=options.trust_pickle,
+        metadata={**metadata, "stage": DETECTION.name},
+    )
     eval_period = int(cfg.train.eval_period)
     predictions, ground_truth = _prediction_files(cfg)
-    ap_hook = APHook(eval_period, functools.partial(do_test, cfg, ddp_model), results_file=results_file,
-                     metadata=metadata, predictions_file=predictions, ground_truth=ground_truth)
+    ap_hook = APHook(
+        eval_period,
+        functools.partial(do_test, cfg, ddp_model),
+        results_file=results_file,
+        metadata=metadata,
+        predictions_file=predictions,
+        ground_truth=ground_truth,
+    )
     # detectron2's default writers, with an ETA that counts the evaluations still to come
-    writers = [ETAPrinter(max_iter, ap_hook.seconds_left), JSONWriter(os.path.join(output_dir, METRICS_FILENAME)),
-               TensorboardXWriter(output_dir)]
+    writers = [
+        ETAPrinter(max_iter, ap_hook.seconds_left),
+        JSONWriter(os.path.join(output_dir, METRICS_FILENAME)),
+        TensorboardXWriter(output_dir),
+    ]
     trainer.register_hooks(
         [
             hooks.IterationTimer(),
@@ -185,10 +215,20 @@ def do_train(options: RunOptions, cfg, environment: dict):
             PreemptionHook(checkpointer, output_dir),
             _build_analysis_hook(cfg, options.config_file),
             # + W&B / MLflow (main process; the storage counts from iteration 0)
-            hooks.PeriodicWriter(writers + tracker_writers(
-                cfg, output_dir, stage=DETECTION.name, params={**metadata, "identity": identity}, step_offset=1,
-                max_step=max_iter), period=cfg.train.log_period)
-            if main_process else None,
+            hooks.PeriodicWriter(
+                writers
+                + tracker_writers(
+                    cfg,
+                    output_dir,
+                    stage=DETECTION.name,
+                    params={**metadata, "identity": identity},
+                    step_offset=1,
+                    max_step=max_iter,
+                ),
+                period=cfg.train.log_period,
+            )
+            if main_process
+            else None,
         ]
     )
 
@@ -202,10 +242,12 @@ def do_train(options: RunOptions, cfg, environment: dict):
         pretrain_arm = (checkpointer.pretrain_meta or {}).get("arm")
         provenance = weights_from(report, overwritten, init, pretrain_arm)
         if overwritten:
-            logger.warning(f"train.init_checkpoint={init} holds the attention weights of {len(overwritten)} of "
-                           f"{len(report.sites)} site(s): they come from the checkpoint"
-                           + (f" (pretrained with arm '{pretrain_arm}')" if pretrain_arm else
-                              f", not from the '{report.arm}' arm") + ".")
+            logger.warning(
+                f"train.init_checkpoint={init} holds the attention weights of {len(overwritten)} of "
+                f"{len(report.sites)} site(s): they come from the checkpoint"
+                + (f" (pretrained with arm '{pretrain_arm}')" if pretrain_arm else f", not from the '{report.arm}' arm")
+                + "."
+            )
         del snapshot
     log_arm_report(report, provenance)
     if main_process and not will_resume:
@@ -246,8 +288,11 @@ def do_eval_only(options: RunOptions, cfg):
     model.to(cfg.train.device)
     model = _create_ddp(model, cfg)
     checkpointer = RunCheckpointer(model, cfg.train.output_dir, trust_pickle=options.trust_pickle)
-    path = checkpointer.get_checkpoint_file() if options.resume and checkpointer.has_checkpoint() \
+    path = (
+        checkpointer.get_checkpoint_file()
+        if options.resume and checkpointer.has_checkpoint()
         else cfg.train.init_checkpoint
+    )
     extra = checkpointer.load(path)
     results = do_test(cfg, model)
     if comm.is_main_process() and results:
@@ -259,8 +304,9 @@ def do_eval_only(options: RunOptions, cfg):
             logger.info(f"{path} does not name its arm: recorded under the config's arm '{metadata['arm']}'")
         iteration = extra.get("iteration")
         record = ap_record(results, iteration=0 if iteration is None else int(iteration) + 1, kind="eval", **metadata)
-        record.update(stage=PRETRAIN.name if checkpointer.pretrain_meta else extra.get("stage", DETECTION.name),
-                      checkpoint=path)
+        record.update(
+            stage=PRETRAIN.name if checkpointer.pretrain_meta else extra.get("stage", DETECTION.name), checkpoint=path
+        )
         ResultsFile(cfg.train.output_dir).add(record)
     return results
 
@@ -270,6 +316,7 @@ def run(options: RunOptions, cfg) -> dict:
     the run calls it). Returns the last evaluation's results."""
     environment = _setup(cfg, options)
     results = do_eval_only(options, cfg) if options.eval_only else do_train(options, cfg, environment)
-    logger.info(f"Run ended at {time.strftime('%Y-%m-%d %H:%M:%S')}; results in "
-                f"{ResultsFile(cfg.train.output_dir).path}")
+    logger.info(
+        f"Run ended at {time.strftime('%Y-%m-%d %H:%M:%S')}; results in {ResultsFile(cfg.train.output_dir).path}"
+    )
     return results

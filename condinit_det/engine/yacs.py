@@ -1,6 +1,7 @@
 """yacs (``.yaml``) configs as the lazy config the detection stage trains (:func:`lazy_from_yacs`): it keeps the
 yacs values in its ``yacs`` node and builds with detectron2's yacs builders; the backbone builders apply the arm,
 which ``MODEL.CONDINIT`` takes from the lazy ``condinit`` node. Detail: docs/configs.md."""
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -36,9 +37,11 @@ def build_yacs_model(cfg: CfgNode, condinit: Mapping) -> torch.nn.Module:
     model = build_model(cfg)
     report = getattr(model.backbone, "condinit_report", None)
     if report is None and node.ENABLED and node.ARM != "default":
-        raise ValueError(f"MODEL.CONDINIT.ARM={node.ARM} but MODEL.BACKBONE.NAME={cfg.MODEL.BACKBONE.NAME} applies "
-                         "no arm; use build_condinit_vit_backbone, build_condinit_swin_fpn_backbone or "
-                         "build_condinit_xcit_backbone")
+        raise ValueError(
+            f"MODEL.CONDINIT.ARM={node.ARM} but MODEL.BACKBONE.NAME={cfg.MODEL.BACKBONE.NAME} applies "
+            "no arm; use build_condinit_vit_backbone, build_condinit_swin_fpn_backbone or "
+            "build_condinit_xcit_backbone"
+        )
     model.condinit_report = report or InitReport(arm=node.ARM, seed=node.SEED, options={}, sites=[])
     return model
 
@@ -64,8 +67,13 @@ def _condinit(node: CfgNode) -> dict:
         per_arm.ARM = arm
         if condinit_options(per_arm):
             options[arm] = condinit_options(per_arm)
-    return {"arm": node.ARM, "seed": node.SEED, "include": list(node.INCLUDE) or None,
-            "exclude": list(node.EXCLUDE) or None, "options": options}
+    return {
+        "arm": node.ARM,
+        "seed": node.SEED,
+        "include": list(node.INCLUDE) or None,
+        "exclude": list(node.EXCLUDE) or None,
+        "options": options,
+    }
 
 
 def _register_embedded(names) -> None:
@@ -82,28 +90,41 @@ def lazy_from_yacs(cfg: CfgNode) -> DictConfig:
     _register_embedded(cfg.DATASETS.TRAIN + cfg.DATASETS.TEST)
     solver, test_set = cfg.SOLVER, cfg.DATASETS.TEST[0]
     built = LazyCall(yacs_config)(yacs="${yacs}")
-    lazy = OmegaConf.create({"yacs": yaml.safe_load(cfg.dump()), "condinit": _condinit(cfg.MODEL.CONDINIT)},
-                            flags={"allow_objects": True})
+    lazy = OmegaConf.create(
+        {"yacs": yaml.safe_load(cfg.dump()), "condinit": _condinit(cfg.MODEL.CONDINIT)}, flags={"allow_objects": True}
+    )
     lazy.model = LazyCall(build_yacs_model)(cfg=built, condinit="${condinit}")
     lazy.optimizer = LazyCall(build_yacs_optimizer)(cfg=built, params={"model": None}, lr=solver.BASE_LR)
     lazy.lr_multiplier = LazyCall(yacs_lr_multiplier)(cfg=built, lr="${optimizer.lr}")
     keypoints = cfg.MODEL.ROI_KEYPOINT_HEAD.MIN_KEYPOINTS_PER_IMAGE if cfg.MODEL.KEYPOINT_ON else 0
     dataset = LazyCall(get_detection_dataset_dicts)(  # as build_detection_train_loader(cfg) reads it
-        names=list(cfg.DATASETS.TRAIN), filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS, min_keypoints=keypoints,
-        proposal_files=list(cfg.DATASETS.PROPOSAL_FILES_TRAIN) if cfg.MODEL.LOAD_PROPOSALS else None)
+        names=list(cfg.DATASETS.TRAIN),
+        filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
+        min_keypoints=keypoints,
+        proposal_files=list(cfg.DATASETS.PROPOSAL_FILES_TRAIN) if cfg.MODEL.LOAD_PROPOSALS else None,
+    )
     lazy.dataloader = {
-        "train": LazyCall(build_detection_train_loader)(cfg=built, dataset=dataset,
-                                                        num_workers=cfg.DATALOADER.NUM_WORKERS),
-        "test": LazyCall(build_detection_test_loader)(cfg=built, dataset_name=test_set,
-                                                      num_workers=cfg.DATALOADER.NUM_WORKERS),
-        "evaluator": LazyCall(FastCOCOEvaluator)(dataset_name=test_set, output_dir=None,
-                                                 tasks=["bbox", "segm"] if cfg.MODEL.MASK_ON else ["bbox"]),
+        "train": LazyCall(build_detection_train_loader)(
+            cfg=built, dataset=dataset, num_workers=cfg.DATALOADER.NUM_WORKERS
+        ),
+        "test": LazyCall(build_detection_test_loader)(
+            cfg=built, dataset_name=test_set, num_workers=cfg.DATALOADER.NUM_WORKERS
+        ),
+        "evaluator": LazyCall(FastCOCOEvaluator)(
+            dataset_name=test_set, output_dir=None, tasks=["bbox", "segm"] if cfg.MODEL.MASK_ON else ["bbox"]
+        ),
     }
     lazy.train = {
-        "output_dir": cfg.OUTPUT_DIR, "init_checkpoint": cfg.MODEL.WEIGHTS, "max_iter": solver.MAX_ITER,
-        "amp": {"enabled": solver.AMP.ENABLED}, "ddp": {"broadcast_buffers": False},
+        "output_dir": cfg.OUTPUT_DIR,
+        "init_checkpoint": cfg.MODEL.WEIGHTS,
+        "max_iter": solver.MAX_ITER,
+        "amp": {"enabled": solver.AMP.ENABLED},
+        "ddp": {"broadcast_buffers": False},
         "checkpointer": {"period": solver.CHECKPOINT_PERIOD, "max_to_keep": None},
-        "eval_period": cfg.TEST.EVAL_PERIOD, "log_period": 20, "device": cfg.MODEL.DEVICE, "seed": cfg.SEED,
+        "eval_period": cfg.TEST.EVAL_PERIOD,
+        "log_period": 20,
+        "device": cfg.MODEL.DEVICE,
+        "seed": cfg.SEED,
         "cudnn_benchmark": cfg.CUDNN_BENCHMARK,
         "trackers": {name.lower(): {k.lower(): v for k, v in node.items()} for name, node in cfg.TRACKERS.items()},
     }

@@ -10,6 +10,7 @@ in the resample; equal scores keep COCO's order, so it equals re-evaluating the 
 100 detections per image. A run saves the matches of every evaluation (:func:`save_matches`, named by
 :mod:`condinit_det.records.per_image`), so the report resamples any evaluation without the predictions.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -121,8 +122,10 @@ def image_ids_digest(dataset: Mapping) -> str:
 def _unknown_layout() -> RuntimeError:
     from faster_coco_eval import __version__
 
-    return RuntimeError(f"faster-coco-eval {__version__}'s per-image results have an unknown layout; install "
-                        "the faster-coco-eval version range that condinit-det declares (setup.py)")
+    return RuntimeError(
+        f"faster-coco-eval {__version__}'s per-image results have an unknown layout; install "
+        "the faster-coco-eval version range that condinit-det declares (setup.py)"
+    )
 
 
 def _per_image(ev, num_t: int):
@@ -142,8 +145,13 @@ def _per_image(ev, num_t: int):
             raise _unknown_layout()
         if d == 0 and len(gt_ig) == 0:
             continue
-        yield (n, scores, np.asarray(dt_m, dtype=np.int64).reshape(num_t, d) > 0,
-               np.asarray(dt_ig, dtype=bool).reshape(num_t, d), np.asarray(gt_ig, dtype=bool))
+        yield (
+            n,
+            scores,
+            np.asarray(dt_m, dtype=np.int64).reshape(num_t, d) > 0,
+            np.asarray(dt_ig, dtype=bool).reshape(num_t, d),
+            np.asarray(gt_ig, dtype=bool),
+        )
 
 
 def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], iou_type: str) -> CocoMatches:
@@ -192,12 +200,24 @@ def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], io
     tied[:-1] |= same
     starts = tied & ~np.concatenate([[False], same])
     group = np.where(tied, np.cumsum(starts) - 1, -1)
-    return CocoMatches(iou_type, np.asarray(p.iouThrs, dtype=np.float64), np.asarray(p.recThrs, dtype=np.float64),
-                       gt_count, cat, img, score, tp, fp, group, image_ids_digest(dataset))
+    return CocoMatches(
+        iou_type,
+        np.asarray(p.iouThrs, dtype=np.float64),
+        np.asarray(p.recThrs, dtype=np.float64),
+        gt_count,
+        cat,
+        img,
+        score,
+        tp,
+        fp,
+        group,
+        image_ids_digest(dataset),
+    )
 
 
-def match_predictions(ground_truth: Union[str, dict], predictions: Sequence[dict],
-                      iou_types: Sequence[str] = IOU_TYPES) -> Dict[str, CocoMatches]:
+def match_predictions(
+    ground_truth: Union[str, dict], predictions: Sequence[dict], iou_types: Sequence[str] = IOU_TYPES
+) -> Dict[str, CocoMatches]:
     """:func:`match_images` for several iou types; a mask type is skipped when no prediction has a mask."""
     dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
     has_masks = all("segmentation" in p for p in predictions)
@@ -229,16 +249,25 @@ def save_matches(path: str, matches: Mapping[str, CocoMatches]) -> int:
     arrays = {"format": np.int64(MATCHES_FORMAT), "iou_types": np.asarray(sorted(matches), dtype=np.str_)}
     for t, m in matches.items():
         if t not in IOU_TYPES or m.iou_type != t:
-            raise ValueError(f"matches must map an iou type of {IOU_TYPES} to its CocoMatches; got {t!r} -> "
-                             f"{getattr(m, 'iou_type', type(m).__name__)!r}")
+            raise ValueError(
+                f"matches must map an iou type of {IOU_TYPES} to its CocoMatches; got {t!r} -> "
+                f"{getattr(m, 'iou_type', type(m).__name__)!r}"
+            )
         num_k = m.gt_count.shape[0]
-        arrays.update({
-            f"{t}.iou_thresholds": m.iou_thresholds, f"{t}.recall_thresholds": m.recall_thresholds,
-            f"{t}.gt_count": _smallest_uint(m.gt_count), f"{t}.per_category": np.bincount(m.category, minlength=num_k),
-            f"{t}.image": _smallest_uint(m.image), f"{t}.score": m.score.astype(np.float32),
-            f"{t}.tp": np.packbits(m.tp, axis=None), f"{t}.fp": np.packbits(m.fp, axis=None),
-            f"{t}.group": m.group.astype(np.int32), f"{t}.images_sha1": np.str_(m.images_sha1),
-        })
+        arrays.update(
+            {
+                f"{t}.iou_thresholds": m.iou_thresholds,
+                f"{t}.recall_thresholds": m.recall_thresholds,
+                f"{t}.gt_count": _smallest_uint(m.gt_count),
+                f"{t}.per_category": np.bincount(m.category, minlength=num_k),
+                f"{t}.image": _smallest_uint(m.image),
+                f"{t}.score": m.score.astype(np.float32),
+                f"{t}.tp": np.packbits(m.tp, axis=None),
+                f"{t}.fp": np.packbits(m.fp, axis=None),
+                f"{t}.group": m.group.astype(np.int32),
+                f"{t}.images_sha1": np.str_(m.images_sha1),
+            }
+        )
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     data = buf.getvalue()
@@ -256,13 +285,23 @@ def load_matches(path: str) -> Dict[str, CocoMatches]:
             for t in (str(v) for v in f["iou_types"]):
                 per_category = f[f"{t}.per_category"].astype(np.int64)
                 num_d, num_t = int(per_category.sum()), len(f[f"{t}.iou_thresholds"])
-                bits = {k: np.unpackbits(f[f"{t}.{k}"], count=num_t * num_d).reshape(num_t, num_d).astype(bool)
-                        for k in ("tp", "fp")}
+                bits = {
+                    k: np.unpackbits(f[f"{t}.{k}"], count=num_t * num_d).reshape(num_t, num_d).astype(bool)
+                    for k in ("tp", "fp")
+                }
                 out[t] = CocoMatches(
-                    t, f[f"{t}.iou_thresholds"].astype(np.float64), f[f"{t}.recall_thresholds"].astype(np.float64),
-                    f[f"{t}.gt_count"].astype(np.int64), np.repeat(np.arange(per_category.size), per_category),
-                    f[f"{t}.image"].astype(np.int64), f[f"{t}.score"].astype(np.float64), bits["tp"], bits["fp"],
-                    f[f"{t}.group"].astype(np.int64), str(f[f"{t}.images_sha1"]))
+                    t,
+                    f[f"{t}.iou_thresholds"].astype(np.float64),
+                    f[f"{t}.recall_thresholds"].astype(np.float64),
+                    f[f"{t}.gt_count"].astype(np.int64),
+                    np.repeat(np.arange(per_category.size), per_category),
+                    f[f"{t}.image"].astype(np.int64),
+                    f[f"{t}.score"].astype(np.float64),
+                    bits["tp"],
+                    bits["fp"],
+                    f[f"{t}.group"].astype(np.int64),
+                    str(f[f"{t}.images_sha1"]),
+                )
             return out
     except (OSError, KeyError, ValueError, EOFError) as e:
         raise ValueError(f"{path} is not a file of saved COCO matches ({e})") from None
@@ -421,19 +460,24 @@ def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarra
     m = matches
     draws = np.asarray(draws, dtype=np.int64)
     if draws.ndim != 2 or (draws.size and (draws.min() < 0 or draws.max() >= m.num_images)):
-        raise ValueError(f"draws must be a [resamples, n] array of image positions in [0, {m.num_images}); "
-                         f"got shape {draws.shape}")
+        raise ValueError(
+            f"draws must be a [resamples, n] array of image positions in [0, {m.num_images}); got shape {draws.shape}"
+        )
     num_b, num_k = draws.shape[0], m.gt_count.shape[0]
     nt, nr = len(m.iou_thresholds), len(m.recall_thresholds)
-    counts = np.bincount((draws + m.num_images * np.arange(num_b)[:, None]).ravel(),
-                         minlength=num_b * m.num_images).reshape(num_b, m.num_images).astype(np.int32)
+    counts = (
+        np.bincount((draws + m.num_images * np.arange(num_b)[:, None]).ravel(), minlength=num_b * m.num_images)
+        .reshape(num_b, m.num_images)
+        .astype(np.int32)
+    )
     npig = counts @ m.gt_count.T  # [B, K]
     bounds = np.searchsorted(m.category, np.arange(num_k + 1))
     ties = _Ties(m) if (m.group >= 0).any() else None
     categories = [_Category(m, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
     # work arrays per category: [Rc, detections] and [Rc, T, ~2 x its tied detections]
-    widest = max((int(hi - lo + 2 * nt * (m.group[lo:hi] >= 0).sum()) for lo, hi in zip(bounds[:-1], bounds[1:])),
-                 default=1)
+    widest = max(
+        (int(hi - lo + 2 * nt * (m.group[lo:hi] >= 0).sum()) for lo, hi in zip(bounds[:-1], bounds[1:])), default=1
+    )
     chunk = max(1, _CHUNK_ELEMENTS // max(widest, 1))
     sums = np.zeros((num_b, nt, num_k))
     for r0 in range(0, num_b, chunk):
@@ -467,8 +511,9 @@ def image_counts(draws: np.ndarray, num_images: int) -> np.ndarray:
     """[..., B, N] how often each image position is drawn in each resample of ``draws`` [..., B, n]."""
     draws = np.asarray(draws, dtype=np.int64)
     if draws.size and (draws.min() < 0 or draws.max() >= num_images):
-        raise ValueError(f"draws must hold image positions in [0, {num_images}); got values in "
-                         f"[{draws.min()}, {draws.max()}]")
+        raise ValueError(
+            f"draws must hold image positions in [0, {num_images}); got values in [{draws.min()}, {draws.max()}]"
+        )
     rows = draws.reshape(-1, draws.shape[-1]) if draws.ndim else draws.reshape(1, 1)
     offsets = np.arange(rows.shape[0], dtype=np.int64)[:, None] * num_images
     counts = np.bincount((rows + offsets).ravel(), minlength=rows.shape[0] * num_images)

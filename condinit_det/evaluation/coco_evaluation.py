@@ -63,13 +63,29 @@ class FastCOCOEvaluator(COCOEvaluator):
         allow_cached_coco (bool): reuse a cached COCO-format json of a non-COCO dataset.
     """
 
-    def __init__(self, dataset_name, tasks=None, distributed=True, output_dir=None, *, max_dets_per_image=None,
-                 kpt_oks_sigmas=(), allow_cached_coco=True):
+    def __init__(
+        self,
+        dataset_name,
+        tasks=None,
+        distributed=True,
+        output_dir=None,
+        *,
+        max_dets_per_image=None,
+        kpt_oks_sigmas=(),
+        allow_cached_coco=True,
+    ):
         if tasks is not None and (isinstance(tasks, str) or set(tasks) - {"bbox", "segm", "keypoints"}):
             raise ValueError(f"tasks must be None or a tuple drawn from ('bbox', 'segm', 'keypoints'), got {tasks!r}")
-        super().__init__(dataset_name, tasks=tasks, distributed=distributed, output_dir=output_dir,
-                         max_dets_per_image=max_dets_per_image, use_fast_impl=False, kpt_oks_sigmas=kpt_oks_sigmas,
-                         allow_cached_coco=allow_cached_coco)
+        super().__init__(
+            dataset_name,
+            tasks=tasks,
+            distributed=distributed,
+            output_dir=output_dir,
+            max_dets_per_image=max_dets_per_image,
+            use_fast_impl=False,
+            kpt_oks_sigmas=kpt_oks_sigmas,
+            allow_cached_coco=allow_cached_coco,
+        )
         # Re-index the annotations pycocotools already parsed (no second json load); self._coco_api stays the
         # pycocotools index for detectron2's keypoint and proposal paths.
         self._fast_coco_api = FastCOCO(self._coco_api.dataset, print_function=logger.debug)
@@ -95,13 +111,25 @@ class FastCOCOEvaluator(COCOEvaluator):
                 coco_eval = None  # the COCO API does not handle empty results
             elif task == "keypoints":
                 coco_eval = _evaluate_predictions_on_coco(
-                    self._coco_api, coco_results, task, kpt_oks_sigmas=self._kpt_oks_sigmas, cocoeval_fn=COCOeval,
-                    img_ids=img_ids, max_dets_per_image=self._max_dets_per_image)
+                    self._coco_api,
+                    coco_results,
+                    task,
+                    kpt_oks_sigmas=self._kpt_oks_sigmas,
+                    cocoeval_fn=COCOeval,
+                    img_ids=img_ids,
+                    max_dets_per_image=self._max_dets_per_image,
+                )
             else:
-                coco_eval = _evaluate_fast(self._fast_coco_api, coco_results, task,
-                                           max_dets_per_image=self._max_dets_per_image, img_ids=img_ids)
-            self._results[task] = self._derive_coco_results(coco_eval, task,
-                                                            class_names=self._metadata.get("thing_classes"))
+                coco_eval = _evaluate_fast(
+                    self._fast_coco_api,
+                    coco_results,
+                    task,
+                    max_dets_per_image=self._max_dets_per_image,
+                    img_ids=img_ids,
+                )
+            self._results[task] = self._derive_coco_results(
+                coco_eval, task, class_names=self._metadata.get("thing_classes")
+            )
 
     def _unmap_category_ids(self, coco_results):
         """Contiguous class index -> dataset category id, in place (as COCOEvaluator does)."""
@@ -110,12 +138,15 @@ class FastCOCOEvaluator(COCOEvaluator):
         reverse = {v: k for k, v in self._metadata.thing_dataset_id_to_contiguous_id.items()}
         num_classes = len(reverse)
         if sorted(reverse) != list(range(num_classes)):
-            raise ValueError(f"thing_dataset_id_to_contiguous_id must map onto 0..num_classes-1, got values "
-                             f"{sorted(reverse)}")
+            raise ValueError(
+                f"thing_dataset_id_to_contiguous_id must map onto 0..num_classes-1, got values {sorted(reverse)}"
+            )
         for result in coco_results:
             if not 0 <= result["category_id"] < num_classes:
-                raise ValueError(f"A prediction has class={result['category_id']}, but the dataset only has "
-                                 f"{num_classes} classes and predicted class ids must be in [0, {num_classes - 1}].")
+                raise ValueError(
+                    f"A prediction has class={result['category_id']}, but the dataset only has "
+                    f"{num_classes} classes and predicted class ids must be in [0, {num_classes - 1}]."
+                )
             result["category_id"] = reverse[result["category_id"]]
 
 
@@ -132,8 +163,9 @@ def to_fast_evaluator(evaluator_cfg):
     if isinstance(target, str):
         target = locate(target)
     if not (isinstance(target, type) and issubclass(target, COCOEvaluator)):
-        raise ValueError(f"to_fast_evaluator expects a LazyCall config node of COCOEvaluator (or a subclass), got "
-                         f"{evaluator_cfg!r}")
+        raise ValueError(
+            f"to_fast_evaluator expects a LazyCall config node of COCOEvaluator (or a subclass), got {evaluator_cfg!r}"
+        )
     node = copy.deepcopy(evaluator_cfg)
     node["_target_"] = FastCOCOEvaluator
     node.pop("use_fast_impl", None)

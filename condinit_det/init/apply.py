@@ -10,6 +10,7 @@ on one thread (torch's and the BLAS libraries' thread counts are set to one mean
 after): MKL's and OpenBLAS's factorizations round by their thread count, so a seed gives the same
 weights on any machine.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,6 +30,7 @@ from .options import NORMS, VALUE_MODES, resolve_options
 from .sites import AttentionSite, find_attention, select_sites, supported_layouts
 
 __all__ = ["InitReport", "SiteReport", "apply_init", "conditioned_head_norms", "site_generator"]
+
 
 @dataclass
 class SiteReport:
@@ -63,8 +65,10 @@ class InitReport:
 
     def summary(self) -> str:
         kinds = sorted({s.kind for s in self.sites})
-        return (f"arm={self.arm} seed={self.seed}: {len(self.sites)} attention sites ({', '.join(kinds) or 'none'}), "
-                f"{len(self.changed_parameters())} parameters changed")
+        return (
+            f"arm={self.arm} seed={self.seed}: {len(self.sites)} attention sites ({', '.join(kinds) or 'none'}), "
+            f"{len(self.changed_parameters())} parameters changed"
+        )
 
     def save(self, path: str) -> None:
         """Write the report as JSON atomically (a temp file in the same folder, then rename)."""
@@ -74,12 +78,19 @@ class InitReport:
 def site_generator(seed: int, site_name: str) -> torch.Generator:
     """The CPU generator an arm uses for one site: seeded from ``seed`` and the site's name."""
     g = torch.Generator(device="cpu")
-    g.manual_seed((int(seed) * 1_000_003 + zlib.crc32(site_name.encode())) % (2 ** 63))
+    g.manual_seed((int(seed) * 1_000_003 + zlib.crc32(site_name.encode())) % (2**63))
     return g
 
 
-def apply_init(module: nn.Module, arm: str, *, seed: int, include: Optional[Sequence[str]] = None,
-               exclude: Optional[Sequence[str]] = None, **options) -> InitReport:
+def apply_init(
+    module: nn.Module,
+    arm: str,
+    *,
+    seed: int,
+    include: Optional[Sequence[str]] = None,
+    exclude: Optional[Sequence[str]] = None,
+    **options,
+) -> InitReport:
     """Apply ``arm`` in place to the attention sites of ``module`` and report what changed.
 
     Call it after the model is built and before a checkpoint is loaded.
@@ -153,8 +164,15 @@ def _write_heads(target: torch.Tensor, blocks: torch.Tensor, gain: float = 1.0) 
     target.unflatten(0, blocks.shape[:2]).copy_(blocks if gain == 1.0 else blocks * gain)
 
 
-def _apply_conditioned(site: AttentionSite, generator: torch.Generator, *, gain_qk: float, gain_v: float,
-                       value_mode: str, condition_output: bool):
+def _apply_conditioned(
+    site: AttentionSite,
+    generator: torch.Generator,
+    *,
+    gain_qk: float,
+    gain_v: float,
+    value_mode: str,
+    condition_output: bool,
+):
     dh, heads = site.head_dim, site.num_heads
     device = _compute_device(site)
     work = dict(generator=generator, device=device, dtype=working_dtype(site.weight("q").dtype))
@@ -182,15 +200,27 @@ def _apply_conditioned(site: AttentionSite, generator: torch.Generator, *, gain_
             bias.zero_()
     if condition_output:
         out = site.weight("o")
-        out.copy_(haar_semi_orthogonal_batch(1, out.shape[0], out.shape[1], generator=generator, device=device,
-                                             dtype=working_dtype(out.dtype))[0])
+        out.copy_(
+            haar_semi_orthogonal_batch(
+                1, out.shape[0], out.shape[1], generator=generator, device=device, dtype=working_dtype(out.dtype)
+            )[0]
+        )
         roles.append("o")
     changed = site.parameter_names(roles[:3]) + (site.parameter_names(["o"], biases=False) if condition_output else [])
     return changed, ""
 
 
-def _apply_mimetic(site: AttentionSite, generator: torch.Generator, *, alpha1: float, beta1: float,
-                   alpha2: float, beta2: float, noise: str, solver: str):
+def _apply_mimetic(
+    site: AttentionSite,
+    generator: torch.Generator,
+    *,
+    alpha1: float,
+    beta1: float,
+    alpha2: float,
+    beta2: float,
+    noise: str,
+    solver: str,
+):
     dh, heads = site.head_dim, site.num_heads
     d_in = site.dim_in
     device = _compute_device(site)
@@ -198,29 +228,49 @@ def _apply_mimetic(site: AttentionSite, generator: torch.Generator, *, alpha1: f
     # A best rank-r approximation moves by about eps / (relative gap at s_r) when its target is
     # rounded, and the spectrum of alpha Z + beta I is dense, so truncated targets stay in float64
     # whatever the dtype; only V/O's exact factorization runs in the working precision.
-    z = mimetic_noise_batch(heads, d_in, site.dim_k_in, std=d_in ** -0.5, noise=noise, generator=generator)
-    w_q, w_k = mimetic_qk_batch(z.to(device), alpha=alpha1, beta=beta1, head_dim=dh,
-                                solver=solver if device.type == "cpu" else "dense")
+    z = mimetic_noise_batch(heads, d_in, site.dim_k_in, std=d_in**-0.5, noise=noise, generator=generator)
+    w_q, w_k = mimetic_qk_batch(
+        z.to(device), alpha=alpha1, beta=beta1, head_dim=dh, solver=solver if device.type == "cpu" else "dense"
+    )
     del z
     _write_heads(site.weight("q"), w_q)
     _write_heads(site.weight("k"), w_k)
     d_v_in = site.dim_v_in
     truncated = site.dim_v < min(d_v_in, site.dim_out)
-    z = mimetic_noise_batch(1, d_v_in, site.dim_out, std=d_v_in ** -0.5, noise=noise, generator=generator,
-                            dtype=torch.float64 if truncated else working_dtype(site.weight("v").dtype))[0]
-    w_v, w_o, exact = mimetic_vo(z.to(device), alpha=alpha2, beta=beta2, dim_v=site.dim_v,
-                                 w_v_default=site.weight("v").detach())
+    z = mimetic_noise_batch(
+        1,
+        d_v_in,
+        site.dim_out,
+        std=d_v_in**-0.5,
+        noise=noise,
+        generator=generator,
+        dtype=torch.float64 if truncated else working_dtype(site.weight("v").dtype),
+    )[0]
+    w_v, w_o, exact = mimetic_vo(
+        z.to(device), alpha=alpha2, beta=beta2, dim_v=site.dim_v, w_v_default=site.weight("v").detach()
+    )
     site.weight("v").copy_(w_v)
     site.weight("o").copy_(w_o)
-    note = "" if exact else (
-        f"value width {site.dim_v} < min(D_v_in, D_out): W_v^T W_o^T is the best rank-{site.dim_v} "
-        "approximation of the mimetic target")
+    note = (
+        ""
+        if exact
+        else (
+            f"value width {site.dim_v} < min(D_v_in, D_out): W_v^T W_o^T is the best rank-{site.dim_v} "
+            "approximation of the mimetic target"
+        )
+    )
     changed = site.parameter_names(["q", "k", "v", "o"], biases=False)
     return changed, note
 
 
-def conditioned_head_norms(site: AttentionSite, *, gain_qk: float = 1.0, gain_v: float = 1.0,
-                           value_mode: str = "identity", norm: str = "frobenius") -> Dict[str, List[float]]:
+def conditioned_head_norms(
+    site: AttentionSite,
+    *,
+    gain_qk: float = 1.0,
+    gain_v: float = 1.0,
+    value_mode: str = "identity",
+    norm: str = "frobenius",
+) -> Dict[str, List[float]]:
     """The norm the conditioned arm gives each head block of W_Q, W_K and W_V of ``site``.
 
     Args:
@@ -276,7 +326,8 @@ def _apply_scale_matched(site: AttentionSite, *, gain_qk: float, gain_v: float, 
             raise ValueError(
                 f"scale_matched: head {h} of the {role} projection of site {site.name!r} is all zeros in the "
                 f"default init, so it cannot be rescaled to norm {targets[role][h]:.6g}; the arm rescales a "
-                "non-zero default init (apply it to a freshly built model)")
+                "non-zero default init (apply it to a freshly built model)"
+            )
         factors = wanted / torch.where(current > 0, current, 1.0)
         # A zero target writes +0.0 (as the conditioned arm's zero_()), not the -0.0 of negative entries * 0.
         rescaled[role] = torch.where((wanted > 0)[:, None, None], blocks * factors[:, None, None], 0.0)
@@ -284,7 +335,12 @@ def _apply_scale_matched(site: AttentionSite, *, gain_qk: float, gain_v: float, 
     for role, blocks in rescaled.items():
         site.weight(role).copy_(blocks.flatten(0, 1))
     zeroed = [f"{role}{h}" for role in ("q", "k", "v") for h in range(heads) if targets[role][h] == 0]
-    note = "" if not zeroed else (
-        f"zero target, block set to zero: {', '.join(zeroed)} (the conditioned arm gives these head blocks no "
-        "non-zero entry)")
+    note = (
+        ""
+        if not zeroed
+        else (
+            f"zero target, block set to zero: {', '.join(zeroed)} (the conditioned arm gives these head blocks no "
+            "non-zero entry)"
+        )
+    )
     return site.parameter_names(["q", "k", "v"], biases=False), note

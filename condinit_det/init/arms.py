@@ -6,6 +6,7 @@ for every dtype; factorizations run in the working precision (:func:`working_dty
 of their input, and singular vectors are signed by :func:`sign_convention` on every solver path.
 Definitions, precision and solvers: docs/arms.md.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,17 @@ import torch
 
 from .options import SOLVERS
 
-__all__ = ["TopSingular", "haar_semi_orthogonal_batch", "mimetic_noise_batch", "mimetic_qk_batch",
-           "mimetic_vo", "sign_convention", "standard_normal", "top_singular", "working_dtype"]
+__all__ = [
+    "TopSingular",
+    "haar_semi_orthogonal_batch",
+    "mimetic_noise_batch",
+    "mimetic_qk_batch",
+    "mimetic_vo",
+    "sign_convention",
+    "standard_normal",
+    "top_singular",
+    "working_dtype",
+]
 
 _F64 = torch.float64
 _F32 = torch.float32
@@ -100,8 +110,15 @@ def _orthonormal_rows(h: torch.Tensor) -> torch.Tensor:
     return (q * signs.unsqueeze(-2)).mT
 
 
-def haar_semi_orthogonal_batch(count: int, rows: int, cols: int, *, generator: torch.Generator,
-                               device: Optional[torch.device] = None, dtype: torch.dtype = _F64) -> torch.Tensor:
+def haar_semi_orthogonal_batch(
+    count: int,
+    rows: int,
+    cols: int,
+    *,
+    generator: torch.Generator,
+    device: Optional[torch.device] = None,
+    dtype: torch.dtype = _F64,
+) -> torch.Tensor:
     """``[count, rows, cols]`` independent Haar blocks with orthonormal rows (rows <= cols) or columns.
 
     One draw H of shape ``[count, min(rows, cols), max(rows, cols)]`` (:func:`standard_normal`);
@@ -114,8 +131,9 @@ def haar_semi_orthogonal_batch(count: int, rows: int, cols: int, *, generator: t
     return q_t if rows <= cols else q_t.mT
 
 
-def mimetic_noise_batch(count: int, rows: int, cols: int, *, std: float, noise: str,
-                        generator: torch.Generator, dtype: torch.dtype = _F64) -> torch.Tensor:
+def mimetic_noise_batch(
+    count: int, rows: int, cols: int, *, std: float, noise: str, generator: torch.Generator, dtype: torch.dtype = _F64
+) -> torch.Tensor:
     """``[count, rows, cols]`` zero-mean noise with standard deviation ``std`` (one draw, CPU).
 
     noise: ``"normal"`` (:func:`standard_normal`) or ``"uniform"`` (uniform on [-sqrt(3) std,
@@ -126,7 +144,7 @@ def mimetic_noise_batch(count: int, rows: int, cols: int, *, std: float, noise: 
         return standard_normal(count, rows, cols, generator=generator).to(dtype).mul_(std)
     if noise == "uniform":
         u = torch.empty(count, rows, cols, dtype=_F32).uniform_(0.0, 1.0, generator=generator).to(dtype)
-        return u.mul_(2.0).sub_(1.0).mul_((3.0 ** 0.5) * std)
+        return u.mul_(2.0).sub_(1.0).mul_((3.0**0.5) * std)
     raise ValueError(f"noise must be 'normal' or 'uniform', got {noise!r}")
 
 
@@ -175,8 +193,9 @@ def _dense_top(m: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor, tor
     return tuple(x.to(m.dtype) for x in (u[..., :k], s[..., :k], vh[..., :k, :].mT))
 
 
-def top_singular(m: torch.Tensor, k: int, *, solver: str = "auto", oversample: Optional[int] = None,
-                 tol: float = 1e-4) -> TopSingular:
+def top_singular(
+    m: torch.Tensor, k: int, *, solver: str = "auto", oversample: Optional[int] = None, tol: float = 1e-4
+) -> TopSingular:
     """The top-k singular triplets of each matrix of ``m`` (``[B, p, q]``, float32 or float64).
 
     Results are in m's dtype, signed by :func:`sign_convention` whatever the solver.
@@ -230,8 +249,9 @@ def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
     for i in range(batch):  # LAPACK has no batched subset solver: one dense q x q solve per matrix
         side = np.ascontiguousarray(m32[i])
         # side^T side of one buffer is NumPy's ?syrk; ?syevr reads its upper triangle.
-        w, vec = scipy.linalg.eigh(side.T @ side, lower=False, subset_by_index=(q - width, q - 1), driver="evr",
-                                   check_finite=False)
+        w, vec = scipy.linalg.eigh(
+            side.T @ side, lower=False, subset_by_index=(q - width, q - 1), driver="evr", check_finite=False
+        )
         blocks[i] = vec[:, ::-1]
         eig32[i] = w[::-1]
     del m32
@@ -251,7 +271,7 @@ def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
     ritz = s_all.square()
     gap = ritz[:, k - 1] - ritz[:, width - 1]
     scale = torch.linalg.vector_norm(s, dim=-1)
-    estimate = (2 ** 0.5) * s[:, 0] * resid / (gap * scale)
+    estimate = (2**0.5) * s[:, 0] * resid / (gap * scale)
     estimate = torch.where((gap > 0) & (scale > 0), estimate, torch.full_like(estimate, float("inf")))
     # A block that is invariant but not the top one would pass the residual test; its Ritz values
     # then fall short of the top float32 eigenvalues by about the gap, in sum.
@@ -275,8 +295,9 @@ def _add_rect_identity_(m: torch.Tensor, value: float) -> torch.Tensor:
     return m
 
 
-def mimetic_qk_batch(z: torch.Tensor, *, alpha: float, beta: float, head_dim: int,
-                     solver: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+def mimetic_qk_batch(
+    z: torch.Tensor, *, alpha: float, beta: float, head_dim: int, solver: str = "auto"
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Query and key blocks of several heads from their noises ``z`` (``[H, D_in, D_k_in]``).
 
     Per head, target M = alpha * z + beta * I (rectangular identity when D_in != D_k_in). With
@@ -311,8 +332,9 @@ def _gram_eigenvectors(side: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(vec[:, ::-1].copy())
 
 
-def mimetic_vo(z: torch.Tensor, *, alpha: float, beta: float, dim_v: int,
-               w_v_default: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+def mimetic_vo(
+    z: torch.Tensor, *, alpha: float, beta: float, dim_v: int, w_v_default: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, bool]:
     """Value and output blocks from the noise ``z`` (``[D_v_in, D_out]``), in z's dtype on z's device.
 
     Target M = alpha * z - beta * I (rectangular identity when non-square). With the SVD

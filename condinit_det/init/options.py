@@ -1,5 +1,6 @@
 """The arms and their options: names, defaults and validation (no torch import, so that the commands and the
 records read them at once). The math is in :mod:`.arms`, applying it in :mod:`.apply`; docs/arms.md has both."""
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ Layouts are recognised by class through adapters. Built-in adapters match classe
 qualified name, so this module never imports detectron2 or timm. Register your own with
 :func:`register_attention_adapter`; the built-in layouts are listed in docs/arms.md.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -20,8 +21,18 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-__all__ = ["ROLES", "AttentionLayout", "AttentionSite", "Projection", "find_attention", "fused_qkv_layout",
-           "register_attention_adapter", "select_sites", "separate_qkv_layout", "supported_layouts"]
+__all__ = [
+    "ROLES",
+    "AttentionLayout",
+    "AttentionSite",
+    "Projection",
+    "find_attention",
+    "fused_qkv_layout",
+    "register_attention_adapter",
+    "select_sites",
+    "separate_qkv_layout",
+    "supported_layouts",
+]
 
 ROLES = ("q", "k", "v", "o")
 
@@ -195,8 +206,9 @@ def fused_qkv_layout(module: nn.Module, *, num_heads: int, qkv: str = "qkv", pro
     )
 
 
-def separate_qkv_layout(module: nn.Module, *, num_heads: int, q: str = "q", k: str = "k", v: str = "v",
-                        proj: str = "proj") -> AttentionLayout:
+def separate_qkv_layout(
+    module: nn.Module, *, num_heads: int, q: str = "q", k: str = "k", v: str = "v", proj: str = "proj"
+) -> AttentionLayout:
     """Layout of a module with one Linear per projection (``q``, ``k``, ``v``, output ``proj``)."""
     projections = {}
     for role, name in zip(ROLES, (q, k, v, proj)):
@@ -243,8 +255,10 @@ def register_attention_adapter(kind: str, cls: Union[type, str], adapter: Adapte
 
 def supported_layouts() -> List[str]:
     """``"kind (class)"`` for every registered adapter, for error messages and docs."""
-    return [f"{kind} ({cls if isinstance(cls, str) else cls.__module__ + '.' + cls.__qualname__})"
-            for kind, cls, _ in _ADAPTERS]
+    return [
+        f"{kind} ({cls if isinstance(cls, str) else cls.__module__ + '.' + cls.__qualname__})"
+        for kind, cls, _ in _ADAPTERS
+    ]
 
 
 def _qualname(cls: type) -> str:
@@ -276,8 +290,9 @@ def find_attention(module: nn.Module) -> List[AttentionSite]:
             continue
         kind, adapter = match
         layout = adapter(sub)
-        site = AttentionSite(name=name, kind=kind, module=sub, num_heads=layout.num_heads,
-                             projections=dict(layout.projections))
+        site = AttentionSite(
+            name=name, kind=kind, module=sub, num_heads=layout.num_heads, projections=dict(layout.projections)
+        )
         site.validate()
         sites.append(site)
         skip_prefixes.append(name + "." if name else "")
@@ -332,8 +347,9 @@ for _kind, _cls in (
 ):
     register_attention_adapter(_kind, _cls, lambda m: fused_qkv_layout(m, num_heads=m.num_heads))
 # Class attention of CaiT / XCiT classifiers (the class token attends to the patch tokens).
-register_attention_adapter("timm_class_attn", "timm.models.cait.ClassAttn",
-                           lambda m: separate_qkv_layout(m, num_heads=m.num_heads))
+register_attention_adapter(
+    "timm_class_attn", "timm.models.cait.ClassAttn", lambda m: separate_qkv_layout(m, num_heads=m.num_heads)
+)
 
 
 def _davit_channel_layout(module: nn.Module) -> AttentionLayout:
@@ -348,15 +364,16 @@ def _davit_channel_layout(module: nn.Module) -> AttentionLayout:
     """
     fused = fused_qkv_layout(module, num_heads=module.num_heads)
     p = fused.projections
-    return AttentionLayout(num_heads=module.num_heads,
-                           projections={"q": p["k"], "k": p["v"], "v": p["q"], "o": p["o"]})
+    return AttentionLayout(num_heads=module.num_heads, projections={"q": p["k"], "k": p["v"], "v": p["q"], "o": p["o"]})
 
 
 # DaViT (timm.models.davit): spatial window attention (standard fused layout), and channel
 # attention: ChannelAttention (davit_tiny ... davit_giant) with the roles above, ChannelAttentionV2
 # (the Florence-2 towers, davit_*_fl) in the standard order, its head count named `groups`.
-register_attention_adapter("timm_davit_window", "timm.models.davit.WindowAttention",
-                           lambda m: fused_qkv_layout(m, num_heads=m.num_heads))
+register_attention_adapter(
+    "timm_davit_window", "timm.models.davit.WindowAttention", lambda m: fused_qkv_layout(m, num_heads=m.num_heads)
+)
 register_attention_adapter("timm_davit_channel", "timm.models.davit.ChannelAttention", _davit_channel_layout)
-register_attention_adapter("timm_davit_channel_v2", "timm.models.davit.ChannelAttentionV2",
-                           lambda m: fused_qkv_layout(m, num_heads=m.groups))
+register_attention_adapter(
+    "timm_davit_channel_v2", "timm.models.davit.ChannelAttentionV2", lambda m: fused_qkv_layout(m, num_heads=m.groups)
+)

@@ -12,6 +12,7 @@ A config's arm node (``configs/common/condinit.py``)::
   arm's entry is validated whichever arm runs, so ``--arm all`` fails before the first run, not
   after two. Only the running arm's entry is used. The arms and their options: docs/arms.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,8 +61,13 @@ class ArmSpec:
 
     def identity(self) -> dict:
         """The fields a resumed run must share (see :mod:`condinit_det.records.layout`)."""
-        return {"arm": self.arm, "arm_seed": self.seed, "include": self.include, "exclude": self.exclude,
-                "options": resolve_options(self.arm, self.arm_options)}
+        return {
+            "arm": self.arm,
+            "arm_seed": self.seed,
+            "include": self.include,
+            "exclude": self.exclude,
+            "options": resolve_options(self.arm, self.arm_options),
+        }
 
 
 def _patterns(value, key: str) -> Optional[List[str]]:
@@ -95,7 +101,8 @@ def resolve_arm_node(node: Optional[Mapping]) -> ArmSpec:
             others = "".join(f" or condinit.options.{a}.{key}=..." for a in owners[1:])
             raise ValueError(
                 f"condinit.options takes one entry per arm: write condinit.options.{owners[0]}.{key}=...{others} "
-                f"(entries accepted: {', '.join(ARMS)})")
+                f"(entries accepted: {', '.join(ARMS)})"
+            )
         raise ValueError(f"condinit.options.{key}: {key!r} is not an arm; entries accepted: {', '.join(ARMS)}")
     per_arm = {}
     for name, opts in options.items():
@@ -105,8 +112,13 @@ def resolve_arm_node(node: Optional[Mapping]) -> ArmSpec:
         except ValueError as e:
             raise ValueError(f"condinit.options.{name}: {e}") from None
         per_arm[name] = opts
-    return ArmSpec(arm=arm, seed=max(int(seed or 0), 0), include=_patterns(node.get("include"), "include"),
-                   exclude=_patterns(node.get("exclude"), "exclude"), options=per_arm)
+    return ArmSpec(
+        arm=arm,
+        seed=max(int(seed or 0), 0),
+        include=_patterns(node.get("include"), "include"),
+        exclude=_patterns(node.get("exclude"), "exclude"),
+        options=per_arm,
+    )
 
 
 def prefixed(module: nn.Module, prefix: str) -> nn.Module:
@@ -123,7 +135,13 @@ def prefixed(module: nn.Module, prefix: str) -> nn.Module:
 def apply_arm_spec(module: nn.Module, spec: ArmSpec, *, site_prefix: str = "") -> InitReport:
     """Apply ``spec`` to ``module`` in place; site names get ``site_prefix`` (e.g. ``"backbone."``)."""
     try:
-        return apply_init(prefixed(module, site_prefix), spec.arm, seed=spec.seed, include=spec.include,
-                          exclude=spec.exclude, **spec.arm_options)
+        return apply_init(
+            prefixed(module, site_prefix),
+            spec.arm,
+            seed=spec.seed,
+            include=spec.include,
+            exclude=spec.exclude,
+            **spec.arm_options,
+        )
     except ValueError as e:
         raise ArmError(str(e)) from None

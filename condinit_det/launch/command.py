@@ -1,4 +1,5 @@
 """One training command for any stage: parse, plan and check, then train here or submit to Slurm."""
+
 from __future__ import annotations
 
 import sys
@@ -11,8 +12,14 @@ from .arguments import build_parser
 __all__ = ["run_command"]
 
 
-def run_command(make_stage: Callable[[], Stage], argv: Optional[List[str]] = None, *, description: str = "",
-                examples: str = "", config_help: str = "") -> int:
+def run_command(
+    make_stage: Callable[[], Stage],
+    argv: Optional[List[str]] = None,
+    *,
+    description: str = "",
+    examples: str = "",
+    config_help: str = "",
+) -> int:
     """The training command of a stage (``condinit-train``, ``condinit-pretrain``): returns the exit status.
 
     Args:

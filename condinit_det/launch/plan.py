@@ -9,6 +9,7 @@ per step of all its devices takes ``steps x seconds`` and costs that times its d
 or CPU-hours for CPU runs); stage and total times are the runs one after another. Operational detail:
 docs/training.md and docs/reproducing.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,20 @@ from ..stage import RunOptions, Stage
 from ..utils.errors import UsageError
 from ..utils.squeue import query_jobs, still_runs
 
-__all__ = ["STEP_BENCH_FORMAT", "Experiment", "RunCost", "StepTime", "describe_plan", "format_cost",
-           "in_flight", "load_step_times", "plan_costs", "plan_experiment", "run_actions", "step_time_of"]
+__all__ = [
+    "STEP_BENCH_FORMAT",
+    "Experiment",
+    "RunCost",
+    "StepTime",
+    "describe_plan",
+    "format_cost",
+    "in_flight",
+    "load_step_times",
+    "plan_costs",
+    "plan_experiment",
+    "run_actions",
+    "step_time_of",
+]
 
 STEP_BENCH_FORMAT = "condinit_det.step_bench/1"  # what bench/bench_gpu_step.py writes
 
@@ -79,11 +92,16 @@ class Experiment:
     def options(self) -> RunOptions:
         """What the stage gets of the command line."""
         args = self.args
-        return RunOptions(config_file=args.config_file or "", resume=bool(args.resume), eval_only=bool(args.eval_only),
-                          trust_pickle=bool(args.trust_pickle),
-                          allow_shared_checkpoint=bool(args.allow_shared_checkpoint),
-                          processes=int(args.num_gpus) * int(args.num_machines), submitted=bool(args.slurm),
-                          dry_run=bool(args.dry_run))
+        return RunOptions(
+            config_file=args.config_file or "",
+            resume=bool(args.resume),
+            eval_only=bool(args.eval_only),
+            trust_pickle=bool(args.trust_pickle),
+            allow_shared_checkpoint=bool(args.allow_shared_checkpoint),
+            processes=int(args.num_gpus) * int(args.num_machines),
+            submitted=bool(args.slurm),
+            dry_run=bool(args.dry_run),
+        )
 
     def run_dir(self, spec: RunSpec) -> str:
         return spec.path(self.base)
@@ -112,12 +130,25 @@ class Experiment:
         earlier = read_plan(self.base)
         runs = list(earlier.runs) if earlier is not None else []
         runs += [spec for spec in self.runs if spec not in runs]
-        return write_plan(self.base, runs, stage=self.stage.descriptor, config=self.args.config_file or None,
-                          length=self.length, setup=self.setup, dataset=self.dataset)
+        return write_plan(
+            self.base,
+            runs,
+            stage=self.stage.descriptor,
+            config=self.args.config_file or None,
+            length=self.length,
+            setup=self.setup,
+            dataset=self.dataset,
+        )
 
 
-def plan_experiment(stage: Stage, args: argparse.Namespace, *, output_dir: Optional[str] = None,
-                    upstream: Optional[str] = None, check: bool = True) -> Experiment:
+def plan_experiment(
+    stage: Stage,
+    args: argparse.Namespace,
+    *,
+    output_dir: Optional[str] = None,
+    upstream: Optional[str] = None,
+    check: bool = True,
+) -> Experiment:
     """Plan the runs ``args`` asks for and, with ``check``, check everything that can be checked before a process
     starts; nothing is written. Raises :class:`UsageError` (one line) on bad input.
 
@@ -147,8 +178,9 @@ def _plan(stage: Stage, args, *, output_dir, upstream, check) -> Experiment:
     defaults = stage.defaults(cfg)
     base = output_dir or defaults.output_dir
     if not base:
-        raise UsageError("the config has no output directory (train.output_dir); runs go to "
-                         "<output_dir>/<arm>/seed<k>/")
+        raise UsageError(
+            "the config has no output directory (train.output_dir); runs go to <output_dir>/<arm>/seed<k>/"
+        )
     arms = parse_arms(args.arm) if args.arm else [defaults.arm]
     seeds = parse_seeds(args.seeds) if args.seeds is not None else [defaults.seed]
     scales = parse_lr_scales(args.lr_scale) if args.lr_scale is not None else [1.0]
@@ -157,9 +189,18 @@ def _plan(stage: Stage, args, *, output_dir, upstream, check) -> Experiment:
         args.num_gpus = args.gpus_per_node or args.num_gpus
     from ..tracking import check_trackers, tracker_settings
 
-    experiment = Experiment(stage=stage, args=args, base=base, runs=plan_runs(arms, seeds, scales),
-                            length=stage.length(cfg), device=stage.device(cfg), upstream=upstream,
-                            trackers=tracker_settings(cfg), setup=stage.setup(cfg), dataset=stage.dataset(cfg))
+    experiment = Experiment(
+        stage=stage,
+        args=args,
+        base=base,
+        runs=plan_runs(arms, seeds, scales),
+        length=stage.length(cfg),
+        device=stage.device(cfg),
+        upstream=upstream,
+        trackers=tracker_settings(cfg),
+        setup=stage.setup(cfg),
+        dataset=stage.dataset(cfg),
+    )
     if not check:
         return experiment
     configured = [(spec, experiment.config(spec)) for spec in experiment.runs]
@@ -187,8 +228,10 @@ def _check_empty(run_dir: str) -> None:
     held = sorted(set(os.listdir(run_dir)) - {LOCK_FILENAME}) if os.path.isdir(run_dir) else []
     if held:
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
-        raise UsageError(f"{run_dir} holds a run ({shown}): continue it with --resume (--retry-failed trains a "
-                         "failed run afresh), or choose another train.output_dir")
+        raise UsageError(
+            f"{run_dir} holds a run ({shown}): continue it with --resume (--retry-failed trains a "
+            "failed run afresh), or choose another train.output_dir"
+        )
 
 
 def _check_same_setup(experiment: Experiment) -> None:
@@ -198,19 +241,24 @@ def _check_same_setup(experiment: Experiment) -> None:
     if earlier is None:
         return
     if earlier.stage and earlier.stage != experiment.stage.name:
-        raise UsageError(f"{experiment.base} holds {earlier.stage} runs, not {experiment.stage.name} runs: use "
-                         "another train.output_dir")
+        raise UsageError(
+            f"{experiment.base} holds {earlier.stage} runs, not {experiment.stage.name} runs: use "
+            "another train.output_dir"
+        )
     if earlier.setup is None or experiment.setup is None:
         return
     keys = sorted(set(earlier.setup) | set(experiment.setup))
     differ = [k for k in keys if earlier.setup.get(k) != experiment.setup.get(k)]
     left_out = [spec for spec in earlier.runs if spec not in experiment.runs]
     if differ and (left_out or len(experiment.runs) > len(earlier.runs)):
-        shown = "; ".join(f"{k}: {earlier.setup.get(k, '(none)')} vs {experiment.setup.get(k, '(none)')}"
-                          for k in differ[:5])
-        raise UsageError(f"{experiment.base} holds runs of another setup ({shown}{'; ...' if len(differ) > 5 else ''})"
-                         ": runs of two setups would not pool; change the setup of all its runs at once, or use "
-                         "another train.output_dir")
+        shown = "; ".join(
+            f"{k}: {earlier.setup.get(k, '(none)')} vs {experiment.setup.get(k, '(none)')}" for k in differ[:5]
+        )
+        raise UsageError(
+            f"{experiment.base} holds runs of another setup ({shown}{'; ...' if len(differ) > 5 else ''})"
+            ": runs of two setups would not pool; change the setup of all its runs at once, or use "
+            "another train.output_dir"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,8 +291,9 @@ def run_actions(experiment: Experiment) -> List[Tuple[RunSpec, str, bool]]:
         elif failure is not None and args.retry_failed:
             actions.append((spec, f"train afresh ({describe_failure(failure)} earlier; moved aside)", True))
         elif failure is not None and failure.get("reason") == "diverged":
-            actions.append((spec, f"skip: {describe_failure(failure)} earlier (--retry-failed trains it afresh)",
-                            False))
+            actions.append(
+                (spec, f"skip: {describe_failure(failure)} earlier (--retry-failed trains it afresh)", False)
+            )
         elif failure is not None:
             actions.append((spec, f"resume ({describe_failure(failure)} earlier)", True))
         elif experiment.finished(spec):
@@ -289,8 +338,9 @@ def _positive(value) -> bool:
 
 def _same_config(query: str, key: str) -> bool:
     """One path's components end the other's, or ``query`` is ``key``'s file name, with or without ``.py``."""
-    q, k = ([p for p in os.path.normpath(s.removeprefix("zoo:")).split(os.sep) if p not in ("", ".")]
-            for s in (query, key))
+    q, k = (
+        [p for p in os.path.normpath(s.removeprefix("zoo:")).split(os.sep) if p not in ("", ".")] for s in (query, key)
+    )
     if len(q) == 1 and k:
         return q[0] in (k[-1], os.path.splitext(k[-1])[0])
     n = min(len(q), len(k))
@@ -305,16 +355,19 @@ def load_step_times(path: str, *, allow_tiny: bool = False) -> Tuple[Dict[str, f
         with open(path) as f:
             payload = json.load(f)
     except FileNotFoundError:
-        raise UsageError(f"step bench file {path} does not exist (write it with bench/bench_gpu_step.py --output "
-                         "PATH)") from None
+        raise UsageError(
+            f"step bench file {path} does not exist (write it with bench/bench_gpu_step.py --output PATH)"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UsageError(f"{path} is not a step bench file: {str(e).splitlines()[0]}") from None
     found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
     if found != STEP_BENCH_FORMAT:
         raise UsageError(f"{path} is not a step bench file: format {found!r}, expected {STEP_BENCH_FORMAT!r}")
     if payload.get("tiny") and not allow_tiny:
-        raise UsageError(f"{path} was measured with --tiny: its step times are not the recipes'; measure at full size "
-                         "on a GPU (bench/bench_gpu_step.py --output PATH)")
+        raise UsageError(
+            f"{path} was measured with --tiny: its step times are not the recipes'; measure at full size "
+            "on a GPU (bench/bench_gpu_step.py --output PATH)"
+        )
     configs = payload.get("configs")
     if not isinstance(configs, dict):
         raise UsageError(f"{path} is not a step bench file: 'configs' must map config paths to results")
@@ -329,16 +382,18 @@ def load_step_times(path: str, *, allow_tiny: bool = False) -> Tuple[Dict[str, f
             raise UsageError(f"{path}: {key} has no measured 'default' arm")
         seconds[key] = default.get("median_step_s")
         if not _positive(seconds[key]):
-            raise UsageError(f"{path}: {key} arms.default.median_step_s must be a positive number, got "
-                             f"{seconds[key]!r}")
+            raise UsageError(
+                f"{path}: {key} arms.default.median_step_s must be a positive number, got {seconds[key]!r}"
+            )
     device = payload.get("device") if isinstance(payload.get("device"), dict) else {}
     name = device.get("name") or "unknown"
     name = "unknown" if not device.get("type") else name if device["type"] == "cuda" else f"CPU {name}"
     return seconds, failed, name
 
 
-def resolve_step_time(config: str, *, step_time: Optional[float] = None, step_bench: Optional[str] = None,
-                      allow_tiny: bool = False) -> StepTime:
+def resolve_step_time(
+    config: str, *, step_time: Optional[float] = None, step_bench: Optional[str] = None, allow_tiny: bool = False
+) -> StepTime:
     """``--step-time`` when given, else ``config``'s time in the ``--step-bench`` file (its path, a shorter one, a
     ``zoo:`` name or its file name), else unknown."""
     if step_time is not None and step_bench is not None:
@@ -353,21 +408,26 @@ def resolve_step_time(config: str, *, step_time: Optional[float] = None, step_be
     matches = [k for k in list(seconds) + list(failed) if _same_config(config, k)]
     if len(matches) != 1:
         held = ", ".join(matches or list(seconds) + list(failed)) or "(none)"
-        raise UsageError(f"config {config} {'matches several configs' if matches else 'is not'} in bench file "
-                         f"{step_bench}: {held}; give its path")
+        raise UsageError(
+            f"config {config} {'matches several configs' if matches else 'is not'} in bench file "
+            f"{step_bench}: {held}; give its path"
+        )
     if matches[0] in failed:
-        raise UsageError(f"bench file {step_bench} has no step time for {matches[0]}: its run failed "
-                         f"({failed[matches[0]]})")
-    return StepTime(seconds[matches[0]], f"measured: bench file {step_bench} on device {device} (default arm's median "
-                                         "step)")
+        raise UsageError(
+            f"bench file {step_bench} has no step time for {matches[0]}: its run failed ({failed[matches[0]]})"
+        )
+    return StepTime(
+        seconds[matches[0]], f"measured: bench file {step_bench} on device {device} (default arm's median step)"
+    )
 
 
 def step_time_of(experiment: Experiment, seconds: Optional[float] = None) -> StepTime:
     """The step time of ``experiment``'s cost: ``seconds`` (default ``--step-time``), else its config's time in
     ``--step-bench``, else unknown."""
     args = experiment.args
-    return resolve_step_time(args.config_file, step_time=args.step_time if seconds is None else seconds,
-                             step_bench=args.step_bench)
+    return resolve_step_time(
+        args.config_file, step_time=args.step_time if seconds is None else seconds, step_bench=args.step_bench
+    )
 
 
 def plan_costs(experiment: Experiment, step_time: StepTime) -> List[RunCost]:
@@ -378,8 +438,10 @@ def plan_costs(experiment: Experiment, step_time: StepTime) -> List[RunCost]:
         return []
     steps = experiment.stage.steps(experiment.config(experiment.runs[0]))
     if steps <= 0:
-        raise UsageError(f"the {experiment.stage.name} runs would take {steps} optimizer steps: nothing to price "
-                         "(check the config's length and data)")
+        raise UsageError(
+            f"the {experiment.stage.name} runs would take {steps} optimizer steps: nothing to price "
+            "(check the config's length and data)"
+        )
     if experiment.device.startswith("cuda"):
         devices = int(args.num_gpus) * int(args.num_machines)
     else:
@@ -404,8 +466,14 @@ def _row(label: str, stage: str, runs: Sequence[RunCost], devices: str = "") -> 
         return [label, stage, steps, devices, "?", "?"]
     prefix = ">= " if len(known) < len(runs) else ""
     hours = sum(r.wall * r.devices for r in known) / 3600.0
-    return [label, stage, steps, devices, prefix + _duration(sum(r.wall for r in known)),
-            prefix + (f"{hours:.1f}" if hours >= 10 else f"{hours:.2f}")]
+    return [
+        label,
+        stage,
+        steps,
+        devices,
+        prefix + _duration(sum(r.wall for r in known)),
+        prefix + (f"{hours:.1f}" if hours >= 10 else f"{hours:.2f}"),
+    ]
 
 
 def format_cost(runs: Sequence[RunCost]) -> str:
@@ -426,10 +494,18 @@ def format_cost(runs: Sequence[RunCost]) -> str:
         body.append(_row(f"subtotal {stage} ({len(group)} run{'s' * (len(group) != 1)})", stage, group))
         sources += [f"step time ({stage}): {source}" for source in dict.fromkeys(r.step.source for r in group)]
     body.append(_row(f"total ({len(runs)} run{'s' * (len(runs) != 1)})", "", runs))
-    lines = [tabulate(body, ["run", "stage", "steps", f"{unit}s", "wall h:mm", f"{unit}-hours"], tablefmt="github",
-                      disable_numparse=True, colalign=("left", "left") + ("right",) * 4),
-             f"wall time: steps x step time; subtotals and total: the runs one after another. {unit}-hours: wall time "
-             f"x {unit}s. Evaluations are not included.", *sources]
+    lines = [
+        tabulate(
+            body,
+            ["run", "stage", "steps", f"{unit}s", "wall h:mm", f"{unit}-hours"],
+            tablefmt="github",
+            disable_numparse=True,
+            colalign=("left", "left") + ("right",) * 4,
+        ),
+        f"wall time: steps x step time; subtotals and total: the runs one after another. {unit}-hours: wall time "
+        f"x {unit}s. Evaluations are not included.",
+        *sources,
+    ]
     unknown = sum(r.wall is None for r in runs)
     if unknown:
         lines.append(f"{unknown} run(s) without a step time are not summed (>=): pass --step-time or --step-bench")
@@ -444,16 +520,21 @@ def describe_plan(experiment: Experiment, *, cost: bool = True) -> str:
     args, stage = experiment.args, experiment.stage
     processes = int(args.num_gpus) * int(args.num_machines)
     where = ("Slurm: one job per run, " if args.slurm else "") + (
-        f"{processes} process(es) per run on {experiment.device}")
+        f"{processes} process(es) per run on {experiment.device}"
+    )
     steps = stage.steps(experiment.config(experiment.runs[0]))
-    lines = [f"Plan of {experiment.base} ({stage.name}, {args.config_file}): {len(experiment.runs)} run(s) of "
-             f"{experiment.length} {stage.unit}s ({steps} optimizer steps) each; {where}"]
+    lines = [
+        f"Plan of {experiment.base} ({stage.name}, {args.config_file}): {len(experiment.runs)} run(s) of "
+        f"{experiment.length} {stage.unit}s ({steps} optimizer steps) each; {where}"
+    ]
     actions = run_actions(experiment)
     table = tabulate([(spec.dir, action) for spec, action, _ in actions], tablefmt="plain", disable_numparse=True)
     lines += ["  " + line.rstrip() for line in table.splitlines()]
     to_train = sum(trains for _, _, trains in actions)
-    lines.append(f"{to_train} of {len(actions)} run(s) would train; nothing was written"
-                 + (" or submitted" if args.slurm else ""))
+    lines.append(
+        f"{to_train} of {len(actions)} run(s) would train; nothing was written"
+        + (" or submitted" if args.slurm else "")
+    )
     if cost and to_train:
         lines += ["", format_cost(plan_costs(experiment, step_time_of(experiment)))]
     return "\n".join(lines)

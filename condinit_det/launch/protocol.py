@@ -8,6 +8,7 @@ checked like any experiment (:func:`condinit_det.launch.plan.plan_experiment`), 
 (:func:`condinit_det.launch.slurm.submit_stages`). Runs that finished earlier are not resubmitted; runs in flight keep
 their job. The protocol's flags: docs/slurm.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,18 +40,38 @@ Example (XCiT-S12: ImageNet pretraining per arm, COCO Mask R-CNN per arm from it
 def build_protocol_parser() -> argparse.ArgumentParser:
     """The protocol's own flags, then the experiment and Slurm flags the training commands share."""
     parser = argparse.ArgumentParser(
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Submit pretraining -> fine-tuning -> report of every arm and seed to Slurm.")
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Submit pretraining -> fine-tuning -> report of every arm and seed to Slurm.",
+    )
     parser.add_argument("--pretrain-config", required=True, help="config of the pretraining runs (condinit-pretrain)")
     parser.add_argument("--finetune-config", required=True, help="config of the fine-tuning runs (condinit-train)")
-    parser.add_argument("--output", required=True, metavar="DIR",
-                        help="DIR/pretrain, DIR/finetune and DIR/report (the two stages' experiment directories)")
-    parser.add_argument("--num-gpus", type=int, default=1,
-                        help="processes per node on CPU-only nodes (GPU nodes use every GPU of the node)")
-    parser.add_argument("--pretrain-opt", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override of the pretraining runs, repeatable")
-    parser.add_argument("--finetune-opt", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override of the fine-tuning runs, repeatable")
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="DIR/pretrain, DIR/finetune and DIR/report (the two stages' experiment directories)",
+    )
+    parser.add_argument(
+        "--num-gpus",
+        type=int,
+        default=1,
+        help="processes per node on CPU-only nodes (GPU nodes use every GPU of the node)",
+    )
+    parser.add_argument(
+        "--pretrain-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override of the pretraining runs, repeatable",
+    )
+    parser.add_argument(
+        "--finetune-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override of the fine-tuning runs, repeatable",
+    )
     add_experiment_arguments(parser, cost=False)
     add_cost_arguments(parser.add_argument_group("Cost (with --dry-run)"), prefixes=("pretrain-", "finetune-"))
     add_slurm_arguments(parser, switch=False)
@@ -69,10 +90,17 @@ def _stage_args(args: argparse.Namespace, config_file: str, opts: List[str]) -> 
 def plan_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: Stage):
     """Plan and check both stages (one error line on bad input, nothing written): (upstream, downstream)
     experiments. The downstream runs start from the upstream runs, which need not exist yet."""
-    pre = plan_experiment(upstream, _stage_args(args, args.pretrain_config, args.pretrain_opt),
-                          output_dir=os.path.join(args.output, "pretrain"))
-    fine = plan_experiment(downstream, _stage_args(args, args.finetune_config, args.finetune_opt),
-                           output_dir=os.path.join(args.output, "finetune"), upstream=pre.base)
+    pre = plan_experiment(
+        upstream,
+        _stage_args(args, args.pretrain_config, args.pretrain_opt),
+        output_dir=os.path.join(args.output, "pretrain"),
+    )
+    fine = plan_experiment(
+        downstream,
+        _stage_args(args, args.finetune_config, args.finetune_opt),
+        output_dir=os.path.join(args.output, "finetune"),
+        upstream=pre.base,
+    )
     return pre, fine
 
 

@@ -16,6 +16,7 @@ one Slurm element (:mod:`.slurm`):
   to ``<run>.failed<n>/`` and trains it afresh;
 - with several runs, the comparison is written into ``<base>/report/`` at the end (and attached to the trackers).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,9 @@ def run_worker(experiment: Experiment, spec: RunSpec) -> None:
     run_logging(run_dir, rank=rank())
     allocated = allocated_cpus() or args.cpus_per_task
     if allocated is not None:  # a Slurm job, a CPU affinity or --cpus-per-task: this process's share of the CPUs
-        plan = apply_thread_settings(max(int(args.num_gpus), 1), allocated=allocated,
-                                     max_workers=stage.loader_workers(cfg), log=logger)
+        plan = apply_thread_settings(
+            max(int(args.num_gpus), 1), allocated=allocated, max_workers=stage.loader_workers(cfg), log=logger
+        )
         stage.set_loader_workers(cfg, plan.loader_workers)
     try:
         if args.eval_only:
@@ -82,8 +84,15 @@ def _launch(experiment: Experiment, spec: RunSpec) -> None:
 
     args = experiment.args
     try:
-        launch(run_worker, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-               dist_url=args.dist_url, args=(experiment, spec), device=experiment.device)
+        launch(
+            run_worker,
+            args.num_gpus,
+            num_machines=args.num_machines,
+            machine_rank=args.machine_rank,
+            dist_url=args.dist_url,
+            args=(experiment, spec),
+            device=experiment.device,
+        )
     finally:
         gc.collect()
         if torch.cuda.is_available():
@@ -129,11 +138,15 @@ def _train_one(experiment: Experiment, spec: RunSpec, *, main: bool, owned: cont
         if main:
             aside = set_aside(run_dir)  # the lock file goes with it: own the fresh directory before it is let go
             owned.enter_context(RunLock(run_dir, log=logger))
-        logger.warning(f"Run {name} {describe_failure(failure)} earlier; moved aside to {aside}, training it "
-                       "afresh (--retry-failed)")
+        logger.warning(
+            f"Run {name} {describe_failure(failure)} earlier; moved aside to {aside}, training it "
+            "afresh (--retry-failed)"
+        )
     elif failure is not None and failure.get("reason") == "diverged":
-        logger.warning(f"Run {name} {describe_failure(failure)} earlier: not retried, the same seed and settings "
-                       "diverge again (--retry-failed trains it afresh)")
+        logger.warning(
+            f"Run {name} {describe_failure(failure)} earlier: not retried, the same seed and settings "
+            "diverge again (--retry-failed trains it afresh)"
+        )
         return Outcome(spec, run_dir, failure)
     elif failure is not None:
         if main:
@@ -156,12 +169,19 @@ def _train_one(experiment: Experiment, spec: RunSpec, *, main: bool, owned: cont
             if main:
                 discard_notes(run_dir)  # the processes stopped by the requeue signal are not failures
             raise Preempted(f"run {name} stopped for a requeue; it resumes from its last checkpoint") from e
-        metadata = {"stage": experiment.stage.name, "arm": spec.arm, "seed": spec.seed, "lr_scale": spec.lr_scale,
-                    "config": experiment.args.config_file or None}
-        record = record_failure(run_dir, e, metadata) if main else {
-            "kind": FAILED_KIND, "reason": failure_reason(e), "iteration": 0, "message": one_line(e), **metadata}
-        logger.error(f"Run {name} {describe_failure(record)} (traceback in {run_dir}/log*); going on with the "
-                     "next run")
+        metadata = {
+            "stage": experiment.stage.name,
+            "arm": spec.arm,
+            "seed": spec.seed,
+            "lr_scale": spec.lr_scale,
+            "config": experiment.args.config_file or None,
+        }
+        record = (
+            record_failure(run_dir, e, metadata)
+            if main
+            else {"kind": FAILED_KIND, "reason": failure_reason(e), "iteration": 0, "message": one_line(e), **metadata}
+        )
+        logger.error(f"Run {name} {describe_failure(record)} (traceback in {run_dir}/log*); going on with the next run")
         return Outcome(spec, run_dir, record)
     return Outcome(spec, run_dir)
 
@@ -182,8 +202,9 @@ def execute(experiment: Experiment) -> int:
         experiment.write_plan()
     outcomes = [_run_one(experiment, spec, main=main) for spec in experiment.runs]
     report = len(experiment.runs) > 1 and main and not experiment.element
-    return finish_experiment(experiment.base, outcomes, report=report, bootstrap=args.bootstrap,
-                             trackers=experiment.trackers)
+    return finish_experiment(
+        experiment.base, outcomes, report=report, bootstrap=args.bootstrap, trackers=experiment.trackers
+    )
 
 
 def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
@@ -199,8 +220,9 @@ def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
     return lines
 
 
-def finish_experiment(base: str, outcomes: Sequence[Outcome], *, report: bool, bootstrap: int = 1000,
-                      trackers: Optional[dict] = None) -> int:
+def finish_experiment(
+    base: str, outcomes: Sequence[Outcome], *, report: bool, bootstrap: int = 1000, trackers: Optional[dict] = None
+) -> int:
     """The end of an experiment: with ``report``, write and print the comparison into ``<base>/report/`` (and
     attach it to a tracker run of its own when ``trackers`` enables one); then name the runs that did not finish.
     Returns the exit status (1 when one did not)."""

@@ -11,6 +11,7 @@ what is in flight (``<base>/slurm.json``): a run whose current job may still run
 report job waits for it too. Job states come from ``squeue`` (:mod:`condinit_det.utils.squeue`), not ``sacct``.
 What a job sees on the time-limit signal, ``scancel`` and ``scontrol requeue``: docs/slurm.md.
 """
+
 import argparse
 import copy
 import multiprocessing
@@ -36,9 +37,25 @@ from ..utils.squeue import is_pending, query_jobs, squeue_command
 from .plan import Experiment, in_flight
 from .run import execute
 
-__all__ = ["ReportJob", "RunElement", "Submission", "after", "after_each", "cancel_job", "describe_submission",
-           "first_hostname", "make_executor", "replace_report", "slurm_folder", "slurm_rendezvous", "submission_plan",
-           "submit", "submit_experiment", "submit_report", "submit_runs"]
+__all__ = [
+    "ReportJob",
+    "RunElement",
+    "Submission",
+    "after",
+    "after_each",
+    "cancel_job",
+    "describe_submission",
+    "first_hostname",
+    "make_executor",
+    "replace_report",
+    "slurm_folder",
+    "slurm_rendezvous",
+    "submission_plan",
+    "submit",
+    "submit_experiment",
+    "submit_report",
+    "submit_runs",
+]
 
 
 def slurm_folder(args: argparse.Namespace, output_dir: str) -> str:
@@ -50,16 +67,25 @@ def make_executor(args: argparse.Namespace, folder: str, name: str) -> submitit.
     """A :class:`submitit.SlurmExecutor` writing into ``folder`` (on a file system the compute nodes share; one
     subfolder per job id), configured from the submission flags (:mod:`condinit_det.launch.arguments`)."""
     if shutil.which("sbatch") is None or shutil.which("srun") is None:
-        raise RuntimeError("--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start "
-                           "tools/slurm_local.sh)")
+        raise RuntimeError(
+            "--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start tools/slurm_local.sh)"
+        )
     executor = submitit.SlurmExecutor(folder=os.path.join(folder, "%j"))
     # One task per node: its process starts the run's workers (detectron2's launch).
-    params: Dict[str, Any] = dict(job_name=name, nodes=args.nodes, ntasks_per_node=1, time=args.time,
-                                  signal_delay_s=args.signal_delay)
-    optional = dict(gpus_per_node=args.gpus_per_node or None, cpus_per_task=args.cpus_per_task,
-                    partition=args.partition, account=args.account, qos=args.qos, constraint=args.constraint,
-                    array_parallelism=args.max_parallel, mem=args.mem,
-                    additional_parameters=dict(args.slurm_extra) if args.slurm_extra else None)
+    params: Dict[str, Any] = dict(
+        job_name=name, nodes=args.nodes, ntasks_per_node=1, time=args.time, signal_delay_s=args.signal_delay
+    )
+    optional = dict(
+        gpus_per_node=args.gpus_per_node or None,
+        cpus_per_task=args.cpus_per_task,
+        partition=args.partition,
+        account=args.account,
+        qos=args.qos,
+        constraint=args.constraint,
+        array_parallelism=args.max_parallel,
+        mem=args.mem,
+        additional_parameters=dict(args.slurm_extra) if args.slurm_extra else None,
+    )
     params.update({k: v for k, v in optional.items() if v is not None})
     executor.update_parameters(**params)
     return executor
@@ -194,7 +220,8 @@ def _element_main(experiment: Experiment, spec: RunSpec) -> None:
     experiment = experiment.only(spec)
     args = experiment.args = copy.copy(experiment.args)
     args.num_machines, args.machine_rank, args.num_gpus, args.dist_url = slurm_rendezvous(
-        cpu_processes_per_machine=max(int(args.num_gpus), 1))
+        cpu_processes_per_machine=max(int(args.num_gpus), 1)
+    )
     args.resume = True
     try:
         code = execute(experiment)
@@ -225,8 +252,7 @@ class RunElement(Checkpointable):
         return self.experiment.run_dir(self.spec)
 
     def __call__(self) -> str:
-        process = multiprocessing.get_context("spawn").Process(target=_element_main,
-                                                               args=(self.experiment, self.spec))
+        process = multiprocessing.get_context("spawn").Process(target=_element_main, args=(self.experiment, self.spec))
         process.start()
         process.join()
         if process.exitcode == 0:
@@ -250,8 +276,15 @@ class ReportJob:
     ``trackers`` enabling one, attached to a tracker run of its own in the group of ``experiment`` (the experiment
     directory; for a protocol, its fine-tuning stage's)."""
 
-    def __init__(self, paths: Sequence[str], output_dir: str, bootstrap: int, *, trackers: Optional[dict] = None,
-                 experiment: Optional[str] = None):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        output_dir: str,
+        bootstrap: int,
+        *,
+        trackers: Optional[dict] = None,
+        experiment: Optional[str] = None,
+    ):
         self.paths, self.output_dir, self.bootstrap = list(paths), output_dir, int(bootstrap)
         self.trackers, self.experiment = trackers, experiment or (self.paths[-1] if self.paths else output_dir)
 
@@ -304,8 +337,9 @@ def submission_plan(experiment: Experiment) -> Submission:
     return plan
 
 
-def submit_runs(experiment: Experiment, specs: Sequence[RunSpec], *, name: str, dependency: Optional[str] = None,
-                log=print) -> list:
+def submit_runs(
+    experiment: Experiment, specs: Sequence[RunSpec], *, name: str, dependency: Optional[str] = None, log=print
+) -> list:
     """Submit ``specs`` (planned runs of ``experiment``) as one job array, each element after ``dependency``
     (sbatch's), and record their jobs in ``<base>/slurm.json``. Returns the submitit jobs, in the order of
     ``specs``."""
@@ -328,8 +362,10 @@ def describe_submission(experiment: Experiment, plan: Submission, log=print) -> 
     if plan.done:
         log(f"  {len(plan.done)} run(s) of {experiment.base} finished or diverged earlier: not resubmitted")
     if not plan.todo:
-        log(f"Nothing new to submit for {experiment.base}"
-            + (f": {len(plan.in_flight)} run(s) in flight" if plan.in_flight else ""))
+        log(
+            f"Nothing new to submit for {experiment.base}"
+            + (f": {len(plan.in_flight)} run(s) in flight" if plan.in_flight else "")
+        )
 
 
 def submit_experiment(experiment: Experiment, *, name: str, report: bool = True, log=print):
@@ -342,25 +378,43 @@ def submit_experiment(experiment: Experiment, *, name: str, report: bool = True,
     report_job = None
     waits = [str(j.job_id) for j in jobs] + list(plan.in_flight.values())
     if report and waits:
-        report_job = submit_report(experiment.args, [experiment.base],
-                                   os.path.join(experiment.base, REPORT_DIRNAME), jobs=waits,
-                                   folder=slurm_folder(experiment.args, experiment.base), name=f"{name}-report",
-                                   log=log, trackers=experiment.trackers)
+        report_job = submit_report(
+            experiment.args,
+            [experiment.base],
+            os.path.join(experiment.base, REPORT_DIRNAME),
+            jobs=waits,
+            folder=slurm_folder(experiment.args, experiment.base),
+            name=f"{name}-report",
+            log=log,
+            trackers=experiment.trackers,
+        )
         replace_report(experiment.base, str(report_job.job_id), log=log)
-    log(f"Watch it with: condinit-status {experiment.base}   (submitit logs: "
-        f"{slurm_folder(experiment.args, experiment.base)})")
+    log(
+        f"Watch it with: condinit-status {experiment.base}   (submitit logs: "
+        f"{slurm_folder(experiment.args, experiment.base)})"
+    )
     return jobs, plan.todo, dict(plan.in_flight), report_job
 
 
-def submit_report(args, paths: Sequence[str], output_dir: str, *, jobs: Sequence[str], folder: str, name: str,
-                  log=print, trackers: Optional[dict] = None):
+def submit_report(
+    args,
+    paths: Sequence[str],
+    output_dir: str,
+    *,
+    jobs: Sequence[str],
+    folder: str,
+    name: str,
+    log=print,
+    trackers: Optional[dict] = None,
+):
     """A one-node, CPU-only job writing the comparison of ``paths`` once every job in ``jobs`` (ids) ended in any
     way (none: at once); ``trackers``: see :class:`ReportJob` (the last of ``paths`` is the experiment)."""
     report_args = copy.copy(args)
     report_args.nodes, report_args.gpus_per_node, report_args.max_parallel = 1, 0, None
     report = ReportJob(paths, output_dir, args.bootstrap, trackers=trackers)
-    (job,) = submit(make_executor(report_args, folder, name), [report],
-                    dependency=after("afterany", jobs) if jobs else None)
+    (job,) = submit(
+        make_executor(report_args, folder, name), [report], dependency=after("afterany", jobs) if jobs else None
+    )
     log(f"Report job {job.job_id} writes {output_dir} after them")
     return job
 
@@ -387,28 +441,53 @@ def submit_stages(pre: Experiment, fine: Experiment, report_dir: str, *, log=pri
     jobs += _submit_downstream(pre, fine, fine_plan.todo, pre_jobs, pre_plan.in_flight, log)
     if jobs:
         output = os.path.dirname(report_dir)
-        job = submit_report(args, [pre.base, fine.base], report_dir, jobs=jobs, folder=slurm_folder(args, output),
-                            name="condinit-protocol-report", log=log, trackers=fine.trackers)
+        job = submit_report(
+            args,
+            [pre.base, fine.base],
+            report_dir,
+            jobs=jobs,
+            folder=slurm_folder(args, output),
+            name="condinit-protocol-report",
+            log=log,
+            trackers=fine.trackers,
+        )
         replace_report(output, str(job.job_id), log=log)
 
 
-def _submit_downstream(pre: Experiment, fine: Experiment, todo: List[RunSpec], pre_jobs: Dict[RunSpec, object],
-                       pre_in_flight: Dict[RunSpec, str], log) -> List[str]:
+def _submit_downstream(
+    pre: Experiment,
+    fine: Experiment,
+    todo: List[RunSpec],
+    pre_jobs: Dict[RunSpec, object],
+    pre_in_flight: Dict[RunSpec, str],
+    log,
+) -> List[str]:
     """Submit the downstream runs each after its upstream run; returns their job ids."""
     after_new = [s for s in todo if _upstream_of(s) in pre_jobs]
     if after_new and [_upstream_of(s) for s in after_new] == list(pre_jobs):  # element i after element i
-        jobs = submit_runs(fine, after_new, name="condinit-finetune", dependency=after_each(list(pre_jobs.values())),
-                           log=log)
+        jobs = submit_runs(
+            fine, after_new, name="condinit-finetune", dependency=after_each(list(pre_jobs.values())), log=log
+        )
     else:
-        jobs = [job for s in after_new for job in submit_runs(
-            fine, [s], name="condinit-finetune", dependency=after("afterok", [pre_jobs[_upstream_of(s)]]), log=log)]
+        jobs = [
+            job
+            for s in after_new
+            for job in submit_runs(
+                fine, [s], name="condinit-finetune", dependency=after("afterok", [pre_jobs[_upstream_of(s)]]), log=log
+            )
+        ]
     ready = []
     for spec in todo:
         if spec in after_new:
             continue
         if _upstream_of(spec) in pre_in_flight:
-            jobs += submit_runs(fine, [spec], name="condinit-finetune",
-                                dependency=after("afterok", [pre_in_flight[_upstream_of(spec)]]), log=log)
+            jobs += submit_runs(
+                fine,
+                [spec],
+                name="condinit-finetune",
+                dependency=after("afterok", [pre_in_flight[_upstream_of(spec)]]),
+                log=log,
+            )
         elif pre.finished(_upstream_of(spec)):
             ready.append(spec)
         else:

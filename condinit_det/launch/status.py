@@ -5,6 +5,7 @@ stage's descriptor: state, progress, the last evaluation's headline metrics, the
 and what ``squeue`` says of it. A run whose records cannot be read is shown as such; the others are read as usual.
 The states and how each is decided: docs/training.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -266,29 +267,39 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
     neither a plan nor a run, or has an unreadable plan; a run whose results file cannot be read is shown
     ``"unreadable"``, with why."""
     if not os.path.isdir(path):
-        raise ValueError(f"{path} is not a directory; expected an experiment directory (with experiment.json) "
-                         "or a run directory")
+        raise ValueError(
+            f"{path} is not a directory; expected an experiment directory (with experiment.json) or a run directory"
+        )
     now = time.time() if now is None else float(now)
     bases, run_dirs = find_plans(path), _run_dirs(path)
     if not bases and not run_dirs:
-        raise ValueError(f"{path} holds no experiment plan (experiment.json) and no run directory (with "
-                         f"{RESULTS_FILENAME} or {METRICS_FILENAME})")
+        raise ValueError(
+            f"{path} holds no experiment plan (experiment.json) and no run directory (with "
+            f"{RESULTS_FILENAME} or {METRICS_FILENAME})"
+        )
 
     out, seen = [], set()
     for base in bases:
         plan = read_plan(base)
         descriptor = stage_of(plan.stage, plan.stage_description)
         if descriptor is None:
-            raise ValueError(f"{base}/experiment.json: stage {plan.stage!r} is not described in the plan and no "
-                             "stage of that name is known")
+            raise ValueError(
+                f"{base}/experiment.json: stage {plan.stage!r} is not described in the plan and no "
+                "stage of that name is known"
+            )
         runs = []
         for spec in plan.runs:
             run_path = spec.path(base)
             if not _within(run_path, path) and not _within(path, run_path):
                 continue
             seen.add(os.path.realpath(run_path))
-            runs.append(_read(RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True, descriptor=descriptor),
-                              now, stale_after))
+            runs.append(
+                _read(
+                    RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True, descriptor=descriptor),
+                    now,
+                    stale_after,
+                )
+            )
         for r in runs:
             _settle(r, plan.length if plan.unit == descriptor.unit else None, now)
         _add_jobs(base, runs, now)
@@ -341,9 +352,19 @@ def format_table(statuses: Sequence[RunStatus], base: str = "") -> str:
     for s in statuses:
         log = s.log or os.path.join(s.path, LOG_FILENAME) + " (none yet)"
         state = s.state + (f" (job {s.job['id']})" if s.job else "")
-        rows.append((s.arm, "?" if s.seed is None else str(s.seed), f"{s.lr_scale:g}", state, _progress(s),
-                     _evaluation(s), "-" if s.sec_per_iter is None else f"{s.sec_per_iter:.3g}",
-                     _duration(s.eta_seconds), os.path.relpath(log, base) if base else log))
+        rows.append(
+            (
+                s.arm,
+                "?" if s.seed is None else str(s.seed),
+                f"{s.lr_scale:g}",
+                state,
+                _progress(s),
+                _evaluation(s),
+                "-" if s.sec_per_iter is None else f"{s.sec_per_iter:.3g}",
+                _duration(s.eta_seconds),
+                os.path.relpath(log, base) if base else log,
+            )
+        )
     header = ("arm", "seed", "lr", "state", "progress", "last evaluation", "s/it", "ETA", "log")
     table = tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True, stralign="left")
     notes = [f"  {s.name}: {describe_failure(s.failure)}" for s in statuses if s.failure is not None]

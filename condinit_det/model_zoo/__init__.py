@@ -1,5 +1,6 @@
 """The project's configs by name (a path under ``configs/``), as detectron2's ``model_zoo`` serves its own, and the
 loader of every ``--config-file`` (a path or ``zoo:<name>``)."""
+
 import difflib
 import glob
 import os
@@ -9,8 +10,15 @@ from typing import List, Sequence
 from ..utils.errors import UsageError
 from ..utils.overrides import check_override_keys
 
-__all__ = ["ZOO_PREFIX", "configs_root", "get_config", "get_config_file", "list_configs", "load_config",
-           "resolve_config_file"]
+__all__ = [
+    "ZOO_PREFIX",
+    "configs_root",
+    "get_config",
+    "get_config_file",
+    "list_configs",
+    "load_config",
+    "resolve_config_file",
+]
 
 ZOO_PREFIX = "zoo:"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,8 +51,10 @@ def get_config_file(config_path: str) -> str:
         return path
     close = difflib.get_close_matches(name, _all_files(root), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}?" if close else f"available: {', '.join(list_configs())}"
-    raise FileNotFoundError(f"{config_path!r} is not a model-zoo config (names are paths under configs/, "
-                            f"e.g. demo/mask_rcnn_vit_tiny.py); {hint}")
+    raise FileNotFoundError(
+        f"{config_path!r} is not a model-zoo config (names are paths under configs/, "
+        f"e.g. demo/mask_rcnn_vit_tiny.py); {hint}"
+    )
 
 
 def get_config(config_path: str):
@@ -56,7 +66,7 @@ def resolve_config_file(spec: str) -> str:
     """``zoo:<name>`` -> the model-zoo config; anything else is a path. Raises FileNotFoundError (one line)."""
     spec = str(spec)
     if spec.startswith(ZOO_PREFIX):
-        return get_config_file(spec[len(ZOO_PREFIX):])
+        return get_config_file(spec[len(ZOO_PREFIX) :])
     if os.path.isfile(spec):
         return spec
     name = spec.removeprefix("configs/")

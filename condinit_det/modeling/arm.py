@@ -5,6 +5,7 @@ node's ``_target_`` for :func:`build_armed` (the original kept in ``_arm_target_
 Instantiating it builds the model as before, then applies the arm in place before any checkpoint is loaded; the
 report is kept on ``model.condinit_report``. One arm per model, set in one place (anything else is an error).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -96,8 +97,11 @@ def armed_nodes(node, path: str = "model") -> List[Tuple[str, object]]:
     if is_armed(node):
         found.append((path, node))
     try:
-        items = list(node.items_ex(resolve=False)) if hasattr(node, "items_ex") else (
-            list(node.items()) if isinstance(node, dict) else [])
+        items = (
+            list(node.items_ex(resolve=False))
+            if hasattr(node, "items_ex")
+            else (list(node.items()) if isinstance(node, dict) else [])
+        )
     except Exception:
         items = []
     for key, value in items:
@@ -118,7 +122,8 @@ def check_arm_agrees(condinit, config_condinit, *, where: str = "the armed node'
         if top_identity != identity:
             raise ValueError(
                 f"the arm is set in two places that disagree: condinit ({top_identity}) and {where} ({identity}); "
-                f"set it once, in condinit, and leave the armed node's condinit = '{_ARM_NODE_REF}'")
+                f"set it once, in condinit, and leave the armed node's condinit = '{_ARM_NODE_REF}'"
+            )
     return spec
 
 
@@ -129,8 +134,9 @@ def build_armed(*, condinit=None, **kwargs) -> nn.Module:
 
     target = kwargs.pop(_TARGET_KEY)
     site_prefix = kwargs.pop(_PREFIX_KEY, "")
-    spec = check_arm_agrees(condinit, kwargs.pop(_REFERENCE_KEY, None),
-                            where=f"the condinit of the armed {_target_name(target)} node")  # before the build
+    spec = check_arm_agrees(
+        condinit, kwargs.pop(_REFERENCE_KEY, None), where=f"the condinit of the armed {_target_name(target)} node"
+    )  # before the build
     target = locate(target) if isinstance(target, str) else target
     module = target(**kwargs)
     inner = [(name, m) for name, m in module.named_modules() if getattr(m, _REPORT_ATTR, None) is not None]

@@ -3,6 +3,7 @@ the full model's site names (``backbone.net.blocks.0.attn``) before any checkpoi
 ``backbone.condinit_report``. Requires :func:`condinit_det.modeling.yacs_config.add_condinit_config`; see
 docs/configs.md.
 """
+
 import logging
 import math
 from functools import partial
@@ -16,8 +17,12 @@ from ..init import apply_init
 from .xcit import XCiT
 from .yacs_config import condinit_options
 
-__all__ = ["PaddedSimpleFeaturePyramid", "build_condinit_swin_fpn_backbone", "build_condinit_vit_backbone",
-           "build_condinit_xcit_backbone"]
+__all__ = [
+    "PaddedSimpleFeaturePyramid",
+    "build_condinit_swin_fpn_backbone",
+    "build_condinit_vit_backbone",
+    "build_condinit_xcit_backbone",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +103,12 @@ def _simple_feature_pyramid(cfg, net: Backbone) -> SimpleFeaturePyramid:
 def build_condinit_vit_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
     """ViTDet backbone (plain ViT + simple feature pyramid) from ``MODEL.VIT`` / ``MODEL.SIMPLE_FPN``."""
     _check_cfg(cfg)
-    net = ViT(in_chans=input_shape.channels, norm_layer=partial(nn.LayerNorm, eps=1e-6), out_feature="last_feat",
-              **_arguments(cfg.MODEL.VIT))
+    net = ViT(
+        in_chans=input_shape.channels,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        out_feature="last_feat",
+        **_arguments(cfg.MODEL.VIT),
+    )
     return _apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))
 
 
@@ -116,8 +125,12 @@ def build_condinit_swin_fpn_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
                 f"{['p%d' % i for i in range(len(s.DEPTHS))]}"
             )
         out_indices.append(int(name[1:]))
-    bottom_up = SwinTransformer(patch_size=4, in_chans=input_shape.channels, out_indices=tuple(out_indices),
-                                **_arguments(s, exclude=("OUT_FEATURES",)))
+    bottom_up = SwinTransformer(
+        patch_size=4,
+        in_chans=input_shape.channels,
+        out_indices=tuple(out_indices),
+        **_arguments(s, exclude=("OUT_FEATURES",)),
+    )
     backbone = FPN(
         bottom_up=bottom_up,
         in_features=cfg.MODEL.FPN.IN_FEATURES,

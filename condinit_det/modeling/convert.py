@@ -2,6 +2,7 @@
 detectron2 model; a checkpoint that does not fit the trunk is refused with one ValueError naming both. What each
 architecture drops, remaps and leaves at its init: docs/checkpoints.md.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,17 @@ class ConvertedCheckpoint(dict):
         notes: what was mapped, interpolated or left alone, one line each.
     """
 
-    def __init__(self, data: Tensors, *, source: str, target: str, prefix: str, missing: Sequence[str],
-                 dropped: Sequence[str], notes: Sequence[str]):
+    def __init__(
+        self,
+        data: Tensors,
+        *,
+        source: str,
+        target: str,
+        prefix: str,
+        missing: Sequence[str],
+        dropped: Sequence[str],
+        notes: Sequence[str],
+    ):
         super().__init__(data)
         self.source = source
         self.target = target
@@ -65,8 +75,10 @@ class ConvertedCheckpoint(dict):
         if self.dropped:
             lines.append(f"  dropped from the checkpoint ({len(self.dropped)}): {_abbrev(self.dropped)}")
         if self.trunk_missing:
-            lines.append(f"  trunk keys not in the checkpoint, keep their init ({len(self.trunk_missing)}): "
-                         f"{_abbrev(self.trunk_missing)}")
+            lines.append(
+                f"  trunk keys not in the checkpoint, keep their init ({len(self.trunk_missing)}): "
+                f"{_abbrev(self.trunk_missing)}"
+            )
         others = len(self.missing) - len(self.trunk_missing)
         if others > 0:
             lines.append(f"  {others} other model keys (neck, heads) keep their init")
@@ -108,8 +120,9 @@ def _convert_vit(sd: Tensors, trunk: ViT) -> Conversion:
     else:
         out["pos_embed"] = _vit_pos_embed(pos, sd, trunk, notes)
     if trunk.blocks[0].attn.use_rel_pos:
-        notes.append("rel_pos_h / rel_pos_w (ViTDet relative positions) are not in timm checkpoints: "
-                     "they keep their init")
+        notes.append(
+            "rel_pos_h / rel_pos_w (ViTDet relative positions) are not in timm checkpoints: they keep their init"
+        )
     return out, dropped, notes
 
 
@@ -121,8 +134,9 @@ def _vit_pos_embed(pos: torch.Tensor, sd: Tensors, trunk: ViT, notes: List[str])
     n_prefix = tokens if tokens and _square_side(pos.shape[1] - tokens) else 0
     side = _square_side(pos.shape[1] - n_prefix)
     if side is None:
-        raise ValueError(f"timm ViT pos_embed of shape {tuple(pos.shape)} is not a square grid "
-                         f"(+{tokens} prefix slots)")
+        raise ValueError(
+            f"timm ViT pos_embed of shape {tuple(pos.shape)} is not a square grid (+{tokens} prefix slots)"
+        )
     cls_slot = bool(trunk.pretrain_use_cls_token)
     new_side = _square_side(trunk.pos_embed.shape[1] - cls_slot)
     grid = pos[:, n_prefix:]
@@ -153,19 +167,22 @@ def _convert_swin(sd: Tensors, trunk: SwinTransformer) -> Conversion:
             dropped.append(key)
         elif key.startswith("norm."):
             if has_last_norm:
-                out[f"norm{last}." + key[len("norm."):]] = value
+                out[f"norm{last}." + key[len("norm.") :]] = value
             else:
                 dropped.append(key)
         elif timm_layout and key.startswith("layers.") and ".downsample." in key:
-            stage, rest = key[len("layers."):].split(".", 1)
+            stage, rest = key[len("layers.") :].split(".", 1)
             out[f"layers.{int(stage) - 1}.{rest}"] = value
         else:
             out[key] = value
     if timm_layout and any(".downsample." in key for key in sd):
         notes.append("PatchMerging moved from the start of stage i (timm) to the end of stage i-1 (detectron2)")
     if "norm.weight" in sd:
-        notes.append(f"timm's final norm -> norm{last} (the last stage's output norm)" if has_last_norm else
-                     f"timm's final norm dropped: stage {last} is not among the target's out_indices")
+        notes.append(
+            f"timm's final norm -> norm{last} (the last stage's output norm)"
+            if has_last_norm
+            else f"timm's final norm dropped: stage {last} is not among the target's out_indices"
+        )
     notes.append("relative_position_index / attn_mask buffers are recomputed from the window size, not copied")
     return out, dropped, notes
 
@@ -192,11 +209,22 @@ class _Architecture(NamedTuple):
 
 _ADVICE = "pretrain the architecture and size the config builds, or use the config of the checkpoint's architecture"
 _ARCHITECTURES = (
-    _Architecture(ViT, "detectron2 ViT", TimmVisionTransformer, _convert_vit,
-                  (r"blocks\.\d+\.attn\.rel_pos_[hw]$", r"blocks\.\d+\.residual\.", r"pos_embed$"),
-                  "detectron2's ViT has no LayerScale, q/k norm, register tokens or pre-norm: " + _ADVICE),
-    _Architecture(SwinTransformer, "detectron2 SwinTransformer", TimmSwinTransformer, _convert_swin,
-                  (r"norm\d+\.", r"absolute_pos_embed$"), _ADVICE),
+    _Architecture(
+        ViT,
+        "detectron2 ViT",
+        TimmVisionTransformer,
+        _convert_vit,
+        (r"blocks\.\d+\.attn\.rel_pos_[hw]$", r"blocks\.\d+\.residual\.", r"pos_embed$"),
+        "detectron2's ViT has no LayerScale, q/k norm, register tokens or pre-norm: " + _ADVICE,
+    ),
+    _Architecture(
+        SwinTransformer,
+        "detectron2 SwinTransformer",
+        TimmSwinTransformer,
+        _convert_swin,
+        (r"norm\d+\.", r"absolute_pos_embed$"),
+        _ADVICE,
+    ),
     _Architecture(XCiT, "condinit_det XCiT", TimmXcit, _convert_xcit, (), _ADVICE),
 )
 
@@ -214,21 +242,29 @@ def _read(checkpoint: Checkpoint, trust_pickle: bool) -> Tuple[Tensors, Mapping[
         sd = inner
     tensors = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
     if tensors and all(k.startswith("module.") for k in tensors):
-        tensors = {k[len("module."):]: v for k, v in tensors.items()}
+        tensors = {k[len("module.") :]: v for k, v in tensors.items()}
     return tensors, checkpoint
 
 
 def _find_trunk(model: nn.Module) -> Tuple[str, nn.Module, _Architecture]:
     """``(path, module, architecture)`` of the one trunk inside ``model`` (path ``""``: ``model`` itself)."""
-    found = [(name, module, arch) for name, module in model.named_modules()
-             for arch in _ARCHITECTURES if isinstance(module, arch.trunk_class)]
+    found = [
+        (name, module, arch)
+        for name, module in model.named_modules()
+        for arch in _ARCHITECTURES
+        if isinstance(module, arch.trunk_class)
+    ]
     if not found:
-        raise ValueError(f"no transformer trunk in {type(model).__name__}: convert_timm_checkpoint looks for a "
-                         f"{', '.join(arch.label for arch in _ARCHITECTURES)} module")
+        raise ValueError(
+            f"no transformer trunk in {type(model).__name__}: convert_timm_checkpoint looks for a "
+            f"{', '.join(arch.label for arch in _ARCHITECTURES)} module"
+        )
     if len(found) > 1:
         where = ", ".join(f"{name or '<root>'} ({arch.label})" for name, _, arch in found)
-        raise ValueError(f"several transformer trunks in {type(model).__name__} ({where}); convert into one of "
-                         f"them by passing it as the model")
+        raise ValueError(
+            f"several transformer trunks in {type(model).__name__} ({where}); convert into one of "
+            f"them by passing it as the model"
+        )
     return found[0]
 
 
@@ -245,12 +281,14 @@ def _describe(module: nn.Module, label: str) -> str:
 
 
 def _mismatch(source: str, target: str, detail: str, arch: _Architecture) -> ValueError:
-    return ValueError(f"checkpoint/model mismatch: {source} does not fit the model's trunk, a {target}: {detail}; "
-                      f"{arch.advice}")
+    return ValueError(
+        f"checkpoint/model mismatch: {source} does not fit the model's trunk, a {target}: {detail}; {arch.advice}"
+    )
 
 
-def _check_timm_model(name: str, kwargs: Optional[Mapping[str, Any]], sd: Tensors, trunk: nn.Module,
-                      arch: _Architecture, target: str) -> str:
+def _check_timm_model(
+    name: str, kwargs: Optional[Mapping[str, Any]], sd: Tensors, trunk: nn.Module, arch: _Architecture, target: str
+) -> str:
     """Check ``sd`` and the trunk against timm model ``name`` (built with ``kwargs`` on the meta device);
     returns the checkpoint's description. Classifier and position table are not compared."""
     with torch.device("meta"):
@@ -258,11 +296,17 @@ def _check_timm_model(name: str, kwargs: Optional[Mapping[str, Any]], sd: Tensor
     source = _describe(ref, f"the timm {name!r} checkpoint")
     if not isinstance(ref, arch.timm_class):
         raise _mismatch(source, target, f"it is a timm {type(ref).__name__}, not a {arch.timm_class.__name__}", arch)
-    diff = [k for k, v in ref.state_dict().items() if not k.startswith(("head", "fc_norm", "pos_embed"))
-            and not k.endswith(_BUFFERS) and (k not in sd or sd[k].shape != v.shape)]
+    diff = [
+        k
+        for k, v in ref.state_dict().items()
+        if not k.startswith(("head", "fc_norm", "pos_embed"))
+        and not k.endswith(_BUFFERS)
+        and (k not in sd or sd[k].shape != v.shape)
+    ]
     if diff:
-        raise ValueError(f"the checkpoint is not a {name!r} state dict: keys missing or of another shape: "
-                         f"{_abbrev(diff)}")
+        raise ValueError(
+            f"the checkpoint is not a {name!r} state dict: keys missing or of another shape: {_abbrev(diff)}"
+        )
     if _attention_size(ref) != _attention_size(trunk):
         raise _mismatch(source, target, "another width, depth or head count", arch)
     return source
@@ -273,13 +317,23 @@ def _check_fit(out: Tensors, trunk: nn.Module, arch: _Architecture, source: str,
     parts (``arch.init_only``) aside."""
     shapes = {k: v.shape for k, v in trunk.state_dict().items()}
     extra = [k for k in out if k not in shapes]
-    wrong = [f"{k} {tuple(v.shape)} vs {tuple(shapes[k])}" for k, v in out.items()
-             if k in shapes and v.shape != shapes[k]]
-    lacking = [k for k in shapes if k not in out and not k.endswith(_BUFFERS)
-               and not any(re.match(pattern, k) for pattern in arch.init_only)]
-    problems = [f"{what} ({len(keys)}): {_abbrev(keys, 4)}" for what, keys in (
-        ("keys the trunk has no place for", extra), ("keys of another shape (checkpoint vs trunk)", wrong),
-        ("trunk keys it lacks", lacking)) if keys]
+    wrong = [
+        f"{k} {tuple(v.shape)} vs {tuple(shapes[k])}" for k, v in out.items() if k in shapes and v.shape != shapes[k]
+    ]
+    lacking = [
+        k
+        for k in shapes
+        if k not in out and not k.endswith(_BUFFERS) and not any(re.match(pattern, k) for pattern in arch.init_only)
+    ]
+    problems = [
+        f"{what} ({len(keys)}): {_abbrev(keys, 4)}"
+        for what, keys in (
+            ("keys the trunk has no place for", extra),
+            ("keys of another shape (checkpoint vs trunk)", wrong),
+            ("trunk keys it lacks", lacking),
+        )
+        if keys
+    ]
     if problems:
         raise _mismatch(source, target, "; ".join(problems), arch)
 
@@ -322,7 +376,8 @@ def convert_timm_checkpoint(
     prefix = f"{where}." if where else ""
     converted = {prefix + k: v for k, v in out.items()}
     missing = sorted(k for k in model.state_dict() if k not in converted and not k.endswith(_BUFFERS))
-    result = ConvertedCheckpoint(converted, source=source, target=target, prefix=prefix, missing=missing,
-                                 dropped=sorted(dropped), notes=notes)
+    result = ConvertedCheckpoint(
+        converted, source=source, target=target, prefix=prefix, missing=missing, dropped=sorted(dropped), notes=notes
+    )
     logger.info(result.summary())
     return result

@@ -1,6 +1,7 @@
 """XCiT (Cross-Covariance Image Transformer) as a detectron2 backbone: timm's trunk without the classification parts,
 under timm's parameter names (so converted timm / official checkpoints load), and the neck of XCiT's detection code.
 """
+
 from functools import partial
 from typing import Dict, Optional, Sequence
 
@@ -102,8 +103,10 @@ class XCiT(Backbone):
         else:
             normalized = [int(i) + depth if int(i) < 0 else int(i) for i in out_indices]
             if not normalized or len(set(normalized)) < len(normalized) or not all(0 <= i < depth for i in normalized):
-                raise ValueError(f"XCiT out_indices must be distinct blocks in 0..{depth - 1} (or negative, from the "
-                                 f"end), got {tuple(out_indices)} for depth {depth}; None: the last block")
+                raise ValueError(
+                    f"XCiT out_indices must be distinct blocks in 0..{depth - 1} (or negative, from the "
+                    f"end), got {tuple(out_indices)} for depth {depth}; None: the last block"
+                )
             self._out_blocks = {i: f"block{i}" for i in sorted(normalized)}
         self.out_indices = tuple(self._out_blocks)
         self._last_block = max(self._out_blocks)
@@ -181,8 +184,9 @@ class XCiTDeconvPyramid(Backbone):
             raise TypeError(f"XCiTDeconvPyramid takes an XCiT trunk, got {type(net).__name__}")
         in_features = net._out_features
         if len(net.out_indices) != 4:
-            raise ValueError(f"XCiTDeconvPyramid needs an XCiT with four out_indices (e.g. (3, 5, 7, 11)), got outputs "
-                             f"{in_features}")
+            raise ValueError(
+                f"XCiTDeconvPyramid needs an XCiT with four out_indices (e.g. (3, 5, 7, 11)), got outputs {in_features}"
+            )
         out_features = list(out_features)
         if len(out_features) != 4 or len(set(out_features)) != 4:
             raise ValueError(f"XCiTDeconvPyramid out_features must be four distinct names, got {out_features}")

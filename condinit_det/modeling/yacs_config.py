@@ -2,6 +2,7 @@
 :mod:`condinit_det.modeling.backbones`, the optimizer and the trackers. Usage: ``cfg = get_cfg();
 add_condinit_config(cfg); cfg.merge_from_file(...); build_model(cfg)``; see docs/configs.md.
 """
+
 import torch
 from detectron2.config import CfgNode as CN
 from detectron2.solver.build import get_default_optimizer_params, maybe_add_gradient_clipping
@@ -13,8 +14,18 @@ __all__ = ["add_condinit_config", "build_optimizer", "condinit_options"]
 OPTIMIZERS = ("SGD", "ADAMW")
 
 # The arms' options under MODEL.CONDINIT: apply_init's keywords in upper case.
-_OPTION_KEYS = ("GAIN_QK", "GAIN_V", "VALUE_MODE", "CONDITION_OUTPUT", "ALPHA1", "BETA1", "ALPHA2", "BETA2", "NOISE",
-                "NORM")
+_OPTION_KEYS = (
+    "GAIN_QK",
+    "GAIN_V",
+    "VALUE_MODE",
+    "CONDITION_OUTPUT",
+    "ALPHA1",
+    "BETA1",
+    "ALPHA2",
+    "BETA2",
+    "NOISE",
+    "NORM",
+)
 
 
 def add_condinit_config(cfg: CN) -> CN:

@@ -5,10 +5,19 @@ the backbone a detector fine-tunes from. :mod:`.stage` (the launcher's :class:`P
 :mod:`.data`, :mod:`.model`, :mod:`.trainer` (one run), :mod:`.step` (one optimizer step), :mod:`.evaluate`,
 :mod:`.conditioning` (kappa along training), :mod:`.checkpoint`. No import of :mod:`condinit_det.engine`.
 """
+
 from .config import load_config, node, resolve_lr
 from .model import build_armed_model, create_classifier
 from .stage import PretrainStage
 from .trainer import PretrainRun, train_run
 
-__all__ = ["PretrainRun", "PretrainStage", "build_armed_model", "create_classifier", "load_config",
-           "node", "resolve_lr", "train_run"]
+__all__ = [
+    "PretrainRun",
+    "PretrainStage",
+    "build_armed_model",
+    "create_classifier",
+    "load_config",
+    "node",
+    "resolve_lr",
+    "train_run",
+]

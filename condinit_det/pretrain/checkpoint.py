@@ -2,6 +2,7 @@
 (the training state after NNNN epochs; the newest ``keep`` are kept), and the final weights ``model_final.safetensors``
 (to share; the rest as metadata) and ``model_final.pth`` (format ``PRETRAIN_FORMAT``, what detection fine-tunes
 from)."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,15 @@ from fvcore.common.checkpoint import Checkpointer, PeriodicCheckpointer
 from ..utils.checkpoint_io import load_checkpoint, save_safetensors
 from ..utils.fileio import atomic_torch_save
 
-__all__ = ["EpochCheckpointer", "FINAL_FILENAME", "FINAL_SAFETENSORS", "find_checkpoints",
-           "last_checkpoint", "periodic_checkpointer", "save_final"]
+__all__ = [
+    "EpochCheckpointer",
+    "FINAL_FILENAME",
+    "FINAL_SAFETENSORS",
+    "find_checkpoints",
+    "last_checkpoint",
+    "periodic_checkpointer",
+    "save_final",
+]
 
 FINAL_FILENAME = "model_final.pth"
 FINAL_SAFETENSORS = "model_final.safetensors"
@@ -44,8 +52,9 @@ class EpochCheckpointer(Checkpointer):
     atomically; the newest such file is the last checkpoint (no tag file); files load weights-only unless
     ``trust_pickle``."""
 
-    def __init__(self, model, run_dir: str, *, trust_pickle: bool = False, save_to_disk: bool = True,
-                 **checkpointables):
+    def __init__(
+        self, model, run_dir: str, *, trust_pickle: bool = False, save_to_disk: bool = True, **checkpointables
+    ):
         super().__init__(model, run_dir, save_to_disk=save_to_disk, **checkpointables)
         self.trust_pickle = bool(trust_pickle)
 

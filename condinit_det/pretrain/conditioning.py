@@ -4,6 +4,7 @@ The main process measures on a fixed batch of evaluation images at the start, af
 after the last one (never twice at one epoch), adding ``"conditioning"`` records with ``epoch`` and ``stage`` to
 ``results.json``; no RNG advances. See docs/pretraining.md#κ-of-the-attention-jacobian-along-pretraining.
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,8 +69,11 @@ class EpochConditioning:
     def start(self, model: nn.Module, *, epoch: int, step: int, storage=None, results=None) -> List[dict]:
         """The measurement at the start of training (epoch ``epoch``, ``step`` steps done), unless ``results``
         holds one of that epoch and step already (a resumed run whose predecessor measured it)."""
-        if results is not None and results.exists() and any(
-                r.get("epoch") == epoch and r["iteration"] == step for r in results.records("conditioning")):
+        if (
+            results is not None
+            and results.exists()
+            and any(r.get("epoch") == epoch and r["iteration"] == step for r in results.records("conditioning"))
+        ):
             self.last_epoch = epoch
             return []
         return self.measure(model, epoch=epoch, step=step, storage=storage if step == 0 else None, results=results)
@@ -79,8 +83,9 @@ class EpochConditioning:
         if epoch == self.last_epoch:
             return []
         start = time.perf_counter()
-        rows = measure_conditioning(model, self.batch, storage=storage, at=f"epoch {epoch} (step {step})",
-                                    logger=logger, **self.options)
+        rows = measure_conditioning(
+            model, self.batch, storage=storage, at=f"epoch {epoch} (step {step})", logger=logger, **self.options
+        )
         records = conditioning_records(rows, iteration=step, epoch=epoch, **self.meta)
         if results is not None:
             results.extend(records)

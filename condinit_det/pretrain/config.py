@@ -3,6 +3,7 @@
 ``configs/ImageNet/*.py``). :func:`node` reads a node with :data:`DEFAULTS` filled in and refuses unknown keys, so a
 misspelt override (``augment.mixpu=0``) is an error, not a silent no-op. Detail: docs/pretraining.md.
 """
+
 from __future__ import annotations
 
 import copy
@@ -99,18 +100,22 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
 }
 _NESTED = {("train", "ema")}
 # Every key the stage reads, whether the config sets it or not (model.kwargs: timm.create_model's, judged by it).
-OPTIONAL_KEYS = (*(f"{name}.{key}" for name, keys in DEFAULTS.items() for key in keys if (name, key) not in _NESTED),
-                 *(f"{name}.{key}.{sub}" for name, key in _NESTED for sub in DEFAULTS[name][key]),
-                 *(f"condinit.{key}" for key in ARM_NODE_KEYS),
-                 *(f"condinit_analysis.{key}" for key in ANALYSIS_DEFAULTS))
+OPTIONAL_KEYS = (
+    *(f"{name}.{key}" for name, keys in DEFAULTS.items() for key in keys if (name, key) not in _NESTED),
+    *(f"{name}.{key}.{sub}" for name, key in _NESTED for sub in DEFAULTS[name][key]),
+    *(f"condinit.{key}" for key in ARM_NODE_KEYS),
+    *(f"condinit_analysis.{key}" for key in ANALYSIS_DEFAULTS),
+)
 
 
 def load_config(config_file: str, opts: Optional[List[str]] = None):
     """A lazy ``.py`` config (a path or ``zoo:<name>``) with its ``key=value`` overrides; bad input is one line."""
     cfg = model_zoo.load_config(config_file, list(opts or []), optional=OPTIONAL_KEYS)
     if not hasattr(cfg, "items_ex"):  # a yacs CfgNode
-        raise UsageError(f"--config-file {config_file}: expected a lazy .py config, e.g. "
-                         "zoo:demo/pretrain_vit_tiny.py (yacs configs are for detection)")
+        raise UsageError(
+            f"--config-file {config_file}: expected a lazy .py config, e.g. "
+            "zoo:demo/pretrain_vit_tiny.py (yacs configs are for detection)"
+        )
     return cfg
 
 

@@ -1,6 +1,7 @@
 """Data for classification pretraining, from timm's parts: ``create_dataset`` on ``<root>/<split>/<class>/<image>``
 (the evaluation split reads the training split's class map), ``create_transform``, ``Mixup``, and samplers whose
 order is a function of (seed, epoch) only, the same for every arm of a seed."""
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,19 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from ..data import resolve_classification_root
 from ..utils.errors import UsageError
 
-__all__ = ["Datasets", "build_datasets", "build_mixup", "build_train_loader",
-           "build_train_sampler", "check_dataset_folders", "count_images", "data_config", "epoch_seed",
-           "set_sampler_epoch", "set_transforms"]
+__all__ = [
+    "Datasets",
+    "build_datasets",
+    "build_mixup",
+    "build_train_loader",
+    "build_train_sampler",
+    "check_dataset_folders",
+    "count_images",
+    "data_config",
+    "epoch_seed",
+    "set_sampler_epoch",
+    "set_transforms",
+]
 
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 # Sampler "epochs" of different seeds never meet: order(seed, epoch) = shuffle(seed * _SEED_STRIDE + epoch).
@@ -41,8 +52,10 @@ def _split_dir(root: str, split: str) -> str:
     path = os.path.join(root, split)
     if not os.path.isdir(path):
         found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-        raise UsageError(f"data.root={root}: no '{split}' folder (found: {', '.join(found) or 'nothing'}); expected "
-                         f"<root>/<split>/<class>/<image> with splits data.train_split / data.val_split")
+        raise UsageError(
+            f"data.root={root}: no '{split}' folder (found: {', '.join(found) or 'nothing'}); expected "
+            f"<root>/<split>/<class>/<image> with splits data.train_split / data.val_split"
+        )
     return path
 
 
@@ -77,20 +90,26 @@ def check_dataset_folders(data: Dict, *, check_num_classes: bool = True) -> Tupl
         split_dir = _split_dir(root, data[key])
         classes, loose = _class_folders(split_dir)
         if not classes:
-            raise UsageError(f"{split_dir} holds no images in class folders (image types: {' '.join(_IMAGE_EXTENSIONS)}"
-                             f"{f'; {loose} image(s) lie directly in it' if loose else ''}); expected "
-                             f"{split_dir}/<class>/<image>")
+            raise UsageError(
+                f"{split_dir} holds no images in class folders (image types: {' '.join(_IMAGE_EXTENSIONS)}"
+                f"{f'; {loose} image(s) lie directly in it' if loose else ''}); expected "
+                f"{split_dir}/<class>/<image>"
+            )
         splits[key] = (split_dir, classes)
     train_dir, classes = splits["train_split"]
     val_dir, val_classes = splits["val_split"]
     extra = sorted(set(val_classes) - set(classes))
     if extra:
-        raise UsageError(f"{val_dir} has class folder(s) absent from {train_dir}: {', '.join(extra[:5])}"
-                         f"{' ...' if len(extra) > 5 else ''}")
+        raise UsageError(
+            f"{val_dir} has class folder(s) absent from {train_dir}: {', '.join(extra[:5])}"
+            f"{' ...' if len(extra) > 5 else ''}"
+        )
     if check_num_classes and data.get("num_classes") is not None and int(data["num_classes"]) != len(classes):
         shown = ", ".join(classes[:8]) + (" ..." if len(classes) > 8 else "")
-        raise UsageError(f"data.num_classes={data['num_classes']} but {train_dir} has {len(classes)} class folders "
-                         f"({shown}); set data.num_classes={len(classes)} or point data.root at another dataset")
+        raise UsageError(
+            f"data.num_classes={data['num_classes']} but {train_dir} has {len(classes)} class folders "
+            f"({shown}); set data.num_classes={len(classes)} or point data.root at another dataset"
+        )
     return root, classes
 
 
@@ -111,8 +130,9 @@ def build_datasets(data: Dict, *, check_num_classes: bool = True) -> Datasets:
     root, _ = check_dataset_folders(data, check_num_classes=check_num_classes)
     train = create_dataset("", root=os.path.join(root, data["train_split"]), split="train", search_split=False)
     class_map = dict(train.reader.class_to_idx)
-    val = create_dataset("", root=os.path.join(root, data["val_split"]), split="validation", search_split=False,
-                         class_map=class_map)
+    val = create_dataset(
+        "", root=os.path.join(root, data["val_split"]), split="validation", search_split=False, class_map=class_map
+    )
     names = [c for c, _ in sorted(class_map.items(), key=lambda kv: kv[1])]
     return Datasets(train=train, val=val, root=root, classes=names)
 
@@ -135,13 +155,30 @@ def set_transforms(datasets: Datasets, *, data: Dict, augment: Dict, model: Opti
     cfg = data_config(data, model)
     auto_augment = augment["auto_augment"] or None
     datasets.train.transform = create_transform(
-        cfg["input_size"], is_training=True, scale=tuple(augment["scale"]), ratio=tuple(augment["ratio"]),
-        hflip=augment["hflip"], vflip=augment["vflip"], color_jitter=augment["color_jitter"],
-        auto_augment=auto_augment, interpolation=augment["interpolation"], mean=cfg["mean"], std=cfg["std"],
-        re_prob=augment["re_prob"], re_mode=augment["re_mode"], re_count=augment["re_count"])
+        cfg["input_size"],
+        is_training=True,
+        scale=tuple(augment["scale"]),
+        ratio=tuple(augment["ratio"]),
+        hflip=augment["hflip"],
+        vflip=augment["vflip"],
+        color_jitter=augment["color_jitter"],
+        auto_augment=auto_augment,
+        interpolation=augment["interpolation"],
+        mean=cfg["mean"],
+        std=cfg["std"],
+        re_prob=augment["re_prob"],
+        re_mode=augment["re_mode"],
+        re_count=augment["re_count"],
+    )
     datasets.val.transform = create_transform(
-        cfg["input_size"], is_training=False, interpolation=cfg["interpolation"], mean=cfg["mean"],
-        std=cfg["std"], crop_pct=cfg["crop_pct"], crop_mode=cfg.get("crop_mode"))
+        cfg["input_size"],
+        is_training=False,
+        interpolation=cfg["interpolation"],
+        mean=cfg["mean"],
+        std=cfg["std"],
+        crop_pct=cfg["crop_pct"],
+        crop_mode=cfg.get("crop_mode"),
+    )
 
 
 def build_mixup(augment: Dict, num_classes: int):
@@ -150,9 +187,16 @@ def build_mixup(augment: Dict, num_classes: int):
 
     if not (augment["mixup"] > 0 or augment["cutmix"] > 0 or augment["cutmix_minmax"] is not None):
         return None
-    return Mixup(mixup_alpha=augment["mixup"], cutmix_alpha=augment["cutmix"], cutmix_minmax=augment["cutmix_minmax"],
-                 prob=augment["mixup_prob"], switch_prob=augment["mixup_switch_prob"], mode=augment["mixup_mode"],
-                 label_smoothing=augment["label_smoothing"], num_classes=num_classes)
+    return Mixup(
+        mixup_alpha=augment["mixup"],
+        cutmix_alpha=augment["cutmix"],
+        cutmix_minmax=augment["cutmix_minmax"],
+        prob=augment["mixup_prob"],
+        switch_prob=augment["mixup_switch_prob"],
+        mode=augment["mixup_mode"],
+        label_smoothing=augment["label_smoothing"],
+        num_classes=num_classes,
+    )
 
 
 def build_train_sampler(dataset, augment: Dict, *, world_size: int, rank: int) -> Sampler:
@@ -178,6 +222,13 @@ def epoch_seed(seed: int, epoch: int, rank: int) -> int:
 
 def build_train_loader(dataset, sampler: Sampler, *, batch_size: int, workers: int, pin_memory: bool) -> DataLoader:
     """Batches of one process; ``loader.generator`` seeds the workers (re-seed it every epoch)."""
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=pin_memory,
-                      drop_last=True, generator=torch.Generator(), persistent_workers=False)
-
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        drop_last=True,
+        generator=torch.Generator(),
+        persistent_workers=False,
+    )

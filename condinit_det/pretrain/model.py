@@ -1,4 +1,5 @@
 """The classifier: ``timm.create_model`` from random init, then the arm, before anything else touches it."""
+
 from __future__ import annotations
 
 import difflib
@@ -21,8 +22,10 @@ def check_model_name(name) -> None:
         raise UsageError(f"model.name must be a timm model name, e.g. vit_base_patch16_224; got {name!r}")
     if timm.is_model(name):
         return
-    close = (difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
-             or timm.list_models(f"{name.split('_')[0]}*")[:5])  # else the names of the same family
+    close = (
+        difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+        or timm.list_models(f"{name.split('_')[0]}*")[:5]
+    )  # else the names of the same family
     hint = f"; close names: {', '.join(close)}" if close else ""
     raise UsageError(f"model.name={name!r} is not a timm model{hint} (timm.list_models() lists all)")
 
@@ -45,8 +48,10 @@ def check_arm_sites(model: nn.Module, spec: ArmSpec) -> List[str]:
     if not sites:
         from ..init import supported_layouts
 
-        raise UsageError(f"{type(model).__name__} has no attention site the arms know; supported layouts: "
-                         f"{'; '.join(supported_layouts())}")
+        raise UsageError(
+            f"{type(model).__name__} has no attention site the arms know; supported layouts: "
+            f"{'; '.join(supported_layouts())}"
+        )
     try:
         return [s.name for s in select_sites(sites, spec.include, spec.exclude)]
     except ValueError as e:

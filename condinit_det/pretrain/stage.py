@@ -1,4 +1,5 @@
 """The pretraining stage: timm classifiers trained with an arm from random weights, top-1 / top-5 recorded."""
+
 from __future__ import annotations
 
 import logging
@@ -78,8 +79,10 @@ class PretrainStage(Stage):
                 if data.get("num_classes") != IMAGENET_CLASSES:
                     raise UsageError(f"{e}: set data.num_train_images=N to price the runs without the data") from None
                 images = IMAGENET_TRAIN_IMAGES
-                logger.warning(f"data.root={data['root']} is not on this machine: priced with ImageNet-1k's "
-                               f"{images:,} training images (data.num_train_images=N sets another count)")
+                logger.warning(
+                    f"data.root={data['root']} is not on this machine: priced with ImageNet-1k's "
+                    f"{images:,} training images (data.num_train_images=N sets another count)"
+                )
         return self.length(cfg) * (int(images) // int(train["batch_size"]))
 
     def device(self, cfg) -> str:
@@ -92,21 +95,26 @@ class PretrainStage(Stage):
     def dataset(self, cfg) -> Optional[str]:
         return node(cfg, "data")["root"]
 
-    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *,
-              upstream: Optional[str] = None) -> None:
+    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *, upstream: Optional[str] = None) -> None:
         cfg = runs[0][1]
         nodes = {name: node(cfg, name) for name in ("model", "data", "augment", "train")}
         train, data = nodes["train"], nodes["data"]
         world = options.processes
         batch = int(train["batch_size"])
         if world < 1 or batch % world:
-            raise UsageError(f"train.batch_size={batch} does not split over {world} process(es); use a multiple of "
-                             f"{world}")
+            raise UsageError(
+                f"train.batch_size={batch} does not split over {world} process(es); use a multiple of {world}"
+            )
         if build_mixup(nodes["augment"], 2) is not None and (batch // world) % 2:
-            raise UsageError(f"mixup/cutmix need an even batch per process; train.batch_size={batch} over {world} "
-                             f"process(es) gives {batch // world}")
-        if str(train["device"]).startswith("cuda") and not (options.submitted or options.dry_run) \
-                and not torch.cuda.is_available():
+            raise UsageError(
+                f"mixup/cutmix need an even batch per process; train.batch_size={batch} over {world} "
+                f"process(es) gives {batch // world}"
+            )
+        if (
+            str(train["device"]).startswith("cuda")
+            and not (options.submitted or options.dry_run)
+            and not torch.cuda.is_available()
+        ):
             raise UsageError("train.device='cuda' but no CUDA device is available; pass train.device=cpu")
         if data.get("num_classes") is None:
             raise UsageError("data.num_classes is not set; it must equal the number of class folders")
@@ -127,8 +135,9 @@ class PretrainStage(Stage):
             if options.eval_only:
                 path = eval_checkpoint(node(run_cfg, "train"), run_dir)
                 if not os.path.isfile(path):
-                    raise UsageError(f"--eval-only: {path} does not exist; train the run first or pass "
-                                     "train.init_checkpoint=PATH")
+                    raise UsageError(
+                        f"--eval-only: {path} does not exist; train the run first or pass train.init_checkpoint=PATH"
+                    )
                 check_loadable(path, trust_pickle=options.trust_pickle)
 
     def loader_workers(self, cfg) -> Optional[int]:
@@ -142,11 +151,19 @@ class PretrainStage(Stage):
         return run_finished(run_dir, length)
 
     def train(self, options: RunOptions, cfg, run_dir: str) -> None:
-        train_run(cfg, run_dir=run_dir, config_file=options.config_file, resume=options.resume,
-                  trust_pickle=options.trust_pickle)
+        train_run(
+            cfg,
+            run_dir=run_dir,
+            config_file=options.config_file,
+            resume=options.resume,
+            trust_pickle=options.trust_pickle,
+        )
 
     def evaluate(self, options: RunOptions, cfg, run_dir: str) -> None:
-        evaluate_checkpoint(cfg, run_dir=run_dir, checkpoint=eval_checkpoint(node(cfg, "train"), run_dir),
-                            config_file=options.config_file, trust_pickle=options.trust_pickle)
-
-
+        evaluate_checkpoint(
+            cfg,
+            run_dir=run_dir,
+            checkpoint=eval_checkpoint(node(cfg, "train"), run_dir),
+            config_file=options.config_file,
+            trust_pickle=options.trust_pickle,
+        )

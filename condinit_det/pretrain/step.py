@@ -1,5 +1,6 @@
 """One optimizer step of a pretraining recipe with timm's parts (optimizer, scheduler, loss scaling, mixup, loss,
 gradient clipping, EMA): what the run's epoch loop and the step bench (``bench/bench_gpu_step.py``) both execute."""
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,16 @@ class PretrainStep:
     included), ``loss_scaler`` (float16 only), ``mixup``, ``ema`` (or None), ``lr``.
     """
 
-    def __init__(self, model: nn.Module, nodes: Dict[str, Dict], *, num_classes: int,
-                 amp_dtype: Optional[torch.dtype], steps_per_epoch: int, lr_scale: float = 1.0):
+    def __init__(
+        self,
+        model: nn.Module,
+        nodes: Dict[str, Dict],
+        *,
+        num_classes: int,
+        amp_dtype: Optional[torch.dtype],
+        steps_per_epoch: int,
+        lr_scale: float = 1.0,
+    ):
         from timm.optim import create_optimizer_v2
         from timm.scheduler import create_scheduler_v2
         from timm.utils import ModelEmaV3, NativeScaler
@@ -54,13 +63,27 @@ class PretrainStep:
         self.ema = ModelEmaV3(model, decay=float(train["ema"]["decay"])) if train["ema"]["enabled"] else None
         self.lr = resolve_lr(opt, int(train["batch_size"]), lr_scale)
         opt_kwargs = {k: opt[k] for k in ("betas", "eps") if opt[k] is not None}
-        self.optimizer = create_optimizer_v2(model, opt=opt["opt"], lr=self.lr, weight_decay=opt["weight_decay"],
-                                             momentum=opt["momentum"], layer_decay=opt["layer_decay"], **opt_kwargs)
+        self.optimizer = create_optimizer_v2(
+            model,
+            opt=opt["opt"],
+            lr=self.lr,
+            weight_decay=opt["weight_decay"],
+            momentum=opt["momentum"],
+            layer_decay=opt["layer_decay"],
+            **opt_kwargs,
+        )
         self.scheduler, self.num_epochs = create_scheduler_v2(
-            self.optimizer, sched=sched["sched"], num_epochs=int(train["epochs"]),
-            warmup_epochs=sched["warmup_epochs"], warmup_lr=sched["warmup_lr"], min_lr=sched["min_lr"],
-            cooldown_epochs=sched["cooldown_epochs"], warmup_prefix=sched["warmup_prefix"], step_on_epochs=False,
-            updates_per_epoch=steps_per_epoch)
+            self.optimizer,
+            sched=sched["sched"],
+            num_epochs=int(train["epochs"]),
+            warmup_epochs=sched["warmup_epochs"],
+            warmup_lr=sched["warmup_lr"],
+            min_lr=sched["min_lr"],
+            cooldown_epochs=sched["cooldown_epochs"],
+            warmup_prefix=sched["warmup_prefix"],
+            step_on_epochs=False,
+            updates_per_epoch=steps_per_epoch,
+        )
         # fp16 needs loss scaling (timm's scaler: scale, backward, unscale, clip, step, update); bf16 and fp32 don't
         self.loss_scaler = NativeScaler(device.type) if amp_dtype == torch.float16 else None
         self.mixup = build_mixup(augment, num_classes)
@@ -87,14 +110,18 @@ class PretrainStep:
 
         if self.mixup is not None:
             images, targets = self.mixup(images, targets)
-        autocast = (torch.autocast(device_type=self._device_type, dtype=self.amp_dtype)
-                    if self.amp_dtype is not None else contextlib.nullcontext())
+        autocast = (
+            torch.autocast(device_type=self._device_type, dtype=self.amp_dtype)
+            if self.amp_dtype is not None
+            else contextlib.nullcontext()
+        )
         with autocast:
             loss = self.criterion(forward(images), targets)
         self.optimizer.zero_grad(set_to_none=True)
         if self.loss_scaler is not None:
-            self.loss_scaler(loss, self.optimizer, clip_grad=self.clip, clip_mode=self.clip_mode,
-                             parameters=self.model.parameters())
+            self.loss_scaler(
+                loss, self.optimizer, clip_grad=self.clip, clip_mode=self.clip_mode, parameters=self.model.parameters()
+            )
         else:
             loss.backward()
             if self.clip is not None:

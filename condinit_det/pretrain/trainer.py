@@ -3,6 +3,7 @@
 built and re-seeded from (seed, epoch, rank) every epoch, so a run resumed at an epoch boundary continues exactly as
 an uninterrupted one, whatever the arm. Detail: docs/pretraining.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,14 @@ from .evaluate import evaluate
 from .model import build_armed_model, create_classifier
 from .step import PretrainStep, current_lr
 
-__all__ = ["PREDICTIONS_FILENAME", "PretrainRun", "evaluate_checkpoint", "run_finished",
-           "total_epochs", "truncate_metrics"]
+__all__ = [
+    "PREDICTIONS_FILENAME",
+    "PretrainRun",
+    "evaluate_checkpoint",
+    "run_finished",
+    "total_epochs",
+    "truncate_metrics",
+]
 
 PREDICTIONS_FILENAME = "eval_predictions.json"
 logger = logging.getLogger("condinit_det.pretrain")
@@ -119,9 +126,11 @@ def rng_state() -> Dict[str, torch.Tensor]:
     """The global RNG states as tensors (loadable weights-only); a record only: every epoch re-seeds them."""
     _, words, _ = random.getstate()
     _, keys, pos, _, _ = np.random.get_state()
-    return {"python": torch.tensor(words, dtype=torch.int64),
-            "numpy": torch.from_numpy(np.append(keys.astype(np.int64), pos)),
-            "torch": torch.get_rng_state()}
+    return {
+        "python": torch.tensor(words, dtype=torch.int64),
+        "numpy": torch.from_numpy(np.append(keys.astype(np.int64), pos)),
+        "torch": torch.get_rng_state(),
+    }
 
 
 def _mean_over_processes(total: float, count: int) -> float:
@@ -148,8 +157,13 @@ class PretrainRun:
         self.rank, self.world = comm.get_rank(), comm.get_world_size()
         self.main = self.rank == 0
         self.device, self.amp_dtype = _device(self.train_node)
-        self.meta = {"stage": PRETRAIN.name, "arm": self.spec.arm, "seed": self.seed, "lr_scale": self.lr_scale,
-                     "config": config_file}
+        self.meta = {
+            "stage": PRETRAIN.name,
+            "arm": self.spec.arm,
+            "seed": self.seed,
+            "lr_scale": self.lr_scale,
+            "config": config_file,
+        }
         self.analysis = conditioning_options(cfg)  # checked on every process; the main one measures
         self.epoch, self.step = 0, 0  # completed epochs and optimizer steps
         self.eval_seconds = []  # how long each evaluation took
@@ -162,52 +176,75 @@ class PretrainRun:
             os.makedirs(self.run_dir, exist_ok=True)
             remove_stale_temp_files(self.run_dir)
         comm.synchronize()
-        logger.info(f"Run {self.run_dir}: arm {self.spec.arm}, seed {self.seed}, lr scale {self.lr_scale:g}, "
-                    f"{self.world} process(es), device {self.device}"
-                    + (f", AMP {str(self.amp_dtype).split('.')[-1]}" if self.amp_dtype else ""))
+        logger.info(
+            f"Run {self.run_dir}: arm {self.spec.arm}, seed {self.seed}, lr scale {self.lr_scale:g}, "
+            f"{self.world} process(es), device {self.device}"
+            + (f", AMP {str(self.amp_dtype).split('.')[-1]}" if self.amp_dtype else "")
+        )
         seed_all_rng(self.seed)
         self.model, report = build_armed_model(self.nodes["model"], int(data["num_classes"]), self.spec)
         digest = check_replicas(self.model, "at initialization")
         logger.info(f"{report.summary()}; initial weights sha1 {digest[:12]}")
         if self.main:
-            write_arm_report(self.run_dir, {**report.to_dict(), "stage": "pretrain", "initial_state_sha1": digest},
-                             self.identity)
+            write_arm_report(
+                self.run_dir, {**report.to_dict(), "stage": "pretrain", "initial_state_sha1": digest}, self.identity
+            )
 
         self.datasets = build_datasets(data)
         set_transforms(self.datasets, data=data, augment=augment, model=self.model)
         self.model.to(self.device)
         self.batch = int(train["batch_size"]) // self.world
         self.sampler = build_train_sampler(self.datasets.train, augment, world_size=self.world, rank=self.rank)
-        self.loader = build_train_loader(self.datasets.train, self.sampler, batch_size=self.batch,
-                                         workers=int(train["workers"]), pin_memory=self.device.type == "cuda")
+        self.loader = build_train_loader(
+            self.datasets.train,
+            self.sampler,
+            batch_size=self.batch,
+            workers=int(train["workers"]),
+            pin_memory=self.device.type == "cuda",
+        )
         self.steps_per_epoch = len(self.loader)
         if self.steps_per_epoch == 0:
-            raise UsageError(f"{len(self.datasets.train)} training images give no full batch of {self.batch} per "
-                             "process")
-        self.optimization = PretrainStep(self.model, self.nodes, num_classes=self.datasets.num_classes,
-                                         amp_dtype=self.amp_dtype, steps_per_epoch=self.steps_per_epoch,
-                                         lr_scale=self.lr_scale)
+            raise UsageError(
+                f"{len(self.datasets.train)} training images give no full batch of {self.batch} per process"
+            )
+        self.optimization = PretrainStep(
+            self.model,
+            self.nodes,
+            num_classes=self.datasets.num_classes,
+            amp_dtype=self.amp_dtype,
+            steps_per_epoch=self.steps_per_epoch,
+            lr_scale=self.lr_scale,
+        )
         self.num_epochs = self.optimization.num_epochs
         self.ema = self.optimization.ema
         self.conditioning = None
         if self.analysis is not None and self.main:  # the first evaluation images, read once
             batch = fixed_batch(self.datasets.val, self.analysis["num_images"]).to(self.device)
             self.conditioning = EpochConditioning(batch, self.analysis, num_epochs=self.num_epochs, meta=self.meta)
-        self.checkpointer = EpochCheckpointer(self.model, self.run_dir, trust_pickle=self.trust_pickle,
-                                              save_to_disk=self.main, **self.optimization.checkpointables())
+        self.checkpointer = EpochCheckpointer(
+            self.model,
+            self.run_dir,
+            trust_pickle=self.trust_pickle,
+            save_to_disk=self.main,
+            **self.optimization.checkpointables(),
+        )
         self.periodic = periodic_checkpointer(self.checkpointer, keep=1)
-        logger.info(f"{len(self.datasets.train)} training / {len(self.datasets.val)} evaluation images, "
-                    f"{self.datasets.num_classes} classes ({self.datasets.root}); {self.num_epochs} epochs x "
-                    f"{self.steps_per_epoch} steps of {self.batch} x {self.world}; lr {self.optimization.lr:.4g}")
+        logger.info(
+            f"{len(self.datasets.train)} training / {len(self.datasets.val)} evaluation images, "
+            f"{self.datasets.num_classes} classes ({self.datasets.root}); {self.num_epochs} epochs x "
+            f"{self.steps_per_epoch} steps of {self.batch} x {self.world}; lr {self.optimization.lr:.4g}"
+        )
 
     # ------------------------------------------------------------------ resume
     def resume(self, path: str) -> None:
         """Continue from an epoch checkpoint: weights, EMA, optimizer, scheduler, scaler, epoch and step."""
         state = self.checkpointer.load(path, checkpointables=list(self.checkpointer.checkpointables))
         if state.get("steps_per_epoch") != self.steps_per_epoch or state.get("num_epochs") != self.num_epochs:
-            raise UsageError(f"{path} was written with {state.get('num_epochs')} epochs x "
-                             f"{state.get('steps_per_epoch')} steps, this run has {self.num_epochs} x "
-                             f"{self.steps_per_epoch}; resume with the same data, batch size and schedule")
+            raise UsageError(
+                f"{path} was written with {state.get('num_epochs')} epochs x "
+                f"{state.get('steps_per_epoch')} steps, this run has {self.num_epochs} x "
+                f"{self.steps_per_epoch}; resume with the same data, batch size and schedule"
+            )
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         logger.info(f"Resumed from {path}: {self.epoch} epoch(s), {self.step} step(s) done")
 
@@ -226,16 +263,24 @@ class PretrainRun:
         if self.main:
             truncate_metrics(self.run_dir, max_iteration=self.step)
             total = self.num_epochs * self.steps_per_epoch
-            self.writers = [ETAPrinter(total + 1, self._evaluations_left),
-                            JSONWriter(os.path.join(self.run_dir, METRICS_FILENAME)),
-                            TensorboardXWriter(self.run_dir, purge_step=self.step)]
-            self.trackers = tracker_writers(self.cfg, self.run_dir, stage=PRETRAIN.name, exclude=("eval/",),
-                                            params={**self.meta, "identity": self.identity})  # evaluations: per epoch
+            self.writers = [
+                ETAPrinter(total + 1, self._evaluations_left),
+                JSONWriter(os.path.join(self.run_dir, METRICS_FILENAME)),
+                TensorboardXWriter(self.run_dir, purge_step=self.step),
+            ]
+            self.trackers = tracker_writers(
+                self.cfg,
+                self.run_dir,
+                stage=PRETRAIN.name,
+                exclude=("eval/",),
+                params={**self.meta, "identity": self.identity},
+            )  # evaluations: per epoch
             self.writers += self.trackers  # W&B / MLflow
         self.results = ResultsFile(self.run_dir)
         environment = environment_record(self.step, device=str(self.device))
-        logger.info("Environment: " + ", ".join(f"{k} {v}" for k, v in environment.items() if k not in ("kind",
-                                                                                                    "iteration")))
+        logger.info(
+            "Environment: " + ", ".join(f"{k} {v}" for k, v in environment.items() if k not in ("kind", "iteration"))
+        )
         if self.main:
             self.results.add(environment)
         self.watch = PreemptionWatch()
@@ -243,14 +288,16 @@ class PretrainRun:
         try:
             with EventStorage(start_iter=self.step) as self.storage:
                 if self.conditioning is not None:
-                    self.conditioning.start(self.model, epoch=self.epoch, step=self.step, storage=self.storage,
-                                            results=self.results)
+                    self.conditioning.start(
+                        self.model, epoch=self.epoch, step=self.step, storage=self.storage, results=self.results
+                    )
                 for epoch in range(self.epoch, self.num_epochs):
                     self.train_epoch(epoch)
                     done = epoch + 1
                     if self.conditioning is not None and self.conditioning.due(done):
-                        self.conditioning.measure(self.model, epoch=done, step=self.step, storage=self.storage,
-                                                  results=self.results)
+                        self.conditioning.measure(
+                            self.model, epoch=done, step=self.step, storage=self.storage, results=self.results
+                        )
                     if done == self.num_epochs or done % max(int(self.train_node["eval_period"]), 1) == 0:
                         last_record = self.evaluate(done)
                     self._write()  # the epoch's last step (and its evaluation) on one line
@@ -276,8 +323,14 @@ class PretrainRun:
 
     def _training_state(self, done: int) -> dict:
         """What an epoch checkpoint holds besides the model and the checkpointables."""
-        return {"epoch": done, "step": self.step, "num_epochs": self.num_epochs,
-                "steps_per_epoch": self.steps_per_epoch, "rng": rng_state(), "identity": self.identity}
+        return {
+            "epoch": done,
+            "step": self.step,
+            "num_epochs": self.num_epochs,
+            "steps_per_epoch": self.steps_per_epoch,
+            "rng": rng_state(),
+            "identity": self.identity,
+        }
 
     def start_epoch(self, epoch: int) -> None:
         """Re-seed every RNG from ``(seed, epoch, rank)`` and the sampler from ``(seed, epoch)``."""
@@ -295,8 +348,9 @@ class PretrainRun:
         end = time.perf_counter()
         for i, (images, targets) in enumerate(self.loader):
             if self.watch.requested():  # it resumes from its last epoch checkpoint: the unit of exact resume
-                self.watch.stop(self.run_dir, f"epoch checkpoint {epoch} (stopped in epoch {epoch + 1}, step "
-                                              f"{self.step})")
+                self.watch.stop(
+                    self.run_dir, f"epoch checkpoint {epoch} (stopped in epoch {epoch + 1}, step {self.step})"
+                )
             data_time = time.perf_counter() - end
             images = images.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
@@ -305,15 +359,19 @@ class PretrainRun:
             if not math.isfinite(value):
                 error = FloatingPointError(
                     f"loss became {value} at step {self.step} (epoch {epoch + 1}); lower the learning rate "
-                    "(--lr-scale) or enable gradient clipping (optimizer.clip_grad)")
+                    "(--lr-scale) or enable gradient clipping (optimizer.clip_grad)"
+                )
                 error.step = self.step  # the run's failure record names the step it diverged at
                 raise error
             total += value
             count += 1
             self.storage.iter = self.step
             self.storage.put_scalars(total_loss=value, time=time.perf_counter() - end, data_time=data_time)
-            self.storage.put_scalars(lr=current_lr(self.optimization.optimizer),
-                                     epoch=epoch + (i + 1) / self.steps_per_epoch, smoothing_hint=False)
+            self.storage.put_scalars(
+                lr=current_lr(self.optimization.optimizer),
+                epoch=epoch + (i + 1) / self.steps_per_epoch,
+                smoothing_hint=False,
+            )
             if self.step % log_period == 0 and i + 1 < self.steps_per_epoch:
                 self._write()
             end = time.perf_counter()
@@ -323,23 +381,35 @@ class PretrainRun:
         """The ``"cls"`` record of ``done`` epochs (top-1 / top-5, also of the EMA weights); the main one adds it."""
         train, started = self.train_node, time.perf_counter()
         eval_batch = int(train["eval_batch_size"] or max(1, int(1.5 * self.batch)))
-        kwargs = dict(device=self.device, batch_size=eval_batch, workers=int(train["workers"]),
-                      amp_dtype=self.amp_dtype)
+        kwargs = dict(
+            device=self.device, batch_size=eval_batch, workers=int(train["workers"]), amp_dtype=self.amp_dtype
+        )
         result = evaluate(self.model, self.datasets.val, **kwargs)
-        record = {"kind": "cls", "iteration": self.step, "epoch": done, **result.summary(),
-                  "train_loss": self.train_loss, "lr": current_lr(self.optimization.optimizer), **self.meta}
+        record = {
+            "kind": "cls",
+            "iteration": self.step,
+            "epoch": done,
+            **result.summary(),
+            "train_loss": self.train_loss,
+            "lr": current_lr(self.optimization.optimizer),
+            **self.meta,
+        }
         if self.ema is not None:
             record["ema"] = evaluate(self.ema.module, self.datasets.val, **kwargs).summary()
-        logger.info(f"epoch {done}/{self.num_epochs}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
-                    f"eval loss {record['eval_loss']:.4f}  train loss {self.train_loss:.4f}"
-                    + (f"  (EMA top-1 {record['ema']['top1']:.2f}%)" if self.ema is not None else ""))
+        logger.info(
+            f"epoch {done}/{self.num_epochs}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
+            f"eval loss {record['eval_loss']:.4f}  train loss {self.train_loss:.4f}"
+            + (f"  (EMA top-1 {record['ema']['top1']:.2f}%)" if self.ema is not None else "")
+        )
         if self.main:  # the per-image correctness the report resamples, for every evaluation
-            path = write_classification_eval(self.run_dir, done, labels=result.labels, top1=result.top1,
-                                             top5_hit=result.top5_hit)
+            path = write_classification_eval(
+                self.run_dir, done, labels=result.labels, top1=result.top1, top5_hit=result.top5_hit
+            )
             record["per_image"] = os.path.relpath(path, self.run_dir)
             self.results.add(record)
-            self.storage.put_scalars(**{f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")},
-                                     smoothing_hint=False)
+            self.storage.put_scalars(
+                **{f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")}, smoothing_hint=False
+            )
             _track_evaluation(self.trackers, record, done)
             if done == self.num_epochs:
                 atomic_write(os.path.join(self.run_dir, PREDICTIONS_FILENAME), json.dumps(result.predictions(done)))
@@ -356,22 +426,35 @@ class PretrainRun:
         if self.main:
             final = self.ema.module if self.ema is not None else self.model
             data, model = self.nodes["data"], self.nodes["model"]
-            payload = {"format": PRETRAIN_FORMAT, "model": final.state_dict(),
-                       "weights": "ema" if self.ema is not None else "model", "timm_model": model["name"],
-                       "model_kwargs": dict(model["kwargs"] or {}), "num_classes": int(data["num_classes"]),
-                       "img_size": int(data["img_size"]), "arm": self.spec.arm, "seed": self.seed,
-                       "lr_scale": self.lr_scale, "epoch": self.num_epochs, "iteration": self.step,
-                       "classes": self.datasets.classes,
-                       "data_config": {k: (list(v) if isinstance(v, tuple) else v)
-                                       for k, v in data_config(data, self.model).items()}}
+            payload = {
+                "format": PRETRAIN_FORMAT,
+                "model": final.state_dict(),
+                "weights": "ema" if self.ema is not None else "model",
+                "timm_model": model["name"],
+                "model_kwargs": dict(model["kwargs"] or {}),
+                "num_classes": int(data["num_classes"]),
+                "img_size": int(data["img_size"]),
+                "arm": self.spec.arm,
+                "seed": self.seed,
+                "lr_scale": self.lr_scale,
+                "epoch": self.num_epochs,
+                "iteration": self.step,
+                "classes": self.datasets.classes,
+                "data_config": {
+                    k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config(data, self.model).items()
+                },
+            }
             save_final(payload, self.run_dir)
-            logger.info(f"Final weights ({payload['weights']}) written to "
-                        f"{os.path.join(self.run_dir, FINAL_FILENAME)} and {FINAL_SAFETENSORS}")
+            logger.info(
+                f"Final weights ({payload['weights']}) written to "
+                f"{os.path.join(self.run_dir, FINAL_FILENAME)} and {FINAL_SAFETENSORS}"
+            )
         comm.synchronize()
 
 
-def train_run(cfg, *, run_dir: str, config_file: Optional[str], resume: bool,
-              trust_pickle: bool = False) -> Optional[dict]:
+def train_run(
+    cfg, *, run_dir: str, config_file: Optional[str], resume: bool, trust_pickle: bool = False
+) -> Optional[dict]:
     """Train one run into ``run_dir`` in every process (``resume``: from its last epoch checkpoint); returns the last
     ``"cls"`` record. A failure leaves a note for the launcher and is re-raised."""
     run_logging(run_dir, rank=comm.get_rank())
@@ -396,8 +479,9 @@ def _log_end(run_dir: str) -> None:
     logger.info(f"Run ended at {time.strftime('%Y-%m-%d %H:%M:%S')}; results in {ResultsFile(run_dir).path}")
 
 
-def evaluate_checkpoint(cfg, *, run_dir: str, checkpoint: str, config_file: Optional[str],
-                        trust_pickle: bool = False) -> dict:
+def evaluate_checkpoint(
+    cfg, *, run_dir: str, checkpoint: str, config_file: Optional[str], trust_pickle: bool = False
+) -> dict:
     """Evaluate the weights of a ``model_final.{safetensors,pth}`` or epoch checkpoint; adds a ``"cls_eval"``
     record to ``run_dir``."""
     run_logging(run_dir, rank=comm.get_rank())
@@ -412,8 +496,9 @@ def evaluate_checkpoint(cfg, *, run_dir: str, checkpoint: str, config_file: Opti
     set_transforms(datasets, data=data, augment=node(cfg, "augment"), model=model)
     model.to(device)
     batch = int(train["eval_batch_size"] or max(1, int(1.5 * int(train["batch_size"]) // comm.get_world_size())))
-    result = evaluate(model, datasets.val, device=device, batch_size=batch, workers=int(train["workers"]),
-                      amp_dtype=amp_dtype)
+    result = evaluate(
+        model, datasets.val, device=device, batch_size=batch, workers=int(train["workers"]), amp_dtype=amp_dtype
+    )
     seed = int(train["seed"])
     # A final file counts its steps in "iteration" and names its arm; an epoch checkpoint counts them in "step" (its
     # "iteration" is fvcore's epoch index) and names its arm in its run identity.
@@ -422,12 +507,22 @@ def evaluate_checkpoint(cfg, *, run_dir: str, checkpoint: str, config_file: Opti
     if not arm:
         arm = arm_spec(cfg, seed).arm
         logger.info(f"{checkpoint} does not name its arm: recorded under the config's arm '{arm}'")
-    record = {"kind": "cls_eval", "stage": PRETRAIN.name, "iteration": int(steps), "epoch": int(state.get("epoch", 0)),
-              **result.summary(), "checkpoint": os.path.abspath(checkpoint), "weights": state.get("weights", "model"),
-              "arm": arm, "seed": int(state.get("seed", seed)), "lr_scale": float(train["lr_scale"]),
-              "config": config_file}
-    logger.info(f"{checkpoint}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  "
-                f"eval loss {record['eval_loss']:.4f}")
+    record = {
+        "kind": "cls_eval",
+        "stage": PRETRAIN.name,
+        "iteration": int(steps),
+        "epoch": int(state.get("epoch", 0)),
+        **result.summary(),
+        "checkpoint": os.path.abspath(checkpoint),
+        "weights": state.get("weights", "model"),
+        "arm": arm,
+        "seed": int(state.get("seed", seed)),
+        "lr_scale": float(train["lr_scale"]),
+        "config": config_file,
+    }
+    logger.info(
+        f"{checkpoint}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  eval loss {record['eval_loss']:.4f}"
+    )
     if comm.get_rank() == 0:
         ResultsFile(run_dir).add(record)
     _log_end(run_dir)

@@ -3,6 +3,7 @@
 The fields are :data:`ENVIRONMENT_FIELDS` (None where unreadable); the report names those in which pooled runs
 differ (docs/comparing_arms.md).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,18 @@ __all__ = ["ENVIRONMENT_FIELDS", "ENVIRONMENT_KIND", "environment_record"]
 
 ENVIRONMENT_KIND = "environment"
 # The fields the report compares, in the order it shows them.
-ENVIRONMENT_FIELDS = ("cpu", "gpu", "gpus", "threads", "python", "torch", "detectron2", "timm", "condinit_det",
-                      "commit")
+ENVIRONMENT_FIELDS = (
+    "cpu",
+    "gpu",
+    "gpus",
+    "threads",
+    "python",
+    "torch",
+    "detectron2",
+    "timm",
+    "condinit_det",
+    "commit",
+)
 _PACKAGES = ("torch", "detectron2", "timm", "condinit_det")
 
 
@@ -45,10 +56,15 @@ def _commit() -> Optional[str]:
     if not os.path.exists(os.path.join(folder, ".git")):
         return None
     try:
-        head = subprocess.run(["git", "-C", folder, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        dirty = subprocess.run(["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", folder, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode != 0:
@@ -61,9 +77,15 @@ def environment_record(iteration: int, *, device: str = "cpu") -> Dict[str, obje
     import torch
 
     cuda = str(device).startswith("cuda") and torch.cuda.is_available()
-    record = {"kind": ENVIRONMENT_KIND, "iteration": int(iteration), "cpu": _cpu_model(),
-              "gpu": torch.cuda.get_device_name(0) if cuda else None,
-              "gpus": torch.cuda.device_count() if cuda else 0, "threads": torch.get_num_threads(),
-              "python": platform.python_version(), "commit": _commit()}
+    record = {
+        "kind": ENVIRONMENT_KIND,
+        "iteration": int(iteration),
+        "cpu": _cpu_model(),
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "commit": _commit(),
+    }
     record.update({package: _version(package) for package in _PACKAGES})
     return record

@@ -1,6 +1,7 @@
 """Failure records: a run that raises is a result. Each training process leaves a note (:func:`note_failure`); the
 launching process turns them into one ``"failed"`` record in ``results.json`` (:func:`record_failure`).
 """
+
 from __future__ import annotations
 
 import glob
@@ -12,8 +13,15 @@ from typing import List, Mapping, Optional
 from ..utils.fileio import atomic_write
 from .results import FAILED_KIND, ResultsFile
 
-__all__ = ["describe_failure", "discard_notes", "failure_of", "failure_reason", "note_failure", "one_line",
-           "record_failure"]
+__all__ = [
+    "describe_failure",
+    "discard_notes",
+    "failure_of",
+    "failure_reason",
+    "note_failure",
+    "one_line",
+    "record_failure",
+]
 
 _NOTE_PREFIX = "failure.rank"
 
@@ -31,16 +39,23 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def note_failure(run_dir: str, exc: BaseException, *, rank: int, iteration: Optional[int] = None,
-                 epoch: Optional[int] = None) -> bool:
+def note_failure(
+    run_dir: str, exc: BaseException, *, rank: int, iteration: Optional[int] = None, epoch: Optional[int] = None
+) -> bool:
     """In a training process whose run raised: leave ``<run_dir>/failure.rank<k>.json`` for the launching
     process, which turns the notes into one ``"failed"`` record. The first note of a process wins (the
     innermost handler knows the iteration); returns whether this call wrote it."""
     path = os.path.join(run_dir, f"{_NOTE_PREFIX}{rank}.json")
     if os.path.exists(path):
         return False
-    note = {"reason": failure_reason(exc), "message": one_line(exc), "iteration": iteration, "epoch": epoch,
-            "rank": int(rank), "time": time.time()}
+    note = {
+        "reason": failure_reason(exc),
+        "message": one_line(exc),
+        "iteration": iteration,
+        "epoch": epoch,
+        "rank": int(rank),
+        "time": time.time(),
+    }
     atomic_write(path, json.dumps(note))
     return True
 
@@ -69,12 +84,19 @@ def record_failure(run_dir: str, exc: BaseException, metadata: Mapping) -> dict:
     stopped), or from ``exc`` when no process left a note (it was killed). Returns the record."""
     notes = discard_notes(run_dir) if os.path.isdir(run_dir) else []
     diverged = [n for n in notes if n.get("reason") == "diverged"]
-    note = min(diverged or notes, key=lambda n: n.get("time", 0.0)) if notes else \
-        {"reason": failure_reason(exc), "message": one_line(exc)}
+    note = (
+        min(diverged or notes, key=lambda n: n.get("time", 0.0))
+        if notes
+        else {"reason": failure_reason(exc), "message": one_line(exc)}
+    )
     iteration = note.get("iteration")
-    record = {"kind": FAILED_KIND, "reason": note["reason"],
-              "iteration": int(iteration) if iteration is not None else _last_iteration(run_dir),
-              "message": note["message"], **dict(metadata)}
+    record = {
+        "kind": FAILED_KIND,
+        "reason": note["reason"],
+        "iteration": int(iteration) if iteration is not None else _last_iteration(run_dir),
+        "message": note["message"],
+        **dict(metadata),
+    }
     if note.get("epoch") is not None:
         record["epoch"] = int(note["epoch"])
     ResultsFile(run_dir).add(record)

@@ -1,6 +1,7 @@
 """The arm report ``condinit_arm_report.json`` (what the arm did to each attention site) and the run identity it
 holds (arm, seeds, patterns, options, lr scale), which a ``--resume`` must match.
 """
+
 from __future__ import annotations
 
 import json

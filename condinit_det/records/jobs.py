@@ -4,6 +4,7 @@
 
 Every job each run directory ever had, oldest first (the last one is the current one), and the report jobs.
 """
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 ``<base>/<arm>/seed<k>[-lr<s>]/`` (one run), ``<base>/<arm>/seed<k>.failed<n>/`` (set aside by ``--retry-failed``),
 ``<base>/report/``. docs/training.md ("Where runs go"). No detectron2 or timm import.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,21 @@ from typing import List, Optional, Sequence, Tuple
 from ..init.options import ARMS, PAPER_ARMS
 from ..utils.fileio import atomic_write
 
-__all__ = ["PLAN_FILENAME", "REPORT_DIRNAME", "Plan", "RunSpec", "find_plans", "is_set_aside", "parse_arms",
-           "parse_lr_scales", "parse_seeds", "plan_runs", "read_plan", "set_aside", "write_plan"]
+__all__ = [
+    "PLAN_FILENAME",
+    "REPORT_DIRNAME",
+    "Plan",
+    "RunSpec",
+    "find_plans",
+    "is_set_aside",
+    "parse_arms",
+    "parse_lr_scales",
+    "parse_seeds",
+    "plan_runs",
+    "read_plan",
+    "set_aside",
+    "write_plan",
+]
 
 PLAN_FILENAME = "experiment.json"
 REPORT_DIRNAME = "report"
@@ -28,10 +42,12 @@ def parse_arms(text: str) -> List[str]:
     arms: List[str] = []
     for part in str(text).split(","):
         part = part.strip()
-        for arm in (PAPER_ARMS if part == "all" else [part]):
+        for arm in PAPER_ARMS if part == "all" else [part]:
             if arm not in ARMS:
-                raise ValueError(f"--arm {text!r}: {part!r} is not an arm; accepted: {', '.join(ARMS)}, 'all' "
-                                 f"({', '.join(PAPER_ARMS)}) or a comma-separated list of them")
+                raise ValueError(
+                    f"--arm {text!r}: {part!r} is not an arm; accepted: {', '.join(ARMS)}, 'all' "
+                    f"({', '.join(PAPER_ARMS)}) or a comma-separated list of them"
+                )
             if arm not in arms:
                 arms.append(arm)
     return arms
@@ -123,8 +139,16 @@ class Plan:
     dataset: Optional[str] = None
 
 
-def write_plan(base: str, runs: Sequence[RunSpec], *, stage, config: Optional[str], length: int,
-               setup: Optional[dict] = None, dataset: Optional[str] = None) -> str:
+def write_plan(
+    base: str,
+    runs: Sequence[RunSpec],
+    *,
+    stage,
+    config: Optional[str],
+    length: int,
+    setup: Optional[dict] = None,
+    dataset: Optional[str] = None,
+) -> str:
     """Write ``<base>/experiment.json``; returns its path.
 
     Args:
@@ -133,9 +157,16 @@ def write_plan(base: str, runs: Sequence[RunSpec], *, stage, config: Optional[st
         config, length, setup, dataset: as in :class:`Plan`.
     """
     path = os.path.join(base, PLAN_FILENAME)
-    payload = {"version": 1, "stage": stage.name, "stage_description": stage.to_dict(), "config": config,
-               "length": {"unit": stage.unit, "total": int(length)}, "setup": setup, "dataset": dataset,
-               "runs": [r.to_dict() for r in runs]}
+    payload = {
+        "version": 1,
+        "stage": stage.name,
+        "stage_description": stage.to_dict(),
+        "config": config,
+        "length": {"unit": stage.unit, "total": int(length)},
+        "setup": setup,
+        "dataset": dataset,
+        "runs": [r.to_dict() for r in runs],
+    }
     atomic_write(path, json.dumps(payload, indent=1))
     return path
 
@@ -159,9 +190,17 @@ def read_plan(base: str) -> Optional[Plan]:
         total = None if length.get("total") is None else int(length["total"])
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path} is not an experiment plan ({type(e).__name__}: {e})") from None
-    return Plan(base=base, runs=runs, stage=data.get("stage"), stage_description=data.get("stage_description"),
-                config=data.get("config"), length=total, unit=length.get("unit"),
-                setup=data.get("setup") if isinstance(data.get("setup"), dict) else None, dataset=data.get("dataset"))
+    return Plan(
+        base=base,
+        runs=runs,
+        stage=data.get("stage"),
+        stage_description=data.get("stage_description"),
+        config=data.get("config"),
+        length=total,
+        unit=length.get("unit"),
+        setup=data.get("setup") if isinstance(data.get("setup"), dict) else None,
+        dataset=data.get("dataset"),
+    )
 
 
 def find_plans(path: str) -> List[str]:

@@ -4,6 +4,7 @@ A second process gets :class:`RunInUse`. Where ``flock`` cannot decide (per node
 process here or a live foreign Slurm job owns the run; a dead owner or an ended job is taken over with a log line; a
 requeued job takes its own run back. The rules per file system: docs/run_ownership.md.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -203,8 +204,9 @@ class RunLock:
         environ: where the Slurm variables are read (default ``os.environ``).
     """
 
-    def __init__(self, run_dir: str, *, log: Optional[logging.Logger] = None,
-                 environ: Optional[Mapping[str, str]] = None):
+    def __init__(
+        self, run_dir: str, *, log: Optional[logging.Logger] = None, environ: Optional[Mapping[str, str]] = None
+    ):
         if not isinstance(run_dir, (str, os.PathLike)) or not os.fspath(run_dir):
             raise ValueError(f"RunLock: run_dir must be a non-empty path, got {run_dir!r}")
         self.run_dir = os.fspath(run_dir)
@@ -261,8 +263,10 @@ class RunLock:
         if takeover is not None:
             self.previous_owner = record
             if not lock_free:
-                takeover += "; the OS lock is still held by the previous instance (a crashed node's lock on the " \
-                            "file server), this job owns the run through its record"
+                takeover += (
+                    "; the OS lock is still held by the previous instance (a crashed node's lock on the "
+                    "file server), this job owns the run through its record"
+                )
             self._log.warning(f"{self.run_dir}: took over the lock of {describe_owner(record)}: {takeover}")
         return self
 
@@ -276,8 +280,10 @@ class RunLock:
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return False, False
-            self._log.warning(f"{self.path}: this file system refuses flock ({e.strerror}); ownership rests on the "
-                              "record alone (Lustre: mount with -o flock)")
+            self._log.warning(
+                f"{self.path}: this file system refuses flock ({e.strerror}); ownership rests on the "
+                "record alone (Lustre: mount with -o flock)"
+            )
             return False, True
 
     def _judge(self, record: Optional[dict], *, lock_free: bool) -> Tuple[Optional[str], Optional[dict]]:
@@ -314,8 +320,10 @@ class RunLock:
             if alive:
                 raise RunInUse(self.run_dir, record)
             return f"Slurm job {job} is over ({evidence})", record
-        why = (f"no process on host {record.get('host')} holds the OS lock any more (its pid cannot be checked from "
-               f"{socket.gethostname()})")
+        why = (
+            f"no process on host {record.get('host')} holds the OS lock any more (its pid cannot be checked from "
+            f"{socket.gethostname()})"
+        )
         return why, record
 
     def _wait_for_new_record(self, old: Optional[dict]) -> Optional[dict]:
@@ -342,8 +350,10 @@ class RunLock:
                 with contextlib.suppress(OSError):
                     os.fsync(fd)
             else:
-                self._log.warning(f"{self.run_dir}: ownership was taken over by {describe_owner(current)} while "
-                                  "this process held it; its record is left in place")
+                self._log.warning(
+                    f"{self.run_dir}: ownership was taken over by {describe_owner(current)} while "
+                    "this process held it; its record is left in place"
+                )
             if self._flocked:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:

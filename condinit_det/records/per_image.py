@@ -5,6 +5,7 @@
 classification evaluation's per-image top-1 / top-5 correctness (:func:`write_classification_eval`). An evaluation
 record names its file (``"per_image"``). Formats: docs/statistics.md. No detectron2, timm or torch import.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,15 @@ import numpy as np
 
 from ..utils.fileio import atomic_write
 
-__all__ = ["PER_IMAGE_DIRNAME", "ClassificationEval", "classification_eval_path", "detection_eval_path",
-           "labels_digest", "read_classification_eval", "write_classification_eval"]
+__all__ = [
+    "PER_IMAGE_DIRNAME",
+    "ClassificationEval",
+    "classification_eval_path",
+    "detection_eval_path",
+    "labels_digest",
+    "read_classification_eval",
+    "write_classification_eval",
+]
 
 PER_IMAGE_DIRNAME = "per_image"
 
@@ -75,14 +83,21 @@ def write_classification_eval(run_dir: str, epoch: int, *, labels, top1, top5_hi
     top1 = _vector("top1", top1, np.int64)
     top5_hit = _vector("top5_hit", top5_hit, np.int64)
     if not (labels.size == top1.size == top5_hit.size) or labels.size == 0:
-        raise ValueError(f"labels, top1 and top5_hit need the same number (> 0) of images; got {labels.size}, "
-                         f"{top1.size} and {top5_hit.size}")
+        raise ValueError(
+            f"labels, top1 and top5_hit need the same number (> 0) of images; got {labels.size}, "
+            f"{top1.size} and {top5_hit.size}"
+        )
     if int(epoch) < 0:
         raise ValueError(f"epoch must be >= 0; got {epoch}")
     buf = io.BytesIO()
-    np.savez_compressed(buf, top1=np.packbits(top1 == labels), top5=np.packbits(top5_hit != 0),
-                        num_images=np.int64(labels.size), epoch=np.int64(epoch),
-                        labels_sha1=np.str_(labels_digest(labels)))
+    np.savez_compressed(
+        buf,
+        top1=np.packbits(top1 == labels),
+        top5=np.packbits(top5_hit != 0),
+        num_images=np.int64(labels.size),
+        epoch=np.int64(epoch),
+        labels_sha1=np.str_(labels_digest(labels)),
+    )
     path = classification_eval_path(run_dir, epoch)
     atomic_write(path, buf.getvalue())
     return path
@@ -93,9 +108,11 @@ def read_classification_eval(path: str) -> ClassificationEval:
     try:
         with np.load(path, allow_pickle=False) as f:
             n = int(f["num_images"])
-            return ClassificationEval(epoch=int(f["epoch"]), top1=np.unpackbits(f["top1"], count=n).astype(bool),
-                                      top5=np.unpackbits(f["top5"], count=n).astype(bool),
-                                      labels_sha1=str(f["labels_sha1"]))
+            return ClassificationEval(
+                epoch=int(f["epoch"]),
+                top1=np.unpackbits(f["top1"], count=n).astype(bool),
+                top5=np.unpackbits(f["top5"], count=n).astype(bool),
+                labels_sha1=str(f["labels_sha1"]),
+            )
     except (OSError, KeyError, ValueError) as e:
         raise ValueError(f"{path} is not a per-image classification file ({e})") from None
-

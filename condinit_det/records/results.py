@@ -5,6 +5,7 @@
 it, so a resumed run never duplicates a point. Non-finite floats are stored as null. The kinds, field by field:
 docs/training.md (detection) and docs/pretraining.md.
 """
+
 import json
 import math
 import os
@@ -85,8 +86,9 @@ class ResultsFile:
             try:
                 data = json.load(f)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{self.path} is not valid JSON ({e}); it is left as it is: repair it or move it "
-                                 "aside") from None
+                raise ValueError(
+                    f"{self.path} is not valid JSON ({e}); it is left as it is: repair it or move it aside"
+                ) from None
         if not isinstance(data, dict) or not isinstance(data.get("records"), list):
             raise ValueError(f"{self.path} is not a results file: expected an object with a 'records' list.")
         try:

@@ -5,11 +5,25 @@ naming its unit of replication, verdicts under Holm–Bonferroni (docs/comparing
     from condinit_det.report import compare_arms
     report, markdown = compare_arms(["output/pretrain", "output/finetune"], output_dir="output/report")
 """
+
 from .compare import compare_arms
 from .discovery import find_runs, read_training_loss, smooth
 from .paired import DEFAULT_CONTRASTS, Comparison, parse_contrast
 from .plots import ARM_COLORS
 from .summary import ARM_ORDER, ArmsReport, ArmSummary, StageReport, summarize_runs
 
-__all__ = ["ARM_COLORS", "ARM_ORDER", "DEFAULT_CONTRASTS", "ArmSummary", "ArmsReport", "Comparison", "StageReport",
-           "compare_arms", "find_runs", "parse_contrast", "read_training_loss", "smooth", "summarize_runs"]
+__all__ = [
+    "ARM_COLORS",
+    "ARM_ORDER",
+    "DEFAULT_CONTRASTS",
+    "ArmSummary",
+    "ArmsReport",
+    "Comparison",
+    "StageReport",
+    "compare_arms",
+    "find_runs",
+    "parse_contrast",
+    "read_training_loss",
+    "smooth",
+    "summarize_runs",
+]

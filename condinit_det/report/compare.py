@@ -1,6 +1,7 @@
 """Entry point: find the runs, compare them and write the report's files: ``report.md`` (:mod:`.markdown`), the
 figures (:mod:`.plots`) and the two CSV tables, ``summary.csv`` (per arm group) and ``stats.csv`` (every comparison),
 whose ``setup`` column names the section when one stage has several setups."""
+
 from __future__ import annotations
 
 import csv
@@ -18,12 +19,52 @@ from .plots import write_figures
 from .summary import LOSS, ArmsReport, report_stages, summarize_runs
 
 CACHE_DIR = ".cache"  # in the output folder: image resamples and the figures' record, reused while their inputs hold
-_STATS = ["stage", "arm", "lr_scale", "kind", "metric", "reference", "mean", "std", "n", "seeds", "paired_seeds",
-          "dropped", "mean_difference", "ci_low", "ci_high", "method", "replication", "unit", "p_value", "p_holm",
-          "in_family", "verdict", "t_low", "t_high", "percentile_low", "percentile_high", "poi", "poi_boot_low",
-          "poi_boot_high", "poi_exact_low", "poi_exact_high", "plan_delta", "plan_std", "plan_seeds_needed",
-          "speedup_reached", "speedup_estimate", "speedup_estimate_below", "speedup_low", "speedup_low_below",
-          "speedup_high", "speedup_high_below", "speedup_coverage", "note", "setup"]
+_STATS = [
+    "stage",
+    "arm",
+    "lr_scale",
+    "kind",
+    "metric",
+    "reference",
+    "mean",
+    "std",
+    "n",
+    "seeds",
+    "paired_seeds",
+    "dropped",
+    "mean_difference",
+    "ci_low",
+    "ci_high",
+    "method",
+    "replication",
+    "unit",
+    "p_value",
+    "p_holm",
+    "in_family",
+    "verdict",
+    "t_low",
+    "t_high",
+    "percentile_low",
+    "percentile_high",
+    "poi",
+    "poi_boot_low",
+    "poi_boot_high",
+    "poi_exact_low",
+    "poi_exact_high",
+    "plan_delta",
+    "plan_std",
+    "plan_seeds_needed",
+    "speedup_reached",
+    "speedup_estimate",
+    "speedup_estimate_below",
+    "speedup_low",
+    "speedup_low_below",
+    "speedup_high",
+    "speedup_high_below",
+    "speedup_coverage",
+    "note",
+    "setup",
+]
 
 
 def _cell(v) -> str:
@@ -47,16 +88,25 @@ def format_summary_csv(report: ArmsReport) -> str:
     stages = report_stages(list(known_stages()) + [sr.stage for sr in report.stages])
     header = ["stage", "arm", "lr_scale", "main", "num_seeds", "seeds", "x_axis", "final_x"]
     header += [h for st in stages for m in st.table for h in (m.header, m.header + "_std")]
-    header += [c for st in stages for m in st.headline
-               for c in (f"{m.key}_reach_{st.unit}", f"{m.key}_speedup_percent")]
+    header += [
+        c for st in stages for m in st.headline for c in (f"{m.key}_reach_{st.unit}", f"{m.key}_speedup_percent")
+    ]
     header += ["loss_reach_iteration", "loss_speedup_percent", "setup"]
     rows = []
     for sr in report.stages:
         st = sr.stage
         for g in sr.groups:
-            row = {"stage": st.name, "arm": g.arm, "lr_scale": f"{g.lr_scale:g}", "main": int(g.lr_scale == sr.scale),
-                   "num_seeds": len(g.runs), "seeds": " ".join("" if s is None else str(s) for s in g.seeds),
-                   "x_axis": st.unit, "final_x": max(g.final_iterations), "setup": sr.label}
+            row = {
+                "stage": st.name,
+                "arm": g.arm,
+                "lr_scale": f"{g.lr_scale:g}",
+                "main": int(g.lr_scale == sr.scale),
+                "num_seeds": len(g.runs),
+                "seeds": " ".join("" if s is None else str(s) for s in g.seeds),
+                "x_axis": st.unit,
+                "final_x": max(g.final_iterations),
+                "setup": sr.label,
+            }
             for m in st.table:
                 row[m.header], row[m.header + "_std"] = g.final[m.header]
             for key, x_axis in [(m.key, st.unit) for m in st.headline] + [(LOSS, "iteration")]:  # main scale only
@@ -71,12 +121,27 @@ def format_stats_csv(report: ArmsReport) -> str:
     rows = []
     for sr in report.stages:
         for s in sr.stats:
-            row = {"stage": sr.stage.name, "arm": s.arm, "lr_scale": f"{s.lr_scale:g}", "kind": s.kind,
-                   "metric": s.metric, "reference": s.reference, "mean": s.mean, "std": s.std, "n": s.n,
-                   "seeds": " ".join(str(k) for k in s.values), "paired_seeds": " ".join(map(str, s.paired_seeds)),
-                   "dropped": "; ".join(s.dropped), "mean_difference": s.mean_difference if s.differences else None,
-                   "method": s.method, "p_holm": s.p_holm, "in_family": int(s.kind == "metric"),
-                   "verdict": s.verdict, "note": s.note, "setup": sr.label}
+            row = {
+                "stage": sr.stage.name,
+                "arm": s.arm,
+                "lr_scale": f"{s.lr_scale:g}",
+                "kind": s.kind,
+                "metric": s.metric,
+                "reference": s.reference,
+                "mean": s.mean,
+                "std": s.std,
+                "n": s.n,
+                "seeds": " ".join(str(k) for k in s.values),
+                "paired_seeds": " ".join(map(str, s.paired_seeds)),
+                "dropped": "; ".join(s.dropped),
+                "mean_difference": s.mean_difference if s.differences else None,
+                "method": s.method,
+                "p_holm": s.p_holm,
+                "in_family": int(s.kind == "metric"),
+                "verdict": s.verdict,
+                "note": s.note,
+                "setup": sr.label,
+            }
             for prefix, iv in (("ci", s.interval), ("t", s.t), ("percentile", s.percentile)):
                 if iv is not None:
                     row.update({f"{prefix}_low": iv.low, f"{prefix}_high": iv.high})
@@ -84,8 +149,12 @@ def format_stats_csv(report: ArmsReport) -> str:
                 row.update(replication=s.interval.replication, unit=s.interval.unit, p_value=s.interval.p_value)
             if s.improvement is not None:
                 row["poi"] = float(s.improvement.estimate)
-                row.update({f"poi_{k}": float(getattr(s.improvement, k))
-                            for k in ("boot_low", "boot_high", "exact_low", "exact_high")})
+                row.update(
+                    {
+                        f"poi_{k}": float(getattr(s.improvement, k))
+                        for k in ("boot_low", "boot_high", "exact_low", "exact_high")
+                    }
+                )
             if s.plan is not None:
                 row.update(plan_delta=s.plan.delta, plan_std=s.plan.std, plan_seeds_needed=s.plan.needed)
             if s.speedup is not None:
@@ -98,9 +167,17 @@ def format_stats_csv(report: ArmsReport) -> str:
     return _csv(_STATS, rows)
 
 
-def compare_arms(paths: Sequence[str], output_dir: Optional[str] = None, *, bootstrap: int = 1000, seed: int = 0,
-                 delta=None, std=None, contrasts: Sequence[Tuple[str, str]] = (),
-                 group_by_config: bool = False) -> Tuple[ArmsReport, str]:
+def compare_arms(
+    paths: Sequence[str],
+    output_dir: Optional[str] = None,
+    *,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    delta=None,
+    std=None,
+    contrasts: Sequence[Tuple[str, str]] = (),
+    group_by_config: bool = False,
+) -> Tuple[ArmsReport, str]:
     """Compare the arms of the runs under ``paths`` (run or experiment directories); with ``output_dir``, write
     ``report.md``, ``summary.csv``, ``stats.csv`` and the figures there. Returns the report and its Markdown;
     ``report.skipped`` names the files that could not be read (docs/comparing_arms.md).
@@ -114,15 +191,25 @@ def compare_arms(paths: Sequence[str], output_dir: Optional[str] = None, *, boot
     """
     found = find_runs(paths)
     cache_dir = None if output_dir is None else os.path.join(output_dir, CACHE_DIR)
-    report = summarize_runs(found.runs, found.expected, bootstrap=bootstrap, seed=seed, delta=delta, std=std,
-                            contrasts=contrasts, group_by_config=group_by_config, skipped=found.skipped,
-                            cache_dir=cache_dir)
+    report = summarize_runs(
+        found.runs,
+        found.expected,
+        bootstrap=bootstrap,
+        seed=seed,
+        delta=delta,
+        std=std,
+        contrasts=contrasts,
+        group_by_config=group_by_config,
+        skipped=found.skipped,
+        cache_dir=cache_dir,
+    )
     if output_dir is None:
         return report, format_markdown(report)
     os.makedirs(output_dir, exist_ok=True)
     tables = {"summary.csv": format_summary_csv(report), "stats.csv": format_stats_csv(report)}
-    markdown = format_markdown(report, write_figures(report, output_dir, inputs="".join(tables.values()),
-                                                     cache_dir=cache_dir))
+    markdown = format_markdown(
+        report, write_figures(report, output_dir, inputs="".join(tables.values()), cache_dir=cache_dir)
+    )
     for name, text in {"report.md": markdown, **tables}.items():
         atomic_write(os.path.join(output_dir, name), text)
     return report, markdown

@@ -2,6 +2,7 @@
 expect; reading a run: its arm, seed and lr scale from its records (else ``condinit_arm_report.json``), its stage
 from its plan (else its records), its training loss from ``metrics.json``. A file that cannot be read is skipped and
 named, never fatal to the other runs."""
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,7 @@ def smooth(values: np.ndarray, window: int = SMOOTHING_WINDOW) -> np.ndarray:
     for i in range(min(window - 1, v.size)):
         out[i] = np.median(v[: i + 1])
     if v.size >= window:
-        out[window - 1:] = np.median(np.lib.stride_tricks.sliding_window_view(v, window), axis=1)
+        out[window - 1 :] = np.median(np.lib.stride_tricks.sliding_window_view(v, window), axis=1)
     return out
 
 
@@ -94,8 +95,10 @@ class Run:
         if self.stage is None:
             return []
         unit = self.stage.unit
-        return sorted((r for r in self.records if r["kind"] == self.stage.eval_kind and r.get(unit) is not None),
-                      key=lambda r: r[unit])
+        return sorted(
+            (r for r in self.records if r["kind"] == self.stage.eval_kind and r.get(unit) is not None),
+            key=lambda r: r[unit],
+        )
 
     @property
     def final(self) -> Optional[dict]:
@@ -163,10 +166,17 @@ def load_run(path: str, stage: Optional[StageDescriptor] = None) -> Run:
         seed = r["seed"] if r.get("seed") is not None else seed
         lr_scale = r["lr_scale"] if r.get("lr_scale") is not None else lr_scale
     if not isinstance(arm, str):
-        raise ValueError(f"cannot tell its arm: neither {ARM_REPORT_FILENAME} nor the records of {RESULTS_FILENAME} "
-                         "name it")
-    return Run(path=path, arm=arm, seed=None if seed is None else int(seed),
-               lr_scale=1.0 if lr_scale is None else float(lr_scale), records=records, stage=stage)
+        raise ValueError(
+            f"cannot tell its arm: neither {ARM_REPORT_FILENAME} nor the records of {RESULTS_FILENAME} name it"
+        )
+    return Run(
+        path=path,
+        arm=arm,
+        seed=None if seed is None else int(seed),
+        lr_scale=1.0 if lr_scale is None else float(lr_scale),
+        records=records,
+        stage=stage,
+    )
 
 
 def _within(path: str, root: str) -> bool:
@@ -187,8 +197,9 @@ def _plans(path: str, skipped: List[str]) -> Dict[str, Tuple[Plan, StageDescript
             plan = read_plan(base)
             stage = stage_of(plan.stage, plan.stage_description)
             if stage is None:
-                raise ValueError(f"stage {plan.stage!r} is not described in the plan and no stage of that name is "
-                                 "known")
+                raise ValueError(
+                    f"stage {plan.stage!r} is not described in the plan and no stage of that name is known"
+                )
             out[base] = (plan, stage)
         except ValueError as e:
             skipped.append(_problem(os.path.join(base, PLAN_FILENAME), e))
@@ -214,8 +225,10 @@ def find_runs(paths: Sequence[str]) -> Found:
             if RESULTS_FILENAME in files:
                 dirs.append(root)
         if not dirs:
-            raise ValueError(f"No runs under {p}: a run directory contains {RESULTS_FILENAME} (written by the "
-                             "training tools); an experiment directory contains run directories.")
+            raise ValueError(
+                f"No runs under {p}: a run directory contains {RESULTS_FILENAME} (written by the "
+                "training tools); an experiment directory contains run directories."
+            )
         for path in dirs:
             if os.path.realpath(path) in seen:
                 continue

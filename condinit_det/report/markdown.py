@@ -1,5 +1,6 @@
 """The comparison as Markdown: the table of every comparison and its forest plot; per section the paper's table,
 figures, convergence, paired statistics, κ, lr scan and missing runs; the seed plan, the method and environment."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,10 @@ from .plots import EFFECTS_FIGURE
 from .summary import LOSS, ArmsReport, StageReport, arm_sort_key, environment
 
 # What a contrast answers, for the contrasts whose arms isolate a question.
-_QUESTIONS = {("conditioned", "scale_matched"): "whether the conditioning adds anything to the weights' scale (better: "
-                                                "it does; worse: the scale alone does better)"}
+_QUESTIONS = {
+    ("conditioned", "scale_matched"): "whether the conditioning adds anything to the weights' scale (better: "
+    "it does; worse: the scale alone does better)"
+}
 
 
 def _plural(n: int, word: str) -> str:
@@ -41,8 +44,16 @@ def _p(p: float) -> str:
 def _table(out: List[str], header: List[str], rows: List[List[str]], align: Optional[str] = None) -> None:
     """A Markdown table; ``align``: "l" or "r" per column (default: text first, numbers after)."""
     align = align or "l" + "r" * (len(header) - 1)
-    out.append(tabulate(rows, header, tablefmt="pipe", disable_numparse=True,
-                        colalign=["left" if a == "l" else "right" for a in align]) + "\n")
+    out.append(
+        tabulate(
+            rows,
+            header,
+            tablefmt="pipe",
+            disable_numparse=True,
+            colalign=["left" if a == "l" else "right" for a in align],
+        )
+        + "\n"
+    )
 
 
 def _figure(out: List[str], name: str, figures: Mapping[str, str]) -> None:
@@ -63,23 +74,35 @@ def _headline(out: List[str], report: ArmsReport, figures: Mapping[str, str]) ->
                 delta, unit = f"{delta} {_span(iv.low, iv.high)}", iv.unit
             rows.append(([sr.title] if several else []) + [s.label, s.metric, delta, s.verdict, str(n), unit])
     if rows:
-        _table(out, (["stage"] if several else []) + ["arm", "metric", "Δ vs default, 95% interval", "verdict",
-                                                     "seeds", "unit of the interval"], rows,
-               ("l" if several else "") + "llrlrl")
-        out.append(f"Δ: the arm minus default at the final {'/'.join(sorted({sr.stage.unit for sr in sections}))} "
-                   "(A minus B in an \"A vs B\" row), paired by training seed. Verdict: better or worse when the "
-                   f"Holm-adjusted p over the stage's comparisons is at most {ALPHA:g} with two or more seeds per arm; "
-                   "too few seeds with one.\n")
+        _table(
+            out,
+            (["stage"] if several else [])
+            + ["arm", "metric", "Δ vs default, 95% interval", "verdict", "seeds", "unit of the interval"],
+            rows,
+            ("l" if several else "") + "llrlrl",
+        )
+        out.append(
+            f"Δ: the arm minus default at the final {'/'.join(sorted({sr.stage.unit for sr in sections}))} "
+            '(A minus B in an "A vs B" row), paired by training seed. Verdict: better or worse when the '
+            f"Holm-adjusted p over the stage's comparisons is at most {ALPHA:g} with two or more seeds per arm; "
+            "too few seeds with one.\n"
+        )
     else:
         out.append("No comparison: no stage has runs of the default arm and another arm, or two arms to contrast.\n")
     _figure(out, EFFECTS_FIGURE, figures)
-    out += [f"{a} vs {b} asks {question}.\n" for sr in sections for (a, b), question in _QUESTIONS.items()
-            if any(s.arm == a and s.reference == b for s in sr.family)]
+    out += [
+        f"{a} vs {b} asks {question}.\n"
+        for sr in sections
+        for (a, b), question in _QUESTIONS.items()
+        if any(s.arm == a and s.reference == b for s in sr.family)
+    ]
     for sr in report.stages:
         differ = [f for f, values in environment(sr.runs).items() if len(values) > 1]
         if differ:
-            out.append(f"**Warning**: the runs pooled in {sr.title} ran in different environments: "
-                       f"{', '.join(differ)} differ (see Method).\n")
+            out.append(
+                f"**Warning**: the runs pooled in {sr.title} ran in different environments: "
+                f"{', '.join(differ)} differ (see Method).\n"
+            )
     out += [f"**Skipped** (unreadable, left out): {problem}\n" for problem in report.skipped]
     out += [f"**Left out** (no stage): {m.describe()} — {m.path}\n" for m in report.missing if m.stage is None]
 
@@ -91,19 +114,28 @@ def _arms_shown(sr: StageReport, scale: Optional[float] = None) -> List[str]:
 
 def _arm_rows(sr: StageReport, arm: str, scale: float, headers: List[str], last) -> List[List[str]]:
     """The arm's row at ``scale`` (values over seeds, seeds, ``last(group)``), or each failed run's (what it became)."""
-    rows = [[_value(*g.final[h], len(g.runs)) for h in headers] + [str(len(g.runs)), last(g)]
-            for g in sr.groups if g.arm == arm and g.lr_scale == scale]
+    rows = [
+        [_value(*g.final[h], len(g.runs)) for h in headers] + [str(len(g.runs)), last(g)]
+        for g in sr.groups
+        if g.arm == arm and g.lr_scale == scale
+    ]
     return rows + [[m.reason] + [""] * len(headers) + [""] for m in sr.failed_at(arm, scale)]
 
 
 def _main_table(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> None:
     st, headers = sr.stage, [m.header for m in sr.stage.table]
-    out.append(f"Final-{st.unit} {', '.join(headers)} (%)"
-               + (", mean ± sample std over seeds" if any(len(g.runs) > 1 for g in sr.arms) else "")
-               + f", learning-rate scale {sr.scale:g}"
-               + (" (no runs at the config's learning rate)" if sr.scale != 1.0 else "") + ".\n")
-    rows = [[arm] + row for arm in _arms_shown(sr, sr.scale)
-            for row in _arm_rows(sr, arm, sr.scale, headers, lambda g: str(max(g.final_iterations)))]
+    out.append(
+        f"Final-{st.unit} {', '.join(headers)} (%)"
+        + (", mean ± sample std over seeds" if any(len(g.runs) > 1 for g in sr.arms) else "")
+        + f", learning-rate scale {sr.scale:g}"
+        + (" (no runs at the config's learning rate)" if sr.scale != 1.0 else "")
+        + ".\n"
+    )
+    rows = [
+        [arm] + row
+        for arm in _arms_shown(sr, sr.scale)
+        for row in _arm_rows(sr, arm, sr.scale, headers, lambda g: str(max(g.final_iterations)))
+    ]
     _table(out, ["arm"] + headers + ["seeds", f"final {st.unit}"], rows)
     for g in sr.arms:
         _figure(out, f"{sr.prefix}predictions_{g.arm}.png", figures)
@@ -117,10 +149,12 @@ def _convergence(out: List[str], sr: StageReport, figures: Mapping[str, str]) ->
     if not sr.target:
         out.append("No runs of the default arm: the speed-up needs one as the reference.\n")
         return
-    out.append(f"First {unit} at which an arm's seed-mean curve reaches the default arm's final value, and the "
-               f"speed-up (1 - {unit} / {unit}_default_final) x 100 %. LOSS: the smoothed training loss falls to or "
-               "below the default's final smoothed loss. Per seed, with runs that never reach it kept as censored: "
-               "the speed-up rows of stats.csv.\n")
+    out.append(
+        f"First {unit} at which an arm's seed-mean curve reaches the default arm's final value, and the "
+        f"speed-up (1 - {unit} / {unit}_default_final) x 100 %. LOSS: the smoothed training loss falls to or "
+        "below the default's final smoothed loss. Per seed, with runs that never reach it kept as censored: "
+        "the speed-up rows of stats.csv.\n"
+    )
     arms, groups = _arms_shown(sr, sr.scale), {g.arm: g for g in sr.arms}
 
     def cell(arm: str, key: str) -> str:
@@ -134,8 +168,11 @@ def _convergence(out: List[str], sr: StageReport, figures: Mapping[str, str]) ->
             return "not reached"
         return f"{g.reach[key]} ({g.speedup[key]:.1f}%)" if g.speedup.get(key) is not None else str(g.reach[key])
 
-    rows = [[m.header, f"{sr.target[m.key][1]:.1f} at {unit} {sr.target[m.key][0]}"] + [cell(a, m.key) for a in arms]
-            for m in sr.stage.headline if sr.target[m.key][0] is not None and math.isfinite(sr.target[m.key][1])]
+    rows = [
+        [m.header, f"{sr.target[m.key][1]:.1f} at {unit} {sr.target[m.key][0]}"] + [cell(a, m.key) for a in arms]
+        for m in sr.stage.headline
+        if sr.target[m.key][0] is not None and math.isfinite(sr.target[m.key][1])
+    ]
     x_final, value = sr.target[LOSS]
     if x_final is not None:
         rows.append(["LOSS", f"{value:.4g} at iteration {x_final}"] + [cell(a, LOSS) for a in arms])
@@ -158,21 +195,43 @@ def _paired(out: List[str], sr: StageReport) -> None:
     if not sr.family:
         out.append("No runs of the default arm and no two arms to contrast: mean ± std over seeds only.\n")
     else:
-        out.append("The comparisons of the first table, paired by training seed (same data order and non-attention "
-                   "weights, same evaluation images): the arm's mean ± std over seeds, the p of the verdict's interval "
-                   "and its Holm-adjusted p, the paired t over seeds (evaluation set held fixed) and the two-level "
-                   "percentile interval beside it, and P(arm run > reference run with the same seed).\n")
-        rows = [[s.label, s.metric, _value(s.mean, s.std, s.n), _p(s.interval.p_value) if s.interval else "",
-                 _p(s.p_holm)] + [_span(iv.low, iv.high) if iv else "" for iv in (s.t, s.percentile)]
-                + [_improvement(s), s.method] for s in sr.family]
-        _table(out, ["arm", "metric", "mean ± std", "p", "Holm p", "t over seeds", "two-level percentile",
-                     "P(arm > reference)", "method"], rows, "llrrrrrll")
+        out.append(
+            "The comparisons of the first table, paired by training seed (same data order and non-attention "
+            "weights, same evaluation images): the arm's mean ± std over seeds, the p of the verdict's interval "
+            "and its Holm-adjusted p, the paired t over seeds (evaluation set held fixed) and the two-level "
+            "percentile interval beside it, and P(arm run > reference run with the same seed).\n"
+        )
+        rows = [
+            [s.label, s.metric, _value(s.mean, s.std, s.n), _p(s.interval.p_value) if s.interval else "", _p(s.p_holm)]
+            + [_span(iv.low, iv.high) if iv else "" for iv in (s.t, s.percentile)]
+            + [_improvement(s), s.method]
+            for s in sr.family
+        ]
+        _table(
+            out,
+            [
+                "arm",
+                "metric",
+                "mean ± std",
+                "p",
+                "Holm p",
+                "t over seeds",
+                "two-level percentile",
+                "P(arm > reference)",
+                "method",
+            ],
+            rows,
+            "llrrrrrll",
+        )
     notes = [f"{s.label}, {s.metric}: {s.note}" for s in sr.family if s.note]
     dropped = {s.label: s.dropped for s in sr.stats if s.dropped}
     notes += [f"{label}: dropped from the pairing: {', '.join(d)}" for label, d in dropped.items()]
-    notes += [f"{arm}: no finished run to pair: " + ", ".join(f"seed {m.seed} {m.reason}"
-                                                              for m in sr.failed_at(arm, sr.scale))
-              for arm in _arms_shown(sr, sr.scale) if arm not in {g.arm for g in sr.arms}]
+    notes += [
+        f"{arm}: no finished run to pair: "
+        + ", ".join(f"seed {m.seed} {m.reason}" for m in sr.failed_at(arm, sr.scale))
+        for arm in _arms_shown(sr, sr.scale)
+        if arm not in {g.arm for g in sr.arms}
+    ]
     out += [f"- {note}" for note in notes + sr.contrast_notes] + ([""] if notes or sr.contrast_notes else [])
 
 
@@ -180,9 +239,12 @@ def _kappa(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> None:
     if not sr.kappa:
         return
     out.append("### Attention conditioning κ\n")
-    out += [f"- {arm}: median κ over sites {med[0]:.3g} at {sr.stage.unit} {xs[0]}"
-            + (f", {med[-1]:.3g} at {sr.stage.unit} {xs[-1]}" if len(xs) > 1 else "")
-            + f" ({_plural(len(xs), 'measured point')})" for arm, (xs, med, _, _) in sr.kappa.items()] + [""]
+    out += [
+        f"- {arm}: median κ over sites {med[0]:.3g} at {sr.stage.unit} {xs[0]}"
+        + (f", {med[-1]:.3g} at {sr.stage.unit} {xs[-1]}" if len(xs) > 1 else "")
+        + f" ({_plural(len(xs), 'measured point')})"
+        for arm, (xs, med, _, _) in sr.kappa.items()
+    ] + [""]
     _figure(out, sr.prefix + sr.stage.kappa_plot, figures)
 
 
@@ -191,10 +253,16 @@ def _lr(out: List[str], sr: StageReport) -> None:
         return
     heads = [m.header for m in sr.stage.headline]
     out.append("### Learning-rate sensitivity\n")
-    out.append(f"Final {', '.join(heads)} (%) per learning-rate scale (multiplier of the config's learning rate), "
-               f"mean over seeds; best: the arm's scale with the highest {heads[0]}.\n")
-    rows = [[arm, f"{scale:g}"] + row for arm in _arms_shown(sr) for scale in sr.scales
-            for row in _arm_rows(sr, arm, scale, heads, lambda g: "best" if g.lr_scale == sr.best_scale(g.arm) else "")]
+    out.append(
+        f"Final {', '.join(heads)} (%) per learning-rate scale (multiplier of the config's learning rate), "
+        f"mean over seeds; best: the arm's scale with the highest {heads[0]}.\n"
+    )
+    rows = [
+        [arm, f"{scale:g}"] + row
+        for arm in _arms_shown(sr)
+        for scale in sr.scales
+        for row in _arm_rows(sr, arm, scale, heads, lambda g: "best" if g.lr_scale == sr.best_scale(g.arm) else "")
+    ]
     _table(out, ["arm", "lr scale"] + heads + ["seeds", ""], rows, "lr" + "r" * len(heads) + "rl")
 
 
@@ -203,8 +271,11 @@ def _missing(out: List[str], sr: StageReport) -> None:
     if sr.missing:
         out += ["Not in the tables or the statistics:\n"] + [f"- {m.describe()} — {m.path}" for m in sr.missing] + [""]
     else:
-        out.append("None: every planned run has finished.\n" if sr.has_plan
-                   else "None found (no experiment plan: only the runs present were checked).\n")
+        out.append(
+            "None: every planned run has finished.\n"
+            if sr.has_plan
+            else "None found (no experiment plan: only the runs present were checked).\n"
+        )
 
 
 def _seed_plan(out: List[str], report: ArmsReport) -> None:
@@ -215,50 +286,82 @@ def _seed_plan(out: List[str], report: ArmsReport) -> None:
         if planned:
             first = planned[0].plan
             holm = f" Holm-adjusted over {first.comparisons} comparisons" if first.comparisons > 1 else ""
-            out.append(f"**{sr.title}**: seeds per arm for {first.power:.0%} power (two-sided paired t-test over "
-                       f"seeds, level {first.level:g}{holm}):\n")
+            out.append(
+                f"**{sr.title}**: seeds per arm for {first.power:.0%} power (two-sided paired t-test over "
+                f"seeds, level {first.level:g}{holm}):\n"
+            )
             none = "none suffices (the image variance every run shares: more evaluation images needed)"
-            rows = [[s.label, s.metric, f"{s.plan.delta:.3g} ({s.plan.delta_source})",
-                     f"{s.plan.std:.3g} ({s.plan.std_source})", none if s.plan.needed is None else str(s.plan.needed),
-                     str(len(s.differences))] for s in planned]
-            _table(out, ["arm", "metric", "effect Δ", "std of the paired differences", "seeds needed", "seeds now"],
-                   rows, "llllrr")
+            rows = [
+                [
+                    s.label,
+                    s.metric,
+                    f"{s.plan.delta:.3g} ({s.plan.delta_source})",
+                    f"{s.plan.std:.3g} ({s.plan.std_source})",
+                    none if s.plan.needed is None else str(s.plan.needed),
+                    str(len(s.differences)),
+                ]
+                for s in planned
+            ]
+            _table(
+                out,
+                ["arm", "metric", "effect Δ", "std of the paired differences", "seeds needed", "seeds now"],
+                rows,
+                "llllrr",
+            )
         for s in sr.family:
             if s.plan is None and len(s.differences) == 1:
                 half = None if s.interval is None else (s.interval.high - s.interval.low) / 2
-                images = "" if half is None else f"; the image bootstrap alone already bounds the evaluation-image " \
-                                                 f"part at ±{half:.1f}"
-                out.append(f"- {s.label}, {s.metric}: one seed per arm on {sr.dataset or 'unrecorded data'}: the "
-                           "spread between training runs is not measured, and no prior one fits this data; run ≥ 3 "
-                           f"seeds per arm to measure it{images}.")
+                images = (
+                    ""
+                    if half is None
+                    else f"; the image bootstrap alone already bounds the evaluation-image part at ±{half:.1f}"
+                )
+                out.append(
+                    f"- {s.label}, {s.metric}: one seed per arm on {sr.dataset or 'unrecorded data'}: the "
+                    "spread between training runs is not measured, and no prior one fits this data; run ≥ 3 "
+                    f"seeds per arm to measure it{images}."
+                )
         out.append("")
 
 
 def _method(out: List[str], report: ArmsReport) -> None:
     boot = report.bootstrap
-    images = (f"B = {boot} resamples of the evaluation images, generator seed {report.seed} (an image-bootstrap "
-              f"p-value is at least 2 / (B + 1) = {2 / (boot + 1):.3g})" if boot > 0
-              else "off (--bootstrap 0): intervals over seeds only")
+    images = (
+        f"B = {boot} resamples of the evaluation images, generator seed {report.seed} (an image-bootstrap "
+        f"p-value is at least 2 / (B + 1) = {2 / (boot + 1):.3g})"
+        if boot > 0
+        else "off (--bootstrap 0): intervals over seeds only"
+    )
     out.append("## Method\n")
     for sr in report.stages:
         by_label = {k: [s.metric for s in sr.family if s.label == k] for k in dict.fromkeys(s.label for s in sr.family)}
         if by_label:
             against = sum(s.reference == DEFAULT for s in sr.family)
-            out.append(f"- Holm family of {sr.title}: " + "; ".join(f"{k} × {{{', '.join(v)}}}" for k, v in
-                                                                    by_label.items())
-                       + f" ({_plural(len(sr.family), 'comparison')}: {against} against default, "
-                       f"{len(sr.family) - against} between two other arms); family-wise error {ALPHA:g}, the 95% "
-                       "intervals shown are unadjusted.")
-    out.append(f"- Image resampling: {images}.\n"
-               "- Only runs at the main learning-rate scale enter the tables, curves and statistics; training loss "
-               f"smoothed by a trailing median over {SMOOTHING_WINDOW} logged points.\n"
-               "- How every number here is computed, and the measured coverage of each interval: docs/statistics.md "
-               "and docs/comparing_arms.md of condinit-det.\n")
+            out.append(
+                f"- Holm family of {sr.title}: "
+                + "; ".join(f"{k} × {{{', '.join(v)}}}" for k, v in by_label.items())
+                + f" ({_plural(len(sr.family), 'comparison')}: {against} against default, "
+                f"{len(sr.family) - against} between two other arms); family-wise error {ALPHA:g}, the 95% "
+                "intervals shown are unadjusted."
+            )
+    out.append(
+        f"- Image resampling: {images}.\n"
+        "- Only runs at the main learning-rate scale enter the tables, curves and statistics; training loss "
+        f"smoothed by a trailing median over {SMOOTHING_WINDOW} logged points.\n"
+        "- How every number here is computed, and the measured coverage of each interval: docs/statistics.md "
+        "and docs/comparing_arms.md of condinit-det.\n"
+    )
     runs = [r for sr in report.stages for r in sr.runs]
     unrecorded = sum(not r.environments for r in runs)
-    out.append("### Environment\n\n" + (f"{_plural(unrecorded, 'run')} without an environment record (written before "
-                                        "runs recorded it)." if unrecorded else "Every run recorded its environment.")
-               + "\n")
+    out.append(
+        "### Environment\n\n"
+        + (
+            f"{_plural(unrecorded, 'run')} without an environment record (written before runs recorded it)."
+            if unrecorded
+            else "Every run recorded its environment."
+        )
+        + "\n"
+    )
     rows = [[f, " / ".join(str(v) for v in vs)] for f, vs in environment(runs).items() if vs]
     if rows:
         _table(out, ["field", "value (runs that differ: every value, separated by /)"], rows, "ll")

@@ -1,6 +1,7 @@
 """The comparisons of one section, paired by training seed: every arm against default, and contrasts A vs B (those
 asked for, and :data:`DEFAULT_CONTRASTS` wherever both ran). Per headline metric an interval, P(arm run > reference
 run), Holm over the section's family and a seed plan; per headline metric and the loss, the censored speed-up."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,10 @@ METRIC, SPEEDUP = "metric", "speedup"
 DEFAULT_CONTRASTS: Tuple[Tuple[str, str], ...] = (("conditioned", "scale_matched"), ("conditioned", "mimetic"))
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _COCO = re.compile(r"(^|[^a-z])coco")  # a plan's dataset on COCO: coco_2017_train, /data/coco/train2017
-_ACCEPTED = ("two different arms other than default, as A:B (e.g. conditioned:scale_matched, conditioned:mimetic, "
-             "mimetic:scale_matched)")
+_ACCEPTED = (
+    "two different arms other than default, as A:B (e.g. conditioned:scale_matched, conditioned:mimetic, "
+    "mimetic:scale_matched)"
+)
 
 
 @dataclass
@@ -72,9 +75,15 @@ def check_contrast(arm: str, reference: str) -> Tuple[str, str]:
     """(A, B) when it names two different arms other than default; raises ValueError saying what is accepted."""
     arm, reference = str(arm).strip(), str(reference).strip()
     bad = [n for n in (arm, reference) if not _NAME.match(n)]
-    problem = (f"{bad[0]!r} is not an arm name" if bad
-               else "every arm is already compared with default" if DEFAULT in (arm, reference)
-               else "an arm against itself" if arm == reference else "")
+    problem = (
+        f"{bad[0]!r} is not an arm name"
+        if bad
+        else "every arm is already compared with default"
+        if DEFAULT in (arm, reference)
+        else "an arm against itself"
+        if arm == reference
+        else ""
+    )
     if problem:
         raise ValueError(f"contrast {arm}:{reference}: {problem}; expected {_ACCEPTED}")
     return arm, reference
@@ -88,8 +97,9 @@ def parse_contrast(text: str) -> Tuple[str, str]:
     return check_contrast(*parts)
 
 
-def resolve_contrasts(present: Iterable[str], requested: Sequence[Tuple[str, str]] = ()
-                      ) -> Tuple[List[Tuple[str, str]], List[str]]:
+def resolve_contrasts(
+    present: Iterable[str], requested: Sequence[Tuple[str, str]] = ()
+) -> Tuple[List[Tuple[str, str]], List[str]]:
     """The contrasts of one stage whose arms ``present`` ran, and a note for each requested one that cannot be made:
     the default ones first (where both arms ran), then those requested (a pair of the arms of a default one replaces
     it, in the direction asked for); repeats are made once."""
@@ -100,8 +110,10 @@ def resolve_contrasts(present: Iterable[str], requested: Sequence[Tuple[str, str
     for a, b in requested:
         new, missing = frozenset((a, b)) not in seen, [x for x in (a, b) if x not in present]
         if new and missing:
-            notes.append(f"contrast {a} vs {b} not made: no finished {' or '.join(missing)} run in this stage "
-                         f"(arms here: {', '.join(sorted(present)) or 'none'})")
+            notes.append(
+                f"contrast {a} vs {b} not made: no finished {' or '.join(missing)} run in this stage "
+                f"(arms here: {', '.join(sorted(present)) or 'none'})"
+            )
         elif new:
             pairs.append((a, b))
         seen.add(frozenset((a, b)))
@@ -175,8 +187,11 @@ class _Context:
         if num_images not in self._draws:
             self._draws[num_images] = boot.image_draws(np.random.default_rng(self.seed), num_images, self.bootstrap)
         draws = self._draws[num_images]
-        self._resampled[key] = (boot.resampled_ap(data[section], draws)[metric.name] if coco
-                                else boot.resampled_mean(100.0 * data[section], draws))
+        self._resampled[key] = (
+            boot.resampled_ap(data[section], draws)[metric.name]
+            if coco
+            else boot.resampled_mean(100.0 * data[section], draws)
+        )
         if self.cache_dir is not None:
             os.makedirs(self.cache_dir, exist_ok=True)
             atomic_write(cached, self._resampled[key].astype(np.float64).tobytes())
@@ -200,8 +215,12 @@ def _fill_metric(row: Comparison, ctx: _Context, pairs: List[Tuple[Run, Run]], m
         return
     if method == statistics.IMAGE_BOOTSTRAP:
         row.interval = statistics.percentile_interval(
-            row.differences[0], reps[0], f"image bootstrap over {num_images} evaluation images, B={ctx.bootstrap}, "
-                                         "percentile", replication=statistics.IMAGES, num_seeds=1)
+            row.differences[0],
+            reps[0],
+            f"image bootstrap over {num_images} evaluation images, B={ctx.bootstrap}, percentile",
+            replication=statistics.IMAGES,
+            num_seeds=1,
+        )
     elif method == statistics.PAIRED_T:
         row.interval = row.t = statistics.t_interval(row.differences)
         row.note = f"evaluation-image variance not included: {image_reason}"
@@ -221,8 +240,9 @@ def _given(value, metric: Metric) -> Optional[float]:
     return None if value is None else float(value)
 
 
-def _plan(row: Comparison, metric: Metric, delta, std, comparisons: int,
-          dataset: Optional[str]) -> Optional[statistics.SeedPlan]:
+def _plan(
+    row: Comparison, metric: Metric, delta, std, comparisons: int, dataset: Optional[str]
+) -> Optional[statistics.SeedPlan]:
     """The seeds the row's question needs: for ``delta`` (default: the paper's gain, else the observed difference),
     with the given std, else the measured one, else (one seed on COCO only) detectron2's COCO seed spread."""
     if _given(delta, metric) is not None:
@@ -239,14 +259,21 @@ def _plan(row: Comparison, metric: Metric, delta, std, comparisons: int,
     elif n >= 2:
         spread, std_source = float(np.std(row.differences, ddof=1)), f"observed over {n} seeds"
         if row.interval is not None and row.interval.replication == statistics.BOTH:
-            shared = max(row.interval.se ** 2 - spread ** 2 / n, 0.0)
+            shared = max(row.interval.se**2 - spread**2 / n, 0.0)
     elif metric.key in statistics.COCO_DIFFERENCE_STD and dataset and _COCO.search(dataset.lower()):
         spread = statistics.COCO_DIFFERENCE_STD[metric.key]
         std_source = "assumed: sqrt(2) x the 0.10 AP seed std detectron2 reports for ViTDet on COCO"
     else:
         return None
-    return statistics.plan_seeds(value, spread, delta_source=delta_source, std_source=std_source,
-                                 comparisons=comparisons, level=ALPHA, shared_variance=shared)
+    return statistics.plan_seeds(
+        value,
+        spread,
+        delta_source=delta_source,
+        std_source=std_source,
+        comparisons=comparisons,
+        level=ALPHA,
+        shared_variance=shared,
+    )
 
 
 def _reach(run: Run, ref: Run, seed: int, metric: Optional[Metric]) -> Optional[statistics.Reach]:
@@ -257,8 +284,9 @@ def _reach(run: Run, ref: Run, seed: int, metric: Optional[Metric]) -> Optional[
     return statistics.reach_of(seed, its, smoothed, float(ref_smoothed[-1]), int(ref_its[-1]), lower_is_better=True)
 
 
-def _speedup_rows(g, pairs: Dict[int, Tuple[Run, Run]], dropped: List[str], metrics: List[Metric],
-                  reference: str) -> List[Comparison]:
+def _speedup_rows(
+    g, pairs: Dict[int, Tuple[Run, Run]], dropped: List[str], metrics: List[Metric], reference: str
+) -> List[Comparison]:
     """Per headline metric (and the training loss when every paired run logged it): the censored speed-up of each
     seed's run to the same seed's reference final value."""
     targets: List[Optional[Metric]] = list(metrics)
@@ -269,11 +297,23 @@ def _speedup_rows(g, pairs: Dict[int, Tuple[Run, Run]], dropped: List[str], metr
         defined = [r for r in (_reach(*pair, s, m) for s, pair in pairs.items()) if r is not None]
         reached = {r.seed: r.speedup for r in defined if not r.censored}
         name, key = ("loss", "loss") if m is None else (m.header, m.key)
-        row = Comparison(g.arm, reference, f"speed-up {name} (%)", f"{key}_speedup", g.lr_scale, SPEEDUP, reached,
-                         *statistics.mean_std(list(reached.values())), len(reached), list(pairs), dropped)
+        row = Comparison(
+            g.arm,
+            reference,
+            f"speed-up {name} (%)",
+            f"{key}_speedup",
+            g.lr_scale,
+            SPEEDUP,
+            reached,
+            *statistics.mean_std(list(reached.values())),
+            len(reached),
+            list(pairs),
+            dropped,
+        )
         row.speedup = statistics.summarize_reaches(defined) if defined else None
-        row.method = (row.speedup.method if defined else f"no {reference} final value to reach" if pairs
-                      else "no paired seeds")
+        row.method = (
+            row.speedup.method if defined else f"no {reference} final value to reach" if pairs else "no paired seeds"
+        )
         censored = sorted(r.seed for r in defined if r.censored)
         if censored:
             row.note = "not reached (censored at the last evaluation) for seed " + ", ".join(map(str, censored))
@@ -281,22 +321,36 @@ def _speedup_rows(g, pairs: Dict[int, Tuple[Run, Run]], dropped: List[str], metr
     return rows
 
 
-def _comparisons(ctx: _Context, g, ref, why: Dict[Tuple[str, int], str], metrics: List[Metric],
-                 start: int) -> List[Comparison]:
+def _comparisons(
+    ctx: _Context, g, ref, why: Dict[Tuple[str, int], str], metrics: List[Metric], start: int
+) -> List[Comparison]:
     """Group ``g`` against the reference group ``ref``: a row per headline metric, then the speed-up rows.
     ``why``: (arm, seed) -> what became of a failed run; ``start``: the first row's generator key."""
     runs = {r.seed: r for r in g.runs if r.seed is not None}
     refs = {r.seed: r for r in ref.runs if r.seed is not None}
     pairs = {s: (runs[s], refs[s]) for s in sorted(set(runs) & set(refs))}
-    dropped = [f"seed {s} ({name} run {why[(name, s)]})" if (name, s) in why else f"seed {s} (no {name} run)"
-               for name, seeds in ((g.arm, set(refs) - set(runs)), (ref.arm, set(runs) - set(refs)))
-               for s in sorted(seeds)]
+    dropped = [
+        f"seed {s} ({name} run {why[(name, s)]})" if (name, s) in why else f"seed {s} (no {name} run)"
+        for name, seeds in ((g.arm, set(refs) - set(runs)), (ref.arm, set(runs) - set(refs)))
+        for s in sorted(seeds)
+    ]
     rows = []
     for m in metrics:
         values = {r.seed: m.value(r.final) for r in g.runs if r.seed is not None}
-        row = Comparison(g.arm, ref.arm, m.header, m.key, g.lr_scale, METRIC, values,
-                         *statistics.mean_std([m.value(r.final) for r in g.runs]), len(g.runs), list(pairs), dropped,
-                         [values[s] - m.value(refs[s].final) for s in pairs])
+        row = Comparison(
+            g.arm,
+            ref.arm,
+            m.header,
+            m.key,
+            g.lr_scale,
+            METRIC,
+            values,
+            *statistics.mean_std([m.value(r.final) for r in g.runs]),
+            len(g.runs),
+            list(pairs),
+            dropped,
+            [values[s] - m.value(refs[s].final) for s in pairs],
+        )
         key = start + len(rows)
         _fill_metric(row, ctx, list(pairs.values()), m, key)
         if len(row.differences) >= 2:
@@ -306,9 +360,19 @@ def _comparisons(ctx: _Context, g, ref, why: Dict[Tuple[str, int], str], metrics
     return rows + _speedup_rows(g, pairs, dropped, metrics, ref.arm)
 
 
-def compare_stage(stage: StageDescriptor, groups, failed, *, bootstrap: int = 1000, seed: int = 0, delta=None,
-                  std=None, contrasts: Sequence[Tuple[str, str]] = (), dataset: Optional[str] = None,
-                  cache_dir: Optional[str] = None) -> List[Comparison]:
+def compare_stage(
+    stage: StageDescriptor,
+    groups,
+    failed,
+    *,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    delta=None,
+    std=None,
+    contrasts: Sequence[Tuple[str, str]] = (),
+    dataset: Optional[str] = None,
+    cache_dir: Optional[str] = None,
+) -> List[Comparison]:
     """Every comparison of one section at its main lr scale: per arm against default, then per contrast (A minus B),
     with Holm's verdicts over the family of headline-metric rows and their seed plans.
 
@@ -334,8 +398,11 @@ def compare_stage(stage: StageDescriptor, groups, failed, *, bootstrap: int = 10
     by_arm = {g.arm: g for g in groups}
     for a, b in contrasts:
         if a in by_arm and b in by_arm and a != b:
-            metrics = [m for m in stage.headline
-                       if math.isfinite(by_arm[a].value(m.header)) and math.isfinite(by_arm[b].value(m.header))]
+            metrics = [
+                m
+                for m in stage.headline
+                if math.isfinite(by_arm[a].value(m.header)) and math.isfinite(by_arm[b].value(m.header))
+            ]
             new = _comparisons(ctx, by_arm[a], by_arm[b], why, metrics, key)
             rows, key = rows + new, key + len(new)
     family = [r for r in rows if r.kind == METRIC]

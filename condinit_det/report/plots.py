@@ -1,4 +1,5 @@
 """The report's figures, one colour per arm everywhere; each comes with the sentence report.md links it with."""
+
 from __future__ import annotations
 
 import glob
@@ -55,16 +56,23 @@ def _band(sr: StageReport) -> str:
 
 def _metric_plot(path: str, sr: StageReport, metric: Metric) -> Optional[str]:
     groups = [g for g in sr.arms if np.isfinite(g.curves[metric.key].mean).any()]
-    failed = [(m, x, y) for m in sr.failed if m.lr_scale == sr.scale for x, y in [m.run.curve(metric)]
-              if np.isfinite(y).any()]
+    failed = [
+        (m, x, y) for m in sr.failed if m.lr_scale == sr.scale for x, y in [m.run.curve(metric)] if np.isfinite(y).any()
+    ]
     if not groups and not failed:
         return None
 
     def draw(ax):
         for g in groups:
             c, color = g.curves[metric.key], arm_color(g.arm)
-            ax.plot(c.x, c.mean, marker="o", ms=3, color=color,
-                    label=f"{g.arm} ({len(g.runs)} seed{'s' * (len(g.runs) > 1)})")
+            ax.plot(
+                c.x,
+                c.mean,
+                marker="o",
+                ms=3,
+                color=color,
+                label=f"{g.arm} ({len(g.runs)} seed{'s' * (len(g.runs) > 1)})",
+            )
             ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=color, alpha=0.2, lw=0)  # std 0 for one seed
         for m, x, y in failed:  # each stopped run on its own, ending where it stopped
             ax.plot(x, y, ls=":", marker="x", ms=4, color=arm_color(m.arm), label=f"{m.arm} seed {m.seed}: {m.reason}")
@@ -74,8 +82,10 @@ def _metric_plot(path: str, sr: StageReport, metric: Metric) -> Optional[str]:
 
     name = metric.label.split(" (")[0]
     _save(path, draw, f"{name[0].upper() + name[1:]} vs {sr.stage.unit} ({_band(sr)})", sr.stage.unit, metric.label)
-    return (f"{name} against {sr.stage.unit} per arm: how fast each arm learns; the dashed line is the default's final "
-            "value, which the convergence table asks every arm to reach.")
+    return (
+        f"{name} against {sr.stage.unit} per arm: how fast each arm learns; the dashed line is the default's final "
+        "value, which the convergence table asks every arm to reach."
+    )
 
 
 def _loss_plot(path: str, sr: StageReport) -> Optional[str]:
@@ -93,14 +103,21 @@ def _loss_plot(path: str, sr: StageReport) -> Optional[str]:
                 lows.append(raw.min())
             ax.plot(g.loss.x, g.loss.mean, color=color, lw=1.8, label=f"{g.arm} smoothed")
             ax.fill_between(g.loss.x, g.loss.mean - g.loss.std, g.loss.mean + g.loss.std, color=color, alpha=0.2, lw=0)
-            highs.append(np.max(g.loss.mean[len(g.loss.mean) // 20:]))
+            highs.append(np.max(g.loss.mean[len(g.loss.mean) // 20 :]))
         pad = 0.05 * max(max(highs) - min(lows), 1e-12)
         ax.set_ylim(min(lows) - pad, max(highs) + pad)  # the first logged points would flatten the rest
 
-    _save(path, draw, f"Training loss vs iteration ({_band(sr)}; trailing median of {SMOOTHING_WINDOW} logged points)",
-          "iteration", "training loss")
-    return "the training loss per arm, smoothed over the faint logged values: the arm whose loss falls first trains " \
-           "fastest."
+    _save(
+        path,
+        draw,
+        f"Training loss vs iteration ({_band(sr)}; trailing median of {SMOOTHING_WINDOW} logged points)",
+        "iteration",
+        "training loss",
+    )
+    return (
+        "the training loss per arm, smoothed over the faint logged values: the arm whose loss falls first trains "
+        "fastest."
+    )
 
 
 def _kappa_plot(path: str, sr) -> Optional[str]:
@@ -110,15 +127,29 @@ def _kappa_plot(path: str, sr) -> Optional[str]:
     def draw(ax):
         for arm, (xs, med, lo, hi) in sr.kappa.items():
             # the count in the label: two measured points joined by a line are not a trajectory
-            ax.plot(xs, med, marker="o", ms=4, color=arm_color(arm),
-                    label=f"{arm} (median over sites, {len(xs)} measured point{'s' * (len(xs) != 1)})")
+            ax.plot(
+                xs,
+                med,
+                marker="o",
+                ms=4,
+                color=arm_color(arm),
+                label=f"{arm} (median over sites, {len(xs)} measured point{'s' * (len(xs) != 1)})",
+            )
             ax.fill_between(xs, lo, hi, color=arm_color(arm), alpha=0.15, lw=0)
         ax.set_yscale("log")
 
-    _save(path, draw, f"Attention conditioning vs {sr.stage.unit} (lr scale {sr.scale:g}; markers: measured points; "
-                      "band: min-max over sites)", sr.stage.unit, "κ (condition number, log scale)")
-    return "κ per arm at each measured point (median over attention sites, band min to max, log scale): how well " \
-           "conditioned each arm starts and how training moves it."
+    _save(
+        path,
+        draw,
+        f"Attention conditioning vs {sr.stage.unit} (lr scale {sr.scale:g}; markers: measured points; "
+        "band: min-max over sites)",
+        sr.stage.unit,
+        "κ (condition number, log scale)",
+    )
+    return (
+        "κ per arm at each measured point (median over attention sites, band min to max, log scale): how well "
+        "conditioned each arm starts and how training moves it."
+    )
 
 
 def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
@@ -137,8 +168,9 @@ def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
             iv, color = s.interval, arm_color(s.arm)
             one_seed = iv is None or iv.replication == IMAGES
             if iv is not None:
-                ax.plot([iv.low, iv.high], [y, y], color=color, lw=1.2 if one_seed else 2.2,
-                        ls=":" if one_seed else "-")
+                ax.plot(
+                    [iv.low, iv.high], [y, y], color=color, lw=1.2 if one_seed else 2.2, ls=":" if one_seed else "-"
+                )
             ax.plot([s.mean_difference], [y], "o", ms=6, color=color, mfc="white" if one_seed else color)
             ax.annotate(s.verdict, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
         ax.axvline(0.0, color="black", lw=0.8)
@@ -146,13 +178,18 @@ def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
         ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_title(sr.title, fontsize=10, loc="left")
         ax.grid(True, axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("Δ vs reference (points; filled: interval over training runs; hollow, dotted: one seed, "
-                           "evaluation images only)", fontsize=8)
+    axes[-1, 0].set_xlabel(
+        "Δ vs reference (points; filled: interval over training runs; hollow, dotted: one seed, "
+        "evaluation images only)",
+        fontsize=8,
+    )
     fig.tight_layout()
     _write(path, fig)
-    return ("every comparison of the table, Δ with its 95% interval, one panel per stage: a filled point whose bar "
-            "stays clear of the zero line is a difference over training runs; a hollow point is one seed per arm, "
-            "its dotted bar covering only the evaluation images.")
+    return (
+        "every comparison of the table, Δ with its 95% interval, one panel per stage: a filled point whose bar "
+        "stays clear of the zero line is a difference over training runs; a hollow point is one seed per arm, "
+        "its dotted bar covering only the evaluation images."
+    )
 
 
 def _figures_key(report: ArmsReport, inputs: str) -> str:
@@ -160,8 +197,12 @@ def _figures_key(report: ArmsReport, inputs: str) -> str:
     the report code."""
     digest = hashlib.sha1(inputs.encode())
     code = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py")))
-    for path in code + [os.path.join(r.path, name) for sr in report.stages for r in sr.runs
-                        for name in (RESULTS_FILENAME, METRICS_FILENAME)]:
+    for path in code + [
+        os.path.join(r.path, name)
+        for sr in report.stages
+        for r in sr.runs
+        for name in (RESULTS_FILENAME, METRICS_FILENAME)
+    ]:
         if os.path.isfile(path):
             with open(path, "rb") as f:
                 digest.update(path.encode() + f.read())
@@ -191,8 +232,10 @@ def write_figures(report: ArmsReport, output_dir: str, *, inputs: str, cache_dir
             if run is not None:
                 name = f"{sr.prefix}predictions_{g.arm}.png"
                 shutil.copyfile(os.path.join(run.path, PREDICTIONS_FIGURE), os.path.join(output_dir, name))
-                written[name] = (f"{run.name}'s predictions on a few evaluation images at the end of training: what "
-                                 "its boxes and masks look like beside the other arms'.")
+                written[name] = (
+                    f"{run.name}'s predictions on a few evaluation images at the end of training: what "
+                    "its boxes and masks look like beside the other arms'."
+                )
     written = {name: text for name, text in written.items() if text}
     os.makedirs(cache_dir, exist_ok=True)
     atomic_write(record_path, json.dumps({"key": key, "figures": written}, indent=1))

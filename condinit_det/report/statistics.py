@@ -2,6 +2,7 @@
 probability of improvement, the censored speed-up and seed planning (docs/statistics.md defines each one and gives
 its measured coverage). Functions of arrays take leading batch dimensions (``bench/calibration.py`` runs them on many
 simulated experiments at once). scipy is imported where used: a one-seed report never needs its 0.9 s import."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,11 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 RUNS, IMAGES, BOTH = "runs", "images", "both"
-UNITS = {RUNS: "training runs", IMAGES: "evaluation images (one trained model per arm)",
-         BOTH: "training runs and evaluation images"}  # what an interval replicates, as the tables print it
+UNITS = {
+    RUNS: "training runs",
+    IMAGES: "evaluation images (one trained model per arm)",
+    BOTH: "training runs and evaluation images",
+}  # what an interval replicates, as the tables print it
 BETTER, WORSE, NO_DIFFERENCE, TOO_FEW_SEEDS = "better", "worse", "no difference shown", "too few seeds"
 
 # The interval methods, and the truth each one's 95% covers (what its calibration scores it against).
@@ -65,6 +69,7 @@ def paired_t(differences, level: float = 0.95):
     if n < 2:
         raise ValueError(f"a t-interval needs at least 2 paired differences, got {n}")
     from scipy import stats
+
     with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # scipy's precision-loss note on identical differences
         test = stats.ttest_1samp(d, 0.0, axis=-1)
@@ -90,8 +95,15 @@ def bootstrap_p_value(replicates) -> np.ndarray:
     return np.minimum(1.0, 2.0 * (1.0 + tail) / (finite.sum(axis=-1) + 1.0))
 
 
-def percentile_interval(estimate: float, resampled: Sequence[float], method: str = "paired bootstrap", *,
-                        replication: str = IMAGES, num_seeds: int = 1, level: float = 0.95) -> Interval:
+def percentile_interval(
+    estimate: float,
+    resampled: Sequence[float],
+    method: str = "paired bootstrap",
+    *,
+    replication: str = IMAGES,
+    num_seeds: int = 1,
+    level: float = 0.95,
+) -> Interval:
     """Percentile interval of bootstrap replicates around ``estimate``, with its :func:`bootstrap_p_value`."""
     r = np.asarray(resampled, dtype=np.float64)
     r = r[np.isfinite(r)]
@@ -99,8 +111,9 @@ def percentile_interval(estimate: float, resampled: Sequence[float], method: str
         raise ValueError("a percentile interval needs at least one finite bootstrap replicate")
     alpha = (1.0 - level) / 2
     low, high = np.quantile(r, [alpha, 1.0 - alpha])
-    return Interval(float(estimate), float(low), float(high), method, replication, int(num_seeds),
-                    float(bootstrap_p_value(r)))
+    return Interval(
+        float(estimate), float(low), float(high), method, replication, int(num_seeds), float(bootstrap_p_value(r))
+    )
 
 
 @dataclass(frozen=True)
@@ -124,11 +137,21 @@ class TwoLevel:
 
     def interval(self, t_scaled: bool = True) -> Interval:
         """The scalar result as an :class:`Interval`: t-scaled, or the plain percentile interval."""
-        kind, low, high, p, se = (("t-scaled", self.low, self.high, self.p_value, self.se) if t_scaled else
-                                  ("percentile", self.percentile_low, self.percentile_high, self.percentile_p_value,
-                                   np.nan))
-        return Interval(float(self.estimate), float(low), float(high), f"two-level bootstrap (seeds x images), {kind}, "
-                        f"{self.num_seeds} seeds", BOTH, self.num_seeds, float(p), float(se))
+        kind, low, high, p, se = (
+            ("t-scaled", self.low, self.high, self.p_value, self.se)
+            if t_scaled
+            else ("percentile", self.percentile_low, self.percentile_high, self.percentile_p_value, np.nan)
+        )
+        return Interval(
+            float(self.estimate),
+            float(low),
+            float(high),
+            f"two-level bootstrap (seeds x images), {kind}, {self.num_seeds} seeds",
+            BOTH,
+            self.num_seeds,
+            float(p),
+            float(se),
+        )
 
 
 _PIVOT_POINTS = 400  # chi-square quantiles the generalized pivot averages over (midpoint rule in probability)
@@ -137,15 +160,18 @@ _PIVOT_POINTS = 400  # chi-square quantiles the generalized pivot averages over 
 def _pivot_tail(value: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """P(|Z| scale > value) averaged over the scales [..., K]; Z standard normal."""
     from scipy.special import ndtr
+
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(scales > 0, value[..., None] / scales, np.inf)
     return (2.0 * ndtr(-np.abs(z))).mean(axis=-1)
 
 
-def _pivot_half_width(var_seeds: np.ndarray, var_images: np.ndarray, scales: np.ndarray, n: int,
-                      level: float) -> np.ndarray:
+def _pivot_half_width(
+    var_seeds: np.ndarray, var_images: np.ndarray, scales: np.ndarray, n: int, level: float
+) -> np.ndarray:
     """h with P(|Z| scale <= h) = level, by bisection from z sqrt(images) to t' sqrt(seeds) + z' sqrt(images)."""
     from scipy import stats
+
     tail = (3.0 + level) / 4
     low = stats.norm.ppf(0.5 + level / 2) * np.sqrt(var_images)
     high = stats.t.ppf(tail, n - 1) * np.sqrt(var_seeds) + stats.norm.ppf(tail) * np.sqrt(var_images)
@@ -156,20 +182,24 @@ def _pivot_half_width(var_seeds: np.ndarray, var_images: np.ndarray, scales: np.
     return 0.5 * (low + high)
 
 
-def two_level_bootstrap(estimates, replicates, rng: np.random.Generator, *, num_images: int,
-                        level: float = 0.95) -> TwoLevel:
+def two_level_bootstrap(
+    estimates, replicates, rng: np.random.Generator, *, num_images: int, level: float = 0.95
+) -> TwoLevel:
     """Two-level paired bootstrap of the mean difference over n >= 2 seeds (docs/statistics.md, "Intervals"): the
     percentile interval of seed resamples (drawn by ``rng``) on each image resample, and the t-scaled one, estimate ±
     the ``level`` point of |Z| sqrt(s^2 / n (n - 1) / X + v), X chi-square(n - 1), v the image variance the seeds share.
     ``estimates``: [..., n] per-seed differences on the full evaluation set; ``replicates``: [..., n, B] the same on B
     image resamples (resample b: the same images for every seed and arm); ``num_images``: Satterthwaite's image df."""
     from scipy import stats
+
     est = np.asarray(estimates, dtype=np.float64)
     rep = np.asarray(replicates, dtype=np.float64)
     n, num_b = est.shape[-1], rep.shape[-1]
     if n < 2 or rep.shape[-2:] != (n, num_b) or num_b < 2:
-        raise ValueError(f"two_level_bootstrap needs estimates [..., n] and replicates [..., n, B] with n >= 2 seeds "
-                         f"and B >= 2 resamples; got {est.shape} and {rep.shape}")
+        raise ValueError(
+            f"two_level_bootstrap needs estimates [..., n] and replicates [..., n, B] with n >= 2 seeds "
+            f"and B >= 2 resamples; got {est.shape} and {rep.shape}"
+        )
     seeds = rng.integers(0, n, size=est.shape[:-1] + (num_b, n))
     boot = np.take_along_axis(np.swapaxes(rep, -1, -2), seeds, axis=-1).mean(axis=-1)  # [..., B]
     alpha = (1.0 - level) / 2
@@ -177,7 +207,7 @@ def two_level_bootstrap(estimates, replicates, rng: np.random.Generator, *, num_
     estimate = est.mean(axis=-1)
     var_seeds = est.var(axis=-1, ddof=1) / n
     centred = rep - rep.mean(axis=-1, keepdims=True)
-    per_seed = (centred ** 2).sum(axis=-1) / (num_b - 1)  # [..., n]
+    per_seed = (centred**2).sum(axis=-1) / (num_b - 1)  # [..., n]
     of_sum = (centred.sum(axis=-2) ** 2).sum(axis=-1) / (num_b - 1)  # variance of the sum over seeds
     var_images = np.maximum((of_sum - per_seed.sum(axis=-1)) / (n * (n - 1)), 0.0)
     var = var_seeds + var_images
@@ -185,14 +215,31 @@ def two_level_bootstrap(estimates, replicates, rng: np.random.Generator, *, num_
     chi2 = stats.chi2.ppf((np.arange(_PIVOT_POINTS) + 0.5) / _PIVOT_POINTS, n - 1)  # quantiles of X
     scales = np.sqrt(var_seeds[..., None] * (n - 1) / chi2 + var_images[..., None])  # [..., K]
     half = _pivot_half_width(var_seeds, var_images, scales, n, level)
-    p_value = np.where(scales.max(axis=-1) > 0, np.minimum(_pivot_tail(np.abs(estimate), scales), 1.0),
-                       np.where(estimate == 0, 1.0, 0.0))
+    p_value = np.where(
+        scales.max(axis=-1) > 0,
+        np.minimum(_pivot_tail(np.abs(estimate), scales), 1.0),
+        np.where(estimate == 0, 1.0, 0.0),
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
-        df = var ** 2 / (var_seeds ** 2 / (n - 1) + var_images ** 2 / max(num_images - 1, 1))
+        df = var**2 / (var_seeds**2 / (n - 1) + var_images**2 / max(num_images - 1, 1))
     df = np.where(var > 0, df, n - 1.0)
     welch = stats.t.ppf(0.5 + level / 2, df) * se
-    return TwoLevel(estimate, boot, p_low, p_high, bootstrap_p_value(boot), var_seeds, var_images, se,
-                    estimate - half, estimate + half, p_value, estimate - welch, estimate + welch, n)
+    return TwoLevel(
+        estimate,
+        boot,
+        p_low,
+        p_high,
+        bootstrap_p_value(boot),
+        var_seeds,
+        var_images,
+        se,
+        estimate - half,
+        estimate + half,
+        p_value,
+        estimate - welch,
+        estimate + welch,
+        n,
+    )
 
 
 def verdict(interval: Optional[Interval], p_holm: float, higher_is_better: bool = True, alpha: float = 0.05) -> str:
@@ -235,16 +282,19 @@ def _wins(d: np.ndarray) -> np.ndarray:
     return (d > 0).sum(axis=-1) + 0.5 * (d == 0).sum(axis=-1)
 
 
-def probability_of_improvement(differences, rng: np.random.Generator, num_resamples: int = 1000,
-                               level: float = 0.95) -> Improvement:
+def probability_of_improvement(
+    differences, rng: np.random.Generator, num_resamples: int = 1000, level: float = 0.95
+) -> Improvement:
     """Paired probability of improvement from the differences [..., n] (a win counts 1, a tie 1/2); B =
     ``num_resamples`` seed resamples drawn by ``rng`` (0: no bootstrap interval)."""
     d = np.asarray(differences, dtype=np.float64)
     n = d.shape[-1]
     if n < 1 or num_resamples < 0:
-        raise ValueError(f"probability of improvement needs >= 1 paired seed and >= 0 resamples; got {n} and "
-                         f"{num_resamples}")
+        raise ValueError(
+            f"probability of improvement needs >= 1 paired seed and >= 0 resamples; got {n} and {num_resamples}"
+        )
     from scipy import stats
+
     wins = _wins(d)
     alpha = (1.0 - level) / 2
     if num_resamples:
@@ -279,8 +329,9 @@ class Reach:
         return (1.0 - x / self.default_final) * 100.0
 
 
-def first_reach(x: Sequence[int], values: Sequence[float], target: float,
-                lower_is_better: bool = False) -> Optional[int]:
+def first_reach(
+    x: Sequence[int], values: Sequence[float], target: float, lower_is_better: bool = False
+) -> Optional[int]:
     """The first x whose value reaches ``target`` (>=, or <= when lower is better); None if none does."""
     if not math.isfinite(target):
         return None
@@ -289,8 +340,14 @@ def first_reach(x: Sequence[int], values: Sequence[float], target: float,
     return int(np.asarray(x)[hit[0]]) if hit.size else None
 
 
-def reach_of(seed: Optional[int], x: Sequence[int], values: Sequence[float], target: float, default_final: int,
-             lower_is_better: bool = False) -> Optional[Reach]:
+def reach_of(
+    seed: Optional[int],
+    x: Sequence[int],
+    values: Sequence[float],
+    target: float,
+    default_final: int,
+    lower_is_better: bool = False,
+) -> Optional[Reach]:
     """The :class:`Reach` of one run's curve (x [E], values [E]); None without evaluations or target."""
     if not len(x) or not math.isfinite(target) or not default_final:
         return None
@@ -301,6 +358,7 @@ def median_interval_rank(n: int, level: float = 0.95) -> Tuple[int, float]:
     """(k, coverage): the largest k whose k-th best and worst seeds cover the median with 1 - 2 P(Bin(n, 1/2) < k)
     >= ``level``, else k = 1 and its smaller coverage."""
     from scipy import stats
+
     coverage = [float(1.0 - 2.0 * stats.binom.cdf(k - 1, n, 0.5)) for k in range(1, n // 2 + 2)]
     best = max([k for k in range(1, n // 2 + 1) if coverage[k - 1] >= level], default=1)
     return best, coverage[best - 1]
@@ -332,8 +390,10 @@ def summarize_reaches(reaches: Sequence[Reach], level: float = 0.95) -> SpeedupS
     if n == 1:
         return SpeedupSummary(1, reached, median, None, None, float("nan"), "one seed: no interval over seeds")
     k, coverage = median_interval_rank(n, level)
-    method = (f"Kaplan–Meier median over {n} seeds; order-statistic interval (seeds {k} and {n + 1 - k} of {n}), "
-              f"coverage {coverage:.3f}")
+    method = (
+        f"Kaplan–Meier median over {n} seeds; order-statistic interval (seeds {k} and {n + 1 - k} of {n}), "
+        f"coverage {coverage:.3f}"
+    )
     return SpeedupSummary(n, reached, median, ranked[n - k], ranked[k - 1], coverage, method)
 
 
@@ -346,28 +406,32 @@ _MAX_SEEDS = 100_000
 
 
 def _check(delta: float, std: float, level: float, comparisons: int, target: float, shared: float) -> None:
-    checks = [(math.isfinite(delta) and delta > 0, f"delta must be > 0 (the difference to detect), got {delta}"),
-              (math.isfinite(std) and std >= 0, f"std must be >= 0 (of the per-seed paired differences), got {std}"),
-              (0 < level < 1, f"level must be in (0, 1) (e.g. 0.05), got {level}"),
-              (comparisons >= 1, f"comparisons must be >= 1 (arms x metrics in the family), got {comparisons}"),
-              (0 < target < 1, f"power must be in (0, 1) (e.g. 0.8), got {target}"),
-              (math.isfinite(shared) and shared >= 0, f"shared image variance must be >= 0, got {shared}")]
+    checks = [
+        (math.isfinite(delta) and delta > 0, f"delta must be > 0 (the difference to detect), got {delta}"),
+        (math.isfinite(std) and std >= 0, f"std must be >= 0 (of the per-seed paired differences), got {std}"),
+        (0 < level < 1, f"level must be in (0, 1) (e.g. 0.05), got {level}"),
+        (comparisons >= 1, f"comparisons must be >= 1 (arms x metrics in the family), got {comparisons}"),
+        (0 < target < 1, f"power must be in (0, 1) (e.g. 0.8), got {target}"),
+        (math.isfinite(shared) and shared >= 0, f"shared image variance must be >= 0, got {shared}"),
+    ]
     bad = [message for ok, message in checks if not ok]
     if bad:
         raise ValueError("; ".join(bad))
 
 
-def power(n: int, delta: float, std: float, *, level: float = 0.05, comparisons: int = 1,
-          shared_variance: float = 0.0) -> float:
+def power(
+    n: int, delta: float, std: float, *, level: float = 0.05, comparisons: int = 1, shared_variance: float = 0.0
+) -> float:
     """Power of the two-sided paired t-test over n >= 2 seeds at level / comparisons (Holm's strictest threshold),
     noncentrality delta / sqrt(std^2 / n + shared_variance)."""
     _check(delta, std, level, comparisons, 0.5, shared_variance)
     if n < 2:
         return 0.0
-    se = math.sqrt(std ** 2 / n + shared_variance)
+    se = math.sqrt(std**2 / n + shared_variance)
     if se == 0:
         return 1.0
     from scipy import stats
+
     df, crit = n - 1, stats.t.ppf(1.0 - level / comparisons / 2, n - 1)
     nc = delta / se
     upper, lower = stats.nct.sf(crit, df, nc), stats.nct.cdf(-crit, df, nc)
@@ -377,14 +441,22 @@ def power(n: int, delta: float, std: float, *, level: float = 0.05, comparisons:
     return float(min(upper + lower, 1.0))
 
 
-def seeds_needed(delta: float, std: float, *, power_target: float = 0.8, level: float = 0.05, comparisons: int = 1,
-                 shared_variance: float = 0.0) -> Optional[int]:
+def seeds_needed(
+    delta: float,
+    std: float,
+    *,
+    power_target: float = 0.8,
+    level: float = 0.05,
+    comparisons: int = 1,
+    shared_variance: float = 0.0,
+) -> Optional[int]:
     """Smallest n >= 2 seeds per arm with :func:`power` >= ``power_target``; None when none reaches it."""
     _check(delta, std, level, comparisons, power_target, shared_variance)
 
     def enough(n: int) -> bool:
-        return power(n, delta, std, level=level, comparisons=comparisons, shared_variance=shared_variance) >= \
-            power_target
+        return (
+            power(n, delta, std, level=level, comparisons=comparisons, shared_variance=shared_variance) >= power_target
+        )
 
     if not enough(_MAX_SEEDS):
         return None
@@ -413,17 +485,39 @@ class SeedPlan:
     def text(self) -> str:
         """``"to detect Δ = 0.6 (given) with std 0.1 ...: n ≥ 4 seeds per arm"``."""
         holm = f" Holm-adjusted over {self.comparisons} comparisons" if self.comparisons > 1 else ""
-        head = (f"to detect Δ = {self.delta:.3g} ({self.delta_source}) with std {self.std:.3g} of the paired "
-                f"differences ({self.std_source}) at {self.power:.0%} power, two-sided level {self.level:g}{holm}")
+        head = (
+            f"to detect Δ = {self.delta:.3g} ({self.delta_source}) with std {self.std:.3g} of the paired "
+            f"differences ({self.std_source}) at {self.power:.0%} power, two-sided level {self.level:g}{holm}"
+        )
         if self.needed is None:
-            return head + ": no number of seeds suffices (the evaluation-image variance shared by every run is " \
-                          "too large: more evaluation images are needed)"
+            return (
+                head + ": no number of seeds suffices (the evaluation-image variance shared by every run is "
+                "too large: more evaluation images are needed)"
+            )
         return head + f": n ≥ {self.needed} seeds per arm"
 
 
-def plan_seeds(delta: float, std: float, *, delta_source: str = "given", std_source: str = "given",
-               comparisons: int = 1, level: float = 0.05, power_target: float = 0.8,
-               shared_variance: float = 0.0) -> SeedPlan:
+def plan_seeds(
+    delta: float,
+    std: float,
+    *,
+    delta_source: str = "given",
+    std_source: str = "given",
+    comparisons: int = 1,
+    level: float = 0.05,
+    power_target: float = 0.8,
+    shared_variance: float = 0.0,
+) -> SeedPlan:
     """The :class:`SeedPlan` of :func:`seeds_needed`."""
-    return SeedPlan(delta, delta_source, std, std_source, comparisons, level, power_target, seeds_needed(
-        delta, std, power_target=power_target, level=level, comparisons=comparisons, shared_variance=shared_variance))
+    return SeedPlan(
+        delta,
+        delta_source,
+        std,
+        std_source,
+        comparisons,
+        level,
+        power_target,
+        seeds_needed(
+            delta, std, power_target=power_target, level=level, comparisons=comparisons, shared_variance=shared_variance
+        ),
+    )

@@ -1,6 +1,7 @@
 """Grouping runs into sections (stage and setup) and arms (arm and lr scale), each summarized over its seeds (seed-mean
 curves, κ over sites). Runs pool only when their setups match (the plan's ``setup`` and ``dataset``); runs whose plan
 recorded none (older plans, or no plan) pool with the one setup of their stage."""
+
 from __future__ import annotations
 
 import json
@@ -173,8 +174,10 @@ class StageReport:
         scale = self.scale if lr_scale is None else float(lr_scale)
         found = next((g for g in self.groups if g.arm == name and g.lr_scale == scale), None)
         if found is None:
-            raise KeyError(f"No {self.stage.name} runs of arm {name!r} at lr scale {scale:g}; "
-                           f"present: {[(g.arm, g.lr_scale) for g in self.groups]}")
+            raise KeyError(
+                f"No {self.stage.name} runs of arm {name!r} at lr scale {scale:g}; "
+                f"present: {[(g.arm, g.lr_scale) for g in self.groups]}"
+            )
         return found
 
     def best_scale(self, arm: str) -> Optional[float]:
@@ -226,8 +229,10 @@ def _summarize_group(stage: StageDescriptor, arm: str, scale: float, runs: List[
     seeds = [r.seed for r in runs]
     dup = sorted({s for s in seeds if s is not None and seeds.count(s) > 1})
     if dup:
-        raise ValueError(f"Arm {arm!r} ({stage.name}, lr scale {scale:g}) has several runs with seed {dup}: "
-                         f"{[r.path for r in runs if r.seed in dup]}")
+        raise ValueError(
+            f"Arm {arm!r} ({stage.name}, lr scale {scale:g}) has several runs with seed {dup}: "
+            f"{[r.path for r in runs if r.seed in dup]}"
+        )
     g = ArmSummary(arm=arm, lr_scale=scale, runs=runs)
     g.final = {m.header: mean_std([m.value(r.final) for r in runs]) for m in stage.table}
     g.curves = {m.key: seed_mean([r.curve(m) for r in runs]) for m, _ in stage.plots}
@@ -258,8 +263,13 @@ def _collect_missing(expected: Sequence[ExpectedRun], runs: List[Run]) -> List[M
     before the last one of their schedule (the runs of one stage under one root)."""
     found = {os.path.realpath(r.path) for r in runs}
     planned = {os.path.realpath(e.path): e for e in expected}
-    out = [Missing(e.spec.arm, e.spec.seed, e.spec.lr_scale, e.path, "no results (failed or not run)", e.stage,
-                   plan=e.plan) for real, e in planned.items() if real not in found]
+    out = [
+        Missing(
+            e.spec.arm, e.spec.seed, e.spec.lr_scale, e.path, "no results (failed or not run)", e.stage, plan=e.plan
+        )
+        for real, e in planned.items()
+        if real not in found
+    ]
     end: Dict[Tuple[str, str], int] = {}
     for r in runs:
         if r.final_x is not None and r.failure is None:
@@ -271,8 +281,10 @@ def _collect_missing(expected: Sequence[ExpectedRun], runs: List[Run]) -> List[M
         elif r.stage is None or not r.evaluations():
             reason = "no evaluation recorded (unfinished or failed)"
         elif r.final_x < end.get((r.root, r.stage.name), r.final_x):
-            reason = (f"unfinished (last evaluation at {r.stage.unit} {r.final_x}; other runs reach "
-                      f"{end[(r.root, r.stage.name)]})")
+            reason = (
+                f"unfinished (last evaluation at {r.stage.unit} {r.final_x}; other runs reach "
+                f"{end[(r.root, r.stage.name)]})"
+            )
         else:
             continue
         out.append(Missing(r.arm, r.seed, r.lr_scale, r.path, reason, stage, r if r.failure else None, r.plan))
@@ -308,11 +320,15 @@ def _sections(stage: StageDescriptor, runs: List[Run], missing: List[Missing], g
     values = {k: [s.get(k, "absent") for s, _, _ in known] for k in sorted(set().union(*[s for s, _, _ in known]))}
     differ = {k: v for k, v in values.items() if len(set(v)) > 1}
     if not group_by_config:
-        raise ValueError(f"the {stage.name} runs have different setups ("
-                         + "; ".join(f"{k}: {' vs '.join(v)}" for k, v in differ.items())
-                         + "); compare them separately, or pass --group-by-config for one section per setup")
-    out = [(s.get("dataset"), ", ".join(f"{k} = {v[i]}" for k, v in differ.items()), r, m)
-           for i, (s, r, m) in enumerate(known)]
+        raise ValueError(
+            f"the {stage.name} runs have different setups ("
+            + "; ".join(f"{k}: {' vs '.join(v)}" for k, v in differ.items())
+            + "); compare them separately, or pass --group-by-config for one section per setup"
+        )
+    out = [
+        (s.get("dataset"), ", ".join(f"{k} = {v[i]}" for k, v in differ.items()), r, m)
+        for i, (s, r, m) in enumerate(known)
+    ]
     return out + ([(None, "setup not recorded", *keyed[None][1:])] if None in keyed else [])
 
 
@@ -322,22 +338,33 @@ def _section(stage: StageDescriptor, runs: List[Run], missing: List[Missing], co
     groups = [_summarize_group(stage, a, s, [r for r in runs if (r.arm, r.lr_scale) == (a, s)]) for a, s in keys]
     # the main scale: 1 when any run has it (or none ran); else the one most arms ran, then the closest to 1
     scales = [g.lr_scale for g in groups] or [m.lr_scale for m in missing if m.failure is not None]
-    scale = 1.0 if not scales or 1.0 in scales else max(set(scales), key=lambda s: (scales.count(s),
-                                                                                     -abs(math.log(s)), -s))
+    scale = (
+        1.0 if not scales or 1.0 in scales else max(set(scales), key=lambda s: (scales.count(s), -abs(math.log(s)), -s))
+    )
     sr = StageReport(stage=stage, groups=groups, scale=scale, missing=missing)
     sr.target = _convergence(sr.arms, stage)
     kappa = {g.arm: kappa_curve([r.records for r in g.runs], stage.unit) for g in sr.arms}
     sr.kappa = {arm: k for arm, k in kappa.items() if len(k[0])}
     contrasts, sr.contrast_notes = resolve_contrasts([g.arm for g in sr.arms], contrasts)
-    sr.stats = compare_stage(stage, sr.arms, [m for m in sr.failed if m.lr_scale == scale], contrasts=contrasts,
-                             **kwargs)
+    sr.stats = compare_stage(
+        stage, sr.arms, [m for m in sr.failed if m.lr_scale == scale], contrasts=contrasts, **kwargs
+    )
     return sr
 
 
-def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *, bootstrap: int = 1000,
-                   seed: int = 0, delta=None, std=None, contrasts: Sequence[Tuple[str, str]] = (),
-                   group_by_config: bool = False, skipped: Sequence[str] = (),
-                   cache_dir: Optional[str] = None) -> ArmsReport:
+def summarize_runs(
+    runs: Sequence[Run],
+    expected: Sequence[ExpectedRun] = (),
+    *,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    delta=None,
+    std=None,
+    contrasts: Sequence[Tuple[str, str]] = (),
+    group_by_config: bool = False,
+    skipped: Sequence[str] = (),
+    cache_dir: Optional[str] = None,
+) -> ArmsReport:
     """Group finished runs into sections (stage, setup) and arms (arm, lr scale), summarize them over seeds, compare
     the arms and collect the missing, unfinished and failed runs. ``expected`` (the runs the plans list) and
     ``skipped`` (files that could not be read): :func:`find_runs`'; ``cache_dir``: :func:`compare_stage`'s; the other
@@ -352,11 +379,26 @@ def summarize_runs(runs: Sequence[Run], expected: Sequence[ExpectedRun] = (), *,
     finished = [r for r in runs if r.final_x is not None and os.path.realpath(r.path) not in bad]
     sections = []
     for stage in report_stages([r.stage for r in runs] + [m.stage for m in missing]):
-        for k, (dataset, label, section_runs, section_missing) in enumerate(_sections(
-                stage, [r for r in finished if r.stage == stage], [m for m in missing if m.stage == stage],
-                group_by_config)):
-            sr = _section(stage, section_runs, section_missing, bootstrap=bootstrap, seed=seed, delta=delta, std=std,
-                          contrasts=contrasts, dataset=dataset, cache_dir=cache_dir)
+        for k, (dataset, label, section_runs, section_missing) in enumerate(
+            _sections(
+                stage,
+                [r for r in finished if r.stage == stage],
+                [m for m in missing if m.stage == stage],
+                group_by_config,
+            )
+        ):
+            sr = _section(
+                stage,
+                section_runs,
+                section_missing,
+                bootstrap=bootstrap,
+                seed=seed,
+                delta=delta,
+                std=std,
+                contrasts=contrasts,
+                dataset=dataset,
+                cache_dir=cache_dir,
+            )
             sr.dataset, sr.label, sr.prefix = dataset, label, f"setup{k + 1}_" if k else ""
             sr.has_plan = any(item.plan is not None for item in [*section_runs, *section_missing])
             sections.append(sr)

@@ -1,14 +1,14 @@
 """What a training stage records and how its records are read: one :class:`StageDescriptor` per stage, plain data
 that the plan stores. A run's stage is looked up, never guessed (:func:`stage_of`). No torch, detectron2 or timm.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Dict, Mapping, Optional, Tuple
 
-__all__ = ["DETECTION", "PRETRAIN", "UNITS", "Metric", "StageDescriptor", "known_stages", "register_stage",
-           "stage_of"]
+__all__ = ["DETECTION", "PRETRAIN", "UNITS", "Metric", "StageDescriptor", "known_stages", "register_stage", "stage_of"]
 
 # The units a run's length can count, and how the status table abbreviates them.
 UNITS = {"iteration": "it", "epoch": "ep"}
@@ -81,8 +81,9 @@ class StageDescriptor:
         keys = {m.key for m in self.table}
         missing = [m.key for m in (*self.headline, *(m for m, _ in self.plots)) if m.key not in keys]
         if missing or not self.headline:
-            raise ValueError(f"stage {self.name!r}: headline and plotted metrics must be table columns; "
-                             f"not in the table: {missing}")
+            raise ValueError(
+                f"stage {self.name!r}: headline and plotted metrics must be table columns; not in the table: {missing}"
+            )
 
     def to_dict(self) -> dict:
         """Plain JSON data (the plan stores it); :meth:`from_dict` reads it back."""

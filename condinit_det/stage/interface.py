@@ -3,6 +3,7 @@
 which load the config again. Bad input raises :class:`~condinit_det.utils.errors.UsageError` (or ``ValueError`` /
 ``FileNotFoundError``).
 """
+
 from __future__ import annotations
 
 import abc
@@ -131,12 +132,14 @@ class Stage(abc.ABC):
     def setup(self, cfg) -> Dict[str, str]:
         """What every run of an experiment shares: the loaded config without :attr:`run_keys`, as text
         (:func:`flat_config`); runs pool into one arm only when their setups match."""
-        return {key: value for key, value in flat_config(cfg).items()
-                if not any(key == k or key.startswith(k + ".") for k in self.run_keys)}
+        return {
+            key: value
+            for key, value in flat_config(cfg).items()
+            if not any(key == k or key.startswith(k + ".") for k in self.run_keys)
+        }
 
     @abc.abstractmethod
-    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *,
-              upstream: Optional[str] = None) -> None:
+    def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *, upstream: Optional[str] = None) -> None:
         """Check all that can be before a process starts (datasets, checkpoints, the arm's sites, ...) for the planned
         ``(spec, configured cfg)`` runs, writing nothing; ``upstream``: the earlier stage's (maybe unfinished) runs."""
 

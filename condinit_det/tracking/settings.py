@@ -1,6 +1,7 @@
 """The ``trackers`` node of a config, its defaults and the checks made before training: ``train.trackers`` in lazy
 configs of both stages (``configs/common/trackers.py``), ``TRACKERS.WANDB.*`` / ``TRACKERS.MLFLOW.*`` in yacs ones;
 a config without it gets :data:`DEFAULTS` (every tracker off)."""
+
 from __future__ import annotations
 
 import copy
@@ -37,8 +38,9 @@ def tracker_settings(cfg) -> Dict[str, Dict[str, Any]]:
 
     if isinstance(cfg, CfgNode):  # TRACKERS.WANDB.ENABLED, ...
         node, root, spell = cfg.get("TRACKERS") or {}, "TRACKERS", str.upper
-        raw = {name: {key.lower(): v for key, v in node[name.upper()].items()} for name in DEFAULTS
-               if name.upper() in node}
+        raw = {
+            name: {key.lower(): v for key, v in node[name.upper()].items()} for name in DEFAULTS if name.upper() in node
+        }
     else:
         train = cfg.get("train") if hasattr(cfg, "get") else None
         raw, root, spell = (train.get("trackers") if hasattr(train, "get") else None), "train.trackers", str
@@ -81,22 +83,28 @@ def check_trackers(settings: Mapping, experiment_dir: str) -> None:
             try:
                 importlib.import_module(module)
             except ImportError as e:
-                raise UsageError(f"the {name} tracker is enabled but the {module} package does not import ({e}); "
-                                 f"install it with: pip install 'condinit-det[{name}]' (or set "
-                                 f"train.trackers.{name}.enabled=False)") from None
+                raise UsageError(
+                    f"the {name} tracker is enabled but the {module} package does not import ({e}); "
+                    f"install it with: pip install 'condinit-det[{name}]' (or set "
+                    f"train.trackers.{name}.enabled=False)"
+                ) from None
     if settings["wandb"]["enabled"] and settings["wandb"]["mode"] == "online":
         import wandb
 
         if not wandb.login(verify=False, prompt=False):  # no prompt, no network: whether an API key is configured
-            raise UsageError("train.trackers.wandb.mode='online' needs a W&B account on this machine: run `wandb "
-                             "login` or set WANDB_API_KEY, or keep mode='offline' and `wandb sync` the runs later")
+            raise UsageError(
+                "train.trackers.wandb.mode='online' needs a W&B account on this machine: run `wandb "
+                "login` or set WANDB_API_KEY, or keep mode='offline' and `wandb sync` the runs later"
+            )
     if settings["mlflow"]["enabled"] and uri.startswith("sqlite:///"):  # its folder takes files (none is created)
-        folder = existing = os.path.dirname(os.path.abspath(uri[len("sqlite:///"):]))
+        folder = existing = os.path.dirname(os.path.abspath(uri[len("sqlite:///") :]))
         while not os.path.exists(existing):
             existing = os.path.dirname(existing)
         if not (os.path.isdir(existing) and os.access(existing, os.W_OK)):
-            raise UsageError(f"train.trackers.mlflow: cannot write to {folder} for the store {uri} ({existing} "
-                             "is not a writable directory)")
+            raise UsageError(
+                f"train.trackers.mlflow: cannot write to {folder} for the store {uri} ({existing} "
+                "is not a writable directory)"
+            )
     elif settings["mlflow"]["enabled"]:  # a server or another database answers now, not in the middle of a run
         from mlflow.tracking import MlflowClient
 
@@ -105,6 +113,8 @@ def check_trackers(settings: Mapping, experiment_dir: str) -> None:
             with mock.patch.dict(os.environ, {key: os.environ.get(key, value) for key, value in quick.items()}):
                 MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as e:  # noqa: BLE001 -- MLflow raises many types
-            raise UsageError(f"train.trackers.mlflow.tracking_uri={uri!r} does not work ({type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:300]}); use a reachable server or database, or None for "
-                             "a SQLite database beside the experiment") from None
+            raise UsageError(
+                f"train.trackers.mlflow.tracking_uri={uri!r} does not work ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:300]}); use a reachable server or database, or None for "
+                "a SQLite database beside the experiment"
+            ) from None

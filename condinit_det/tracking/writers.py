@@ -1,6 +1,7 @@
 """The trackers (W&B, MLflow) as detectron2 event writers, one tracker run per training run: opened at the first
 thing sent under :func:`tracker_run_id` (so a resumed run continues it), ended when the writer closes. A tracker
 that fails is logged once and dropped: tracking never stops a training."""
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,15 @@ from ..records.failures import one_line
 from ..utils.preemption import Preempted
 from .settings import enabled_trackers, mlflow_tracking_uri, tracker_settings
 
-__all__ = ["MLFLOW_RUN_ID_TAG", "MlflowWriter", "TrackerWriter", "WandbWriter", "attach_report", "tracker_run_id",
-           "tracker_writers"]
+__all__ = [
+    "MLFLOW_RUN_ID_TAG",
+    "MlflowWriter",
+    "TrackerWriter",
+    "WandbWriter",
+    "attach_report",
+    "tracker_run_id",
+    "tracker_writers",
+]
 
 MLFLOW_RUN_ID_TAG = "condinit_det.run_id"  # the MLflow tag that holds tracker_run_id()
 _NOT_IN_MLFLOW_KEYS = re.compile(r"[^\w\-./ :]")  # MLflow's names: letters, digits, _-./ :
@@ -54,14 +62,28 @@ class TrackerWriter(EventWriter):
 
     tracker = ""
 
-    def __init__(self, settings: Mapping[str, Any], *, run_dir: str, experiment_dir: str, name: str, stage: str,
-                 params: Mapping[str, Any], step_offset: int = 0, max_step: Optional[int] = None,
-                 exclude: Sequence[str] = ()):
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        *,
+        run_dir: str,
+        experiment_dir: str,
+        name: str,
+        stage: str,
+        params: Mapping[str, Any],
+        step_offset: int = 0,
+        max_step: Optional[int] = None,
+        exclude: Sequence[str] = (),
+    ):
         self.settings, self.run_dir, self.experiment_dir = settings, run_dir, experiment_dir
         self.name, self.stage, self.run_id = name, stage, tracker_run_id(run_dir)
         self.group = os.path.basename(os.path.abspath(experiment_dir))
-        self.params: Dict[str, Any] = {"stage": stage, "run": name, "experiment": os.path.abspath(experiment_dir),
-                                       "run_dir": os.path.abspath(run_dir)}
+        self.params: Dict[str, Any] = {
+            "stage": stage,
+            "run": name,
+            "experiment": os.path.abspath(experiment_dir),
+            "run_dir": os.path.abspath(run_dir),
+        }
         for key, value in params.items():
             if isinstance(value, Mapping):
                 self.params.update({f"{key}.{sub}": v for sub, v in sorted(value.items())})
@@ -104,8 +126,9 @@ class TrackerWriter(EventWriter):
         """End the tracker run: failed when the training is raising (detectron2 closes its writers on the way out of
         an exception too), killed when it stops for a requeue or an interrupt, else finished."""
         error = sys.exc_info()[1]
-        how = "finished" if error is None else "killed" if isinstance(error, (Preempted, KeyboardInterrupt)) \
-            else "failed"
+        how = (
+            "finished" if error is None else "killed" if isinstance(error, (Preempted, KeyboardInterrupt)) else "failed"
+        )
         self._send("ending the tracker run", lambda: self._end(how))
         self.state = "closed" if self.state == "open" else self.state
 
@@ -121,10 +144,21 @@ class WandbWriter(TrackerWriter):
         import wandb
 
         settings, tags = self.settings, [tag for tag in (self.stage, self.params.get("arm")) if tag]
-        self.run = wandb.init(project=settings["project"], entity=settings["entity"], mode=settings["mode"],
-                              group=settings["group"] or self.group, job_type=self.stage, name=self.name, tags=tags,
-                              id=self.run_id, resume="allow", dir=self.run_dir, config=self.params,
-                              reinit="create_new", settings=wandb.Settings(console="off"))
+        self.run = wandb.init(
+            project=settings["project"],
+            entity=settings["entity"],
+            mode=settings["mode"],
+            group=settings["group"] or self.group,
+            job_type=self.stage,
+            name=self.name,
+            tags=tags,
+            id=self.run_id,
+            resume="allow",
+            dir=self.run_dir,
+            config=self.params,
+            reinit="create_new",
+            settings=wandb.Settings(console="off"),
+        )
         self.defined = set()
 
     def _log(self, values, step, step_name):
@@ -163,8 +197,12 @@ class MlflowWriter(TrackerWriter):
             self.mlflow_run = found[0].info.run_id
             self.client.update_run(self.mlflow_run, status="RUNNING")
             return
-        tags = {MLFLOW_RUN_ID_TAG: self.run_id, "stage": self.stage, "experiment": self.group,
-                **({"arm": self.params["arm"]} if "arm" in self.params else {})}
+        tags = {
+            MLFLOW_RUN_ID_TAG: self.run_id,
+            "stage": self.stage,
+            "experiment": self.group,
+            **({"arm": self.params["arm"]} if "arm" in self.params else {}),
+        }
         self.mlflow_run = self.client.create_run(experiment_id, run_name=self.name, tags=tags).info.run_id
         params = [Param(_NOT_IN_MLFLOW_KEYS.sub("_", k), str(v)[:6000]) for k, v in self.params.items()]
         self.client.log_batch(self.mlflow_run, params=params)  # once: a resumed run keeps them
@@ -172,7 +210,7 @@ class MlflowWriter(TrackerWriter):
     def _experiment_id(self, name: str, uri: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is None:
-            database = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""  # else the working directory
+            database = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""  # else the working directory
             location = os.path.join(os.path.dirname(os.path.abspath(database)), "mlartifacts") if database else None
             try:
                 return self.client.create_experiment(name, artifact_location=location)
@@ -188,7 +226,7 @@ class MlflowWriter(TrackerWriter):
         stamp = int(time.time() * 1000)
         metrics = [Metric(_NOT_IN_MLFLOW_KEYS.sub("_", k), float(v), stamp, step) for k, v in values.items()]
         for start in range(0, len(metrics), 1000):  # MLflow's limit per batch
-            self.client.log_batch(self.mlflow_run, metrics=metrics[start:start + 1000])
+            self.client.log_batch(self.mlflow_run, metrics=metrics[start : start + 1000])
 
     def _attach(self, folder, files):
         for name in files:
@@ -201,8 +239,16 @@ class MlflowWriter(TrackerWriter):
 _WRITERS = {"wandb": WandbWriter, "mlflow": MlflowWriter}
 
 
-def tracker_writers(cfg, run_dir: str, *, stage: str, params: Mapping[str, Any], step_offset: int = 0,
-                    max_step: Optional[int] = None, exclude: Sequence[str] = ()) -> List[TrackerWriter]:
+def tracker_writers(
+    cfg,
+    run_dir: str,
+    *,
+    stage: str,
+    params: Mapping[str, Any],
+    step_offset: int = 0,
+    max_step: Optional[int] = None,
+    exclude: Sequence[str] = (),
+) -> List[TrackerWriter]:
     """The writers of the trackers ``cfg`` enables for the run in ``run_dir`` (``<experiment>/<arm>/seed<k>...``,
     which names it), to add to the stage's writers; ``[]`` when none is enabled or this is not the main process.
     ``params``: the run's arm, seed, lr_scale, config and identity; the rest: see :class:`TrackerWriter`."""
@@ -210,10 +256,20 @@ def tracker_writers(cfg, run_dir: str, *, stage: str, params: Mapping[str, Any],
     if not comm.is_main_process():
         return []
     experiment_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
-    return [_WRITERS[name](settings[name], run_dir=run_dir, experiment_dir=experiment_dir,
-                           name=os.path.relpath(run_dir, experiment_dir), stage=stage, params=params,
-                           step_offset=step_offset, max_step=max_step, exclude=exclude)
-            for name in enabled_trackers(settings)]
+    return [
+        _WRITERS[name](
+            settings[name],
+            run_dir=run_dir,
+            experiment_dir=experiment_dir,
+            name=os.path.relpath(run_dir, experiment_dir),
+            stage=stage,
+            params=params,
+            step_offset=step_offset,
+            max_step=max_step,
+            exclude=exclude,
+        )
+        for name in enabled_trackers(settings)
+    ]
 
 
 def attach_report(settings: Optional[Mapping], experiment_dir: str, report_dir: str) -> List[str]:
@@ -225,8 +281,9 @@ def attach_report(settings: Optional[Mapping], experiment_dir: str, report_dir: 
     files = sorted(f for f in os.listdir(report_dir) if os.path.isfile(f"{report_dir}/{f}") and f[0] != ".")
     attached = []
     for name in enabled_trackers(settings):
-        writer = _WRITERS[name](settings[name], run_dir=report_dir, experiment_dir=experiment_dir, name="report",
-                                stage="report", params={})
+        writer = _WRITERS[name](
+            settings[name], run_dir=report_dir, experiment_dir=experiment_dir, name="report", stage="report", params={}
+        )
         writer._send("attaching the report", functools.partial(writer._attach, report_dir, files))
         writer.close()
         attached += [name] if writer.state == "closed" else []

@@ -3,6 +3,7 @@
 ``.safetensors`` and weights-only ``.pth`` files are read; a ``.pth`` that needs full unpickling and a ``.pkl`` are
 refused (:class:`UnsafeCheckpointError`) unless the caller trusts the file (``--trust-pickle``): docs/checkpoints.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,22 @@ from .fileio import atomic_write
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DETECTION_FORMAT", "PICKLE_SUFFIXES", "PRETRAIN_FORMAT", "SAFETENSORS_SUFFIX", "TRUST_FLAG",
-           "UnsafeCheckpointError", "check_loadable", "final_weights_file", "load_checkpoint", "load_safetensors",
-           "read_safetensors_metadata", "refuse_pickle", "save_safetensors", "torch_load"]
+__all__ = [
+    "DETECTION_FORMAT",
+    "PICKLE_SUFFIXES",
+    "PRETRAIN_FORMAT",
+    "SAFETENSORS_SUFFIX",
+    "TRUST_FLAG",
+    "UnsafeCheckpointError",
+    "check_loadable",
+    "final_weights_file",
+    "load_checkpoint",
+    "load_safetensors",
+    "read_safetensors_metadata",
+    "refuse_pickle",
+    "save_safetensors",
+    "torch_load",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +44,10 @@ PRETRAIN_FORMAT = "condinit_det.pretrain/v1"
 DETECTION_FORMAT = "condinit_det.detection/v1"
 PICKLE_SUFFIXES = (".pkl", ".pickle")
 SAFETENSORS_SUFFIX = ".safetensors"
-_WHAT_TO_DO = (f"re-save its tensors as .safetensors or a weights-only .pth, or pass {TRUST_FLAG} "
-               "(trust_pickle=True in Python) if you trust where the file comes from")
+_WHAT_TO_DO = (
+    f"re-save its tensors as .safetensors or a weights-only .pth, or pass {TRUST_FLAG} "
+    "(trust_pickle=True in Python) if you trust where the file comes from"
+)
 
 
 class UnsafeCheckpointError(ValueError):
@@ -44,7 +60,8 @@ def refuse_pickle(path, trust_pickle: bool = False) -> None:
     if path.split("?")[0].endswith(PICKLE_SUFFIXES) and not trust_pickle:
         raise UnsafeCheckpointError(
             f"checkpoint {path} is a pickle file: loading it runs any code stored in it, so it is not loaded "
-            f"without {TRUST_FLAG}; {_WHAT_TO_DO}")
+            f"without {TRUST_FLAG}; {_WHAT_TO_DO}"
+        )
 
 
 def _why(error: Exception) -> str:
@@ -65,7 +82,8 @@ def torch_load(path, *, trust_pickle: bool = False, mmap: bool = False) -> Any:
         if not trust_pickle:
             raise UnsafeCheckpointError(
                 f"checkpoint {name} needs full unpickling ({_why(e)}), which can run code stored in it, so it "
-                f"is not loaded; {_WHAT_TO_DO}") from None
+                f"is not loaded; {_WHAT_TO_DO}"
+            ) from None
         logger.warning(f"{name}: loading with full unpickling ({TRUST_FLAG}): {_why(e)}")
         return torch.load(path, map_location="cpu", weights_only=False)
 
@@ -87,8 +105,9 @@ def _decode(text: str) -> Any:
         return text
 
 
-def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str,
-                     metadata: Optional[Mapping[str, Any]] = None) -> None:
+def save_safetensors(
+    tensors: Mapping[str, torch.Tensor], path: str, metadata: Optional[Mapping[str, Any]] = None
+) -> None:
     """Write ``tensors`` (a state dict, copied to CPU; shared storage saved as copies) and ``metadata`` (JSON-able
     values) as safetensors, atomically."""
     from safetensors.torch import save
@@ -164,8 +183,9 @@ def check_loadable(path, *, trust_pickle: bool = False) -> None:
         except UnsafeCheckpointError:
             raise
         except (RuntimeError, EOFError, OSError, ValueError) as e:
-            raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); it is truncated or "
-                             "corrupt") from None
+            raise ValueError(
+                f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); it is truncated or corrupt"
+            ) from None
 
 
 def final_weights_file(run_dir: str, stem: str = "model_final") -> Optional[str]:

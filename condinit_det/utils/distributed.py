@@ -3,6 +3,7 @@
 Replicas hold bitwise equal parameters and synchronized buffers (:func:`check_replicas`); an unsynchronized
 ``BatchNorm*d``'s running statistics are each process's own (:func:`local_buffers`) until :func:`sync_buffers`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,16 @@ def _cuda_hidden():
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
-def launch(main_func, num_processes: int, *, device: str, num_machines: int = 1, machine_rank: int = 0,
-           dist_url: str = None, args: tuple = ()) -> None:
+def launch(
+    main_func,
+    num_processes: int,
+    *,
+    device: str,
+    num_machines: int = 1,
+    machine_rank: int = 0,
+    dist_url: str = None,
+    args: tuple = (),
+) -> None:
     """``detectron2.engine.launch`` (same arguments; ``num_processes``: per machine) for a run on ``device``.
 
     The workers of a several-process CPU run see no CUDA device, so that they join a gloo group (detectron2 picks
@@ -44,8 +53,14 @@ def launch(main_func, num_processes: int, *, device: str, num_machines: int = 1,
 
     hide = int(num_processes) * int(num_machines) > 1 and str(device).startswith("cpu")
     with _cuda_hidden() if hide else contextlib.nullcontext():
-        d2_launch(_leaving_group, num_processes, num_machines=num_machines, machine_rank=machine_rank,
-                  dist_url=dist_url, args=(main_func, *args))
+        d2_launch(
+            _leaving_group,
+            num_processes,
+            num_machines=num_machines,
+            machine_rank=machine_rank,
+            dist_url=dist_url,
+            args=(main_func, *args),
+        )
 
 
 def _leaving_group(main_func, *args):
@@ -78,8 +93,9 @@ def local_buffers(module: nn.Module) -> Set[str]:
     names = set()
     for prefix, m in module.named_modules():
         if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and not isinstance(m, synced):
-            names.update(f"{prefix}.{b}" if prefix else b for b, value in m.named_buffers(recurse=False)
-                         if value is not None)
+            names.update(
+                f"{prefix}.{b}" if prefix else b for b, value in m.named_buffers(recurse=False) if value is not None
+            )
     return names
 
 
@@ -115,10 +131,12 @@ def check_replicas(module: nn.Module, when: str) -> str:
     prints = [None] * dist.get_world_size()
     dist.all_gather_object(prints, fingerprint)
     if len(set(prints)) != 1:
-        raise RuntimeError(f"replicas differ {when}: fingerprints of parameters and synchronized buffers per rank "
-                           f"{prints}")
-    logging.getLogger(__name__).info(f"Replica check {when}: all {len(prints)} processes hold identical weights "
-                                     f"(sha1 {fingerprint[:12]})")
+        raise RuntimeError(
+            f"replicas differ {when}: fingerprints of parameters and synchronized buffers per rank {prints}"
+        )
+    logging.getLogger(__name__).info(
+        f"Replica check {when}: all {len(prints)} processes hold identical weights (sha1 {fingerprint[:12]})"
+    )
     return fingerprint
 
 

@@ -1,4 +1,5 @@
 """Names a package exports but loads on first use, so that importing it (a command's ``--help``) loads no torch."""
+
 import importlib
 from typing import Callable, Dict, List, Sequence, Tuple
 

@@ -1,5 +1,6 @@
 """Logging of the training processes: detectron2's logger setup into each run's own ``log.txt`` (colours on a
 terminal only), and the console line's ETA of both stages, which counts the evaluations to come."""
+
 from __future__ import annotations
 
 import datetime

@@ -5,6 +5,7 @@ arguments (``model.roi_heads.box_predictor.test_topk_per_image``), and any key o
 ``**kwargs`` (an armed node's ``_target_`` does, and passes them to its ``_arm_target_``, which need not).
 The error is one line with the closest keys.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -42,8 +43,11 @@ def config_keys(cfg) -> Tuple[List[str], List[str]]:
 
     def walk(value, prefix: str) -> None:
         # "_target_", and an armed node's "_arm_target_" (the callable its "_target_" builds and arms)
-        targets = [_target_arguments(child) for key, child in value.items() if str(key).endswith("_target_")] \
-            if isinstance(value, dict) else []
+        targets = (
+            [_target_arguments(child) for key, child in value.items() if str(key).endswith("_target_")]
+            if isinstance(value, dict)
+            else []
+        )
         keys.extend(f"{prefix}{name}" for arguments, _ in targets for name in arguments if name not in value)
         if targets and all(takes_any for _, takes_any in targets):
             open_nodes.append(prefix.rstrip("."))
@@ -80,8 +84,11 @@ def check_override_keys(cfg, opts: Sequence[str], *, optional: Iterable[str] = (
         key = opt.split("=", 1)[0].strip()
         if known is None:
             known, open_nodes = config_keys(cfg)
-        if key in known or key.rpartition(".")[0] in open_nodes \
-                or any(key == k or key.startswith(k + ".") for k in optional):
+        if (
+            key in known
+            or key.rpartition(".")[0] in open_nodes
+            or any(key == k or key.startswith(k + ".") for k in optional)
+        ):
             continue
         close = _closest(key, list(dict.fromkeys(known + optional)))
         hint = f"did you mean {' or '.join(close)}?" if close else "the config has no such node"

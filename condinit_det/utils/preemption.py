@@ -4,6 +4,7 @@ Inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set) USR2 comes ``--signal-dela
 the processes agree at a step boundary, save what they resume from and raise :class:`Preempted`, neither a failure
 nor a finish (docs/slurm.md).
 """
+
 from __future__ import annotations
 
 import os

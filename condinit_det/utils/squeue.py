@@ -3,6 +3,7 @@
 Array elements are listed one per line (``--array``; else pending ones fold into ``123_[4-7]``). Jobs that ended more
 than ``MinJobAge`` ago are no longer listed.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,21 @@ __all__ = ["ENDED_STATES", "JobStates", "is_pending", "query_jobs", "squeue_comm
 
 # squeue's final states: a job in any other state (pending, running, completing, suspended, requeued, held, ...)
 # may still run.
-ENDED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-                          "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
+ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
 _PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 TIMEOUT_S = 30

@@ -2,6 +2,7 @@
 ``allocated // processes_per_node`` CPUs (at least 1), data-loader workers get half of it (rounded down, at most the
 config's worker count), intra-op threads the rest (at least 1). Why: docs/training.md.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,9 @@ def _count(name: str, value, minimum: int) -> int:
     return value
 
 
-def _allocation(environ=None, *, affinity: Optional[Collection[int]] = None,
-                machine_cpus: Optional[int] = None) -> Tuple[Optional[int], str]:
+def _allocation(
+    environ=None, *, affinity: Optional[Collection[int]] = None, machine_cpus: Optional[int] = None
+) -> Tuple[Optional[int], str]:
     """``(cpus, where the number comes from)``; cpus None when the whole machine is this process's."""
     env = os.environ if environ is None else environ
     if affinity is None and hasattr(os, "sched_getaffinity"):
@@ -39,8 +41,10 @@ def _allocation(environ=None, *, affinity: Optional[Collection[int]] = None,
     text = str(env.get(ALLOCATION_ENV, "")).strip()
     if text:
         if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"{ALLOCATION_ENV}={text!r}: expected a positive integer (the CPUs Slurm gives each "
-                             "task); unset it to use the CPU affinity")
+            raise ValueError(
+                f"{ALLOCATION_ENV}={text!r}: expected a positive integer (the CPUs Slurm gives each "
+                "task); unset it to use the CPU affinity"
+            )
         if usable is not None and usable < int(text):  # Slurm without task/affinity does not pin
             return usable, f"CPU affinity, within {ALLOCATION_ENV}={text}"
         return int(text), ALLOCATION_ENV
@@ -49,8 +53,12 @@ def _allocation(environ=None, *, affinity: Optional[Collection[int]] = None,
     return None, "the whole machine"
 
 
-def allocated_cpus(environ: Optional[MutableMapping[str, str]] = None, *,
-                   affinity: Optional[Collection[int]] = None, machine_cpus: Optional[int] = None) -> Optional[int]:
+def allocated_cpus(
+    environ: Optional[MutableMapping[str, str]] = None,
+    *,
+    affinity: Optional[Collection[int]] = None,
+    machine_cpus: Optional[int] = None,
+) -> Optional[int]:
     """The CPUs this process may use: ``SLURM_CPUS_PER_TASK`` (or the CPU affinity's size when smaller), else the
     affinity's size when smaller than the machine, else None (nothing restricts it).
 
@@ -63,8 +71,9 @@ def allocated_cpus(environ: Optional[MutableMapping[str, str]] = None, *,
     return _allocation(environ, affinity=affinity, machine_cpus=machine_cpus)[0]
 
 
-def threads_for_process(processes_per_node: int, *, allocated: Optional[int],
-                        max_workers: Optional[int] = None) -> ThreadPlan:
+def threads_for_process(
+    processes_per_node: int, *, allocated: Optional[int], max_workers: Optional[int] = None
+) -> ThreadPlan:
     """Divide the allocation among the training processes of one node (the rule in the module docstring).
 
     Args:
@@ -81,9 +90,14 @@ def threads_for_process(processes_per_node: int, *, allocated: Optional[int],
     return ThreadPlan(max(1, share - workers), workers)
 
 
-def apply_thread_settings(processes_per_node: int, *, allocated: Optional[int] = None,
-                          max_workers: Optional[int] = None, environ: Optional[MutableMapping[str, str]] = None,
-                          log: Optional[logging.Logger] = None) -> ThreadPlan:
+def apply_thread_settings(
+    processes_per_node: int,
+    *,
+    allocated: Optional[int] = None,
+    max_workers: Optional[int] = None,
+    environ: Optional[MutableMapping[str, str]] = None,
+    log: Optional[logging.Logger] = None,
+) -> ThreadPlan:
     """Size this process's thread pools from the allocation before the model and loaders are built; returns the
     plan (the caller sets its loaders' workers to ``plan.loader_workers``).
 
@@ -110,11 +124,15 @@ def apply_thread_settings(processes_per_node: int, *, allocated: Optional[int] =
         if name in env:
             env[name] = str(plan.intra_op_threads)
     total = cpus if cpus is not None else (os.cpu_count() or 1)
-    logger.info(f"Threads: {plan.intra_op_threads} intra-op thread(s) and {plan.loader_workers} data-loader "
-                f"worker(s) per process: {total} CPU(s) ({source}) for {processes_per_node} process(es) on this node")
+    logger.info(
+        f"Threads: {plan.intra_op_threads} intra-op thread(s) and {plan.loader_workers} data-loader "
+        f"worker(s) per process: {total} CPU(s) ({source}) for {processes_per_node} process(es) on this node"
+    )
     demand = processes_per_node * (plan.intra_op_threads + plan.loader_workers)
     if demand > total:
-        logger.warning(f"Threads: {processes_per_node} process(es) x ({plan.intra_op_threads} thread(s) + "
-                       f"{plan.loader_workers} worker(s)) = {demand} busy threads on {total} CPU(s): oversubscribed, "
-                       "expect a slowdown")
+        logger.warning(
+            f"Threads: {processes_per_node} process(es) x ({plan.intra_op_threads} thread(s) + "
+            f"{plan.loader_workers} worker(s)) = {demand} busy threads on {total} CPU(s): oversubscribed, "
+            "expect a slowdown"
+        )
     return plan

@@ -26,5 +26,8 @@ train.output_dir = "./output/COCO/mask_rcnn_swin_b_3x"
 # training time at this period (BENCHMARKS.md, "Conditioning tracking on the paper's configs").
 # condinit_analysis.period=0 turns it off.
 condinit_analysis.period = 5000
-condinit_analysis.sites = ["backbone.bottom_up.layers.0.blocks.0.attn", "backbone.bottom_up.layers.2.blocks.8.attn",
-                           "backbone.bottom_up.layers.3.blocks.1.attn"]
+condinit_analysis.sites = [
+    "backbone.bottom_up.layers.0.blocks.0.attn",
+    "backbone.bottom_up.layers.2.blocks.8.attn",
+    "backbone.bottom_up.layers.3.blocks.1.attn",
+]

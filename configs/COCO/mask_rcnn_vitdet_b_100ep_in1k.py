@@ -18,8 +18,7 @@
 #
 # Attention sites: backbone.net.blocks.{0..11}.attn. Arm: "default"; select another with
 # `condinit.arm=conditioned` / `condinit.arm=mimetic`.
-from .mask_rcnn_vitdet_b_100ep import (condinit, condinit_analysis, dataloader, lr_multiplier, model, optimizer,
-                                        train)
+from .mask_rcnn_vitdet_b_100ep import condinit, condinit_analysis, dataloader, lr_multiplier, model, optimizer, train
 
 # timm's vit_base_patch16_224: 224 px, class token (detectron2's defaults, stated for clarity).
 model.backbone.net.pretrain_img_size = 224

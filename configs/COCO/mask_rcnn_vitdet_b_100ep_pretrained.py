@@ -7,10 +7,7 @@
 # point, not an arm comparison; compare arms with mask_rcnn_vitdet_b_100ep.py.
 #
 # Arm: "default".
-from .mask_rcnn_vitdet_b_100ep import (condinit, condinit_analysis, dataloader, lr_multiplier, model, optimizer,
-                                        train)
+from .mask_rcnn_vitdet_b_100ep import condinit, condinit_analysis, dataloader, lr_multiplier, model, optimizer, train
 
-train.init_checkpoint = (
-    "detectron2://ImageNetPretrained/MAE/mae_pretrain_vit_base.pth?matching_heuristics=True"
-)
+train.init_checkpoint = "detectron2://ImageNetPretrained/MAE/mae_pretrain_vit_base.pth?matching_heuristics=True"
 train.output_dir = "./output/COCO/mask_rcnn_vitdet_b_100ep_pretrained"

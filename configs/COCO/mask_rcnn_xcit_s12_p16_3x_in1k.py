@@ -56,8 +56,11 @@ condinit.arm = "default"
 condinit.include = ["backbone.bottom_up.net.*"]
 # Conditioning tracking as in the from-scratch config (same blocks and period; the trunk sits under
 # backbone.bottom_up here).
-condinit_analysis.sites = ["backbone.bottom_up.net.blocks.0.attn", "backbone.bottom_up.net.blocks.6.attn",
-                           "backbone.bottom_up.net.blocks.11.attn"]
+condinit_analysis.sites = [
+    "backbone.bottom_up.net.blocks.0.attn",
+    "backbone.bottom_up.net.blocks.6.attn",
+    "backbone.bottom_up.net.blocks.11.attn",
+]
 
 train.init_checkpoint = "output/imagenet/xcit_s12_p16_400ep/{arm}/seed{seed}"
 train.output_dir = "./output/COCO/mask_rcnn_xcit_s12_p16_3x_in1k"

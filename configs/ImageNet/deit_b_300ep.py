@@ -62,8 +62,9 @@ augment = dict(
     repeated_aug=3,
 )
 
-optimizer = dict(opt="adamw", lr_base=5e-4, lr_base_size=512, lr_base_scale="linear", weight_decay=0.05,
-                 eps=1e-8, clip_grad=None)
+optimizer = dict(
+    opt="adamw", lr_base=5e-4, lr_base_size=512, lr_base_scale="linear", weight_decay=0.05, eps=1e-8, clip_grad=None
+)
 
 scheduler = dict(sched="cosine", warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-5, cooldown_epochs=0)
 

@@ -20,9 +20,7 @@ dataloader.train.mapper.augmentations = [
         ),
         prob=0.5,
     ),
-    L(T.ResizeShortestEdge)(
-        short_edge_length=tuple(range(480, 801, 32)), max_size=1333, sample_style="choice"
-    ),
+    L(T.ResizeShortestEdge)(short_edge_length=tuple(range(480, 801, 32)), max_size=1333, sample_style="choice"),
 ]
 dataloader.train.mapper.image_format = "RGB"
 # Cropping cuts instances: recompute their boxes from the cropped masks.

@@ -19,5 +19,16 @@ condinit = dict(arm="default", seed="${oc.select:train.seed,0}", include=None, e
 # iterations (0: off), kappa of the chosen sites (None: first, middle and last attention site) on a
 # fixed test image, recorded in results.json. method "auto": exact (per head) when one head's factor
 # fits, else the matrix-free (block Lanczos) estimate; or "exact" / "matrix_free" (docs/conditioning.md).
-condinit_analysis = dict(period=0, sites=None, method="auto", max_iter=100, block_size=16, tol=1e-3, max_batch=1,
-                         max_tokens=16, include_output_proj=False, bound=True, num_images=1)
+condinit_analysis = dict(
+    period=0,
+    sites=None,
+    method="auto",
+    max_iter=100,
+    block_size=16,
+    tol=1e-3,
+    max_batch=1,
+    max_tokens=16,
+    include_output_proj=False,
+    bound=True,
+    num_images=1,
+)

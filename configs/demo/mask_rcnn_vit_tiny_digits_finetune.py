@@ -29,7 +29,8 @@ dataloader.train.dataset.names = DIGITS_DATASET_NAMES[0]
 dataloader.test.dataset.names = DIGITS_DATASET_NAMES[1]
 # A mirrored digit is another glyph (or none): no flips, unlike the shapes.
 dataloader.train.mapper = L(DatasetMapper)(
-    is_train=True, augmentations=[], image_format="RGB", use_instance_mask=True, instance_mask_format="bitmask")
+    is_train=True, augmentations=[], image_format="RGB", use_instance_mask=True, instance_mask_format="bitmask"
+)
 model.roi_heads.num_classes = len(DIGIT_CLASSES)
 
 # 240 iterations (not 300) keep `make demo-digits` within 15 minutes for one seed.

@@ -15,8 +15,17 @@ model = dict(
     name="vit_tiny_patch16_224",
     # global_pool="avg": the head reads the mean of the patch tokens (trains faster on small data than the
     # class token); the class token and its position slot are kept, so the weights convert unchanged.
-    kwargs=dict(patch_size=8, embed_dim=96, depth=4, num_heads=3, mlp_ratio=4.0, qkv_bias=True, img_size=64,
-                global_pool="avg", drop_path_rate=0.0),
+    kwargs=dict(
+        patch_size=8,
+        embed_dim=96,
+        depth=4,
+        num_heads=3,
+        mlp_ratio=4.0,
+        qkv_bias=True,
+        img_size=64,
+        global_pool="avg",
+        drop_path_rate=0.0,
+    ),
 )
 
 data = dict(

@@ -12,8 +12,17 @@ from .pretrain_vit_tiny import augment, condinit, condinit_analysis, data, optim
 
 model = dict(
     name="xcit_nano_12_p8_224",
-    kwargs=dict(patch_size=8, embed_dim=96, depth=4, num_heads=3, mlp_ratio=4.0, qkv_bias=True, eta=1.0,
-                img_size=64, drop_path_rate=0.0),
+    kwargs=dict(
+        patch_size=8,
+        embed_dim=96,
+        depth=4,
+        num_heads=3,
+        mlp_ratio=4.0,
+        qkv_bias=True,
+        eta=1.0,
+        img_size=64,
+        drop_path_rate=0.0,
+    ),
 )
 
 train.output_dir = "./output/demo_pretrain_xcit"

@@ -1,5 +1,6 @@
 """DETR-style detector with instance masks; importing this package registers
 ``DETRInstanceSeg`` in detectron2's META_ARCH_REGISTRY."""
+
 from .criterion import SetCriterion
 from .matcher import HungarianMatcher
 from .meta_arch import DETRInstanceSeg

@@ -1,4 +1,5 @@
 """Set prediction loss of a DETR-style detector (DETR, Sec. 3.1 and A.2)."""
+
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -49,10 +50,20 @@ class SetCriterion(nn.Module):
     sum them. Auxiliary decoder layers get the same class/box losses with suffix ``_{layer}``.
     """
 
-    def __init__(self, *, num_classes: int, matcher: HungarianMatcher, eos_coef: float = 0.1,
-                 class_weight: float = 1.0, bbox_weight: float = 5.0, giou_weight: float = 2.0,
-                 mask_focal_weight: float = 1.0, mask_dice_weight: float = 1.0,
-                 focal_alpha: float = 0.25, focal_gamma: float = 2.0):
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        matcher: HungarianMatcher,
+        eos_coef: float = 0.1,
+        class_weight: float = 1.0,
+        bbox_weight: float = 5.0,
+        giou_weight: float = 2.0,
+        mask_focal_weight: float = 1.0,
+        mask_dice_weight: float = 1.0,
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+    ):
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
@@ -72,16 +83,24 @@ class SetCriterion(nn.Module):
         empty_weight[-1] = eos_coef
         self.register_buffer("empty_weight", empty_weight, persistent=False)
 
-    def detection_losses(self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor,
-                         targets: List[Dict[str, torch.Tensor]], indices: Indices,
-                         num_boxes: float, suffix: str = "") -> Dict[str, torch.Tensor]:
+    def detection_losses(
+        self,
+        pred_logits: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        targets: List[Dict[str, torch.Tensor]],
+        indices: Indices,
+        num_boxes: float,
+        suffix: str = "",
+    ) -> Dict[str, torch.Tensor]:
         """pred_logits [B, Q, C+1], pred_boxes [B, Q, 4] (normalized cxcywh)."""
         if pred_logits.shape[-1] != self.num_classes + 1:
-            raise ValueError(f"expected {self.num_classes + 1} class logits (incl. no-object), got "
-                             f"{pred_logits.shape[-1]}")
+            raise ValueError(
+                f"expected {self.num_classes + 1} class logits (incl. no-object), got {pred_logits.shape[-1]}"
+            )
         batch, query = flat_indices(indices)
-        target_classes = torch.full(pred_logits.shape[:2], self.num_classes, dtype=torch.int64,
-                                    device=pred_logits.device)
+        target_classes = torch.full(
+            pred_logits.shape[:2], self.num_classes, dtype=torch.int64, device=pred_logits.device
+        )
         matched_labels = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
         target_classes[batch, query] = matched_labels.to(pred_logits.device)
         loss_ce = F.cross_entropy(pred_logits.transpose(1, 2), target_classes, self.empty_weight)
@@ -90,8 +109,9 @@ class SetCriterion(nn.Module):
         tgt = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).to(src)
         loss_bbox = F.l1_loss(src, tgt, reduction="sum") / num_boxes
         if len(src):
-            giou = torch.diag(generalized_box_iou(box_convert(src, "cxcywh", "xyxy"),
-                                                  box_convert(tgt, "cxcywh", "xyxy")))
+            giou = torch.diag(
+                generalized_box_iou(box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy"))
+            )
             loss_giou = (1 - giou).sum() / num_boxes
         else:
             loss_giou = src.sum()  # zero, but keeps the graph connected
@@ -101,26 +121,42 @@ class SetCriterion(nn.Module):
             f"loss_giou{suffix}": self.giou_weight * loss_giou,
         }
 
-    def mask_losses(self, mask_logits: torch.Tensor, target_masks: torch.Tensor,
-                    num_boxes: float) -> Dict[str, torch.Tensor]:
+    def mask_losses(
+        self, mask_logits: torch.Tensor, target_masks: torch.Tensor, num_boxes: float
+    ) -> Dict[str, torch.Tensor]:
         """mask_logits [N, h, w] of the matched queries; target_masks [N, h, w] in {0, 1}."""
         if mask_logits.shape != target_masks.shape:
-            raise ValueError(f"mask logits {tuple(mask_logits.shape)} and targets "
-                             f"{tuple(target_masks.shape)} must have the same shape")
+            raise ValueError(
+                f"mask logits {tuple(mask_logits.shape)} and targets "
+                f"{tuple(target_masks.shape)} must have the same shape"
+            )
         target_masks = target_masks.to(mask_logits.dtype)
         if len(mask_logits):
-            focal = sigmoid_focal_loss(mask_logits.flatten(1), target_masks.flatten(1),
-                                       alpha=self.focal_alpha, gamma=self.focal_gamma,
-                                       reduction="none").mean(1).sum() / num_boxes
+            focal = (
+                sigmoid_focal_loss(
+                    mask_logits.flatten(1),
+                    target_masks.flatten(1),
+                    alpha=self.focal_alpha,
+                    gamma=self.focal_gamma,
+                    reduction="none",
+                )
+                .mean(1)
+                .sum()
+                / num_boxes
+            )
             dice = dice_loss(mask_logits, target_masks) / num_boxes
         else:
             focal = dice = mask_logits.sum()
         return {"loss_mask": self.mask_focal_weight * focal, "loss_dice": self.mask_dice_weight * dice}
 
-    def forward(self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor,
-                targets: List[Dict[str, torch.Tensor]],
-                aux_outputs: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]] = None,
-                num_boxes: Optional[float] = None):
+    def forward(
+        self,
+        pred_logits: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        targets: List[Dict[str, torch.Tensor]],
+        aux_outputs: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]] = None,
+        num_boxes: Optional[float] = None,
+    ):
         """Class and box losses of the last decoder layer and of every auxiliary layer.
 
         Returns (losses, indices of the last layer, num_boxes)."""
@@ -130,6 +166,5 @@ class SetCriterion(nn.Module):
         losses = self.detection_losses(pred_logits, pred_boxes, targets, indices, num_boxes)
         for i, (logits_i, boxes_i) in enumerate(aux_outputs or ()):
             idx_i = self.matcher(logits_i, boxes_i, targets)
-            losses.update(self.detection_losses(logits_i, boxes_i, targets, idx_i, num_boxes,
-                                                suffix=f"_{i}"))
+            losses.update(self.detection_losses(logits_i, boxes_i, targets, idx_i, num_boxes, suffix=f"_{i}"))
         return losses, indices, num_boxes

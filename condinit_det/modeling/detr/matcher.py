@@ -1,4 +1,5 @@
 """Bipartite matching between predictions and ground-truth objects (DETR, Sec. 3.1)."""
+
 from typing import Dict, List, Tuple
 
 import torch
@@ -26,19 +27,20 @@ class HungarianMatcher(nn.Module):
         self.cost_bbox = cost_bbox
         self.cost_giou = cost_giou
 
-    def cost_matrix(self, logits: torch.Tensor, boxes: torch.Tensor, tgt_labels: torch.Tensor,
-                    tgt_boxes: torch.Tensor) -> torch.Tensor:
+    def cost_matrix(
+        self, logits: torch.Tensor, boxes: torch.Tensor, tgt_labels: torch.Tensor, tgt_boxes: torch.Tensor
+    ) -> torch.Tensor:
         """logits [Q, C+1], boxes [Q, 4], tgt_labels [T], tgt_boxes [T, 4] -> cost [Q, T]."""
         prob = logits.softmax(-1)
         cost = -self.cost_class * prob[:, tgt_labels]
         cost = cost + self.cost_bbox * torch.cdist(boxes, tgt_boxes, p=1)
-        giou = generalized_box_iou(box_convert(boxes, "cxcywh", "xyxy"),
-                                   box_convert(tgt_boxes, "cxcywh", "xyxy"))
+        giou = generalized_box_iou(box_convert(boxes, "cxcywh", "xyxy"), box_convert(tgt_boxes, "cxcywh", "xyxy"))
         return cost - self.cost_giou * giou
 
     @torch.no_grad()
-    def forward(self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor,
-                targets: List[Dict[str, torch.Tensor]]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, pred_logits: torch.Tensor, pred_boxes: torch.Tensor, targets: List[Dict[str, torch.Tensor]]
+    ) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """
         Args:
             pred_logits: [B, Q, C+1]; pred_boxes: [B, Q, 4] normalized cxcywh.
@@ -55,13 +57,16 @@ class HungarianMatcher(nn.Module):
             return [(empty, empty.clone()) for _ in targets]
         b, q = pred_logits.shape[:2]
         # One cost matrix for the whole batch (every query against every target), cut per image.
-        cost = self.cost_matrix(pred_logits.flatten(0, 1).float(), pred_boxes.flatten(0, 1).float(),
-                                torch.cat([t["labels"] for t in targets]),
-                                torch.cat([t["boxes"] for t in targets]).float())
+        cost = self.cost_matrix(
+            pred_logits.flatten(0, 1).float(),
+            pred_boxes.flatten(0, 1).float(),
+            torch.cat([t["labels"] for t in targets]),
+            torch.cat([t["boxes"] for t in targets]).float(),
+        )
         cost = cost.view(b, q, -1).cpu().numpy()
         out, start = [], 0
         for i, n in enumerate(sizes):
-            rows, cols = linear_sum_assignment(cost[i, :, start:start + n]) if n else ([], [])
+            rows, cols = linear_sum_assignment(cost[i, :, start : start + n]) if n else ([], [])
             out.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
             start += n
         return out

@@ -1,4 +1,5 @@
 """DETR-style detector with instance masks as a detectron2 meta-architecture."""
+
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -100,8 +101,7 @@ class DETRInstanceSeg(nn.Module):
         super().__init__()
         shapes = backbone.output_shape()
         if in_feature not in shapes:
-            raise ValueError(f"in_feature {in_feature!r} is not a backbone output; available: "
-                             f"{sorted(shapes)}")
+            raise ValueError(f"in_feature {in_feature!r} is not a backbone output; available: {sorted(shapes)}")
         if mask_train not in MASK_TRAIN_MODES:
             raise ValueError(f"mask_train must be one of {MASK_TRAIN_MODES}, got {mask_train!r}")
         if mask_train == "masks_only" and mask_head is None:
@@ -111,15 +111,20 @@ class DETRInstanceSeg(nn.Module):
         mask_in_features = list(mask_in_features)
         if mask_head is not None:
             if len(mask_in_features) != len(mask_head.fpn_channels):
-                raise ValueError(f"mask_in_features {mask_in_features} must name one backbone output per "
-                                 f"mask_head.fpn_channels entry {mask_head.fpn_channels}")
+                raise ValueError(
+                    f"mask_in_features {mask_in_features} must name one backbone output per "
+                    f"mask_head.fpn_channels entry {mask_head.fpn_channels}"
+                )
             for name, ch in zip(mask_in_features, mask_head.fpn_channels):
                 if name not in shapes:
-                    raise ValueError(f"mask_in_features entry {name!r} is not a backbone output; "
-                                     f"available: {sorted(shapes)}")
+                    raise ValueError(
+                        f"mask_in_features entry {name!r} is not a backbone output; available: {sorted(shapes)}"
+                    )
                 if shapes[name].channels != ch:
-                    raise ValueError(f"backbone output {name!r} has {shapes[name].channels} channels, "
-                                     f"mask_head.fpn_channels says {ch}")
+                    raise ValueError(
+                        f"backbone output {name!r} has {shapes[name].channels} channels, "
+                        f"mask_head.fpn_channels says {ch}"
+                    )
         elif mask_in_features:
             raise ValueError("mask_in_features given without a mask_head")
         if query_groups < 1:
@@ -134,8 +139,10 @@ class DETRInstanceSeg(nn.Module):
         if position_embedding is None:
             position_embedding = PositionEmbeddingSine(num_pos_feats=hidden // 2, normalize=True)
         if 2 * position_embedding.num_pos_feats != hidden:
-            raise ValueError(f"position_embedding gives {2 * position_embedding.num_pos_feats} channels, "
-                             f"the transformer width is {hidden}")
+            raise ValueError(
+                f"position_embedding gives {2 * position_embedding.num_pos_feats} channels, "
+                f"the transformer width is {hidden}"
+            )
         self.position_embedding = position_embedding
         self.transformer = transformer
         if reference_points:
@@ -229,13 +236,13 @@ class DETRInstanceSeg(nn.Module):
             # Centre offsets are added in logit space; width and height are predicted outright.
             boxes = (self.box_head(hs) + F.pad(ref_logits, (0, 2))).sigmoid()
         logits = self.class_head(hs)
-        return dict(logits=logits, boxes=boxes, hs=hs, memory=memory, mask=mask, proj=proj,
-                    features=features)
+        return dict(logits=logits, boxes=boxes, hs=hs, memory=memory, mask=mask, proj=proj, features=features)
 
     def _masks(self, out, batch_idx: torch.Tensor, query_idx: torch.Tensor) -> torch.Tensor:
         fpn = [out["features"][f] for f in self.mask_in_features]
-        return self.mask_head(out["hs"][-1][batch_idx, query_idx], batch_idx, out["memory"],
-                              out["mask"], out["proj"], fpn)
+        return self.mask_head(
+            out["hs"][-1][batch_idx, query_idx], batch_idx, out["memory"], out["mask"], out["proj"], fpn
+        )
 
     def forward(self, batched_inputs: List[Dict]):
         """
@@ -266,16 +273,25 @@ class DETRInstanceSeg(nn.Module):
             # which averages every loss over the groups.
             logits, boxes = (_groups_to_batch(out[k], groups) for k in ("logits", "boxes"))
             aux = list(zip(logits[:-1], boxes[:-1])) if self.aux_loss else None
-            losses, indices, _ = self.criterion(logits[-1], boxes[-1], targets * groups,
-                                                aux_outputs=aux, num_boxes=num_boxes * groups)
-            indices = indices[:len(targets)]  # group 0
+            losses, indices, _ = self.criterion(
+                logits[-1], boxes[-1], targets * groups, aux_outputs=aux, num_boxes=num_boxes * groups
+            )
+            indices = indices[: len(targets)]  # group 0
         if self.mask_head is not None:
             batch_idx, query_idx = (t.to(self.device) for t in flat_indices(indices))
             logits = self._masks(out, batch_idx, query_idx)
             gt = torch.cat([t["masks"][j.to(self.device)] for t, (_, j) in zip(targets, indices)])
             if len(gt):
-                gt = F.interpolate(gt[:, None].float(), size=logits.shape[-2:], mode="bilinear",
-                                   align_corners=False, antialias=True)[:, 0] > 0.5
+                gt = (
+                    F.interpolate(
+                        gt[:, None].float(),
+                        size=logits.shape[-2:],
+                        mode="bilinear",
+                        align_corners=False,
+                        antialias=True,
+                    )[:, 0]
+                    > 0.5
+                )
             else:
                 gt = gt.new_zeros((0,) + logits.shape[-2:])
             losses.update(self.criterion.mask_losses(logits, gt, num_boxes))
@@ -312,6 +328,6 @@ class DETRInstanceSeg(nn.Module):
         full = (max(round(hp * oh / h), oh), max(round(wp * ow / w), ow))
         out = torch.zeros((len(logits), oh, ow), dtype=torch.bool, device=logits.device)
         for s in range(0, len(logits), chunk):
-            up = F.interpolate(logits[s:s + chunk, None], size=full, mode="bilinear", align_corners=False)
-            out[s:s + chunk] = up[:, 0, :oh, :ow].sigmoid() > self.mask_threshold
+            up = F.interpolate(logits[s : s + chunk, None], size=full, mode="bilinear", align_corners=False)
+            out[s : s + chunk] = up[:, 0, :oh, :ow].sigmoid() > self.mask_threshold
         return out

@@ -1,5 +1,6 @@
 """Optimizer pieces of the DETR recipe: a lower backbone learning rate and full-model gradient
 clipping (DETR clips the global gradient norm of all parameters to 0.1)."""
+
 from typing import Iterable, Optional
 
 import torch

@@ -1,4 +1,5 @@
 """2D sine positional encoding of a padded feature map (DETR, Sec. 3.2 and A.4)."""
+
 import math
 
 import torch
@@ -74,8 +75,9 @@ class PositionEmbeddingSine(nn.Module):
         freq = self.temperature ** (2 * torch.div(idx, 2, rounding_mode="floor") / self.num_pos_feats)
         halves = [position[..., None] / freq for position in (y, x)]
         # Interleave sin (even channels) and cos (odd channels).
-        return torch.cat([torch.stack((h[..., 0::2].sin(), h[..., 1::2].cos()), dim=-1).flatten(-2) for h in halves],
-                         dim=-1)
+        return torch.cat(
+            [torch.stack((h[..., 0::2].sin(), h[..., 1::2].cos()), dim=-1).flatten(-2) for h in halves], dim=-1
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -2,6 +2,7 @@
 the encoder memory and the projected features, upsampled FPN-style to one mask logit map. :class:`MaskAttentionMap`
 has query/key projections only and is not an ``nn.MultiheadAttention``, so it is not an arm site.
 """
+
 import math
 from typing import Optional, Sequence
 
@@ -24,8 +25,7 @@ class MaskAttentionMap(nn.Module):
         hidden_dim: projected width (split into ``num_heads`` heads).
     """
 
-    def __init__(self, *, query_dim: int, memory_dim: int, hidden_dim: int, num_heads: int,
-                 dropout: float = 0.0):
+    def __init__(self, *, query_dim: int, memory_dim: int, hidden_dim: int, num_heads: int, dropout: float = 0.0):
         super().__init__()
         if hidden_dim % num_heads:
             raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads})")
@@ -38,8 +38,9 @@ class MaskAttentionMap(nn.Module):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
 
-    def forward(self, queries: torch.Tensor, batch_idx: torch.Tensor, memory: torch.Tensor,
-                mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, queries: torch.Tensor, batch_idx: torch.Tensor, memory: torch.Tensor, mask: Optional[torch.Tensor]
+    ) -> torch.Tensor:
         """
         Args:
             queries: [N, query_dim]; batch_idx: int64 [N], image of each query;
@@ -76,45 +77,68 @@ class MaskHead(nn.Module):
             stage (at least 8 channels).
     """
 
-    def __init__(self, *, hidden_dim: int, num_heads: int = 8, fpn_channels: Sequence[int] = (),
-                 num_upsample: int = 2, conv_dims: Optional[Sequence[int]] = None,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        *,
+        hidden_dim: int,
+        num_heads: int = 8,
+        fpn_channels: Sequence[int] = (),
+        num_upsample: int = 2,
+        conv_dims: Optional[Sequence[int]] = None,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         fpn_channels = list(fpn_channels)
         num_stages = len(fpn_channels) if fpn_channels else num_upsample
         if num_stages < 0:
             raise ValueError(f"num_upsample must be >= 0, got {num_upsample}")
         if conv_dims is None:
-            conv_dims = [max(hidden_dim // 2 ** i, 8) for i in range(num_stages + 2)]
+            conv_dims = [max(hidden_dim // 2**i, 8) for i in range(num_stages + 2)]
         conv_dims = list(conv_dims)
         if len(conv_dims) != num_stages + 2:
-            raise ValueError(f"conv_dims must have {num_stages + 2} entries (2 + one per upsampling "
-                             f"stage), got {len(conv_dims)}")
+            raise ValueError(
+                f"conv_dims must have {num_stages + 2} entries (2 + one per upsampling stage), got {len(conv_dims)}"
+            )
         self.fpn_channels = fpn_channels
         self.num_stages = num_stages
-        self.attention = MaskAttentionMap(query_dim=hidden_dim, memory_dim=hidden_dim,
-                                          hidden_dim=hidden_dim, num_heads=num_heads, dropout=dropout)
+        self.attention = MaskAttentionMap(
+            query_dim=hidden_dim, memory_dim=hidden_dim, hidden_dim=hidden_dim, num_heads=num_heads, dropout=dropout
+        )
         in_ch = hidden_dim + num_heads
         self.stem = nn.Sequential(
-            nn.Conv2d(in_ch, conv_dims[0], 3, padding=1), _norm(conv_dims[0]), nn.ReLU(inplace=True),
-            nn.Conv2d(conv_dims[0], conv_dims[1], 3, padding=1), _norm(conv_dims[1]), nn.ReLU(inplace=True),
+            nn.Conv2d(in_ch, conv_dims[0], 3, padding=1),
+            _norm(conv_dims[0]),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(conv_dims[0], conv_dims[1], 3, padding=1),
+            _norm(conv_dims[1]),
+            nn.ReLU(inplace=True),
         )
-        self.adapters = nn.ModuleList(
-            [nn.Conv2d(c, conv_dims[i + 1], 1) for i, c in enumerate(fpn_channels)])
-        self.stages = nn.ModuleList([
-            nn.Sequential(nn.Conv2d(conv_dims[i + 1], conv_dims[i + 2], 3, padding=1),
-                          _norm(conv_dims[i + 2]), nn.ReLU(inplace=True))
-            for i in range(num_stages)
-        ])
+        self.adapters = nn.ModuleList([nn.Conv2d(c, conv_dims[i + 1], 1) for i, c in enumerate(fpn_channels)])
+        self.stages = nn.ModuleList(
+            [
+                nn.Sequential(
+                    nn.Conv2d(conv_dims[i + 1], conv_dims[i + 2], 3, padding=1),
+                    _norm(conv_dims[i + 2]),
+                    nn.ReLU(inplace=True),
+                )
+                for i in range(num_stages)
+            ]
+        )
         self.predictor = nn.Conv2d(conv_dims[-1], 1, 3, padding=1)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_uniform_(m.weight, a=1)
                 nn.init.zeros_(m.bias)
 
-    def forward(self, queries: torch.Tensor, batch_idx: torch.Tensor, memory: torch.Tensor,
-                mask: Optional[torch.Tensor], features: torch.Tensor,
-                fpn_features: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+    def forward(
+        self,
+        queries: torch.Tensor,
+        batch_idx: torch.Tensor,
+        memory: torch.Tensor,
+        mask: Optional[torch.Tensor],
+        features: torch.Tensor,
+        fpn_features: Sequence[torch.Tensor] = (),
+    ) -> torch.Tensor:
         """
         Args:
             queries: [N, D] decoder outputs of the queries to segment; batch_idx: int64 [N].

@@ -22,49 +22,51 @@ from condinit_det.modeling.detr import DETRInstanceSeg, HungarianMatcher, MaskHe
 
 constants = model_zoo.get_config("common/data/constants.py").constants
 
-model = armed(L(DETRInstanceSeg)(
-    backbone="???",
-    in_feature="???",
-    transformer=L(Transformer)(
-        d_model=256,
-        nhead=8,
-        num_encoder_layers=6,
-        num_decoder_layers=6,
-        dim_feedforward=2048,
-        dropout=0.1,
-        activation="relu",
-        normalize_before=False,
-    ),
-    num_classes=80,
-    num_queries=100,
-    criterion=L(SetCriterion)(
-        num_classes="${..num_classes}",
-        matcher=L(HungarianMatcher)(cost_class=1.0, cost_bbox=5.0, cost_giou=2.0),
-        eos_coef=0.1,
-        class_weight=1.0,
-        bbox_weight=5.0,
-        giou_weight=2.0,
-        mask_focal_weight=1.0,
-        mask_dice_weight=1.0,
-    ),
-    pixel_mean=constants.imagenet_rgb256_mean,
-    pixel_std=constants.imagenet_rgb256_std,
-    mask_head=L(MaskHead)(
-        hidden_dim="${..transformer.d_model}",
-        num_heads="${..transformer.nhead}",
-        fpn_channels=[],
-        num_upsample=2,
-    ),
-    mask_in_features=[],
-    # "joint": detection and masks trained together; "masks_only": detector frozen (DETR's
-    # two-stage recipe: train boxes first, then load that checkpoint and train the mask head).
-    mask_train="joint",
-    aux_loss=True,
-    mask_threshold=0.5,
-    size_divisibility=None,
-    # DETR: learned query embeddings and sine encodings at temperature 10000 (None), one query
-    # group. configs/demo/detr_vit_tiny.py shows the faster-converging variants.
-    position_embedding=None,
-    reference_points=False,
-    query_groups=1,
-))
+model = armed(
+    L(DETRInstanceSeg)(
+        backbone="???",
+        in_feature="???",
+        transformer=L(Transformer)(
+            d_model=256,
+            nhead=8,
+            num_encoder_layers=6,
+            num_decoder_layers=6,
+            dim_feedforward=2048,
+            dropout=0.1,
+            activation="relu",
+            normalize_before=False,
+        ),
+        num_classes=80,
+        num_queries=100,
+        criterion=L(SetCriterion)(
+            num_classes="${..num_classes}",
+            matcher=L(HungarianMatcher)(cost_class=1.0, cost_bbox=5.0, cost_giou=2.0),
+            eos_coef=0.1,
+            class_weight=1.0,
+            bbox_weight=5.0,
+            giou_weight=2.0,
+            mask_focal_weight=1.0,
+            mask_dice_weight=1.0,
+        ),
+        pixel_mean=constants.imagenet_rgb256_mean,
+        pixel_std=constants.imagenet_rgb256_std,
+        mask_head=L(MaskHead)(
+            hidden_dim="${..transformer.d_model}",
+            num_heads="${..transformer.nhead}",
+            fpn_channels=[],
+            num_upsample=2,
+        ),
+        mask_in_features=[],
+        # "joint": detection and masks trained together; "masks_only": detector frozen (DETR's
+        # two-stage recipe: train boxes first, then load that checkpoint and train the mask head).
+        mask_train="joint",
+        aux_loss=True,
+        mask_threshold=0.5,
+        size_divisibility=None,
+        # DETR: learned query embeddings and sine encodings at temperature 10000 (None), one query
+        # group. configs/demo/detr_vit_tiny.py shows the faster-converging variants.
+        position_embedding=None,
+        reference_points=False,
+        query_groups=1,
+    )
+)
