@@ -5,14 +5,19 @@ DEMO_CONFIG ?= configs/demo/mask_rcnn_vit_tiny.py
 DEMO_OUTPUT ?= output/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv lint test test-e2e test-fast demo demo-pretrain demo-paper gpu-check
+.PHONY: venv lint format test test-e2e test-fast demo demo-pretrain demo-paper gpu-check
 
 venv:
 	bash tools/setup_env.sh
 
-# ruff with the project's rules (ruff.toml); the tests run it first.
+# ruff with the project's rules (ruff.toml): the lint, and the layout as `ruff format` writes it (Python files and the
+# Python fences of the Markdown pages); the tests run it first. `make format` rewrites the layout.
 lint: venv
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: venv
+	$(PY) -m ruff format .
 
 # Both cores (pytest-xdist): each test file, the Slurm tests and the wheelhouse builds are one group on one worker
 # (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.

@@ -80,9 +80,10 @@ setup(
         "scikit-learn",  # ships the UCI handwritten digits the embedded digits datasets are made from
     ],
     extras_require={
-        # make test runs on both cores. pytest 9.2 reads a test's id from a field pytest-xdist 3.8 does not set:
+        # ruff pinned: the formatter's layout changes between releases, and make lint checks it
+        # (.pre-commit-config.yaml names the same version). make test runs on both cores. pytest 9.2 reads a test's id from a field pytest-xdist 3.8 does not set:
         # --dist loadgroup then no longer groups (pytest-xdist issue 1386), and shared fixtures run on both workers.
-        "test": ["pytest>=7,<9.2", "pytest-xdist>=3", "ruff>=0.6"],
+        "test": ["pytest>=7,<9.2", "pytest-xdist>=3", "ruff==0.17.6"],
         # Experiment trackers (condinit_det.tracking), optional: offline W&B runs and MLflow's SQLite store.
         "wandb": ["wandb>=0.19"],
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=1.4,<3", "alembic<2,!=1.10.0"],

@@ -276,3 +276,19 @@ def test_a_worker_whose_tests_come_without_their_group_stops_the_run():
     with pytest.raises(pytest.exit.Exception, match=r"did not put tests/a.py::test\[x\] \(and 0 more\) in a group"):
         conftest.pytest_xdist_node_collection_finished(node("loadgroup"), ["tests/a.py::test[x]", grouped[1]])
     conftest.pytest_xdist_node_collection_finished(node("load"), ["tests/a.py::test[x]"])  # no groups asked for
+
+
+def test_the_commit_hooks_run_the_ruff_the_lint_runs():
+    """The formatter's layout differs between ruff releases: the pre-commit hooks and ``make lint`` (the test extra's
+    ruff) must be one version, or a commit formatted by the hook fails the lint."""
+    import re
+
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        pinned = re.search(r'"ruff==([0-9.]+)"', f.read())
+    with open(os.path.join(ROOT, ".pre-commit-config.yaml")) as f:
+        hooks = f.read()
+    assert pinned, "setup.py's test extra pins ruff with =="
+    assert re.search(
+        r"repo: https://github.com/astral-sh/ruff-pre-commit\n\s+rev: v" + re.escape(pinned[1]) + r"\b", hooks
+    )
+    assert "id: ruff\n" in hooks and "id: ruff-format" in hooks
