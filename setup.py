@@ -80,9 +80,10 @@ setup(
         "scikit-learn",  # ships the UCI handwritten digits the embedded digits datasets are made from
     ],
     extras_require={
-        # ruff pinned: the formatter's layout changes between releases, and make lint checks it
-        # (.pre-commit-config.yaml names the same version). make test runs on both cores. pytest 9.2 reads a test's id from a field pytest-xdist 3.8 does not set:
+        # make test runs on both cores. pytest 9.2 reads a test's id from a field pytest-xdist 3.8 does not set:
         # --dist loadgroup then no longer groups (pytest-xdist issue 1386), and shared fixtures run on both workers.
+        # ruff pinned: make lint checks the formatter's layout, which changes between releases
+        # (.pre-commit-config.yaml names the same version).
         "test": ["pytest>=7,<9.2", "pytest-xdist>=3", "ruff==0.17.6"],
         # Experiment trackers (condinit_det.tracking), optional: offline W&B runs and MLflow's SQLite store.
         "wandb": ["wandb>=0.19"],
