@@ -31,8 +31,9 @@ ALL_CONFIGS = sorted(MODELS) + [
     "mask_rcnn_vitdet_b_100ep_in1k.py",
     "mask_rcnn_swin_b_3x_in1k.py",
 ]
-# 36 epochs of coco_2017_train (118287 images) at 16 images per iteration; steps at epochs 27, 33.
-ITERS_3X, STEPS_3X = 266146, [199609, 243967]
+# 36 epochs of coco_2017_train (117266 images after detectron2's empty-image filter) at 16 images per iteration;
+# steps at epochs 27, 33.
+ITERS_3X, STEPS_3X = 263848, [197886, 241861]
 
 # Conditioning tracking (condinit_analysis): config -> (period, sites). The periods keep the hook's
 # measured cost under 1% of training time (BENCHMARKS.md, "Conditioning tracking on the paper's configs").
@@ -134,6 +135,14 @@ def test_vitdet_recipe_and_pretrained_variant():
     for key in ("model", "dataloader", "optimizer", "lr_multiplier", "condinit"):
         assert LazyConfig.to_py(pre[key], prefix=key + ".") == LazyConfig.to_py(cfg[key], prefix=key + "."), key
     assert pre.train.max_iter == cfg.train.max_iter
+
+
+def test_detr_schedule_counts_epochs_of_the_filtered_train_set():
+    # 500 epochs of 117266 images at 64 images per iteration; the LR drops after epoch 400.
+    cfg = _load("detr_vitdet_b.py")
+    assert cfg.dataloader.train.total_batch_size == 64
+    assert cfg.train.max_iter == 916141
+    assert list(cfg.lr_multiplier.scheduler.milestones) == [732912]
 
 
 @pytest.mark.parametrize(

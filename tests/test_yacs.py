@@ -240,7 +240,7 @@ def test_coco_yaml_merges():
     assert cfg.MODEL.BACKBONE.NAME == "build_condinit_xcit_backbone"
     assert (cfg.MODEL.XCIT.EMBED_DIM, cfg.MODEL.XCIT.DEPTH, cfg.MODEL.XCIT.NUM_HEADS) == (384, 12, 8)
     assert cfg.SOLVER.OPTIMIZER == "ADAMW" and cfg.SOLVER.BASE_LR == 1e-4 and cfg.SOLVER.WEIGHT_DECAY == 0.05
-    assert cfg.SOLVER.MAX_ITER == 266146 and tuple(cfg.SOLVER.STEPS) == (199609, 243967)
+    assert cfg.SOLVER.MAX_ITER == 263848 and tuple(cfg.SOLVER.STEPS) == (197886, 241861)
     assert cfg.DATASETS.TRAIN == ("coco_2017_train",) and cfg.MODEL.WEIGHTS == ""
     assert list(cfg.MODEL.CONDINIT.INCLUDE) == ["backbone.net.*"]
     cfg.SOLVER.OPTIMIZER = "LAMB"
