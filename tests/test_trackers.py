@@ -298,6 +298,55 @@ def test_the_mlflow_store_is_a_sqlite_database_beside_the_experiment(tmp_path, t
     assert "\n" not in message and not (tmp_path / "exp").exists()
 
 
+def _mlflow_server(status, body):
+    """A local server answering every request with ``status`` and ``body``; returns (its URI, the paths asked)."""
+    import http.server
+    import threading
+
+    asked = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            asked.append(self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", asked, server
+
+
+def test_an_mlflow_server_is_asked_once_before_training(tmp_path, tracker_env, monkeypatch):
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    before = dict(os.environ)
+    settings = {**DEFAULTS, "mlflow": {**DEFAULTS["mlflow"], "enabled": True}}
+    uri, asked, server = _mlflow_server(200, {"experiments": []})
+    try:
+        check_trackers({**settings, "mlflow": {**settings["mlflow"], "tracking_uri": uri}}, str(tmp_path / "exp"))
+        assert asked == ["/api/2.0/mlflow/experiments/search"]
+    finally:
+        server.shutdown()
+    uri, asked, server = _mlflow_server(503, {"error_code": "TEMPORARILY_UNAVAILABLE"})
+    try:
+        with pytest.raises(UsageError, match=f"^train.trackers.mlflow.tracking_uri='{uri}' does not work"):
+            check_trackers({**settings, "mlflow": {**settings["mlflow"], "tracking_uri": uri}}, str(tmp_path / "exp"))
+        assert len(asked) == 1  # no retry: MLflow's default would ask 8 times over minutes
+        assert dict(os.environ) == before  # the check reads the environment, never changes it
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # the user's own setting is kept
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+        with pytest.raises(UsageError):
+            check_trackers({**settings, "mlflow": {**settings["mlflow"], "tracking_uri": uri}}, str(tmp_path / "exp"))
+        assert len(asked) == 3
+    finally:
+        server.shutdown()
+
+
 def test_wandb_online_needs_an_api_key(tmp_path, tracker_env, monkeypatch):
     online = {**DEFAULTS, "wandb": {**DEFAULTS["wandb"], "enabled": True, "mode": "online"}}
     check_trackers({**online, "wandb": {**online["wandb"], "mode": "offline"}}, str(tmp_path / "exp"))

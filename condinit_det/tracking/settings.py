@@ -8,7 +8,6 @@ import copy
 import importlib
 import os
 from typing import Any, Dict, List, Mapping
-from unittest import mock
 
 from ..utils.errors import UsageError
 
@@ -106,15 +105,35 @@ def check_trackers(settings: Mapping, experiment_dir: str) -> None:
                 "is not a writable directory)"
             )
     elif settings["mlflow"]["enabled"]:  # a server or another database answers now, not in the middle of a run
-        from mlflow.tracking import MlflowClient
-
-        quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}  # for this check only
         try:
-            with mock.patch.dict(os.environ, {key: os.environ.get(key, value) for key, value in quick.items()}):
-                MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            _reach_mlflow(uri)
         except Exception as e:  # noqa: BLE001 -- MLflow raises many types
             raise UsageError(
                 f"train.trackers.mlflow.tracking_uri={uri!r} does not work ({type(e).__name__}: "
                 f"{' '.join(str(e).split())[:300]}); use a reachable server or database, or None for "
                 "a SQLite database beside the experiment"
             ) from None
+
+
+def _reach_mlflow(uri: str) -> None:
+    """Ask MLflow's store at ``uri`` for one experiment. A server gets one try of at most 10 s (MLflow's defaults
+    would retry for minutes), unless ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``MLFLOW_HTTP_REQUEST_TIMEOUT`` say
+    otherwise."""
+    if not uri.startswith(("http://", "https://")):
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        return
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request_safe
+
+    retries, timeout = MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+    http_request_safe(
+        get_default_host_creds(uri),
+        "/api/2.0/mlflow/experiments/search",
+        "POST",
+        max_retries=retries.get() if retries.defined else 0,
+        timeout=timeout.get() if timeout.defined else 10,
+        json={"max_results": 1},
+    )
