@@ -165,10 +165,24 @@ class XCiT(Backbone):
 
 
 class XCiTDeconvPyramid(Backbone):
-    """XCiT's own detection neck (facebookresearch/xcit ``detection/backbone/xcit.py``): the i-th of four block outputs
-    at the patch stride becomes the map at stride 4, 8, 16 or 32 (deconvolutions, identity or max pooling, PyTorch's
-    default init as there), of the trunk width D, for an FPN on top (``in_features=out_features``). The trunk sits
-    under ``net`` (attention sites ``backbone.bottom_up.net.blocks.{i}.attn`` in a detectron2 FPN model).
+    """XCiT's own detection neck: four block outputs at the patch stride -> maps at strides 4, 8, 16, 32.
+
+    As in XCiT's detection code (facebookresearch/xcit ``detection/backbone/xcit.py``, modules
+    ``fpn1``..``fpn4``; XCiT-S12 uses blocks 3, 5, 7, 11), for patch size 16:
+
+    - stride 4:  ConvTranspose2d(D, D, 2, stride 2) -> BatchNorm2d -> GELU -> ConvTranspose2d(D, D, 2, stride 2)
+    - stride 8:  ConvTranspose2d(D, D, 2, stride 2)
+    - stride 16: identity
+    - stride 32: MaxPool2d(2, stride 2)
+
+    and for patch size 8: ConvTranspose2d(D, D, 2, stride 2) (stride 4), identity (8), MaxPool2d(2) (16),
+    MaxPool2d(4) (32). The i-th listed block feeds the i-th level (shallowest block -> finest map). Every output
+    keeps the trunk width D; a :class:`detectron2.modeling.FPN` on top (``in_features=out_features``) projects
+    them to its width and adds p6, as the mmdetection FPN of XCiT's recipe does. Deconvolutions and the
+    BatchNorm keep PyTorch's default init, as in XCiT's code (which initializes only Linear and LayerNorm layers).
+
+    Module names (``fpn1.0``, ``fpn1.1``, ``fpn1.3``, ``fpn2.0``) follow XCiT's code, and the trunk sits under
+    ``net``: in a detectron2 FPN model the attention sites are ``backbone.bottom_up.net.blocks.{i}.attn``.
     """
 
     def __init__(self, net: XCiT, *, sync_bn: bool = False, out_features: Sequence[str] = ("s4", "s8", "s16", "s32")):
