@@ -515,11 +515,29 @@ def test_a_failing_tracker_never_stops_the_run(tmp_path, caplog):
     broken = Broken(tmp_path / "exp" / "default" / "seed0")
     trainer._hooks[0]._writers.append(broken)
     trainer.train(0, 3)
-    assert trainer.iter == 3 and broken.state == "dropped" and broken.calls == [("open",)]  # not ended either
+    assert trainer.iter == 3 and broken.state == "dropped"
+    assert broken.calls == [("open",), ("end", "failed")]  # ended as failed at once, then left alone
     assert (
         caplog.text.count("recorder: logging metrics failed (OSError: disk full); not tracking the rest of this run")
         == 1
     )
+
+
+def test_a_tracker_whose_ending_fails_is_not_ended_twice(tmp_path, caplog):
+    class Unending(Recorder):
+        def _end(self, how):
+            super()._end(how)
+            raise OSError("server gone")
+
+    writer = Unending(tmp_path / "exp" / "default" / "seed0")
+    writer.log({"total_loss": 1.0}, step=1)
+    writer.close()
+    writer.close()
+    assert writer.state == "dropped" and writer.calls[1:] == [
+        (1, "iteration", {"total_loss": 1.0}),
+        ("end", "finished"),
+    ]
+    assert "recorder: ending the tracker run failed (OSError: server gone)" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,6 +623,29 @@ def test_a_wandb_run_is_continued_by_its_resumes(tmp_path, tracker_env):
         "condinit-det",
     )
     assert list(run.tags) == ["pretrain", "mimetic"] and sessions[1]["config"]["identity.arm"] == "mimetic"
+
+
+def test_a_dropped_tracker_shows_its_run_failed(tmp_path, tracker_env, monkeypatch):
+    run_dir = tmp_path / "exp" / "mimetic" / "seed1"
+    run_dir.mkdir(parents=True)
+    monkeypatch.chdir(run_dir)
+    writers = [_writer(MlflowWriter, run_dir), _writer(WandbWriter, run_dir)]
+    for writer in writers:
+        writer.log({"total_loss": 2.0}, step=1)
+    monkeypatch.setattr(writers[0].client, "log_batch", _disk_full)
+    monkeypatch.setattr(writers[1].run, "log", _disk_full)
+    for writer in writers:
+        writer.log({"total_loss": 1.0}, step=2)  # fails: the tracker is dropped and its run ended as failed
+        assert writer.state == "dropped"
+    runs, client = mlflow_runs(tmp_path, "exp")
+    assert runs["mimetic/seed1"].info.status == "FAILED"
+    assert history(client, runs["mimetic/seed1"], "total_loss") == [(1, 2.0)]
+    (session,) = wandb_sessions(run_dir)
+    assert session["exit"] == 1 and wandb_series([session], "total_loss") == [(1, 2.0)]
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError("disk full")
 
 
 # ---------------------------------------------------------------------------------------------

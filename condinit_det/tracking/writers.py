@@ -1,9 +1,10 @@
 """The trackers (W&B, MLflow) as detectron2 event writers, one tracker run per training run: opened at the first
 thing sent under :func:`tracker_run_id` (so a resumed run continues it), ended when the writer closes. A tracker
-that fails is logged once and dropped: tracking never stops a training."""
+that fails is logged once and dropped, its tracker run ended as failed: tracking never stops a training."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -93,8 +94,10 @@ class TrackerWriter(EventWriter):
         self._last: Optional[int] = None
         self.state = "new"  # then "open", and "closed" or "dropped"
 
-    def _send(self, what: str, call) -> None:
-        """Open the tracker run if needed, then ``call()``; a failure drops this tracker for the rest of the run."""
+    def _send(self, what: str, call, *, ending: bool = False) -> None:
+        """Open the tracker run if needed, then ``call()``. A failure drops this tracker for the rest of the run and
+        ends its open tracker run as failed (unless ``call`` was the ending itself), so that it does not stay
+        running in the tracker."""
         if self.state in ("closed", "dropped"):
             return
         try:
@@ -103,8 +106,11 @@ class TrackerWriter(EventWriter):
                 self.state = "open"
             call()
         except Exception as e:  # noqa: BLE001 -- a tracker never stops a training
-            self.state = "dropped"
             logger.warning(f"{self.tracker}: {what} failed ({one_line(e)}); not tracking the rest of this run")
+            if self.state == "open" and not ending:
+                with contextlib.suppress(Exception):  # the tracker may be out of reach by now
+                    self._end("failed")
+            self.state = "dropped"
 
     def log(self, metrics: Mapping[str, float], *, step: int, step_name: str = "iteration") -> None:
         """Send ``metrics`` at ``step``, counted in ``step_name`` (``"iteration"`` or ``"epoch"``)."""
@@ -129,7 +135,7 @@ class TrackerWriter(EventWriter):
         how = (
             "finished" if error is None else "killed" if isinstance(error, (Preempted, KeyboardInterrupt)) else "failed"
         )
-        self._send("ending the tracker run", lambda: self._end(how))
+        self._send("ending the tracker run", lambda: self._end(how), ending=True)
         self.state = "closed" if self.state == "open" else self.state
 
 
