@@ -116,7 +116,7 @@ def test_options_are_given_per_arm():
 
 
 def test_the_scale_matched_control_takes_the_conditioned_runs_options():
-    options = {"conditioned": {"gain_v": 0.5}, "scale_matched": {"gain_v": 0.5, "norm": "spectral"}}
+    options = {"conditioned": {"gain_v": 0.5}, "scale_matched": {"norm": "spectral"}}
     conditioned = _build(_config("conditioned", options=options))
     matched = _build(_config("scale_matched", options=options))
     default = _build(_config("default"))
@@ -141,11 +141,14 @@ def test_the_scale_matched_control_takes_the_conditioned_runs_options():
 @pytest.mark.parametrize(
     "node, message",
     [
-        ({"arm": "best"}, "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned, scale_matched"),
+        (
+            {"arm": "best"},
+            "condinit.arm='best' is not an arm; accepted: default, mimetic, conditioned, scale_matched, structured",
+        ),
         ({"arm": "conditioned", "gain": 2}, "unknown key\\(s\\) gain; accepted: arm, seed, include, exclude, options"),
         (
             {"arm": "conditioned", "options": {"gain_qk": 2.0}},
-            "condinit.options.conditioned.gain_qk=... or condinit.options.scale_matched.gain_qk=...",
+            "condinit.options takes one entry per arm: write condinit.options.conditioned.gain_qk=... \\(entries",
         ),
         (
             {"arm": "scale_matched", "options": {"scale_matched": {"norm": "l2"}}},

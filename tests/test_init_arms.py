@@ -119,7 +119,7 @@ def _no_grad():
 
 EXPECTED_KIND = {"mha_packed": "mha", "mha_separate": "mha"}
 # The arms whose weights depend on the seed (scale_matched rescales the default init: no draw).
-DRAWING_ARMS = ("mimetic", "conditioned")
+DRAWING_ARMS = ("mimetic", "conditioned", "structured")
 
 
 class Wrapper(nn.Module):

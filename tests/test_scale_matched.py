@@ -215,12 +215,7 @@ def test_include_and_exclude_patterns():
 def test_options_and_their_errors():
     assert "scale_matched" in ARMS and ARMS.index("scale_matched") == ARMS.index("conditioned") + 1
     assert PAPER_ARMS == ("default", "mimetic", "conditioned")
-    assert ARM_OPTIONS["scale_matched"] == {
-        "gain_qk": 1.0,
-        "gain_v": 1.0,
-        "value_mode": "identity",
-        "norm": "frobenius",
-    }
+    assert ARM_OPTIONS["scale_matched"] == {"norm": "frobenius"}  # the gains and value mode: the conditioned arm's
     assert resolve_options("scale_matched", {"gain_v": 0.5, "norm": "spectral"}) == {
         "gain_qk": 1.0,
         "gain_v": 0.5,
@@ -266,7 +261,10 @@ def test_arm_node_accepts_the_arm():
         {
             "arm": "scale_matched",
             "seed": 2,
-            "options": {"conditioned": {"gain_v": 0.5}, "scale_matched": {"gain_v": 0.5, "norm": "spectral"}},
+            "options": {
+                "conditioned": {"gain_v": 0.5, "condition_output": True},
+                "scale_matched": {"norm": "spectral"},
+            },
         }
     )
     assert spec.arm == "scale_matched" and spec.arm_options == {"gain_v": 0.5, "norm": "spectral"}
@@ -275,6 +273,10 @@ def test_arm_node_accepts_the_arm():
     trunk = nn.Sequential(nn.MultiheadAttention(16, 2))
     report = apply_arm_spec(trunk, spec, site_prefix="backbone.")
     assert [s.name for s in report.sites] == ["backbone.0"]
+    with pytest.raises(
+        ValueError, match=r"condinit.options.scale_matched.gain_v: .* write condinit.options.conditioned"
+    ):
+        resolve_arm_node({"arm": "scale_matched", "options": {"scale_matched": {"gain_v": 0.5}}})
     with pytest.raises(ValueError, match="condinit.options.scale_matched: norm must be one of frobenius, spectral"):
         resolve_arm_node({"arm": "scale_matched", "options": {"scale_matched": {"norm": "l1"}}})
     with pytest.raises(ArmError, match="all zeros in the default init"):

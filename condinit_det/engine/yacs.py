@@ -15,7 +15,7 @@ from detectron2.solver import build_lr_scheduler
 from omegaconf import DictConfig, OmegaConf
 
 from ..evaluation import FastCOCOEvaluator
-from ..init import ARMS, InitReport
+from ..init import ARM_OPTIONS, ARMS, InitReport
 from ..modeling.yacs_config import add_condinit_config, build_optimizer, condinit_options
 
 __all__ = ["build_yacs_model", "build_yacs_optimizer", "lazy_from_yacs", "yacs_config", "yacs_lr_multiplier"]
@@ -60,13 +60,15 @@ def yacs_lr_multiplier(cfg: CfgNode, lr: float):
 
 
 def _condinit(node: CfgNode) -> dict:
-    """``MODEL.CONDINIT`` as a lazy config's ``condinit`` node (each arm's options from the keys it accepts)."""
+    """``MODEL.CONDINIT`` as a lazy config's ``condinit`` node (each arm's own options from the keys it accepts; the
+    controls' shared ones under the conditioned arm)."""
     options = {}
     for arm in ARMS:
         per_arm = node.clone()
         per_arm.ARM = arm
-        if condinit_options(per_arm):
-            options[arm] = condinit_options(per_arm)
+        own = {key: value for key, value in condinit_options(per_arm).items() if key in ARM_OPTIONS[arm]}
+        if own:
+            options[arm] = own
     return {
         "arm": node.ARM,
         "seed": node.SEED,

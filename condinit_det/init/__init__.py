@@ -4,8 +4,9 @@
     report = apply_init(model, "conditioned", seed=0, include=["backbone.*"])
 
 Arms (:data:`ARMS`): the paper's ``default``, ``mimetic`` and ``conditioned`` (:data:`PAPER_ARMS`),
-and the control ``scale_matched``; definitions in docs/arms.md. The names are loaded on first use, so that the arms'
-names and options (:mod:`.options`) are read without importing torch.
+and the conditioned arm's controls ``scale_matched`` and ``structured`` (:data:`CONTROLS`; with default and
+conditioned, the structure x scale design :data:`FACTORIAL_ARMS`); definitions in docs/arms.md. The names are
+loaded on first use, so that the arms' names and options (:mod:`.options`) are read without importing torch.
 """
 
 from ..utils.lazy import lazy_exports
@@ -13,7 +14,17 @@ from ..utils.lazy import lazy_exports
 __all__, __getattr__ = lazy_exports(
     __name__,
     {
-        "options": ("ARMS", "ARM_OPTIONS", "PAPER_ARMS", "SOLVERS", "resolve_options"),
+        "options": (
+            "ARMS",
+            "ARM_OPTIONS",
+            "CONTROLS",
+            "FACTORIAL_ARMS",
+            "PAPER_ARMS",
+            "SHARED_OPTIONS",
+            "SOLVERS",
+            "arm_keywords",
+            "resolve_options",
+        ),
         "apply": ("InitReport", "SiteReport", "apply_init", "conditioned_head_norms", "site_generator"),
         "arms": (
             "TopSingular",

@@ -1,8 +1,9 @@
 """Apply an arm to the attention sites of a model, in place (:func:`apply_init`).
 
 The arms (:data:`ARMS`): ``default`` (nothing changes), ``mimetic`` (Trockman & Kolter), ``conditioned``
-(Haar Q/K head blocks, identity V) and the control ``scale_matched`` (the default init at the conditioned
-arm's per-head norms); the math is in :mod:`condinit_det.init.arms`, definitions in docs/arms.md.
+(Haar Q/K head blocks, identity V) and its two controls, ``scale_matched`` (the default init at the conditioned
+arm's per-head norms) and ``structured`` (the conditioned blocks at the default init's per-head norms); the math is
+in :mod:`condinit_det.init.arms`, definitions in docs/arms.md.
 
 Each site draws from its own CPU generator (:func:`site_generator`), so the global RNG never advances
 and a site's weights do not depend on which other sites are included. The sites are computed in order,
@@ -143,6 +144,8 @@ def _apply_site(site: AttentionSite, arm: str, seed: int, resolved: Dict[str, ob
         return _apply_mimetic(site, site_generator(seed, site.name), **resolved)
     if arm == "scale_matched":
         return _apply_scale_matched(site, **resolved)
+    if arm == "structured":
+        return _apply_structured(site, site_generator(seed, site.name), **resolved)
     return [], ""
 
 
@@ -156,12 +159,17 @@ def _compute_device(site: AttentionSite) -> torch.device:
 # parameter's dtype.
 
 
-def _write_heads(target: torch.Tensor, blocks: torch.Tensor, gain: float = 1.0) -> None:
+def _write_heads(target: torch.Tensor, blocks: torch.Tensor, gain=1.0) -> None:
     """Write ``[H, dh, D]`` head blocks into the ``[H * dh, D]`` rows they form (head h: rows h*dh...).
 
-    The gain is applied in the working precision, before the single rounding to the parameter's dtype.
+    ``gain``: a number, or ``[H]`` per head. It is applied in the working precision, before the single rounding to
+    the parameter's dtype.
     """
-    target.unflatten(0, blocks.shape[:2]).copy_(blocks if gain == 1.0 else blocks * gain)
+    if isinstance(gain, torch.Tensor):
+        blocks = blocks * gain.to(device=blocks.device, dtype=blocks.dtype)[:, None, None]
+    elif gain != 1.0:
+        blocks = blocks * gain
+    target.unflatten(0, blocks.shape[:2]).copy_(blocks)
 
 
 def _apply_conditioned(
@@ -171,8 +179,11 @@ def _apply_conditioned(
     gain_qk: float,
     gain_v: float,
     value_mode: str,
-    condition_output: bool,
+    condition_output: bool = False,
+    head_scales: Optional[Dict[str, torch.Tensor]] = None,
 ):
+    """The conditioned arm on one site; ``head_scales``: role -> ``[H]`` float64 factors that multiply each head
+    block of W_Q, W_K and W_V on top of its gain (the structured arm's)."""
     dh, heads = site.head_dim, site.num_heads
     device = _compute_device(site)
     work = dict(generator=generator, device=device, dtype=working_dtype(site.weight("q").dtype))
@@ -185,14 +196,23 @@ def _apply_conditioned(
     else:
         q_blocks = haar_semi_orthogonal_batch(heads, dh, site.dim_in, **work)
         k_blocks = haar_semi_orthogonal_batch(heads, dh, site.dim_k_in, **work)
-    _write_heads(site.weight("q"), q_blocks, gain_qk)
-    _write_heads(site.weight("k"), k_blocks, gain_qk)
+    scales = head_scales or {}
+    for role, blocks in (("q", q_blocks), ("k", k_blocks)):
+        _write_heads(site.weight(role), blocks, gain_qk if role not in scales else gain_qk * scales[role])
     # gain_v times the rectangular identity (whole value projection, or every head's block),
     # written in place: zeros, and gain_v rounded once to the parameter's dtype on the diagonal.
     w_v = site.weight("v")
     blocks = w_v.unsqueeze(0) if value_mode == "identity" else w_v.unflatten(0, (heads, site.dim_v // heads))
     blocks.zero_()
-    torch.diagonal(blocks, dim1=-2, dim2=-1).fill_(gain_v)
+    diagonal = torch.diagonal(blocks, dim1=-2, dim2=-1)
+    if "v" in scales:
+        # The diagonal entry (row i of W_V) belongs to head i // (D_v / H) in the identity mode, to head h (the
+        # block's index) in the shared-block mode.
+        rows = torch.arange(diagonal.shape[-1]) // (site.dim_v // heads)
+        per_head = gain_v * scales["v"].cpu()
+        diagonal.copy_(per_head[rows][None, :] if value_mode == "identity" else per_head[:, None].expand_as(diagonal))
+    else:
+        diagonal.fill_(gain_v)
     roles = ["q", "k", "v"]
     for role in roles:
         bias = site.bias(role)
@@ -344,3 +364,28 @@ def _apply_scale_matched(site: AttentionSite, *, gain_qk: float, gain_v: float, 
         )
     )
     return site.parameter_names(["q", "k", "v"], biases=False), note
+
+
+def _apply_structured(site: AttentionSite, generator: torch.Generator, *, gain_qk, gain_v, value_mode, norm):
+    """The conditioned arm's blocks (the same draws for the same seed), each head block of W_Q, W_K and W_V rescaled
+    to the norm the block it replaces has: the default init's, measured on the weights present."""
+    targets = conditioned_head_norms(site, gain_qk=gain_qk, gain_v=gain_v, value_mode=value_mode, norm=norm)
+    scales, zeroed = {}, []
+    for role in ("q", "k", "v"):
+        blocks = site.weight(role).detach().to(torch.float64).unflatten(0, (site.num_heads, -1))
+        default = _block_norms(blocks, norm).cpu()
+        conditioned = torch.tensor(targets[role], dtype=torch.float64)
+        scales[role] = torch.where(conditioned > 0, default / torch.where(conditioned > 0, conditioned, 1.0), 0.0)
+        zeroed += [f"{role}{h}" for h in range(site.num_heads) if scales[role][h] == 0]
+    changed, _ = _apply_conditioned(
+        site, generator, gain_qk=gain_qk, gain_v=gain_v, value_mode=value_mode, head_scales=scales
+    )
+    note = (
+        ""
+        if not zeroed
+        else (
+            f"block set to zero: {', '.join(zeroed)} (zero in the weights present, or no non-zero entry in the "
+            "conditioned arm's)"
+        )
+    )
+    return changed, note

@@ -5,12 +5,15 @@ A config's arm node (``configs/common/condinit.py``)::
     condinit = dict(arm="default", seed=0, include=None, exclude=None,
                     options={"mimetic": {"alpha1": 0.5}, "conditioned": {"gain_v": 0.5}})
 
-- ``arm``: ``"default"``, ``"mimetic"``, ``"conditioned"`` or ``"scale_matched"`` (:data:`condinit_det.init.ARMS`).
+- ``arm``: ``"default"``, ``"mimetic"``, ``"conditioned"``, ``"scale_matched"`` or ``"structured"``
+  (:data:`condinit_det.init.ARMS`).
 - ``seed``: seed of the arm's own generators; ``None`` or negative means 0.
 - ``include`` / ``exclude``: fnmatch patterns on attention-site names (None: every site).
 - ``options``: per arm, that arm's keyword options (:data:`condinit_det.init.ARM_OPTIONS`). Every
   arm's entry is validated whichever arm runs, so ``--arm all`` fails before the first run, not
-  after two. Only the running arm's entry is used. The arms and their options: docs/arms.md.
+  after two. Only the running arm's entry is used, and the conditioned arm's :data:`~condinit_det.init.SHARED_OPTIONS`
+  by its controls (scale_matched, structured), which refuse them in their own entries. The arms and their options:
+  docs/arms.md.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Dict, List, Mapping, Optional
 from torch import nn
 
 from .apply import InitReport, apply_init
-from .options import ARM_OPTIONS, ARMS, resolve_options
+from .options import ARM_OPTIONS, ARMS, CONTROLS, SHARED_OPTIONS, resolve_options
 
 __all__ = ["ARM_NODE_KEYS", "ArmError", "ArmSpec", "apply_arm_spec", "plain", "prefixed", "resolve_arm_node"]
 
@@ -56,8 +59,13 @@ class ArmSpec:
 
     @property
     def arm_options(self) -> Dict[str, object]:
-        """The running arm's options as given (defaults not filled in)."""
-        return dict(self.options.get(self.arm, {}))
+        """The running arm's options as given (defaults not filled in); a control of the conditioned arm also gets the
+        conditioned arm's shared options."""
+        options = dict(self.options.get(self.arm, {}))
+        if self.arm in CONTROLS:
+            conditioned = self.options.get("conditioned", {})
+            options.update({key: conditioned[key] for key in SHARED_OPTIONS if key in conditioned})
+        return options
 
     def identity(self) -> dict:
         """The fields a resumed run must share (see :mod:`condinit_det.records.layout`)."""
@@ -107,6 +115,13 @@ def resolve_arm_node(node: Optional[Mapping]) -> ArmSpec:
     per_arm = {}
     for name, opts in options.items():
         opts = dict(opts or {})
+        shared = [key for key in SHARED_OPTIONS if key in opts and name in CONTROLS]
+        if shared:
+            raise ValueError(
+                f"condinit.options.{name}.{shared[0]}: the {name} arm takes {', '.join(SHARED_OPTIONS)} from the "
+                f"conditioned arm, so that the arms it controls for stay consistent; write "
+                f"condinit.options.conditioned.{shared[0]}=... (accepted under {name}: {', '.join(ARM_OPTIONS[name])})"
+            )
         try:
             resolve_options(name, opts)
         except ValueError as e:

@@ -11,7 +11,7 @@ import os
 import re
 from typing import Callable, Optional, Tuple
 
-from ..init.options import ARMS, PAPER_ARMS
+from ..init.options import ARMS, FACTORIAL_ARMS, PAPER_ARMS
 from ..utils.checkpoint_io import TRUST_FLAG
 
 __all__ = [
@@ -36,9 +36,10 @@ def add_experiment_arguments(parser: argparse.ArgumentParser, *, cost: bool = Tr
         "--arm",
         default=None,
         metavar="ARMS",
-        help=f"attention-init arm(s): one of {', '.join(ARMS)}; 'all' ({', '.join(PAPER_ARMS)}); or a comma-separated "
-        "list (e.g. 'all,scale_matched'). Several arms train with the same seeds into <output_dir>/<arm>/seed<k>/ and "
-        "end with the comparison in <output_dir>/report/. Default: the config's condinit.arm",
+        help=f"attention-init arm(s): one of {', '.join(ARMS)}; 'all' ({', '.join(PAPER_ARMS)}); 'factorial' "
+        f"({', '.join(FACTORIAL_ARMS)}: structure x scale); or a comma-separated list (e.g. 'all,scale_matched'). "
+        "Several arms train with the same seeds into <output_dir>/<arm>/seed<k>/ and end with the comparison in "
+        "<output_dir>/report/. Default: the config's condinit.arm",
     )
     g.add_argument(
         "--seeds",

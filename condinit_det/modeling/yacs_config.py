@@ -40,7 +40,7 @@ def add_condinit_config(cfg: CN) -> CN:
     _C.MODEL.CONDINIT = CN()
     # False: the builders do not call apply_init at all (the stock constructor init).
     _C.MODEL.CONDINIT.ENABLED = True
-    # "default" | "mimetic" | "conditioned" | "scale_matched" (condinit_det.init.ARMS)
+    # "default" | "mimetic" | "conditioned" | "scale_matched" | "structured" (condinit_det.init.ARMS)
     _C.MODEL.CONDINIT.ARM = "default"
     # Seed of the arm's own generator; the global RNG is never advanced.
     _C.MODEL.CONDINIT.SEED = 0
@@ -50,8 +50,8 @@ def add_condinit_config(cfg: CN) -> CN:
     _C.MODEL.CONDINIT.EXCLUDE = []
     # conditioned: GAIN_QK, GAIN_V (floats), VALUE_MODE ("identity" | "shared_block"),
     # CONDITION_OUTPUT (bool). mimetic: ALPHA1, BETA1, ALPHA2, BETA2 (floats), NOISE
-    # ("normal" | "uniform"). scale_matched: GAIN_QK, GAIN_V, VALUE_MODE (shared with conditioned:
-    # the norms it matches) and NORM ("frobenius" | "spectral"). None: the arm's default.
+    # ("normal" | "uniform"). scale_matched and structured: GAIN_QK, GAIN_V, VALUE_MODE (the
+    # conditioned arm's, which they control for) and NORM ("frobenius" | "spectral"). None: the arm's default.
     for key in _OPTION_KEYS:
         setattr(_C.MODEL.CONDINIT, key, None)
 
@@ -155,9 +155,9 @@ def build_optimizer(cfg: CN, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def condinit_options(node: CN) -> dict:
     """``apply_init`` keyword options of ``node.ARM`` from a ``MODEL.CONDINIT`` node: the keys that are set and that
-    arm accepts, so that ``--arm all`` runs leave the other arms' options alone (conditioned and scale_matched share
+    arm accepts, so that ``--arm all`` runs leave the other arms' options alone (conditioned and its controls share
     GAIN_QK, GAIN_V and VALUE_MODE)."""
-    from ..init import ARM_OPTIONS
+    from ..init import arm_keywords
 
-    accepted = ARM_OPTIONS.get(node.ARM, {})
+    accepted = arm_keywords(node.ARM)
     return {key.lower(): node[key] for key in _OPTION_KEYS if node.get(key) is not None and key.lower() in accepted}

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from ..init.options import ARMS, PAPER_ARMS
+from ..init.options import ARM_GROUPS, ARMS
 from ..utils.fileio import atomic_write
 
 __all__ = [
@@ -37,16 +37,17 @@ _SET_ASIDE = re.compile(r"\.failed\d+$")
 
 
 def parse_arms(text: str) -> List[str]:
-    """``"all"`` -> the paper's arms; ``"default,conditioned"`` or ``"all,scale_matched"`` -> those arms, in
-    order; raises ValueError naming the accepted values."""
+    """``"all"`` -> the paper's arms; ``"factorial"`` -> the structure x scale design; ``"default,conditioned"`` or
+    ``"all,scale_matched"`` -> those arms, in order; raises ValueError naming the accepted values."""
     arms: List[str] = []
     for part in str(text).split(","):
         part = part.strip()
-        for arm in PAPER_ARMS if part == "all" else [part]:
+        for arm in ARM_GROUPS.get(part, [part]):
             if arm not in ARMS:
+                groups = ", ".join(f"'{name}' ({', '.join(members)})" for name, members in ARM_GROUPS.items())
                 raise ValueError(
-                    f"--arm {text!r}: {part!r} is not an arm; accepted: {', '.join(ARMS)}, 'all' "
-                    f"({', '.join(PAPER_ARMS)}) or a comma-separated list of them"
+                    f"--arm {text!r}: {part!r} is not an arm; accepted: {', '.join(ARMS)}, {groups} or a "
+                    "comma-separated list of them"
                 )
             if arm not in arms:
                 arms.append(arm)
