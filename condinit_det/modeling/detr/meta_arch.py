@@ -208,8 +208,7 @@ class DETRInstanceSeg(nn.Module):
                 gm = inst.gt_masks
                 if isinstance(gm, PolygonMasks):
                     gm = BitMasks.from_polygon_masks(gm, h, w)
-                m = gm.tensor if isinstance(gm, BitMasks) else torch.as_tensor(gm)
-                m = m.to(self.device, torch.bool)
+                m = gm.tensor.to(self.device, torch.bool)
                 t["masks"] = F.pad(m, (0, wp - m.shape[-1], 0, hp - m.shape[-2]))
             targets.append(t)
         return targets
@@ -272,28 +271,17 @@ class DETRInstanceSeg(nn.Module):
             # group g becomes entry g*B + i) and weight the box losses by 1/K through num_boxes,
             # which averages every loss over the groups.
             logits, boxes = (_groups_to_batch(out[k], groups) for k in ("logits", "boxes"))
-            aux = list(zip(logits[:-1], boxes[:-1])) if self.aux_loss else None
-            losses, indices, _ = self.criterion(
-                logits[-1], boxes[-1], targets * groups, aux_outputs=aux, num_boxes=num_boxes * groups
-            )
+            aux = list(zip(logits[:-1], boxes[:-1])) if self.aux_loss else ()
+            losses, indices = self.criterion(logits[-1], boxes[-1], targets * groups, num_boxes * groups, aux)
             indices = indices[: len(targets)]  # group 0
         if self.mask_head is not None:
             batch_idx, query_idx = (t.to(self.device) for t in flat_indices(indices))
             logits = self._masks(out, batch_idx, query_idx)
             gt = torch.cat([t["masks"][j.to(self.device)] for t, (_, j) in zip(targets, indices)])
-            if len(gt):
-                gt = (
-                    F.interpolate(
-                        gt[:, None].float(),
-                        size=logits.shape[-2:],
-                        mode="bilinear",
-                        align_corners=False,
-                        antialias=True,
-                    )[:, 0]
-                    > 0.5
-                )
-            else:
-                gt = gt.new_zeros((0,) + logits.shape[-2:])
+            gt = F.interpolate(
+                gt[:, None].float(), size=logits.shape[-2:], mode="bilinear", align_corners=False, antialias=True
+            )
+            gt = gt[:, 0] > 0.5
             losses.update(self.criterion.mask_losses(logits, gt, num_boxes))
         return losses
 

@@ -41,8 +41,6 @@ class PositionEmbeddingSine(nn.Module):
         Returns:
             float [B, 2 * num_pos_feats, H, W].
         """
-        if mask.dim() != 3 or mask.dtype != torch.bool:
-            raise ValueError(f"mask must be a bool tensor [B, H, W], got {mask.dtype} {tuple(mask.shape)}")
         valid = (~mask).float()
         y = valid.cumsum(1)
         x = valid.cumsum(2)
@@ -64,8 +62,6 @@ class PositionEmbeddingSine(nn.Module):
             feature-map cell whose normalized position is (x, y) (the last valid row and column
             sit at 1), so points and the memory's positions share one space.
         """
-        if points.shape[-1] != 2:
-            raise ValueError(f"points must have shape [..., 2] (x, y), got {tuple(points.shape)}")
         scale = self.scale if self.normalize else 1.0
         return self._encode(points[..., 1] * scale, points[..., 0] * scale)
 

@@ -149,8 +149,6 @@ class MaskHead(nn.Module):
             [N, H_out, W_out] mask logits; H_out = H * 2**num_stages without FPN features, else the
             size of the last FPN feature.
         """
-        if len(fpn_features) != len(self.fpn_channels):
-            raise ValueError(f"expected {len(self.fpn_channels)} FPN features, got {len(fpn_features)}")
         attn = self.attention(queries, batch_idx, memory, mask)
         x = self.stem(torch.cat([features[batch_idx], attn], dim=1))
         for i, stage in enumerate(self.stages):
