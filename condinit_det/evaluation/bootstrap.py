@@ -59,14 +59,6 @@ def _quiet(*_args, **_kwargs):
     pass
 
 
-def _copy_dataset(dataset: Mapping) -> dict:
-    return {
-        **{k: v for k, v in dataset.items() if k not in ("images", "annotations")},
-        "images": [dict(im) for im in dataset.get("images", [])],
-        "annotations": [dict(a) for a in dataset.get("annotations", [])],
-    }
-
-
 def coco_ground_truth(dataset: dict):
     """faster-coco-eval's COCO object of a COCO annotation dict."""
     from faster_coco_eval import COCO  # imported when used: the report imports this module for its resampling
@@ -156,12 +148,13 @@ def _per_image(ev, num_t: int):
 
 def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], iou_type: str) -> CocoMatches:
     """Evaluate ``predictions`` once on a COCO annotation json (path or dict); see :class:`CocoMatches`."""
-    if iou_type not in IOU_TYPES:
-        raise ValueError(f"iou_type must be one of {IOU_TYPES}, got {iou_type!r}")
     dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
-    copy = _copy_dataset(dataset)
-    for n, a in enumerate(copy["annotations"]):
-        a["id"] = n + 1  # a match is a nonzero ground-truth id: fresh ids, as a resampled dataset has
+    copy = {
+        **dataset,
+        "images": [dict(im) for im in dataset.get("images", [])],
+        # a match is a nonzero ground-truth id: fresh ids, as a resampled dataset has
+        "annotations": [{**a, "id": n + 1} for n, a in enumerate(dataset.get("annotations", []))],
+    }
     ev = coco_evaluator(coco_ground_truth(copy), list(predictions), iou_type)
     p = ev.params
     p.areaRng, p.areaRngLbl = [p.areaRng[0]], [p.areaRngLbl[0]]  # "all" only: AP, AP50, AP75
@@ -229,11 +222,7 @@ MATCHES_FORMAT = 1
 
 
 def _smallest_uint(a: np.ndarray) -> np.ndarray:
-    top = int(a.max()) if a.size else 0
-    for dtype in (np.uint8, np.uint16, np.uint32):
-        if top <= np.iinfo(dtype).max:
-            return a.astype(dtype)
-    return a.astype(np.uint64)
+    return a.astype(np.min_scalar_type(int(a.max()) if a.size else 0))
 
 
 def save_matches(path: str, matches: Mapping[str, CocoMatches]) -> int:
@@ -248,11 +237,6 @@ def save_matches(path: str, matches: Mapping[str, CocoMatches]) -> int:
 
     arrays = {"format": np.int64(MATCHES_FORMAT), "iou_types": np.asarray(sorted(matches), dtype=np.str_)}
     for t, m in matches.items():
-        if t not in IOU_TYPES or m.iou_type != t:
-            raise ValueError(
-                f"matches must map an iou type of {IOU_TYPES} to its CocoMatches; got {t!r} -> "
-                f"{getattr(m, 'iou_type', type(m).__name__)!r}"
-            )
         num_k = m.gt_count.shape[0]
         arrays.update(
             {
@@ -459,17 +443,9 @@ def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarra
     """
     m = matches
     draws = np.asarray(draws, dtype=np.int64)
-    if draws.ndim != 2 or (draws.size and (draws.min() < 0 or draws.max() >= m.num_images)):
-        raise ValueError(
-            f"draws must be a [resamples, n] array of image positions in [0, {m.num_images}); got shape {draws.shape}"
-        )
+    counts = image_counts(draws, m.num_images).astype(np.int32)
     num_b, num_k = draws.shape[0], m.gt_count.shape[0]
     nt, nr = len(m.iou_thresholds), len(m.recall_thresholds)
-    counts = (
-        np.bincount((draws + m.num_images * np.arange(num_b)[:, None]).ravel(), minlength=num_b * m.num_images)
-        .reshape(num_b, m.num_images)
-        .astype(np.int32)
-    )
     npig = counts @ m.gt_count.T  # [B, K]
     bounds = np.searchsorted(m.category, np.arange(num_k + 1))
     ties = _Ties(m) if (m.group >= 0).any() else None
@@ -514,7 +490,7 @@ def image_counts(draws: np.ndarray, num_images: int) -> np.ndarray:
         raise ValueError(
             f"draws must hold image positions in [0, {num_images}); got values in [{draws.min()}, {draws.max()}]"
         )
-    rows = draws.reshape(-1, draws.shape[-1]) if draws.ndim else draws.reshape(1, 1)
+    rows = draws.reshape(-1, draws.shape[-1])
     offsets = np.arange(rows.shape[0], dtype=np.int64)[:, None] * num_images
     counts = np.bincount((rows + offsets).ravel(), minlength=rows.shape[0] * num_images)
     return counts.reshape(draws.shape[:-1] + (num_images,))
