@@ -27,9 +27,22 @@ _logger = logging.getLogger(__name__)
 
 
 class ConditioningHook(HookBase):
-    """Measure kappa(J) on a fixed ``batch`` (detectron2 input dicts) at the start, every ``period`` iterations and at
-    the end, into event storage and ``results`` (default: ``ResultsFile(output_dir)``) as records carrying ``arm``,
-    ``seed`` and ``config``; ``options``: the measurement keys of ``ANALYSIS_DEFAULTS``."""
+    """Measure kappa(J) of attention sites on a fixed batch during detectron2 training: at the start (the
+    initialization, or the resumed iteration), every ``period`` iterations and after the last one; main process only.
+
+    Each measurement writes the event storage scalars ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}`` and
+    one ``"conditioning"`` record per site (:func:`.training.conditioning_records`).
+
+    Args:
+        batch: detectron2 input dicts (what the model's forward takes), kept fixed.
+        period: measure every ``period`` iterations (and at the start and end); must be positive.
+        output_dir: where ``results.json`` lives (None: storage only).
+        results: an object with ``add(record)`` replacing the default ``ResultsFile(output_dir)``.
+        arm, seed, config: copied into every record.
+        options: the measurement keys of ``ANALYSIS_DEFAULTS`` (``sites``: fnmatch patterns on site names, None for
+            the first, middle and last site; ``method``, ``max_batch``, ``max_tokens``, ...); an unknown key raises
+            a ValueError.
+    """
 
     def __init__(
         self,
@@ -119,8 +132,17 @@ def fixed_batch(cfg, num_images: int, *, split: str = "test") -> list:
 
 
 def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = None) -> Optional[ConditioningHook]:
-    """The hook described by ``cfg.condinit_analysis`` (None when it is missing or ``period <= 0``), writing to
-    ``cfg.train.output_dir``; ``batch`` defaults to :func:`fixed_batch` of the test loader."""
+    """The hook that ``cfg.condinit_analysis`` describes (keys: ``ANALYSIS_DEFAULTS``), or None when the node is
+    missing or its ``period <= 0``.
+
+    Args:
+        cfg: a LazyConfig; the records carry ``cfg.condinit.arm`` and ``cfg.condinit.seed`` and go to
+            ``cfg.train.output_dir``.
+        batch: the fixed inputs; default: the first ``num_images`` inputs of ``cfg.dataloader.test``
+            (:func:`fixed_batch`: the training loader is not touched, so data order and RNG state are unchanged).
+        config_name: copied into every record as ``config``.
+    Raises ValueError on an unknown key of the node.
+    """
     node: Mapping[str, Any] = cfg.get("condinit_analysis", None) if hasattr(cfg, "get") else None
     if not node:
         return None

@@ -142,8 +142,21 @@ def measure_site(
     bound: bool = True,
     reduction: str = "",
 ) -> SiteMeasurement:
-    """Measure one site at its (already reduced) inputs by :func:`choose_method`'s route for ``method``; ``bound``:
-    also the Theorem 3.1 terms. The other arguments: see the two routes."""
+    """Measure kappa(J) of one site at its (already reduced) inputs, next to the Theorem 3.1 terms.
+
+    Args:
+        site: an ``AttentionSite``; inputs: its forward's arguments by name (:func:`.capture.capture_site_inputs`).
+        method: "exact" (per-head factors, :mod:`.heads`; refuses when one head's factor exceeds ``max_entries``
+            float64 entries), "matrix_free" (block Lanczos on jvp/vjp products, :mod:`.matrix_free`) or "auto"
+            (the route :func:`choose_method` picks).
+        include_output_proj: keep the output projection W_O (default: the identity in its place, the paper's f).
+        tol, max_iter, block_size, rank_tol, seed: the matrix-free route's, see
+            :func:`.spectrum.matrix_free_spectrum`.
+        bound: also compute the Theorem 3.1 terms (NaN otherwise, and for a site whose queries are a single token).
+        reduction: how ``inputs`` were reduced, recorded as given.
+    Returns:
+        The :class:`SiteMeasurement` of the site.
+    """
     fn = AttentionFunction(site, inputs, include_output_proj=include_output_proj)
     if choose_method(fn, method, max_entries=max_entries) == "exact":
         spec = exact_conditioning(fn, max_entries=max_entries)

@@ -19,12 +19,22 @@ MatVec = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class SpectrumResult:
-    """kappa (``inf`` when ``rank_deficient``), sigma_max and sigma_min of a linear map, and how they were found.
+    """Extreme singular values of a linear map and how they were obtained.
 
-    numerical_rank: exact method only. converged / iterations (block steps) / products (Gram applications) /
-    residual_max / residual_min (Ritz residuals relative to the largest Gram eigenvalue): matrix-free convergence.
-    method: "exact" or "lanczos"; structure: "closed_form" / "autodiff" (exact), "" (matrix-free).
-    sigma_max_heads / sigma_min_heads / kappa_heads: per head (exact method without W_O), else empty.
+    kappa: sigma_max / sigma_min, ``inf`` when ``rank_deficient``.
+    sigma_min: the smallest of the min(rows, cols) singular values (reported even when ~0).
+    rank_deficient: fewer than min(rows, cols) singular values above the tolerance (exact method), or
+        ``sigma_min <= rank_tol * sigma_max`` (matrix-free).
+    numerical_rank: the number of singular values above the tolerance (exact method only, else None).
+    converged / iterations / products / residual_max / residual_min: matrix-free convergence (iterations: block
+        steps; products: Gram-operator applications, i.e. pairs of J and J^T products; residuals: the Ritz
+        residual norms of the extreme Gram eigenpairs relative to the largest Gram eigenvalue); the exact method
+        reports converged, 0 iterations and 0 residuals.
+    method: "exact" or "lanczos". shape: (rows, cols) of the map.
+    structure: how an exact result's per-head factors were formed, "closed_form" or "autodiff"
+        (:mod:`.heads`); "" for matrix-free.
+    sigma_max_heads / sigma_min_heads / kappa_heads: per attention head, when J is block diagonal by heads (exact
+        method without W_O; the map's sigma_max / sigma_min are their max / min); empty otherwise.
     """
 
     kappa: float
@@ -70,8 +80,15 @@ _FULL_SVD_SIZE = 256
 def extreme_singular_values(matrix: torch.Tensor) -> Tuple[float, float]:
     """sigma_max and sigma_min of a 2-D matrix over its min(rows, cols) singular values (float64).
 
-    Above ``_FULL_SVD_SIZE`` of them: ARPACK on R of the tall orientation's QR, the largest eigenvalue of ``R^T R``
-    and of its inverse (triangular solves: nothing squared beyond R); else, or where that fails, the full SVD.
+    R from the QR of the tall orientation has the matrix's singular values. Above ``_FULL_SVD_SIZE`` of them, the
+    extreme eigenvalues of ``R^T R`` come from ARPACK (Lanczos, relative accuracy 1e-12): the largest from products
+    with R, the smallest as the largest of ``(R^T R)^{-1}`` through triangular solves with R (nothing squared
+    beyond what an SVD of R sees: sigma_min accurate to about ``eps * sigma_max``). That skips the SVD's
+    bidiagonalization, most of its cost (BENCHMARKS.md §5). A singular R, or one ARPACK does not settle, gets the
+    full SVD, as does a matrix with fewer singular values. The global RNG is not advanced.
+
+    Returns:
+        (sigma_max, sigma_min) as floats.
     """
     m = matrix.detach().to(torch.float64)
     m = m.T if m.shape[0] < m.shape[1] else m

@@ -114,9 +114,20 @@ def measure_conditioning(
     max_tokens: Optional[int] = 16,
     **kwargs,
 ) -> List[SiteMeasurement]:
-    """Measure kappa(J) of ``model``'s ``sites`` (fnmatch patterns; None: first, middle, last) on ``batch``; put the
-    finite ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}`` into ``storage`` and warn about an unconverged
-    estimate ``at`` (e.g. ``"iteration 500"``)."""
+    """Measure kappa(J) of ``model``'s sites on ``batch`` (what ``model``'s forward takes) with its current weights.
+
+    Args:
+        sites: fnmatch patterns on site names (one or several), or None for the first, middle and last site.
+        storage: an event storage (``put_scalar``) receiving ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}``
+            at its current iteration (non-finite values are left out), or None.
+        at, logger: where in training (e.g. ``"iteration 500"``) and the logger (default: this module's), for the
+            warning about an unconverged estimate.
+        max_batch, max_tokens: how the captured inputs are reduced (:func:`.capture.capture_site_inputs`).
+        kwargs: the other keywords of :func:`.measure.measure_site`.
+    Returns:
+        One :class:`.measure.SiteMeasurement` per site, in model order. No global RNG is advanced and parameters
+        and their gradients are only read.
+    """
     chosen = resolve_sites(model, sites, default="ends")
     rows = measure_sites(model, batch, chosen, max_batch=max_batch, max_tokens=max_tokens, **kwargs)
     for m in rows:

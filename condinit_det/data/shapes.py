@@ -279,8 +279,20 @@ def generate_shapes_dataset(
     spec: ShapesSpec = ShapesSpec(),
     replace_stale: Optional[bool] = None,
 ) -> Path:
-    """Make sure ``shapes-v1`` made with these parameters exists at ``root`` (default: its cache folder); return the
-    root. ``replace_stale``: as in :func:`.cache.generate_atomically` (default: only in the cache folder)."""
+    """Make sure ``shapes-v1`` made with these parameters exists at ``root``; return the root.
+
+    Generates it if missing, atomically (:func:`.cache.generate_atomically`); a complete dataset made with the same
+    parameters is reused as is.
+
+    Args:
+        root: the dataset's folder; None for its cache folder (``$CONDINIT_DATA/shapes-v1``, :func:`.cache.cache_root`).
+        seed: draws every image (image ``i`` of a split from its own generator seeded by ``(seed, split, i)``).
+        num_train, num_val: images per split, at least 1 each.
+        spec: the generator's knobs (:class:`ShapesSpec`), recorded in the manifest.
+        replace_stale: regenerate in place a dataset made with other parameters (e.g. by an older version of the
+            generator), or a folder without a manifest (default: True for the cache folder, else False); otherwise
+            such a root raises a ValueError.
+    """
     check_counts(1, num_train=num_train, num_val=num_val)
 
     def scenes(split: str, num: int):
