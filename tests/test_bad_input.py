@@ -151,6 +151,71 @@ def test_a_targets_own_arguments_are_accepted_though_the_config_does_not_set_the
         check_override_keys(cfg, ["loose.inner.top_kk=3"])
 
 
+class _Predictor:
+    def __init__(self, *, num_classes, loss_weight=1.0):
+        self.num_classes, self.loss_weight = num_classes, loss_weight
+
+
+class _MaskPredictor(_Predictor):
+    def __init__(self, width, *, depth=1, **kwargs):  # passes the rest to _Predictor
+        super().__init__(**kwargs)
+
+
+def test_a_class_taking_kwargs_accepts_the_keyword_arguments_along_its_init_chain():
+    from omegaconf import OmegaConf
+
+    from condinit_det.utils.overrides import check_override_keys, target_arguments
+
+    assert target_arguments(_MaskPredictor) == (["width", "depth", "num_classes", "loss_weight"], False)
+    assert target_arguments(f"{__name__}._loose") == ([], True)
+    head = {"_target_": f"{__name__}._MaskPredictor", "width": 8}
+    # an armed node's _target_ takes **kwargs and passes them to its _arm_target_, whose keys count
+    armed = {"_target_": f"{__name__}._loose", "_arm_target_": f"{__name__}._MaskPredictor", "width": 8}
+    cfg = OmegaConf.create({"head": head, "model": armed})
+    check_override_keys(cfg, ["head.depth=2", "head.num_classes=3", "head.loss_weight=2", "model.num_classes=3"])
+    for key in ("head", "model"):
+        with pytest.raises(UsageError, match=rf"^{key}.num_clases: no such key; did you mean {key}.num_classes\?"):
+            check_override_keys(cfg, [f"{key}.num_clases=3"])
+
+
+def test_a_value_of_the_wrong_type_names_the_override_and_the_type_it_takes():
+    from omegaconf import OmegaConf
+
+    from condinit_det.utils.overrides import check_override_keys
+
+    cfg = OmegaConf.create({"train": {"max_iter": 90000, "amp": {"enabled": False}, "lr": 0.1, "name": "x"}})
+    optional = {"train.seed": 0}
+    for override, message in [
+        ("train.max_iter=abc", "train.max_iter=abc: expected an integer (the config's value is 90000)"),
+        ("train.max_iter=1e3", "train.max_iter=1e3: expected an integer (the config's value is 90000)"),
+        ("train.amp.enabled=1", "train.amp.enabled=1: expected true or false (the config's value is False)"),
+        ("train.lr=fast", "train.lr=fast: expected a number (the config's value is 0.1)"),
+        ("train.seed=abc", "train.seed=abc: expected an integer (its default is 0)"),
+    ]:
+        with pytest.raises(UsageError) as e:
+            check_override_keys(cfg, [override], optional=optional)
+        assert str(e.value) == message
+    accepted = ["train.max_iter=10", "train.lr=1", "train.amp.enabled=true", "train.name=3", "train.seed=2"]
+    check_override_keys(cfg, [*accepted, "train.max_iter=null", "train.max_iter=${train.seed}"], optional=optional)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (  # StandardROIHeads takes **kwargs and passes them to ROIHeads, whose keys are the accepted ones
+            "model.roi_heads.num_clases=3",
+            "model.roi_heads.num_clases: no such key; did you mean model.roi_heads.num_classes?",
+        ),
+        ("train.max_iter=abc", "train.max_iter=abc: expected an integer (the config's value is "),
+    ],
+)
+def test_cli_names_a_misspelt_key_or_a_bad_value_before_anything_is_built(tmp_path, override, message):
+    last = _cli(tmp_path, f"train.output_dir={tmp_path / 'exp'}", override)
+    assert message in last
+    assert os.listdir(tmp_path) == []
+
+
 def test_missing_dataset_folder(tmp_path):
     from detectron2.data.datasets import register_coco_instances
 

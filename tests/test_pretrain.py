@@ -249,6 +249,17 @@ def test_cli_suggests_close_model_names(tiny_data, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cli_names_an_override_of_the_wrong_type(tmp_path, capsys):
+    out = tmp_path / "out"
+    for override, message in [
+        ("train.epochs=abc", "train.epochs=abc: expected an integer (the config's value is 6)"),
+        ("augment.vflip=no", "augment.vflip=no: expected a number (its default is 0.0)"),
+    ]:
+        err = _one_error_line(*run_cli(["--config-file", DEMO, f"train.output_dir={out}", override], capsys))
+        assert err == f"pretrain_net.py: error: {message}"
+    assert not out.exists()
+
+
 def test_cli_rejects_a_class_count_mismatch(tiny_data, tmp_path, capsys):
     out = tmp_path / "out"
     err = _one_error_line(

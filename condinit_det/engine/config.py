@@ -19,7 +19,7 @@ from omegaconf import OmegaConf, open_dict
 
 from .. import model_zoo
 from ..analysis.options import ANALYSIS_DEFAULTS
-from ..init.spec import ARM_NODE_KEYS, ArmSpec, plain, resolve_arm_node
+from ..init.spec import ArmSpec, plain, resolve_arm_node
 from ..modeling.arm import armed, armed_nodes, check_arm_agrees, sites_only
 from ..utils.checkpoint_io import check_loadable, final_weights_file, refuse_pickle
 from ..utils.errors import UsageError
@@ -45,17 +45,18 @@ logger = logging.getLogger("detectron2")
 
 DEFAULT_SEED = 0
 INFERENCE_DIRNAME = "inference"
-# Keys the stage reads though a config may lack them (their defaults: below and in prepare_config); the arm node's
-# options are judged per arm by its own check.
-OPTIONAL_KEYS = (
-    *(f"condinit.{key}" for key in ARM_NODE_KEYS),
-    *(f"condinit_analysis.{key}" for key in ANALYSIS_DEFAULTS),
-    "train.seed",
-    "train.lr_scale",
-    "train.init_checkpoint",
-    "train.trackers",
-    "train.cudnn_benchmark",
-)
+CONDINIT_DEFAULTS = {"arm": "default", "seed": None, "include": None, "exclude": None, "options": {}}
+# Keys the stage reads though a config may lack them, with their defaults (set below and in prepare_config); the arm
+# node's options are judged per arm by its own check.
+OPTIONAL_KEYS = {
+    **{f"condinit.{key}": value for key, value in CONDINIT_DEFAULTS.items()},
+    **{f"condinit_analysis.{key}": value for key, value in ANALYSIS_DEFAULTS.items()},
+    "train.seed": DEFAULT_SEED,
+    "train.lr_scale": 1.0,
+    "train.init_checkpoint": "",
+    "train.trackers": None,
+    "train.cudnn_benchmark": False,
+}
 REQUIRED_KEYS = (
     "model",
     "optimizer",
@@ -70,7 +71,6 @@ REQUIRED_KEYS = (
     "train.ddp",
     "train.device",
 )
-CONDINIT_DEFAULTS = {"arm": "default", "seed": None, "include": None, "exclude": None, "options": {}}
 
 
 def load_config(config_file: str, opts: Sequence[str] = ()):

@@ -5,7 +5,7 @@ import difflib
 import glob
 import os
 import warnings
-from typing import List, Sequence
+from typing import Any, List, Mapping, Sequence
 
 from ..utils.errors import UsageError
 from ..utils.overrides import check_override_keys
@@ -76,7 +76,7 @@ def resolve_config_file(spec: str) -> str:
     raise FileNotFoundError(f"config file {spec!r} does not exist; {hint}")
 
 
-def load_config(config_file: str, opts: Sequence[str] = (), *, optional: Sequence[str] = ()):
+def load_config(config_file: str, opts: Sequence[str] = (), *, optional: Mapping[str, Any] = {}):
     """``config_file`` (a path or ``zoo:<name>``) with its overrides: a lazy ``.py`` (or saved lazy ``.yaml``) config
     as a ``DictConfig`` (``key=value``; keys it lacks must be ``optional``), a yacs ``.yaml`` one as a ``CfgNode``
     with the project's keys (``KEY VALUE``). Bad input raises a one-line UsageError."""

@@ -99,13 +99,19 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
     },
 }
 _NESTED = {("train", "ema")}
-# Every key the stage reads, whether the config sets it or not (model.kwargs: timm.create_model's, judged by it).
-OPTIONAL_KEYS = (
-    *(f"{name}.{key}" for name, keys in DEFAULTS.items() for key in keys if (name, key) not in _NESTED),
-    *(f"{name}.{key}.{sub}" for name, key in _NESTED for sub in DEFAULTS[name][key]),
-    *(f"condinit.{key}" for key in ARM_NODE_KEYS),
-    *(f"condinit_analysis.{key}" for key in ANALYSIS_DEFAULTS),
-)
+# Every key the stage reads, whether the config sets it or not, with its default (model.kwargs: timm.create_model's,
+# judged by it).
+OPTIONAL_KEYS = {
+    **{
+        f"{name}.{key}": value
+        for name, keys in DEFAULTS.items()
+        for key, value in keys.items()
+        if (name, key) not in _NESTED
+    },
+    **{f"{name}.{key}.{sub}": value for name, key in _NESTED for sub, value in DEFAULTS[name][key].items()},
+    **dict.fromkeys(f"condinit.{key}" for key in ARM_NODE_KEYS),
+    **{f"condinit_analysis.{key}": value for key, value in ANALYSIS_DEFAULTS.items()},
+}
 
 
 def load_config(config_file: str, opts: Optional[List[str]] = None):

@@ -1,9 +1,10 @@
-"""The one check of command-line config overrides both stages make: a key the config does not have is refused
-(``LazyConfig.apply_overrides`` would add it silently, so ``train.max_itr=10`` would train the full schedule); a
-deliberate new key is written ``+key=value``. A node built by a ``_target_`` also accepts the target's own keyword
-arguments (``model.roi_heads.box_predictor.test_topk_per_image``), and any key of its own when its targets all take
-``**kwargs`` (an armed node's ``_target_`` does, and passes them to its ``_arm_target_``, which need not).
-The error is one line with the closest keys.
+"""The one check of command-line config overrides both stages make, before anything is built: a key the config does
+not have is refused (``LazyConfig.apply_overrides`` would add it silently, so ``train.max_itr=10`` would train the full
+schedule; a deliberate new key is written ``+key=value``), and so is a value of the wrong type for the value it
+replaces (``train.max_iter=abc``). A node built by a ``_target_`` also takes the keyword arguments of its target (an
+armed node's: of its ``_arm_target_``, to which its ``_target_`` passes them): a function's, or a class's along its
+``__init__`` chain; any key when its target is a function that takes ``**kwargs``. The error is one line that names
+what was typed, with the closest keys or the type expected.
 """
 
 from __future__ import annotations
@@ -11,53 +12,65 @@ from __future__ import annotations
 import difflib
 import inspect
 import pydoc
-from typing import Iterable, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from .errors import UsageError
 
-__all__ = ["check_override_keys", "config_keys"]
+__all__ = ["check_override_keys", "target_arguments"]
+
+# What an override may put in place of a value of each type: its name in an error, and the types that fit.
+_EXPECTED = {bool: ("true or false", (bool,)), int: ("an integer", (int,)), float: ("a number", (int, float))}
 
 
-def _target_arguments(target) -> Tuple[List[str], bool]:
-    """The keyword arguments ``target`` (a callable or its dotted name) takes, and whether it takes ``**kwargs``."""
-    target = pydoc.locate(target) if isinstance(target, str) else target
-    try:
-        parameters = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):  # not callable, or a builtin without a signature
-        return [], False
-    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return named, any(p.kind == p.VAR_KEYWORD for p in parameters)
-
-
-def config_keys(cfg) -> Tuple[List[str], List[str]]:
-    """The dotted keys an override may set in an OmegaConf (lazy) config, without resolving interpolations.
+def target_arguments(target) -> Tuple[List[str], bool]:
+    """The keyword arguments ``target`` (a callable or its dotted name) takes, and whether it takes any keyword.
 
     Returns:
-        ``(keys, open_nodes)``: every key of the config, nested ones and list indices (``augmentations.1.…``)
-        included, and the keyword arguments of each ``_target_`` the config does not set; the nodes whose
-        targets all take ``**kwargs`` (any key directly below them is accepted).
+        ``(names, takes_any)``: a function's keyword arguments; a class's, those of its ``__init__``, then of each
+        base's ``__init__`` along the MRO while the one before passes ``**kwargs`` upward. ``takes_any``: ``target``
+        is a function that takes ``**kwargs``, whose names cannot be known.
     """
+    target = pydoc.locate(target) if isinstance(target, str) else target
+    if inspect.isclass(target):  # object.__init__ takes no keyword
+        functions = [vars(cls)["__init__"] for cls in target.__mro__[:-1] if "__init__" in vars(cls)]
+    else:
+        functions = [target]
+    names = []
+    for function in functions:
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):  # not callable, or a builtin without a signature
+            return names, False
+        names += [
+            p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        ]
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            return names, False
+    return names, not inspect.isclass(target)
+
+
+def _config_keys(cfg) -> Tuple[Dict[str, Any], List[str], List[str]]:
+    """The dotted keys an override may set in an OmegaConf (lazy) config, interpolations unresolved: ``(values,
+    arguments, open_nodes)``: every key of the config (nested ones and list indices, ``augmentations.1.…``) with its
+    value; the keyword arguments of each ``_target_`` the config does not set; the nodes whose target takes any
+    keyword."""
     from omegaconf import OmegaConf
 
-    keys, open_nodes = [], []
+    values, arguments, open_nodes = {}, [], []
 
     def walk(value, prefix: str) -> None:
-        # "_target_", and an armed node's "_arm_target_" (the callable its "_target_" builds and arms)
-        targets = (
-            [_target_arguments(child) for key, child in value.items() if str(key).endswith("_target_")]
-            if isinstance(value, dict)
-            else []
-        )
-        keys.extend(f"{prefix}{name}" for arguments, _ in targets for name in arguments if name not in value)
-        if targets and all(takes_any for _, takes_any in targets):
-            open_nodes.append(prefix.rstrip("."))
+        if isinstance(value, dict) and ("_arm_target_" in value or "_target_" in value):
+            names, takes_any = target_arguments(value.get("_arm_target_", value.get("_target_")))
+            arguments.extend(f"{prefix}{name}" for name in names if name not in value)
+            if takes_any:
+                open_nodes.append(prefix.rstrip("."))
         children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, child in children:
-            keys.append(f"{prefix}{key}")
+            values[f"{prefix}{key}"] = child
             walk(child, f"{prefix}{key}.")
 
     walk(OmegaConf.to_container(cfg, resolve=False), "")
-    return keys, open_nodes
+    return values, arguments, open_nodes
 
 
 def _closest(key: str, keys: List[str]) -> List[str]:
@@ -68,28 +81,41 @@ def _closest(key: str, keys: List[str]) -> List[str]:
     return close or difflib.get_close_matches(key, keys, n=2, cutoff=0.8)
 
 
-def check_override_keys(cfg, opts: Sequence[str], *, optional: Iterable[str] = ()) -> None:
-    """Raise :class:`UsageError` for an override ``key=value`` whose key ``cfg`` does not have.
+def check_override_keys(cfg, opts: Sequence[str], *, optional: Mapping[str, Any] = {}) -> None:
+    """Raise :class:`UsageError` for an override ``key=value`` whose key ``cfg`` does not have, or whose value does not
+    fit the type of the value it replaces (a bool, an integer, a number; ``null`` and ``${...}`` always fit).
 
     Args:
         cfg: the loaded lazy config (an OmegaConf ``DictConfig``), before the overrides are applied.
-        opts: the ``key=value`` overrides; ``+key=value`` (add a key) and ``~key`` (delete one) are not checked.
-        optional: dotted keys (and the keys below them) the stage reads though a config may lack them.
+        opts: the overrides, as hydra's parser reads them; ``+key=value`` (add a key) and ``~key`` (delete one) are
+            not checked, nor is anything hydra's parser refuses (applying the overrides reports it).
+        optional: dotted keys (and the keys below them) the stage reads though a config may lack them, with their
+            defaults.
     """
-    optional = list(optional)
-    known = None
-    for opt in opts:
-        if opt.startswith(("+", "~")) or "=" not in opt:
-            continue  # hydra's parser judges the syntax
-        key = opt.split("=", 1)[0].strip()
-        if known is None:
-            known, open_nodes = config_keys(cfg)
-        if (
-            key in known
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(list(opts))
+    except OverrideParseException:
+        return
+    values, arguments, open_nodes = _config_keys(cfg)
+    for override in overrides:
+        key, value = override.key_or_group, override.value()
+        if override.is_add() or override.is_delete():
+            continue
+        if not (
+            key in values
+            or key in arguments
             or key.rpartition(".")[0] in open_nodes
             or any(key == k or key.startswith(k + ".") for k in optional)
         ):
-            continue
-        close = _closest(key, list(dict.fromkeys(known + optional)))
-        hint = f"did you mean {' or '.join(close)}?" if close else "the config has no such node"
-        raise UsageError(f"{key}: no such key; {hint} (to add a key the config lacks: +{opt})")
+            close = _closest(key, list(dict.fromkeys([*values, *arguments, *optional])))
+            hint = f"did you mean {' or '.join(close)}?" if close else "the config has no such node"
+            raise UsageError(f"{key}: no such key; {hint} (to add a key the config lacks: +{override.input_line})")
+        replaced = values.get(key, optional.get(key))
+        if type(replaced) in _EXPECTED and value is not None and not str(value).startswith("${"):
+            expected, fits = _EXPECTED[type(replaced)]
+            if type(value) not in fits:
+                where = "the config's value" if key in values else "its default"
+                raise UsageError(f"{override.input_line}: expected {expected} ({where} is {replaced!r})")
