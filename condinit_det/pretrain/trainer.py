@@ -123,7 +123,13 @@ def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
 
 
 def rng_state() -> Dict[str, torch.Tensor]:
-    """The global RNG states as tensors (loadable weights-only); a record only: every epoch re-seeds them."""
+    """The global RNG states as tensors, so that an epoch checkpoint loads with ``weights_only=True``.
+
+    Returns:
+        ``{"python": int64 [625], "numpy": int64 [625], "torch": uint8 [N]}``: python's and numpy's Mersenne Twister
+        words (624) with the position in them last, torch's CPU generator state (``torch.get_rng_state()``). A record
+        only: every epoch re-seeds every RNG from ``(seed, epoch, rank)``, so a resumed run needs none of them.
+    """
     _, words, _ = random.getstate()
     _, keys, pos, _, _ = np.random.get_state()
     return {
@@ -143,8 +149,15 @@ def _mean_over_processes(total: float, count: int) -> float:
 # The run
 # ---------------------------------------------------------------------------------------------
 class PretrainRun:
-    """One pretraining run of ``cfg`` (arm, seed, lr scale and output directory set) in this process; ``trust_pickle``
-    lets :meth:`resume` load an epoch checkpoint that needs full unpickling."""
+    """One pretraining run in this process (every process of the run builds one): :meth:`setup`, then :meth:`resume`
+    to continue from an epoch checkpoint, then :meth:`train`, which ends with :meth:`export`.
+
+    Args:
+        cfg: the run's config (arm, seed, lr scale and output directory set, as the stage's ``configure_run`` does).
+        run_dir: the run directory: checkpoints, ``results.json``, ``metrics.json``, logs and the final weights.
+        config_file: the config's path or ``zoo:`` name, recorded in every record (``"config"``).
+        trust_pickle: let :meth:`resume` load an epoch checkpoint that needs full unpickling.
+    """
 
     def __init__(self, cfg, run_dir: str, *, config_file: Optional[str], trust_pickle: bool = False):
         self.cfg, self.run_dir, self.trust_pickle = cfg, run_dir, trust_pickle
