@@ -81,6 +81,7 @@ def test_tool_all_arms_writes_tables(tmp_path, config_file, capsys):
         [
             "--config-file",
             config_file,
+            "model.backbone.num_heads=4",  # an override among the flags
             "--arm",
             "all",
             "--output",
@@ -89,7 +90,6 @@ def test_tool_all_arms_writes_tables(tmp_path, config_file, capsys):
             "4",
             "--tol",
             "1e-6",
-            "model.backbone.num_heads=4",
         ]
     )
     printed = capsys.readouterr().out

@@ -6,6 +6,7 @@ tests; the slow end-to-end test runs the same scenario through both real command
 """
 
 import csv
+import importlib
 import json
 import os
 import re
@@ -408,6 +409,21 @@ def test_both_training_commands_share_their_flags():
     config_b = b.split("--resume", 1)[1]
     assert config_a == config_b  # every flag after --config-file: one text, one default
     assert "Default: 1000" in config_a and "detection only (pretraining starts from random weights)" in config_a
+
+
+@pytest.mark.parametrize(
+    "command, config",
+    [
+        ("train", ROOT / "tests" / "tiny_train_config.py"),
+        ("pretrain", ROOT / "configs" / "demo" / "pretrain_vit_tiny.py"),
+    ],
+)
+def test_flags_may_follow_the_overrides(tmp_path, capsys, command, config):
+    main = importlib.import_module(f"condinit_det.commands.{command}").main
+    rc = main(["--config-file", str(config), f"train.output_dir={tmp_path}", "--dry-run", "--arm", "default,mimetic"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith(f"Plan of {tmp_path} ") and "2 of 2 run(s) would train" in out, out
+    assert not list(tmp_path.iterdir())
 
 
 def test_experiment_namespace_has_every_flag():

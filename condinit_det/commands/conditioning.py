@@ -69,7 +69,7 @@ def get_parser():
     )
     p.add_argument("--include-output-proj", action="store_true", help="keep W_O in f (default: identity)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value")
+    p.add_argument("opts", nargs="*", help="config overrides key=value, before or after the flags")
     return p
 
 
@@ -77,7 +77,7 @@ def _load_cfg(spec, opts):
     from condinit_det import model_zoo
     from condinit_det.engine.config import OPTIONAL_KEYS
 
-    return model_zoo.load_config(spec, [o for o in opts if o != "--"], optional=OPTIONAL_KEYS)
+    return model_zoo.load_config(spec, opts, optional=OPTIONAL_KEYS)
 
 
 def build_model(cfg, arm, device):
@@ -112,7 +112,7 @@ def _json_safe(value):
 
 def measure(argv=None):
     """Run the command line ``argv`` and return the table's rows; bad input raises."""
-    args = get_parser().parse_args(argv)
+    args = get_parser().parse_intermixed_args(argv)
     import torch
 
     from condinit_det.analysis.hooks import fixed_batch

@@ -234,8 +234,9 @@ def add_slurm_arguments(parser: argparse.ArgumentParser, *, switch: bool = True)
 
 def build_parser(*, description: str = "", examples: str = "", config_help: str = "") -> argparse.ArgumentParser:
     """detectron2's command line (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``,
-    ``--num-machines``, ``--machine-rank``, ``--dist-url``, trailing ``key=value`` overrides; the flags and defaults
-    of ``detectron2.engine.default_argument_parser``) with the experiment and Slurm flags."""
+    ``--num-machines``, ``--machine-rank``, ``--dist-url``, ``key=value`` overrides; the flags and defaults of
+    ``detectron2.engine.default_argument_parser``) with the experiment and Slurm flags. Parse it with
+    ``parse_intermixed_args``: flags may come after the overrides too."""
     parser = argparse.ArgumentParser(
         description=description or None, epilog=examples or None, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -269,8 +270,8 @@ def build_parser(*, description: str = "", examples: str = "", config_help: str 
     parser.add_argument(
         "opts",
         default=None,
-        nargs=argparse.REMAINDER,
-        help='config overrides at the end of the command: "path.key=value" (lazy configs; '
+        nargs="*",
+        help='config overrides, before or after the flags: "path.key=value" (lazy configs; '
         '"+path.key=value" adds a key the config lacks), "PATH.KEY VALUE" pairs (yacs configs)',
     )
     add_experiment_arguments(parser)
