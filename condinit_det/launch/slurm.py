@@ -64,8 +64,14 @@ def slurm_folder(args: argparse.Namespace, output_dir: str) -> str:
 
 
 def make_executor(args: argparse.Namespace, folder: str, name: str) -> submitit.SlurmExecutor:
-    """A :class:`submitit.SlurmExecutor` writing into ``folder`` (on a file system the compute nodes share; one
-    subfolder per job id), configured from the submission flags (:mod:`condinit_det.launch.arguments`)."""
+    """A :class:`submitit.SlurmExecutor` for jobs named ``name``, configured from the submission flags in ``args``
+    (:func:`condinit_det.launch.arguments.add_slurm_arguments`): ``--nodes`` nodes with one task each, ``--time``
+    minutes, USR2 ``--signal-delay`` seconds before the limit, and the optional resources when given.
+
+    ``folder`` must be on a file system the compute nodes share. It holds one subfolder per job id: ``<job>/`` (a
+    plain job: ``<job>_submission.sh``, ``<job>_0_log.out`` / ``.err``, pickles) or, for an array,
+    ``<array>/<array>_submission.sh`` and ``<array>_<i>/<array>_<i>_0_log.out`` / ``.err`` per element.
+    Raises RuntimeError when ``sbatch`` or ``srun`` is not on PATH."""
     if shutil.which("sbatch") is None or shutil.which("srun") is None:
         raise RuntimeError(
             "--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start tools/slurm_local.sh)"
