@@ -115,8 +115,3 @@ def test_corrupt_file_is_not_overwritten(tmp_path):
     (tmp_path / RESULTS_FILENAME).write_text("[]")
     with pytest.raises(ValueError, match="'records' list"):
         rf.records()
-
-
-def test_empty_output_dir_is_rejected():
-    with pytest.raises(ValueError, match="output directory"):
-        ResultsFile("")

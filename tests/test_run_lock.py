@@ -160,7 +160,7 @@ def read_owner(run_dir):
 def write_record(run_dir, **fields):
     """A lock file holding a record like ``owner_record()``'s with ``fields`` changed; not flocked by anyone."""
     os.makedirs(run_dir, exist_ok=True)
-    record = {**owner_record({}), **fields}
+    record = {**owner_record(), "slurm_job": None, **fields}
     with open(os.path.join(run_dir, LOCK_FILENAME), "w") as f:
         f.write(json.dumps(record) + "\n")
     return record
@@ -238,7 +238,7 @@ def test_released_on_normal_exit_and_on_an_exception(helper, tmp_path, log, capl
     assert flock_free(run_dir) and read_owner(str(run_dir)) is None
     with caplog.at_level(logging.WARNING, logger=log.name):
         with RunLock(str(run_dir), log=log) as lock:
-            assert lock.held and lock.previous_owner is None
+            assert read_owner(str(run_dir))["pid"] == os.getpid() and lock.previous_owner is None
     assert not caplog.records  # a released lock is no stale lock
 
 
@@ -334,27 +334,37 @@ def test_flock_held_with_no_record_yet_is_refused(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Slurm jobs
 # ---------------------------------------------------------------------------------------------
-def test_slurm_job_id_of_plain_jobs_and_array_elements():
-    assert slurm_job_id({}) is None
-    assert slurm_job_id({"SLURM_JOB_ID": "812"}) == "812"
-    assert slurm_job_id({"SLURM_JOB_ID": "812", "SLURM_ARRAY_JOB_ID": "805", "SLURM_ARRAY_TASK_ID": "7"}) == "805_7"
-    assert owner_record({"SLURM_JOB_ID": "812"})["slurm_job"] == "812"
+def in_slurm_job(monkeypatch, **variables):
+    """This process as if it ran in the Slurm job of ``variables`` (none: outside Slurm)."""
+    for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in variables.items():
+        monkeypatch.setenv(key, value)
 
 
-def test_same_slurm_job_takes_its_run_back(tmp_path, log, caplog, fake_squeue):
+def test_slurm_job_id_of_plain_jobs_and_array_elements(monkeypatch):
+    in_slurm_job(monkeypatch)
+    assert slurm_job_id() is None
+    in_slurm_job(monkeypatch, SLURM_JOB_ID="812")
+    assert slurm_job_id() == "812" and owner_record()["slurm_job"] == "812"
+    in_slurm_job(monkeypatch, SLURM_JOB_ID="812", SLURM_ARRAY_JOB_ID="805", SLURM_ARRAY_TASK_ID="7")
+    assert slurm_job_id() == "805_7"
+
+
+def test_same_slurm_job_takes_its_run_back(tmp_path, log, caplog, fake_squeue, monkeypatch):
     calls = fake_squeue(out="805_7|RUNNING\n")
     run_dir = tmp_path / "run"
     write_record(run_dir, host="node-b", pid=4321, slurm_job="805_7")
-    element = {"SLURM_JOB_ID": "812", "SLURM_ARRAY_JOB_ID": "805", "SLURM_ARRAY_TASK_ID": "7"}
+    in_slurm_job(monkeypatch, SLURM_JOB_ID="812", SLURM_ARRAY_JOB_ID="805", SLURM_ARRAY_TASK_ID="7")
     with caplog.at_level(logging.WARNING, logger=log.name):
-        with RunLock(str(run_dir), log=log, environ=element) as lock:
+        with RunLock(str(run_dir), log=log) as lock:
             assert lock.previous_owner["host"] == "node-b"
             assert read_owner(str(run_dir))["slurm_job"] == "805_7"
     assert calls.read_text() == ""  # its own job: nothing to ask
     assert any("Slurm job 805_7 was requeued and takes its run back" in r.getMessage() for r in caplog.records)
 
 
-def test_same_slurm_job_takes_its_run_back_from_a_lingering_lock(tmp_path, log, caplog, fake_squeue):
+def test_same_slurm_job_takes_its_run_back_from_a_lingering_lock(tmp_path, log, caplog, fake_squeue, monkeypatch):
     # The previous instance's node crashed and its lock lingers on the file server (here: a process holding the
     # flock under the previous instance's record); the requeued element owns the run, another job does not.
     fake_squeue(out="805_7|RUNNING\n")
@@ -362,11 +372,12 @@ def test_same_slurm_job_takes_its_run_back_from_a_lingering_lock(tmp_path, log, 
     write_record(run_dir, host="node-b", pid=4321, slurm_job="805_7")
     locker = hold_flock(run_dir)
     try:
+        in_slurm_job(monkeypatch, SLURM_JOB_ID="900")
         with pytest.raises(RunInUse, match=r"in use by pid 4321 on host node-b \(Slurm job 805_7\)"):
-            RunLock(str(run_dir), environ={"SLURM_JOB_ID": "900"}).acquire()
-        element = {"SLURM_ARRAY_JOB_ID": "805", "SLURM_ARRAY_TASK_ID": "7", "SLURM_JOB_ID": "812"}
+            RunLock(str(run_dir)).acquire()
+        in_slurm_job(monkeypatch, SLURM_ARRAY_JOB_ID="805", SLURM_ARRAY_TASK_ID="7", SLURM_JOB_ID="812")
         with caplog.at_level(logging.WARNING, logger=log.name):
-            with RunLock(str(run_dir), log=log, environ=element):
+            with RunLock(str(run_dir), log=log):
                 assert read_owner(str(run_dir))["pid"] == os.getpid()
         assert any("the OS lock is still held by the previous instance" in r.getMessage() for r in caplog.records)
         assert read_owner(str(run_dir)) is None
@@ -375,13 +386,14 @@ def test_same_slurm_job_takes_its_run_back_from_a_lingering_lock(tmp_path, log, 
         locker.wait()
 
 
-def test_foreign_running_slurm_job_is_refused_even_when_the_flock_is_free(tmp_path, fake_squeue):
+def test_foreign_running_slurm_job_is_refused_even_when_the_flock_is_free(tmp_path, fake_squeue, monkeypatch):
     calls = fake_squeue(out="805_7|RUNNING\n")
     run_dir = tmp_path / "run"
     record = write_record(run_dir, host="node-b", pid=4321, slurm_job="805_7", started="2026-12-01T12:03:04+00:00")
     assert flock_free(run_dir)
+    in_slurm_job(monkeypatch, SLURM_JOB_ID="900")
     with pytest.raises(RunInUse) as refused:
-        RunLock(str(run_dir), environ={"SLURM_JOB_ID": "900"}).acquire()
+        RunLock(str(run_dir)).acquire()
     assert str(refused.value).startswith(f"{run_dir} is in use by pid 4321 on host node-b (Slurm job 805_7) since ")
     assert calls.read_text().split() == squeue_command(["805_7"])[1:]
     assert read_owner(str(run_dir)) == record  # untouched
@@ -456,10 +468,10 @@ def test_one_owner_per_process_and_object(tmp_path):
             lock.acquire()
         with pytest.raises(RunInUse, match=f"in use by pid {os.getpid()} "):
             RunLock(run_dir).acquire()  # a second object in the same process is a second owner
-    assert not lock.held
+    assert read_owner(run_dir) is None
     lock.release()  # idempotent
     with lock:  # reusable
-        assert lock.held
+        assert read_owner(run_dir)["pid"] == os.getpid()
 
 
 def test_release_keeps_a_record_that_is_no_longer_ours(tmp_path, log, caplog):
@@ -470,8 +482,3 @@ def test_release_keeps_a_record_that_is_no_longer_ours(tmp_path, log, caplog):
         lock.release()
     assert read_owner(str(run_dir)) == other
     assert any("ownership was taken over by pid 99 on host node-c" in r.getMessage() for r in caplog.records)
-
-
-def test_bad_run_dir_is_refused():
-    with pytest.raises(ValueError, match="run_dir must be a non-empty path"):
-        RunLock("")

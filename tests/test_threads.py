@@ -37,14 +37,25 @@ LOADER = textwrap.dedent(f"""
     ],
     ids=["slurm-1", "slurm-4", "slurm-above-affinity", "affinity", "machine", "slurm-empty"],
 )
-def test_allocated_cpus_under_fake_allocations(environ, affinity, machine, expected):
-    assert allocated_cpus(environ, affinity=set(affinity), machine_cpus=machine) == expected
+def test_allocated_cpus_under_fake_allocations(environ, affinity, machine, expected, monkeypatch):
+    fake_allocation(monkeypatch, environ, affinity, machine)
+    assert allocated_cpus() == expected
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
-def test_allocated_cpus_refuses_a_bad_slurm_value(value):
+def test_allocated_cpus_refuses_a_bad_slurm_value(value, monkeypatch):
+    fake_allocation(monkeypatch, {"SLURM_CPUS_PER_TASK": value}, range(2), 2)
     with pytest.raises(ValueError, match=rf"SLURM_CPUS_PER_TASK='{value}': expected a positive integer"):
-        allocated_cpus({"SLURM_CPUS_PER_TASK": value}, affinity={0, 1}, machine_cpus=2)
+        allocated_cpus()
+
+
+def fake_allocation(monkeypatch, environ, affinity, machine):
+    """This process as if Slurm's ``environ`` were set, pinned to ``affinity`` on a machine of ``machine`` CPUs."""
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity))
+    monkeypatch.setattr(os, "cpu_count", lambda: machine)
 
 
 def test_allocated_cpus_reads_the_real_affinity():
@@ -54,7 +65,10 @@ def test_allocated_cpus_reads_the_real_affinity():
         import os
         first = min(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {first})
-        print(threads.allocated_cpus({}), threads.allocated_cpus({"SLURM_CPUS_PER_TASK": "3"}))
+        os.environ.pop("SLURM_CPUS_PER_TASK", None)
+        without = threads.allocated_cpus()
+        os.environ["SLURM_CPUS_PER_TASK"] = "3"
+        print(without, threads.allocated_cpus())
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.split() == ["1", "1"]
@@ -101,22 +115,6 @@ def test_division_invariants():
 def test_no_allocation_divides_the_machine(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 6)
     assert threads_for_process(2, allocated=None) == (2, 1)
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(processes_per_node=0, allocated=4), "processes_per_node=0: expected an integer >= 1"),
-        (dict(processes_per_node="2", allocated=4), "processes_per_node='2': expected an integer >= 1"),
-        (dict(processes_per_node=True, allocated=4), "processes_per_node=True: expected an integer >= 1"),
-        (dict(processes_per_node=1, allocated=0), "allocated=0: expected an integer >= 1"),
-        (dict(processes_per_node=1, allocated=4, max_workers=2.5), "max_workers=2.5: expected an integer >= 0"),
-    ],
-)
-def test_bad_input_is_refused(kwargs, message):
-    processes = kwargs.pop("processes_per_node")
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        threads_for_process(processes, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,21 +55,16 @@ def _commit() -> Optional[str]:
     folder = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if not os.path.exists(os.path.join(folder, ".git")):
         return None
-    try:
-        head = subprocess.run(
-            ["git", "-C", folder, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+    try:  # every tag left out: the short commit hash alone
+        done = subprocess.run(
+            ["git", "-C", folder, "describe", "--always", "--dirty=+dirty", "--exclude=*"],
             capture_output=True,
             text=True,
             timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def environment_record(iteration: int, *, device: str = "cpu") -> Dict[str, object]:

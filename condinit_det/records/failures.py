@@ -73,16 +73,11 @@ def discard_notes(run_dir: str) -> List[dict]:
     return notes
 
 
-def _last_iteration(run_dir: str) -> int:
-    rf = ResultsFile(run_dir)
-    return max((r["iteration"] for r in rf.records()), default=0) if rf.exists() else 0
-
-
 def record_failure(run_dir: str, exc: BaseException, metadata: Mapping) -> dict:
     """In the launching process, after a run raised: add one ``"failed"`` record built from the processes'
     notes (a divergence first, else the earliest note: the other processes usually fail because that one
     stopped), or from ``exc`` when no process left a note (it was killed). Returns the record."""
-    notes = discard_notes(run_dir) if os.path.isdir(run_dir) else []
+    notes = discard_notes(run_dir)
     diverged = [n for n in notes if n.get("reason") == "diverged"]
     note = (
         min(diverged or notes, key=lambda n: n.get("time", 0.0))
@@ -90,10 +85,12 @@ def record_failure(run_dir: str, exc: BaseException, metadata: Mapping) -> dict:
         else {"reason": failure_reason(exc), "message": one_line(exc)}
     )
     iteration = note.get("iteration")
+    if iteration is None:  # no process knew it: the last one the run recorded
+        iteration = max((r["iteration"] for r in ResultsFile(run_dir).records()), default=0)
     record = {
         "kind": FAILED_KIND,
         "reason": note["reason"],
-        "iteration": int(iteration) if iteration is not None else _last_iteration(run_dir),
+        "iteration": int(iteration),
         "message": note["message"],
         **dict(metadata),
     }
@@ -105,8 +102,7 @@ def record_failure(run_dir: str, exc: BaseException, metadata: Mapping) -> dict:
 
 def failure_of(run_dir: str) -> Optional[dict]:
     """The run's ``"failed"`` record, or None (no results, or the run did not fail)."""
-    rf = ResultsFile(run_dir)
-    failed = rf.records(FAILED_KIND) if rf.exists() else []
+    failed = ResultsFile(run_dir).records(FAILED_KIND)
     return failed[-1] if failed else None
 
 

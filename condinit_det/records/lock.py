@@ -20,7 +20,9 @@ import socket
 import sys
 import time
 import weakref
-from typing import Mapping, Optional, Tuple
+from typing import Optional, Tuple
+
+import psutil
 
 from ..utils.squeue import query_jobs, still_runs
 
@@ -46,14 +48,13 @@ class RunInUse(ValueError):
         super().__init__(f"{run_dir} is in use by {describe_owner(owner)}; wait for it, or stop it")
 
 
-def slurm_job_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def slurm_job_id() -> Optional[str]:
     """This process's Slurm job: ``"<array job>_<task>"`` for an array element, else ``SLURM_JOB_ID``; None outside
     Slurm. A requeued job keeps it."""
-    env = os.environ if environ is None else environ
-    array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     if array_job and task:
         return f"{array_job}_{task}"
-    return env.get("SLURM_JOB_ID") or None
+    return os.environ.get("SLURM_JOB_ID") or None
 
 
 def _read_text(path: str) -> Optional[str]:
@@ -74,17 +75,13 @@ def _pid_namespace() -> Optional[str]:
 def _process_start(pid: int) -> Optional[int]:
     """Start time of ``pid`` in clock ticks after boot (``/proc/<pid>/stat`` field 22); None when unknown."""
     stat = _read_text(f"/proc/{pid}/stat")
-    if not stat or ")" not in stat:
+    if stat is None:
         return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name (field 2) may hold spaces and parentheses
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # the command name (field 2) may hold spaces and parentheses
 
 
-def owner_record(environ: Optional[Mapping[str, str]] = None) -> dict:
-    """The record this process writes when it owns a run (``environ``: where the Slurm variables are read)."""
+def owner_record() -> dict:
+    """The record this process writes when it owns a run."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no passwd entry for the uid (some containers)
@@ -95,7 +92,7 @@ def owner_record(environ: Optional[Mapping[str, str]] = None) -> dict:
         "pid_start": _process_start(os.getpid()),
         "boot_id": _read_text(_BOOT_ID_FILE),
         "pid_namespace": _pid_namespace(),
-        "slurm_job": slurm_job_id(environ),
+        "slurm_job": slurm_job_id(),
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "user": user,
         "command": shlex.join(sys.argv),
@@ -114,17 +111,8 @@ def _same_machine(record: dict) -> bool:
 
 def _process_alive(record: dict) -> bool:
     """Whether the record's process (on this machine) still runs: its pid exists and started when recorded."""
-    pid = record.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        pass
-    recorded = record.get("pid_start")
-    return recorded is None or _process_start(pid) in (None, recorded)
+    pid, recorded = record["pid"], record.get("pid_start")
+    return psutil.pid_exists(pid) and (recorded is None or _process_start(pid) in (None, recorded))
 
 
 def _job_alive(job_id: str) -> Tuple[bool, str]:
@@ -149,23 +137,33 @@ def _parse_record(data: bytes) -> Optional[dict]:
         record = json.loads(line.decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("pid"), int) or not record.get("host"):
+    pid = record.get("pid") if isinstance(record, dict) else None
+    if not isinstance(pid, int) or pid <= 0 or not record.get("host"):
         return None
     return record
 
 
-def _read_record(read, wait_s: float = _RECORD_WAIT_S) -> Optional[dict]:
-    """The record through ``read()`` (bytes of the file), retried while it is half written; None when empty.
+def _read_record(fd: int, wait_s: float = _RECORD_WAIT_S) -> Optional[dict]:
+    """The record in the lock file open as ``fd``, retried while it is half written; None when empty.
     A record that stays unreadable for ``wait_s`` comes back as ``{"unreadable": <its start>}``."""
     deadline = time.monotonic() + wait_s
     while True:
-        data = read()
+        data = os.pread(fd, _MAX_RECORD_BYTES, 0)
         record = _parse_record(data)
         if record is not None:
             return record or None
         if time.monotonic() >= deadline:
             return {_UNREADABLE: data[:80].decode(errors="replace")}
         time.sleep(0.05)
+
+
+def _wait_for_new_record(fd: int, old: Optional[dict]) -> Optional[dict]:
+    deadline = time.monotonic() + _RECORD_WAIT_S
+    record = old
+    while record == old and time.monotonic() < deadline:
+        time.sleep(0.05)
+        record = _read_record(fd)
+    return record
 
 
 def describe_owner(record: Optional[dict]) -> str:
@@ -194,35 +192,24 @@ os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 class RunLock:
-    """Exclusive ownership of one run directory by this process: ``with RunLock(run_dir): ...`` or
-    :meth:`acquire` / :meth:`release`. A stale lock is taken over with a log line; the former owner's record is
-    kept in :attr:`previous_owner`.
+    """Exclusive ownership of one run directory by this process: ``with RunLock(run_dir, log=logger): ...`` or
+    :meth:`acquire` / :meth:`release`. :meth:`acquire` creates the directory if needed and raises :class:`RunInUse`
+    when another process owns the run; it takes a stale lock over (a dead owner, an ended Slurm job, this Slurm job
+    requeued) with a log line naming the former owner, whose record is kept in :attr:`previous_owner`.
 
     Args:
         run_dir: the run directory; the lock file is ``<run_dir>/.owner.lock``.
         log: where take-overs are logged (default: this module's logger).
-        environ: where the Slurm variables are read (default ``os.environ``).
     """
 
-    def __init__(
-        self, run_dir: str, *, log: Optional[logging.Logger] = None, environ: Optional[Mapping[str, str]] = None
-    ):
-        if not isinstance(run_dir, (str, os.PathLike)) or not os.fspath(run_dir):
-            raise ValueError(f"RunLock: run_dir must be a non-empty path, got {run_dir!r}")
+    def __init__(self, run_dir: str, *, log: Optional[logging.Logger] = None):
         self.run_dir = os.fspath(run_dir)
         self.path = os.path.join(self.run_dir, LOCK_FILENAME)
         self.previous_owner: Optional[dict] = None
         self._log = log or logging.getLogger(__name__)
-        self._environ = environ
         self._fd: Optional[int] = None
         self._flocked = False
         self._record: Optional[dict] = None
-        self._pid: Optional[int] = None
-
-    @property
-    def held(self) -> bool:
-        """Whether this process owns the run through this object."""
-        return self._fd is not None and self._pid == os.getpid()
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
@@ -230,35 +217,26 @@ class RunLock:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def __repr__(self) -> str:
-        return f"RunLock({self.run_dir!r}, held={self.held})"
-
-    def _read_own(self) -> bytes:
-        return os.pread(self._fd, _MAX_RECORD_BYTES, 0)
-
     def acquire(self) -> "RunLock":
         """Own the run or raise :class:`RunInUse`; returns ``self``."""
         if self._fd is not None:
-            raise RuntimeError(f"{self!r} is already acquired")
+            raise RuntimeError(f"the lock of {self.run_dir} is already acquired")
         self.previous_owner = None
         os.makedirs(self.run_dir, exist_ok=True)
         # Read-write: NFS needs the file open for writing to grant an exclusive lock.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             flocked, lock_free = self._try_flock(fd)
-            self._fd = fd
-            record = _read_record(self._read_own)
-            takeover, record = self._judge(record, lock_free=lock_free)
-            mine = owner_record(self._environ)
+            takeover, record = self._judge(_read_record(fd), fd, lock_free=lock_free)
+            mine = owner_record()
             data = (json.dumps(mine, sort_keys=True) + "\n").encode()
             os.pwrite(fd, data, 0)
             os.ftruncate(fd, len(data))
             os.fsync(fd)
         except BaseException:
-            self._fd = None
             os.close(fd)  # drops the flock if it was granted
             raise
-        self._flocked, self._record, self._pid = flocked, mine, os.getpid()
+        self._fd, self._flocked, self._record = fd, flocked, mine
         _HELD.add(self)
         if takeover is not None:
             self.previous_owner = record
@@ -286,13 +264,14 @@ class RunLock:
             )
             return False, True
 
-    def _judge(self, record: Optional[dict], *, lock_free: bool) -> Tuple[Optional[str], Optional[dict]]:
+    def _judge(self, record: Optional[dict], fd: int, *, lock_free: bool) -> Tuple[Optional[str], Optional[dict]]:
         """``(why the recorded owner is gone, its record)`` to take over; ``(None, None)`` when nobody owned the
-        run; raises RunInUse otherwise. ``lock_free``: whether no other process holds the flock."""
+        run; raises RunInUse otherwise. ``fd``: the lock file; ``lock_free``: whether no other process holds the
+        flock."""
         if not lock_free and (record is None or (_same_machine(record) and not _process_alive(record))):
             # Another process holds the flock under no record or a dead owner's: it has just taken the lock and
             # writes its record within milliseconds.
-            record = self._wait_for_new_record(record)
+            record = _wait_for_new_record(fd, record)
             if record is not None and _same_machine(record) and not _process_alive(record):
                 record = None  # still the dead owner's record: the holder is not the recorded process
         if record is None:
@@ -305,7 +284,7 @@ class RunLock:
             raise RunInUse(self.run_dir, record)
         local = _same_machine(record)
         alive_here = local and _process_alive(record)
-        our_job = slurm_job_id(self._environ)
+        our_job = slurm_job_id()
         if our_job and record.get("slurm_job") == our_job and not alive_here:
             return f"Slurm job {our_job} was requeued and takes its run back", record
         if not lock_free:
@@ -326,25 +305,15 @@ class RunLock:
         )
         return why, record
 
-    def _wait_for_new_record(self, old: Optional[dict]) -> Optional[dict]:
-        deadline = time.monotonic() + _RECORD_WAIT_S
-        record = old
-        while record == old and time.monotonic() < deadline:
-            time.sleep(0.05)
-            record = _read_record(self._read_own)
-        return record
-
     def release(self) -> None:
         """Give the run up: empty the record (when it is still ours), drop the lock, close the file. Idempotent;
-        in a process other than the acquiring one (a forked child) it only closes this copy of the descriptor."""
+        a no-op in a forked child (which closed its copy of the descriptor at the fork)."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
         _HELD.discard(self)
         try:
-            if self._pid != os.getpid():
-                return
-            current = _read_record(lambda: os.pread(fd, _MAX_RECORD_BYTES, 0), wait_s=0.5)
+            current = _read_record(fd, wait_s=0.5)
             if current == self._record:
                 os.ftruncate(fd, 0)
                 with contextlib.suppress(OSError):

@@ -54,17 +54,6 @@ class ClassificationEval:
     top5: np.ndarray
     labels_sha1: str
 
-    @property
-    def num_images(self) -> int:
-        return int(self.top1.size)
-
-
-def _vector(name: str, value, dtype) -> np.ndarray:
-    a = np.asarray(value)
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be a vector with one entry per evaluation image; got shape {a.shape}")
-    return a.astype(dtype, copy=False)
-
 
 def write_classification_eval(run_dir: str, epoch: int, *, labels, top1, top5_hit) -> str:
     """Save one evaluated epoch's per-image correctness (on the main process, after each evaluation): ``top1`` and
@@ -79,21 +68,12 @@ def write_classification_eval(run_dir: str, epoch: int, *, labels, top1, top5_hi
 
     Returns the path written (:func:`classification_eval_path`).
     """
-    labels = _vector("labels", labels, np.int64)
-    top1 = _vector("top1", top1, np.int64)
-    top5_hit = _vector("top5_hit", top5_hit, np.int64)
-    if not (labels.size == top1.size == top5_hit.size) or labels.size == 0:
-        raise ValueError(
-            f"labels, top1 and top5_hit need the same number (> 0) of images; got {labels.size}, "
-            f"{top1.size} and {top5_hit.size}"
-        )
-    if int(epoch) < 0:
-        raise ValueError(f"epoch must be >= 0; got {epoch}")
+    labels = np.asarray(labels, dtype=np.int64)
     buf = io.BytesIO()
     np.savez_compressed(
         buf,
-        top1=np.packbits(top1 == labels),
-        top5=np.packbits(top5_hit != 0),
+        top1=np.packbits(np.asarray(top1) == labels),
+        top5=np.packbits(np.asarray(top5_hit) != 0),
         num_images=np.int64(labels.size),
         epoch=np.int64(epoch),
         labels_sha1=np.str_(labels_digest(labels)),

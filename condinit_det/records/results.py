@@ -51,7 +51,7 @@ def _sort_key(record: Dict[str, Any]):
 
 def _validate(record: Any) -> Dict[str, Any]:
     if not isinstance(record, dict):
-        raise TypeError(f"A results record must be a dict, got {type(record).__name__}.")
+        raise ValueError(f"A results record must be a dict, got {type(record).__name__}.")
     kind, iteration = record.get("kind"), record.get("iteration")
     if not isinstance(kind, str) or not kind:
         raise ValueError(f"A results record needs a non-empty string 'kind'; got {kind!r}.")
@@ -68,13 +68,8 @@ class ResultsFile:
     _lock = threading.Lock()
 
     def __init__(self, output_dir: str):
-        if not output_dir:
-            raise ValueError("ResultsFile needs an output directory; got an empty path.")
         self.output_dir = os.fspath(output_dir)
         self.path = os.path.join(self.output_dir, RESULTS_FILENAME)
-
-    def __repr__(self):
-        return f"ResultsFile({self.path!r})"
 
     def exists(self) -> bool:
         return os.path.isfile(self.path)
@@ -93,7 +88,7 @@ class ResultsFile:
             raise ValueError(f"{self.path} is not a results file: expected an object with a 'records' list.")
         try:
             return [_validate(r) for r in data["records"]]
-        except (TypeError, ValueError) as e:
+        except ValueError as e:
             raise ValueError(f"{self.path} holds a bad record: {e}") from None
 
     def _write(self, records: List[Dict[str, Any]]) -> None:

@@ -231,8 +231,7 @@ class MlflowWriter(TrackerWriter):
 
         stamp = int(time.time() * 1000)
         metrics = [Metric(_NOT_IN_MLFLOW_KEYS.sub("_", k), float(v), stamp, step) for k, v in values.items()]
-        for start in range(0, len(metrics), 1000):  # MLflow's limit per batch
-            self.client.log_batch(self.mlflow_run, metrics=metrics[start : start + 1000])
+        self.client.log_batch(self.mlflow_run, metrics=metrics)  # split into MLflow's batches by the client
 
     def _attach(self, folder, files):
         for name in files:
@@ -245,52 +244,43 @@ class MlflowWriter(TrackerWriter):
 _WRITERS = {"wandb": WandbWriter, "mlflow": MlflowWriter}
 
 
-def tracker_writers(
-    cfg,
-    run_dir: str,
-    *,
-    stage: str,
-    params: Mapping[str, Any],
-    step_offset: int = 0,
-    max_step: Optional[int] = None,
-    exclude: Sequence[str] = (),
-) -> List[TrackerWriter]:
+def tracker_writers(cfg, run_dir: str, **options) -> List[TrackerWriter]:
     """The writers of the trackers ``cfg`` enables for the run in ``run_dir`` (``<experiment>/<arm>/seed<k>...``,
     which names it), to add to the stage's writers; ``[]`` when none is enabled or this is not the main process.
-    ``params``: the run's arm, seed, lr_scale, config and identity; the rest: see :class:`TrackerWriter`."""
+
+    Args:
+        cfg: the run's config (lazy or yacs), whose ``trackers`` node is read (:func:`.settings.tracker_settings`).
+        run_dir: the run directory; its experiment is two levels up.
+        options: the other :class:`TrackerWriter` keywords: ``stage`` and ``params`` (the run's arm, seed,
+            lr_scale, config and identity), optionally ``step_offset``, ``max_step`` and ``exclude``.
+    """
     settings = tracker_settings(cfg)
     if not comm.is_main_process():
         return []
     experiment_dir = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+    name = os.path.relpath(run_dir, experiment_dir)
     return [
-        _WRITERS[name](
-            settings[name],
-            run_dir=run_dir,
-            experiment_dir=experiment_dir,
-            name=os.path.relpath(run_dir, experiment_dir),
-            stage=stage,
-            params=params,
-            step_offset=step_offset,
-            max_step=max_step,
-            exclude=exclude,
-        )
-        for name in enabled_trackers(settings)
+        _WRITERS[tracker](settings[tracker], run_dir=run_dir, experiment_dir=experiment_dir, name=name, **options)
+        for tracker in enabled_trackers(settings)
     ]
 
 
-def attach_report(settings: Optional[Mapping], experiment_dir: str, report_dir: str) -> List[str]:
+def attach_report(settings: Optional[Mapping], experiment_dir: str, report_dir: str) -> None:
     """Attach an experiment's report (the files of ``report_dir``: its tables and figures; not W&B's ``wandb/``) to
     a tracker run of its own, ``report``, in the experiment's group; writing the report again updates the same
-    tracker run. Returns the trackers it went to; a failure is logged, never raised."""
+    tracker run. A failure is logged, never raised.
+
+    Args:
+        settings: the ``trackers`` node (:func:`.settings.tracker_settings`); None: no tracker.
+        experiment_dir: the experiment the report compares (its folder's name is the group).
+        report_dir: the report's folder, ``<experiment>/report/``.
+    """
     if not os.path.isdir(report_dir):
-        return []
+        return
     files = sorted(f for f in os.listdir(report_dir) if os.path.isfile(f"{report_dir}/{f}") and f[0] != ".")
-    attached = []
     for name in enabled_trackers(settings):
         writer = _WRITERS[name](
             settings[name], run_dir=report_dir, experiment_dir=experiment_dir, name="report", stage="report", params={}
         )
         writer._send("attaching the report", functools.partial(writer._attach, report_dir, files))
         writer.close()
-        attached += [name] if writer.state == "closed" else []
-    return attached

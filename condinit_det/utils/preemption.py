@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Optional, Sequence
+from typing import Optional
 
 __all__ = ["PREEMPTED_FILENAME", "PREEMPTIBLE_ENV", "Preempted", "PreemptionWatch", "requeue_flag"]
 
@@ -23,28 +23,28 @@ class Preempted(Exception):
     its last checkpoint. Its processes leave ``<run_dir>/preempted``."""
 
 
-def requeue_flag(signums: Sequence[int] = (signal.SIGUSR2,)) -> threading.Event:
-    """An event set when this process receives one of ``signums`` (default USR2, the time-limit signal) instead
-    of being terminated. Call it in the main thread (the only one that can install signal handlers)."""
+def requeue_flag() -> threading.Event:
+    """An event set when this process receives USR2, the time-limit signal, instead of being terminated.
+
+    Call it once in each training process's main thread (signal handlers can only be installed there); the
+    training loop checks ``is_set()`` at step boundaries to write a checkpoint and stop."""
     event = threading.Event()
-    for signum in signums:
-        signal.signal(signum, lambda *_: event.set())
+    signal.signal(signal.SIGUSR2, lambda *_: event.set())
     return event
 
 
 class PreemptionWatch:
-    """In a training process: whether to stop for a requeue, agreed by every process of the run. Active only
-    with ``CONDINIT_PREEMPTIBLE`` set; create it in the main thread. :meth:`requested` is collective: every process
-    calls it at the same step boundary."""
+    """In a training process: whether to stop for a requeue, agreed by every process of the run.
+
+    Active only inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set); create it in the process's main thread (it
+    installs the USR2 handler). :meth:`requested` is collective under torch.distributed: every process calls it at
+    the same step boundary."""
 
     def __init__(self):
         self._flag: Optional[threading.Event] = requeue_flag() if os.environ.get(PREEMPTIBLE_ENV) else None
 
-    @property
-    def active(self) -> bool:
-        return self._flag is not None
-
     def requested(self) -> bool:
+        """Whether any process of the run received the time-limit signal (always False when not active)."""
         if self._flag is None:
             return False
         import torch

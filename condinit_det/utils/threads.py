@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Collection, MutableMapping, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 __all__ = ["ThreadPlan", "allocated_cpus", "apply_thread_settings", "threads_for_process"]
 
@@ -23,22 +23,11 @@ class ThreadPlan(NamedTuple):
     loader_workers: int  # data-loader worker processes (each computes on one thread)
 
 
-def _count(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r}: expected an integer >= {minimum}")
-    return value
-
-
-def _allocation(
-    environ=None, *, affinity: Optional[Collection[int]] = None, machine_cpus: Optional[int] = None
-) -> Tuple[Optional[int], str]:
+def _allocation() -> Tuple[Optional[int], str]:
     """``(cpus, where the number comes from)``; cpus None when the whole machine is this process's."""
-    env = os.environ if environ is None else environ
-    if affinity is None and hasattr(os, "sched_getaffinity"):
-        affinity = os.sched_getaffinity(0)
-    usable = len(affinity) if affinity else None
-    machine = machine_cpus if machine_cpus is not None else os.cpu_count()
-    text = str(env.get(ALLOCATION_ENV, "")).strip()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    machine = os.cpu_count()
+    text = os.environ.get(ALLOCATION_ENV, "").strip()
     if text:
         if not text.isdigit() or int(text) < 1:
             raise ValueError(
@@ -53,22 +42,11 @@ def _allocation(
     return None, "the whole machine"
 
 
-def allocated_cpus(
-    environ: Optional[MutableMapping[str, str]] = None,
-    *,
-    affinity: Optional[Collection[int]] = None,
-    machine_cpus: Optional[int] = None,
-) -> Optional[int]:
+def allocated_cpus() -> Optional[int]:
     """The CPUs this process may use: ``SLURM_CPUS_PER_TASK`` (or the CPU affinity's size when smaller), else the
-    affinity's size when smaller than the machine, else None (nothing restricts it).
-
-    Args:
-        environ: where ``SLURM_CPUS_PER_TASK`` is read (default ``os.environ``); a value that is not a positive
-            integer raises ValueError.
-        affinity: the CPU ids this process may run on (default ``os.sched_getaffinity(0)``).
-        machine_cpus: the machine's CPU count (default ``os.cpu_count()``).
-    """
-    return _allocation(environ, affinity=affinity, machine_cpus=machine_cpus)[0]
+    affinity's size when smaller than the machine's CPU count, else None (nothing restricts it). A
+    ``SLURM_CPUS_PER_TASK`` that is not a positive integer raises ValueError."""
+    return _allocation()[0]
 
 
 def threads_for_process(
@@ -80,13 +58,12 @@ def threads_for_process(
         processes_per_node: training processes of the run on this node (GPUs, or CPU processes), >= 1.
         allocated: the CPUs of this node's task (:func:`allocated_cpus`); None: ``os.cpu_count()``.
         max_workers: the most data-loader workers the config asks for (>= 0), or None.
+
+    Returns a :class:`ThreadPlan` ``(intra_op_threads, loader_workers)`` per process.
     """
-    processes = _count("processes_per_node", processes_per_node, 1)
-    cpus = _count("allocated", allocated, 1) if allocated is not None else (os.cpu_count() or 1)
-    share = max(1, cpus // processes)
-    workers = share // 2
-    if max_workers is not None:
-        workers = min(workers, _count("max_workers", max_workers, 0))
+    cpus = allocated if allocated is not None else (os.cpu_count() or 1)
+    share = max(1, cpus // processes_per_node)
+    workers = share // 2 if max_workers is None else min(share // 2, max_workers)
     return ThreadPlan(max(1, share - workers), workers)
 
 
@@ -95,34 +72,35 @@ def apply_thread_settings(
     *,
     allocated: Optional[int] = None,
     max_workers: Optional[int] = None,
-    environ: Optional[MutableMapping[str, str]] = None,
     log: Optional[logging.Logger] = None,
 ) -> ThreadPlan:
-    """Size this process's thread pools from the allocation before the model and loaders are built; returns the
-    plan (the caller sets its loaders' workers to ``plan.loader_workers``).
+    """Size this process's thread pools from the allocation; returns the plan (the caller sets its data loaders'
+    worker counts to ``plan.loader_workers``). Call it in every training process before the model and the data
+    loaders are built.
 
     Args:
         processes_per_node, max_workers: as in :func:`threads_for_process`.
-        allocated: the CPUs when the environment does not say (``--cpus-per-task`` outside Slurm).
-        environ: read for the allocation; given ``OMP_NUM_THREADS`` (and ``OPENBLAS_NUM_THREADS`` /
-            ``MKL_NUM_THREADS`` where set) for later processes. Default ``os.environ``.
+        allocated: the CPUs of this node's task when the environment does not say (``--cpus-per-task`` outside
+            Slurm); the environment's allocation wins.
         log: where the one line goes (default: this module's logger).
+
+    ``OMP_NUM_THREADS`` (and ``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` where set) is set in ``os.environ`` for
+    the libraries loaded later and the processes started later.
     """
     import threadpoolctl
     import torch
 
-    env = os.environ if environ is None else environ
     logger = log or logging.getLogger(__name__)
-    cpus, source = _allocation(env)
+    cpus, source = _allocation()
     if cpus is None and allocated is not None:
         cpus, source = allocated, "given"
     plan = threads_for_process(processes_per_node, allocated=cpus, max_workers=max_workers)
     torch.set_num_threads(plan.intra_op_threads)
     threadpoolctl.threadpool_limits(limits=plan.intra_op_threads)  # BLAS and OpenMP libraries loaded so far
-    env["OMP_NUM_THREADS"] = str(plan.intra_op_threads)  # read by libraries loaded later and by child processes
+    os.environ["OMP_NUM_THREADS"] = str(plan.intra_op_threads)  # read by libraries loaded later and by children
     for name in _BLAS_THREAD_ENVS:
-        if name in env:
-            env[name] = str(plan.intra_op_threads)
+        if name in os.environ:
+            os.environ[name] = str(plan.intra_op_threads)
     total = cpus if cpus is not None else (os.cpu_count() or 1)
     logger.info(
         f"Threads: {plan.intra_op_threads} intra-op thread(s) and {plan.loader_workers} data-loader "
