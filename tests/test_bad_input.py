@@ -313,6 +313,22 @@ def test_another_arms_pretraining_checkpoint_is_refused(tmp_path):
         _check("--arm", "conditioned", template, f"train.output_dir={tmp_path}")
 
 
+def test_a_dry_run_prices_a_fine_tuning_before_its_pretraining(tmp_path):
+    from condinit_det.launch.plan import describe_plan
+
+    pretrain = tmp_path / "pretrain"
+    (pretrain / "mimetic" / "seed0").mkdir(parents=True)  # started, without its final weights yet
+    template = f"train.init_checkpoint='{pretrain / '{arm}' / 'seed{seed}'}'"
+    argv = ["--arm", "default,mimetic", template, f"train.output_dir={tmp_path / 'exp'}"]
+    lines = describe_plan(_check(*argv, "--dry-run", "--step-time", "1")).splitlines()
+    assert f"waits for {pretrain / 'default' / 'seed0'} (not trained yet)" in lines
+    assert f"waits for {pretrain / 'mimetic' / 'seed0'} (not finished yet)" in lines
+    assert any(line.startswith("| total (2 runs)") for line in lines)  # priced all the same
+    # a real start still refuses
+    with pytest.raises(UsageError, match=f"checkpoint {pretrain / 'default' / 'seed0'} does not exist"):
+        _check(*argv)
+
+
 def test_eval_only_needs_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="--eval-only needs train.init_checkpoint=PATH"):
         _check("--eval-only", f"train.output_dir={tmp_path}")

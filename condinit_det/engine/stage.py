@@ -1,7 +1,6 @@
 """The detection stage: detectron2 detectors (Mask R-CNN, DETR-style) trained with an arm, box / mask AP recorded."""
 
-from __future__ import annotations
-
+import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -9,6 +8,7 @@ import torch
 from ..records.layout import RunSpec
 from ..stage import DETECTION, ConfigDefaults, RunOptions, Stage
 from ..utils.errors import UsageError
+from .checkpoint import pretrain_checkpoint_file
 from .config import (
     DEFAULT_SEED,
     OPTIONAL_KEYS,
@@ -24,23 +24,16 @@ from .config import (
 
 __all__ = ["DetectionStage"]
 
+_LAZY_RUN_KEYS = ("condinit.arm", "condinit.seed", "train.seed", "train.output_dir", "train.trackers")
+_YACS_RUN_KEYS = ("yacs.MODEL.CONDINIT", "yacs.SEED", "yacs.OUTPUT_DIR", "yacs.TRACKERS")  # a yacs config's values
+
 
 class DetectionStage(Stage):
     """Detection with detectron2: lazy ``.py`` configs (and yacs ``.yaml`` ones, converted); the length is
     ``train.max_iter`` iterations; each evaluation adds an ``"ap"`` record."""
 
     descriptor = DETECTION
-    run_keys = (
-        "condinit.arm",
-        "condinit.seed",
-        "train.seed",
-        "train.output_dir",
-        "train.trackers",
-        "yacs.MODEL.CONDINIT",
-        "yacs.SEED",
-        "yacs.OUTPUT_DIR",
-        "yacs.TRACKERS",
-    )
+    run_keys = _LAZY_RUN_KEYS + _YACS_RUN_KEYS
     optional_keys = OPTIONAL_KEYS
 
     def load_config(self, config_file: str, opts: Sequence[str]):
@@ -85,16 +78,27 @@ class DetectionStage(Stage):
             )
         check_arm_sites(runs[0][1])  # the runs differ in arm, seed and lr only: the same sites
         for _, cfg in runs:
+            # A dry run prices a fine-tuning whose pretraining is not trained yet: its folder counts as the upstream.
+            waits = self.waits_for(cfg) if options.dry_run else None
             check_run(
                 cfg,
                 resume=options.resume,
                 eval_only=options.eval_only,
                 trust_pickle=options.trust_pickle,
                 allow_shared_checkpoint=options.allow_shared_checkpoint,
-                upstream=upstream,
+                upstream=os.path.dirname(waits) if waits else upstream,
                 data=not options.dry_run,
             )
         check_shared_checkpoints(runs, allow_shared_checkpoint=options.allow_shared_checkpoint)
+
+    def waits_for(self, cfg) -> Optional[str]:
+        init = cfg.train.get("init_checkpoint") or ""
+        if not init or "://" in init:
+            return None
+        try:
+            return None if os.path.isfile(pretrain_checkpoint_file(init)) else init
+        except FileNotFoundError:  # a pretraining run directory without its final weights yet
+            return init
 
     def loader_workers(self, cfg) -> Optional[int]:
         node = cfg.dataloader.get("train")
@@ -116,7 +120,4 @@ class DetectionStage(Stage):
 
         run(options, cfg)
 
-    def evaluate(self, options: RunOptions, cfg, run_dir: str) -> None:
-        from .train import run
-
-        run(options, cfg)
+    evaluate = train  # run() evaluates with options.eval_only

@@ -73,6 +73,8 @@ class Experiment:
         trackers: the config's W&B / MLflow settings (:mod:`condinit_det.tracking`).
         setup, dataset: what the runs share (:meth:`condinit_det.stage.Stage.setup`) and their training data.
         unreadable: runs whose records cannot be read, with why: they are not touched, the others go on.
+        waiting: with ``--dry-run``, runs whose starting weights do not exist yet, with those weights' path
+            (:meth:`condinit_det.stage.Stage.waits_for`).
     """
 
     stage: Stage
@@ -87,6 +89,7 @@ class Experiment:
     setup: Optional[dict] = None
     dataset: Optional[str] = None
     unreadable: Dict[RunSpec, str] = field(default_factory=dict)
+    waiting: Dict[RunSpec, str] = field(default_factory=dict)
 
     @property
     def options(self) -> RunOptions:
@@ -205,6 +208,9 @@ def _plan(stage: Stage, args, *, output_dir, upstream, check) -> Experiment:
         return experiment
     configured = [(spec, experiment.config(spec)) for spec in experiment.runs]
     stage.check(experiment.options, configured, upstream=upstream)
+    if args.dry_run:
+        waits = {spec: stage.waits_for(run_cfg) for spec, run_cfg in configured}
+        experiment.waiting = {spec: path for spec, path in waits.items() if path}
     if args.eval_only:
         return experiment
     check_trackers(experiment.trackers, base)
@@ -535,6 +541,8 @@ def describe_plan(experiment: Experiment, *, cost: bool = True) -> str:
         f"{to_train} of {len(actions)} run(s) would train; nothing was written"
         + (" or submitted" if args.slurm else "")
     )
+    for path in dict.fromkeys(experiment.waiting.values()):
+        lines.append(f"waits for {path} ({'not finished yet' if os.path.isdir(path) else 'not trained yet'})")
     if cost and to_train:
         lines += ["", format_cost(plan_costs(experiment, step_time_of(experiment)))]
     return "\n".join(lines)

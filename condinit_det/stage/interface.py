@@ -35,7 +35,8 @@ class RunOptions:
             ``--trust-pickle`` and ``--allow-shared-checkpoint`` (detection: several arms from the same weights).
         processes: training processes of one run, on all its machines together.
         submitted: the runs go to a cluster (the devices are checked where they run, not here).
-        dry_run: only planned and priced: data or devices this machine lacks are no error.
+        dry_run: only planned and priced: data or devices this machine lacks, and the weights of earlier runs not
+            trained yet (:meth:`Stage.waits_for`), are no error.
     """
 
     config_file: str = ""
@@ -155,6 +156,11 @@ class Stage(abc.ABC):
     @abc.abstractmethod
     def evaluate(self, options: RunOptions, cfg, run_dir: str) -> None:
         """``--eval-only``: evaluate a checkpoint of the run and record it; called in every process."""
+
+    def waits_for(self, cfg) -> Optional[str]:
+        """The earlier run (or checkpoint) a configured run starts from, when its weights do not exist yet; None when
+        they exist or the run starts from none. A dry run plans such a run and names what it waits for."""
+        return None
 
     def loader_workers(self, cfg) -> Optional[int]:
         """The data-loader workers per training process the config asks for (None: unknown)."""
