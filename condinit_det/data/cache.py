@@ -17,19 +17,21 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
+import psutil
 import pycocotools.mask as mask_util
 
 __all__ = [
+    "Instance",
     "cache_root",
     "check_counts",
     "expected_manifest",
     "generate_atomically",
     "read_manifest",
-    "write_coco_split",
+    "write_coco",
     "write_image_folder",
     "write_png",
 ]
@@ -51,10 +53,7 @@ def cache_root(version: str) -> Path:
 
 def write_png(path: Path, img: np.ndarray) -> None:
     """Write an HxW or HxWx3 (BGR) uint8 image as PNG; fast compression, and the same bytes for the same pixels."""
-    ok, buf = cv2.imencode(".png", img, [cv2.IMWRITE_PNG_COMPRESSION, 1])
-    if not ok:
-        raise RuntimeError(f"OpenCV failed to encode {path}")
-    Path(path).write_bytes(buf.tobytes())
+    Path(path).write_bytes(cv2.imencode(".png", img, [cv2.IMWRITE_PNG_COMPRESSION, 1])[1].tobytes())
 
 
 def read_manifest(root: Path) -> Optional[dict]:
@@ -95,19 +94,11 @@ def _temp_prefix(root: Path) -> str:
 
 def _remove_abandoned_temp_dirs(root: Path) -> None:
     """Delete temp folders left by a generator on this host whose process is gone (e.g. killed)."""
-    host = socket.gethostname()
-    if not root.parent.is_dir():
-        return
-    for path in root.parent.glob(_temp_prefix(root) + "*"):
-        parts = path.name[len(_temp_prefix(root)) :].split("-")
-        if len(parts) < 3 or parts[0] != host or not parts[1].isdigit():
-            continue
-        try:
-            os.kill(int(parts[1]), 0)
-        except ProcessLookupError:
+    prefix = f"{_temp_prefix(root)}{socket.gethostname()}-"
+    for path in root.parent.glob(prefix + "*"):
+        pid = path.name[len(prefix) :].split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, owned by someone else
 
 
 def generate_atomically(
@@ -173,66 +164,83 @@ def generate_atomically(
     return root
 
 
-def write_image_folder(
-    root: Path, split: str, images: Iterable[Tuple[str, int, np.ndarray]], *, classes: Sequence[str]
-) -> None:
-    """Write ``(file stem, label, image)`` triples as ``<root>/<split>/<classes[label]>/<stem>.png`` (the
-    ImageFolder layout); every class gets its folder, even an empty one."""
-    for name in classes:
-        (root / split / name).mkdir(parents=True)
-    for stem, label, img in images:
-        write_png(root / split / classes[label] / f"{stem}.png", img)
+class Instance(NamedTuple):
+    """One annotated object of a detection scene."""
+
+    category_id: int  # 1-based index into the dataset's classes
+    mask: np.ndarray  # HxW bool, its visible pixels
+    fields: dict = {}  # extra annotation fields, e.g. digits-det's ``digit_index``
 
 
-def write_coco_split(
-    root: Path,
-    split: str,
-    scenes: Iterable[Tuple[np.ndarray, Sequence[tuple]]],
-    *,
-    classes: Sequence[str],
-    version: str,
-    supercategory: str,
-) -> int:
-    """Write the images of ``split`` (``<root>/<split>/000000.png``, ...) and their COCO json
-    (``<root>/annotations/instances_<split>.json``); returns the number of instances.
+def write_image_folder(root: Path, expected: dict, image: Callable[[str, int], Tuple[str, int, np.ndarray]]) -> None:
+    """Write every split of ``expected`` (:func:`expected_manifest`) in the ImageFolder layout,
+    ``<root>/<split>/<class>/<stem>.png``; every class gets its folder, even an empty one.
 
-    scenes: (HxWx3 image, its instances), an instance being (1-based category id, HxW bool mask, extra annotation
-    fields). Each instance's box is tight around its mask (``x + w`` one past the last column), its area the mask's
-    pixel count, its segmentation the mask as COCO RLE; category ids are 1-based indices into ``classes``.
+    image: ``(split, index) -> (file stem, label, image)`` for each index below the split's ``num_images``; the label
+    is an index into ``expected["classes"]``.
     """
-    (root / split).mkdir(parents=True)
-    images: List[dict] = []
-    annotations: List[dict] = []
-    for idx, (img, instances) in enumerate(scenes):
-        file_name = f"{split}/{idx:06d}.png"
-        write_png(root / file_name, img)
-        images.append({"id": idx + 1, "file_name": file_name, "height": img.shape[0], "width": img.shape[1]})
-        for category_id, mask, extra in instances:
-            ys, xs = np.nonzero(mask)
-            x0, y0 = int(xs.min()), int(ys.min())
-            w, h = int(xs.max()) + 1 - x0, int(ys.max()) + 1 - y0
-            rle = mask_util.encode(np.asfortranarray(mask.astype(np.uint8)))
-            segmentation = {"size": list(rle["size"]), "counts": rle["counts"].decode("ascii")}
-            annotations.append(
-                {
-                    "id": len(annotations) + 1,
-                    "image_id": idx + 1,
-                    "category_id": int(category_id),
-                    "bbox": [float(x0), float(y0), float(w), float(h)],
-                    "area": float(mask.sum()),
-                    "iscrowd": 0,
-                    "segmentation": segmentation,
-                    **extra,
-                }
-            )
-    coco = {
-        "info": {"description": f"condinit-det embedded {version} {split}", "version": version},
-        "licenses": [],
-        "images": images,
-        "annotations": annotations,
-        "categories": [{"id": i + 1, "name": n, "supercategory": supercategory} for i, n in enumerate(classes)],
-    }
-    (root / "annotations").mkdir(exist_ok=True)
-    with open(root / "annotations" / f"instances_{split}.json", "w") as f:
-        json.dump(coco, f)
-    return len(annotations)
+    classes = expected["classes"]
+    for split, num in expected["num_images"].items():
+        for name in classes:
+            (root / split / name).mkdir(parents=True)
+        for index in range(num):
+            stem, label, img = image(split, index)
+            write_png(root / split / classes[label] / f"{stem}.png", img)
+
+
+def write_coco(
+    root: Path,
+    expected: dict,
+    scene: Callable[[str, int], Tuple[np.ndarray, Sequence[Instance]]],
+    *,
+    supercategory: str,
+) -> Dict[str, int]:
+    """Write every split of ``expected`` (:func:`expected_manifest`): its images (``<root>/<split>/000000.png``, ...)
+    and their COCO json (``<root>/annotations/instances_<split>.json``); returns the number of instances per split.
+
+    scene: ``(split, index) -> (HxWx3 image, its instances)`` for each index below the split's ``num_images``. Each
+    instance's box is tight around its mask (``x + w`` one past the last column), its area the mask's pixel count, its
+    segmentation the mask as COCO RLE; category ids are 1-based indices into ``expected["classes"]``.
+    """
+    version = expected["version"]
+    categories = [{"id": i + 1, "name": n, "supercategory": supercategory} for i, n in enumerate(expected["classes"])]
+    (root / "annotations").mkdir()
+    counts = {}
+    for split, num in expected["num_images"].items():
+        (root / split).mkdir()
+        images: List[dict] = []
+        annotations: List[dict] = []
+        for idx in range(num):
+            img, instances = scene(split, idx)
+            file_name = f"{split}/{idx:06d}.png"
+            write_png(root / file_name, img)
+            images.append({"id": idx + 1, "file_name": file_name, "height": img.shape[0], "width": img.shape[1]})
+            for category_id, mask, fields in instances:
+                ys, xs = np.nonzero(mask)
+                x0, y0 = int(xs.min()), int(ys.min())
+                w, h = int(xs.max()) + 1 - x0, int(ys.max()) + 1 - y0
+                rle = mask_util.encode(np.asfortranarray(mask.astype(np.uint8)))
+                segmentation = {"size": list(rle["size"]), "counts": rle["counts"].decode("ascii")}
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": idx + 1,
+                        "category_id": int(category_id),
+                        "bbox": [float(x0), float(y0), float(w), float(h)],
+                        "area": float(mask.sum()),
+                        "iscrowd": 0,
+                        "segmentation": segmentation,
+                        **fields,
+                    }
+                )
+        coco = {
+            "info": {"description": f"condinit-det embedded {version} {split}", "version": version},
+            "licenses": [],
+            "images": images,
+            "annotations": annotations,
+            "categories": categories,
+        }
+        with open(root / "annotations" / f"instances_{split}.json", "w") as f:
+            json.dump(coco, f)
+        counts[split] = len(annotations)
+    return counts

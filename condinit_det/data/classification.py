@@ -85,25 +85,24 @@ def render_classification_image(
     visible = target.copy()
     full = int(target.sum())
 
-    def keeps_target(mask: np.ndarray) -> bool:
-        return int((visible & ~mask).sum()) >= spec.min_visible_fraction * full
+    def occlude(mask: np.ndarray) -> None:
+        # A distractor or a blob is painted only where it leaves the target visible enough.
+        if mask.any() and int((visible & ~mask).sum()) >= spec.min_visible_fraction * full:
+            visible[mask] = False
+            paint(img, mask, random_color(rng, img[mask].mean(0)), rng)
 
     for _ in range(int(rng.integers(0, spec.max_distractors + 1))):
-        m = shape_mask(
-            CLASSES[int(rng.integers(len(CLASSES)))],
-            rng.uniform(0, size, 2),
-            rng.uniform(*spec.distractor_size),
-            rng.uniform(0, 2 * np.pi),
-            size,
+        occlude(
+            shape_mask(
+                CLASSES[int(rng.integers(len(CLASSES)))],
+                rng.uniform(0, size, 2),
+                rng.uniform(*spec.distractor_size),
+                rng.uniform(0, 2 * np.pi),
+                size,
+            )
         )
-        if m.any() and keeps_target(m):
-            visible &= ~m
-            paint(img, m, random_color(rng, img[m].mean(0)), rng)
     for _ in range(int(rng.integers(0, spec.max_blobs + 1))):
-        b = blob_mask(rng, size)
-        if b.any() and keeps_target(b):
-            visible &= ~b
-            paint(img, b, random_color(rng, img[b].mean(0)), rng)
+        occlude(blob_mask(rng, size))
 
     return add_noise(img, rng, spec.noise_std), label
 
@@ -120,16 +119,14 @@ def generate_classification_dataset(
     """Make sure ``shapes-cls-v1`` made with these parameters (at least one image per class) exists at ``root``
     (default: its cache folder); return the root. ``replace_stale``: as in :func:`.cache.generate_atomically`."""
     check_counts(len(CLASSES), num_train=num_train, num_val=num_val)
+    expected = expected_manifest(DATASET_VERSION, seed, {"train": num_train, "val": num_val}, spec, CLASSES)
 
-    def images(split: str, num: int):
-        for index in range(num):
-            img, label = render_classification_image(seed, split, index, spec)
-            yield f"{index:06d}", label, img
+    def image(split: str, index: int):
+        img, label = render_classification_image(seed, split, index, spec)
+        return f"{index:06d}", label, img
 
     def write(tmp: Path) -> dict:
-        for split, num in (("train", num_train), ("val", num_val)):
-            write_image_folder(tmp, split, images(split, num), classes=CLASSES)
+        write_image_folder(tmp, expected, image)
         return {"image_size": spec.image_size}
 
-    expected = expected_manifest(DATASET_VERSION, seed, {"train": num_train, "val": num_val}, spec, CLASSES)
     return generate_atomically(root, expected, write, replace_stale=replace_stale)

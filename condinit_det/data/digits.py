@@ -14,18 +14,19 @@ import dataclasses
 import functools
 import hashlib
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import cv2
 import numpy as np
 
 from .cache import (
     DEFAULT_SEED,
+    Instance,
     PathLike,
     check_counts,
     expected_manifest,
     generate_atomically,
-    write_coco_split,
+    write_coco,
     write_image_folder,
 )
 from .shapes import add_noise, background, desaturate, image_rng
@@ -36,7 +37,6 @@ __all__ = [
     "DET_VERSION",
     "DigitsClsSpec",
     "DigitsDetSpec",
-    "PlacedDigit",
     "SOURCE",
     "digit_ink",
     "generate_digits_cls_dataset",
@@ -118,12 +118,6 @@ class DigitsDetSpec:
     noise_std: Tuple[float, float] = (2.0, 8.0)
     split_seed: int = DEFAULT_SEED  # the split of :func:`split_digits`, the one digits-cls uses by default
     val_fraction: float = DEFAULT_VAL_FRACTION
-
-
-class PlacedDigit(NamedTuple):
-    label: int  # the digit, 0..9
-    mask: np.ndarray  # HxW bool, the whole digit (digits never overlap)
-    digit_index: int  # index into the source digits
 
 
 @functools.lru_cache(maxsize=1)
@@ -232,13 +226,15 @@ def _box_overlap(a: Tuple[int, int, int, int], b: Tuple[int, int, int, int]) -> 
 
 def _scene(
     rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, pool: np.ndarray, spec: DigitsDetSpec
-) -> Tuple[np.ndarray, List[PlacedDigit]]:
+) -> Tuple[np.ndarray, List[Instance]]:
+    """A scene and its digits: category id digit + 1, the whole digit's mask (digits never overlap) and its
+    ``digit_index`` into the source digits."""
     size = spec.image_size
     img = _canvas(rng, spec)
     taken = np.zeros((size, size), np.uint8)  # masks placed so far, grown by min_gap
     grow = cv2.getStructuringElement(cv2.MORPH_RECT, (2 * spec.min_gap + 1, 2 * spec.min_gap + 1))
     boxes: List[Tuple[int, int, int, int]] = []
-    placed: List[PlacedDigit] = []
+    placed: List[Instance] = []
     frame = 8 + 2 * spec.margin
     for _ in range(int(rng.integers(spec.min_objects, spec.max_objects + 1))):
         digit = int(pool[rng.integers(len(pool))])
@@ -264,7 +260,7 @@ def _scene(
             img[y0 : y0 + ph, x0 : x0 + pw] = region * (1 - alpha) + color[None, None, :] * alpha
             taken |= cv2.dilate(mask.astype(np.uint8), grow)
             boxes.append(box)
-            placed.append(PlacedDigit(int(labels[digit]), mask, digit))
+            placed.append(Instance(int(labels[digit]) + 1, mask, {"digit_index": digit}))
             break
     return add_noise(img, rng, spec.noise_std), placed
 
@@ -281,16 +277,19 @@ def generate_digits_cls_dataset(
     source indices of each split (``split``). ``replace_stale``: as in :func:`.cache.generate_atomically`.
     """
     _check_val_fraction(spec.val_fraction)
+    expected = expected_manifest(CLS_VERSION, seed, _split_sizes(spec.val_fraction), spec, CLASSES)
 
     def write(tmp: Path) -> dict:
         pixels, labels = load_source_digits()
         split = split_digits(labels, seed, spec.val_fraction)
-        for name, indices in split.items():
-            images = ((f"{int(i):04d}", int(labels[i]), render_digit_image(pixels[i], spec)) for i in indices)
-            write_image_folder(tmp, name, images, classes=CLASSES)
+
+        def image(name: str, index: int):
+            i = split[name][index]
+            return f"{int(i):04d}", int(labels[i]), render_digit_image(pixels[i], spec)
+
+        write_image_folder(tmp, expected, image)
         return {"image_size": spec.image_size, "source": SOURCE, "split": {k: v.tolist() for k, v in split.items()}}
 
-    expected = expected_manifest(CLS_VERSION, seed, _split_sizes(spec.val_fraction), spec, CLASSES)
     return generate_atomically(root, expected, write, replace_stale=replace_stale)
 
 
@@ -320,27 +319,20 @@ def generate_digits_det_dataset(
     ):
         raise ValueError(f"digit sizes {spec.min_size}..{spec.max_size} px do not fit a {spec.image_size} px image")
 
+    expected = expected_manifest(DET_VERSION, seed, {"train": num_train, "val": num_val}, spec, CLASSES)
+
     def write(tmp: Path) -> dict:
         pixels, labels = load_source_digits()
         split = split_digits(labels, spec.split_seed, spec.val_fraction)
 
-        def scenes(name: str, num: int):
-            for idx in range(num):
-                img, digits = _scene(image_rng(seed, name, idx), pixels, labels, split[name], spec)
-                yield img, [(d.label + 1, d.mask, {"digit_index": d.digit_index}) for d in digits]
+        def scene(name: str, index: int):
+            return _scene(image_rng(seed, name, index), pixels, labels, split[name], spec)
 
-        counts = {
-            name: write_coco_split(
-                tmp, name, scenes(name, num), classes=CLASSES, version=DET_VERSION, supercategory="digit"
-            )
-            for name, num in (("train", num_train), ("val", num_val))
-        }
         return {
-            "num_instances": counts,
+            "num_instances": write_coco(tmp, expected, scene, supercategory="digit"),
             "image_size": spec.image_size,
             "source": SOURCE,
             "split": {k: v.tolist() for k, v in split.items()},
         }
 
-    expected = expected_manifest(DET_VERSION, seed, {"train": num_train, "val": num_val}, spec, CLASSES)
     return generate_atomically(root, expected, write, replace_stale=replace_stale)

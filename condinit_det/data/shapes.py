@@ -3,10 +3,11 @@
 Every image is drawn from its own ``numpy.random.Generator`` seeded by ``(seed, split, index)``, so an image does
 not depend on how many were drawn before it and the dataset is the same, byte for byte, everywhere. Images are
 HxWx3 uint8 BGR; an instance's mask is the HxW bool of its *visible* pixels (later objects and clutter are
-subtracted from earlier ones); COCO layout as :func:`.cache.write_coco_split` writes it. The drawing helpers
+subtracted from earlier ones); COCO layout as :func:`.cache.write_coco` writes it. The drawing helpers
 (backgrounds, shapes, colours) are shared by the other embedded datasets. Details: docs/demos.md.
 """
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -14,16 +15,9 @@ from typing import List, Optional, Tuple
 import cv2
 import numpy as np
 
-from .cache import DEFAULT_SEED, PathLike, check_counts, expected_manifest, generate_atomically, write_coco_split
+from .cache import DEFAULT_SEED, Instance, PathLike, check_counts, expected_manifest, generate_atomically, write_coco
 
-__all__ = [
-    "DATASET_VERSION",
-    "SHAPE_CLASSES",
-    "ShapesSpec",
-    "RenderedInstance",
-    "generate_shapes_dataset",
-    "render_image",
-]
+__all__ = ["DATASET_VERSION", "SHAPE_CLASSES", "ShapesSpec", "generate_shapes_dataset", "render_image"]
 
 DATASET_VERSION = "shapes-v1"
 # Category ids are 1-based (COCO style) in this order.
@@ -50,12 +44,6 @@ class ShapesSpec:
     # probability ``random_color_prob`` it gets an arbitrary colour, so colour is a cue, not the answer.
     hue_jitter: float = 14.0
     random_color_prob: float = 0.2
-
-
-@dataclass
-class RenderedInstance:
-    category_id: int  # 1-based, index into SHAPE_CLASSES plus one
-    mask: np.ndarray  # HxW bool, visible pixels
 
 
 def image_rng(seed: int, split: str, index: int) -> np.random.Generator:
@@ -204,7 +192,7 @@ def paint(img: np.ndarray, mask: np.ndarray, color: np.ndarray, rng: np.random.G
 
 def render_image(
     seed: int, split: str, index: int, spec: ShapesSpec = ShapesSpec()
-) -> Tuple[np.ndarray, List[RenderedInstance]]:
+) -> Tuple[np.ndarray, List[Instance]]:
     """Image ``index`` of ``split``: (HxWx3 uint8 BGR image, its instances in painting order, later ones on top)."""
     rng = image_rng(seed, split, index)
     size = spec.image_size
@@ -225,11 +213,9 @@ def render_image(
             angle = rng.uniform(0, 2 * np.pi)
             m = shape_mask(SHAPE_CLASSES[cat], center, diameter, angle, size)
             area = int(m.sum())
-            if area < spec.min_visible_pixels:
-                continue
-            # Reject shapes cut too much by the image border.
+            # Reject shapes too small or cut too much by the image border.
             full_area = np.pi * (diameter / 2) ** 2 * AREA_RATIO[SHAPE_CLASSES[cat]]
-            if area < 0.6 * full_area:
+            if area < spec.min_visible_pixels or area < 0.6 * full_area:
                 continue
             new_visible = [v & ~m for v in visible]
             if all(_visible_ok(v, f, spec) for v, f in zip(new_visible, full_masks)):
@@ -251,8 +237,7 @@ def render_image(
             visible = new_visible
             paint(img, b, random_color(rng, img[b].mean(0) if b.any() else np.zeros(3)), rng)
 
-    instances = [RenderedInstance(category_id=c, mask=v) for c, v in zip(categories, visible)]
-    return add_noise(img, rng, spec.noise_std), instances
+    return add_noise(img, rng, spec.noise_std), [Instance(c, v) for c, v in zip(categories, visible)]
 
 
 def _visible_ok(vis: np.ndarray, full: np.ndarray, spec: ShapesSpec) -> bool:
@@ -294,20 +279,10 @@ def generate_shapes_dataset(
             such a root raises a ValueError.
     """
     check_counts(1, num_train=num_train, num_val=num_val)
-
-    def scenes(split: str, num: int):
-        for index in range(num):
-            img, instances = render_image(seed, split, index, spec)
-            yield img, [(inst.category_id, inst.mask, {}) for inst in instances]
+    expected = expected_manifest(DATASET_VERSION, seed, {"train": num_train, "val": num_val}, spec, SHAPE_CLASSES)
+    scene = functools.partial(render_image, seed, spec=spec)
 
     def write(tmp: Path) -> dict:
-        counts = {
-            split: write_coco_split(
-                tmp, split, scenes(split, num), classes=SHAPE_CLASSES, version=DATASET_VERSION, supercategory="shape"
-            )
-            for split, num in (("train", num_train), ("val", num_val))
-        }
-        return {"num_instances": counts, "image_size": spec.image_size}
+        return {"num_instances": write_coco(tmp, expected, scene, supercategory="shape"), "image_size": spec.image_size}
 
-    expected = expected_manifest(DATASET_VERSION, seed, {"train": num_train, "val": num_val}, spec, SHAPE_CLASSES)
     return generate_atomically(root, expected, write, replace_stale=replace_stale)
