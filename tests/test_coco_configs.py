@@ -9,7 +9,8 @@ import pytest
 import torch
 from detectron2.config import LazyConfig, instantiate
 
-from condinit_det.analysis.hooks import ANALYSIS_DEFAULTS, build_conditioning_hook
+from condinit_det.analysis import ANALYSIS_DEFAULTS
+from condinit_det.analysis.hooks import build_conditioning_hook
 from condinit_det.evaluation import FastCOCOEvaluator
 from condinit_det.init import find_attention, select_sites
 from condinit_det.modeling.xcit import XCiT
@@ -106,8 +107,8 @@ def test_conditioning_tracking_node(name):
     for key in ("method", "max_tokens", "max_batch", "num_images", "include_output_proj"):
         assert node[key] == ANALYSIS_DEFAULTS[key], key
     hook = build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 32, 32)}], config_name=name)
-    assert hook.period == period and hook.patterns == sites
-    assert hook.measure_kwargs["method"] == "auto" and hook.capture_kwargs == {"max_batch": 1, "max_tokens": 16}
+    assert hook.period == period and hook.options["sites"] == sites
+    assert hook.options["method"] == "auto" and (hook.options["max_batch"], hook.options["max_tokens"]) == (1, 16)
 
 
 def test_vitdet_recipe_and_pretrained_variant():

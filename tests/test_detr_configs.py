@@ -99,7 +99,8 @@ def _site_names(cfg):
 
 @pytest.mark.parametrize("name", sorted(TRACKED))
 def test_coco_configs_track_conditioning(name):
-    from condinit_det.analysis.hooks import ANALYSIS_DEFAULTS, build_conditioning_hook
+    from condinit_det.analysis import ANALYSIS_DEFAULTS
+    from condinit_det.analysis.hooks import build_conditioning_hook
 
     cfg = _load(name)
     node = dict(cfg.condinit_analysis)
@@ -110,7 +111,7 @@ def test_coco_configs_track_conditioning(name):
     for key in ("method", "max_tokens", "max_batch", "num_images", "include_output_proj"):
         assert node[key] == ANALYSIS_DEFAULTS[key], key
     hook = build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 32, 32)}], config_name=name)
-    assert hook.period == period and hook.patterns == sites
+    assert hook.period == period and hook.options["sites"] == sites
 
 
 @pytest.mark.slow

@@ -201,8 +201,8 @@ def test_coco_vitdet_b_hook_measures_exactly_at_its_token_budget():
     path = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "COCO", "mask_rcnn_vitdet_b_100ep.py")
     cfg = LazyConfig.apply_overrides(LazyConfig.load(path), ["condinit_analysis.period=1000", "train.output_dir=''"])
     hook = build_conditioning_hook(cfg, batch=[{"image": torch.zeros(3, 32, 32)}])
-    assert hook.period == 1000 and hook.measure_kwargs["method"] == "auto"
-    assert hook.capture_kwargs == {"max_batch": 1, "max_tokens": 16} and hook.patterns is None
+    assert hook.period == 1000 and hook.options["method"] == "auto" and hook.options["sites"] is None
+    assert (hook.options["max_batch"], hook.options["max_tokens"]) == (1, 16)
     module = vit.Attention(768, num_heads=12, use_rel_pos=True, input_size=(14, 14))
     site = find_attention(module)[0]
     entries = factor_entries(site, {"x": torch.randn(1, 4, 4, 768)})

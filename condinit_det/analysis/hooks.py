@@ -4,6 +4,7 @@ docs/conditioning.md#during-training.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Mapping, Optional
 
@@ -12,16 +13,9 @@ from detectron2.utils import comm
 from torch.utils.data import IterableDataset
 
 from ..records.results import ResultsFile
-from .options import ANALYSIS_DEFAULTS
-from .training import (
-    analysis_options,
-    conditioning_records,
-    measure_conditioning,
-    measurement_options,
-)
+from .training import analysis_options, conditioning_records, measure_conditioning, measurement_options
 
-# ANALYSIS_DEFAULTS: the node's keys, for the config tests.
-__all__ = ["ANALYSIS_DEFAULTS", "ConditioningHook", "build_conditioning_hook", "fixed_batch"]
+__all__ = ["ConditioningHook", "build_conditioning_hook", "fixed_batch"]
 
 _logger = logging.getLogger(__name__)
 
@@ -56,16 +50,9 @@ class ConditioningHook(HookBase):
         config: Optional[str] = None,
         **options,
     ):
-        if int(period) <= 0:
-            raise ValueError(f"period must be a positive number of iterations, got {period}")
-        if not isinstance(batch, (list, tuple)) or not batch:
-            raise ValueError("batch must be a non-empty list of model inputs (e.g. one data-loader batch)")
         self.batch = list(batch)
         self.period = int(period)
-        self.measure_kwargs = measurement_options(analysis_options(options))
-        sites = self.measure_kwargs.pop("sites")
-        self.patterns = [sites] if isinstance(sites, str) else (list(sites) if sites else None)
-        self.capture_kwargs = {key: self.measure_kwargs.pop(key) for key in ("max_batch", "max_tokens")}
+        self.options = measurement_options(analysis_options(options))
         self.results = ResultsFile(output_dir) if results is None and output_dir else results
         self.arm, self.seed, self.config = arm, seed, config
         self._last_measured = None
@@ -75,16 +62,9 @@ class ConditioningHook(HookBase):
         if not comm.is_main_process() or self._last_measured == iteration:
             return []
         model = getattr(self.trainer.model, "module", self.trainer.model)  # unwrap DistributedDataParallel
-        rows = measure_conditioning(
-            model,
-            self.batch,
-            sites=self.patterns,
-            at=f"iteration {iteration}",
-            logger=_logger,
-            storage=getattr(self.trainer, "storage", None),
-            **self.capture_kwargs,
-            **self.measure_kwargs,
-        )
+        storage = getattr(self.trainer, "storage", None)
+        at = f"iteration {iteration}"
+        rows = measure_conditioning(model, self.batch, storage=storage, at=at, logger=_logger, **self.options)
         records = conditioning_records(rows, iteration=iteration, arm=self.arm, seed=self.seed, config=self.config)
         if self.results is not None:
             for rec in records:
@@ -121,14 +101,10 @@ def fixed_batch(cfg, num_images: int, *, split: str = "test") -> list:
     dataset = getattr(loader, "dataset", None)
     if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and not isinstance(dataset, IterableDataset):
         return [dataset[i] for i in range(min(num_images, len(dataset)))]
-    batch = []
-    for chunk in loader:
-        batch.extend(chunk)
-        if len(batch) >= num_images:
-            break
+    batch = list(itertools.islice(itertools.chain.from_iterable(loader), num_images))
     if not batch:
         raise RuntimeError(f"dataloader.{split} gave no data")
-    return batch[:num_images]
+    return batch
 
 
 def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = None) -> Optional[ConditioningHook]:
