@@ -21,8 +21,6 @@ from .spectrum import SpectrumResult, extreme_singular_values, singular_values
 
 __all__ = ["exact_conditioning", "factor_entries", "head_factors"]
 
-# 5e7 float64 entries (400 MB) for the largest matrix the exact route forms: ViT-B width at 16 tokens fits.
-
 _logger = logging.getLogger(__name__)
 _QKV = ("q", "k", "v")
 # Relative agreement asked of the random-direction check (float64 round-off is ~1e-15).

@@ -24,6 +24,7 @@ from .matrix_free import estimate_conditioning
 from .options import DEFAULT_MAX_ENTRIES, METHODS
 
 __all__ = [
+    "KAPPA_COLUMNS",
     "METHODS",
     "SiteMeasurement",
     "TABLE_COLUMNS",
@@ -80,9 +81,8 @@ class SiteMeasurement:
         return asdict(self)
 
 
-TABLE_COLUMNS = (
-    "site",
-    "kind",
+# kappa(J) with the Theorem 3.1 terms: the leading columns of the tables and entries of the records.
+KAPPA_COLUMNS = (
     "kappa",
     "sigma_max",
     "sigma_min",
@@ -93,12 +93,8 @@ TABLE_COLUMNS = (
     "kappa_x",
     "kappa_softmax",
     "kappa_lambda",
-    "method",
-    "converged",
-    "rows",
-    "cols",
-    "tokens",
 )
+TABLE_COLUMNS = ("site", "kind", *KAPPA_COLUMNS, "method", "converged", "rows", "cols", "tokens")
 
 
 def resolve_sites(model: nn.Module, patterns: Union[str, Sequence[str], None] = None, *, default: str = "all") -> List:
@@ -107,8 +103,6 @@ def resolve_sites(model: nn.Module, patterns: Union[str, Sequence[str], None] = 
     sites = find_attention(model)
     if not sites:
         raise ValueError(f"{type(model).__name__} has no attention site that condinit_det.init recognises")
-    if default not in ("all", "ends"):
-        raise ValueError(f"default must be 'all' or 'ends', got {default!r}")
     if patterns:
         return select_sites(sites, include=[patterns] if isinstance(patterns, str) else list(patterns))
     if default == "all" or len(sites) <= 3:

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from torch import nn
 
-from .measure import SiteMeasurement, measure_sites, resolve_sites
+from .measure import KAPPA_COLUMNS, SiteMeasurement, measure_sites, resolve_sites
 from .options import ANALYSIS_DEFAULTS
 
 __all__ = [
@@ -23,20 +23,8 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-# The keys of the config node ``condinit_analysis``. The matrix-free estimate is exact once max_iter * block_size
-# reaches max_tokens * D_v (its Gram operator's size), and sigma_min rarely converges much sooner.
-
 _RECORD_KEYS = (
-    "kappa",
-    "sigma_max",
-    "sigma_min",
-    "bound",
-    "kappa_wq",
-    "kappa_wk",
-    "kappa_wv",
-    "kappa_x",
-    "kappa_softmax",
-    "kappa_lambda",
+    *KAPPA_COLUMNS,
     "converged",
     "rank_deficient",
     "rows",
