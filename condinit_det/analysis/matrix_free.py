@@ -53,31 +53,13 @@ class JacobianOperator:
 
 
 def estimate_conditioning(
-    site,
-    inputs: Optional[Dict[str, object]] = None,
-    *,
-    include_output_proj: bool = False,
-    tol: float = 1e-4,
-    max_iter: int = 60,
-    block_size: int = 8,
-    rank_tol: float = 1e-7,
-    seed: int = 0,
+    site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False, **options
 ) -> SpectrumResult:
     """Matrix-free kappa(J) of an ``AttentionSite`` at ``inputs`` (or of an ``AttentionFunction``); ``converged``
-    False means sigma_min is an upper bound and kappa a lower one. Arguments: see
-    :func:`.spectrum.matrix_free_spectrum` (``max_iter`` steps of ``block_size`` vjp and jvp products each).
+    False means sigma_min is an upper bound and kappa a lower one. ``options``: ``tol``, ``max_iter``,
+    ``block_size``, ``rank_tol`` and ``seed`` of :func:`.spectrum.matrix_free_spectrum` (``max_iter`` steps of
+    ``block_size`` vjp and jvp products each).
     """
     fn = as_function(site, inputs, include_output_proj=include_output_proj)
     op = JacobianOperator(fn)
-    return matrix_free_spectrum(
-        op.matvec,
-        op.rmatvec,
-        op.shape,
-        tol=tol,
-        max_iter=max_iter,
-        block_size=block_size,
-        rank_tol=rank_tol,
-        seed=seed,
-        dtype=torch.float64,
-        device=fn.theta().device,
-    )
+    return matrix_free_spectrum(op.matvec, op.rmatvec, op.shape, device=fn.theta().device, **options)

@@ -172,7 +172,6 @@ def matrix_free_spectrum(
     block_size: int = 8,
     rank_tol: float = 1e-7,
     seed: int = 0,
-    dtype: torch.dtype = torch.float64,
     device=None,
 ) -> SpectrumResult:
     """sigma_max, sigma_min and kappa of ``J`` from ``matvec: V [b, cols] -> [b, rows]`` and ``rmatvec: U [b, rows]
@@ -181,8 +180,6 @@ def matrix_free_spectrum(
     ``block_size`` products; rank_tol: sigma_min <= rank_tol * sigma_max is rank deficient (float64 resolves ~1e-7).
     """
     rows, cols = int(shape[0]), int(shape[1])
-    if rows <= 0 or cols <= 0:
-        raise ValueError(f"shape must be positive, got {shape}")
     if max_iter <= 0 or block_size <= 0:
         raise ValueError(f"max_iter and block_size must be positive, got {max_iter} and {block_size}")
     n = min(rows, cols)
@@ -192,7 +189,7 @@ def matrix_free_spectrum(
         return matvec(rmatvec(x)) if rows <= cols else rmatvec(matvec(x))
 
     def random_block(size: int) -> torch.Tensor:
-        return torch.randn(size, n, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+        return torch.randn(size, n, generator=gen, dtype=torch.float64).to(device)
 
     def orthogonalize(w: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
         for _ in range(2):
