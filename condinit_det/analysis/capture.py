@@ -45,10 +45,7 @@ def _reduce_site_inputs(site, inputs: Dict[str, object], *, max_batch: Optional[
     inputs = dict(inputs)
     if site.kind == "mha" or isinstance(site.module, nn.MultiheadAttention):
         return _reduce_mha(site.module, inputs, max_batch, max_tokens)
-    names = list(inputs)
-    if not names or not isinstance(inputs[names[0]], torch.Tensor):
-        raise TypeError(f"site {site.name!r}: the first forward argument must be a tensor, got {names}")
-    xname = names[0]
+    xname = next(iter(inputs))
     x = inputs[xname]
     notes = []
     b = x.shape[0]
@@ -81,9 +78,7 @@ def _reduce_site_inputs(site, inputs: Dict[str, object], *, max_batch: Optional[
 def _reduce_mha(module: nn.MultiheadAttention, inputs, max_batch, max_tokens):
     bdim = 0 if module.batch_first else 1
     tdim = 1 - bdim
-    q, k, v = inputs.get("query"), inputs.get("key"), inputs.get("value")
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        raise TypeError("nn.MultiheadAttention inputs must include query, key and value tensors")
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
     am, kpm = (
         mask if isinstance(mask, torch.Tensor) else None
         for mask in (inputs.get("attn_mask"), inputs.get("key_padding_mask"))
@@ -121,9 +116,6 @@ def capture_site_inputs(
 ) -> Dict[str, CapturedInput]:
     """``{site.name: CapturedInput}`` for ``sites`` (``AttentionSite`` objects of ``model``) from one forward of
     ``model(batched_inputs)`` (see module doc); raises RuntimeError naming the sites the forward never reached."""
-    sites = list(sites)
-    if not sites:
-        raise ValueError("no attention sites to capture; pass find_attention(model) or a selection of it")
     captured: Dict[str, CapturedInput] = {}
     wanted = {s.name for s in sites}
 
