@@ -50,9 +50,6 @@ class HungarianMatcher(nn.Module):
             query index; empty for an image without objects.
         """
         sizes = [len(t["labels"]) for t in targets]
-        empty = torch.zeros(0, dtype=torch.int64)
-        if sum(sizes) == 0:
-            return [(empty, empty.clone()) for _ in targets]
         b, q = pred_logits.shape[:2]
         # One cost matrix for the whole batch (every query against every target), cut per image.
         cost = self.cost_matrix(
@@ -61,12 +58,10 @@ class HungarianMatcher(nn.Module):
             torch.cat([t["labels"] for t in targets]),
             torch.cat([t["boxes"] for t in targets]).float(),
         )
-        cost = cost.view(b, q, -1).cpu().numpy()
-        out, start = [], 0
-        for i, n in enumerate(sizes):
-            rows, cols = linear_sum_assignment(cost[i, :, start : start + n]) if n else ([], [])
+        out = []
+        for i, image_cost in enumerate(cost.view(b, q, sum(sizes)).cpu().split(sizes, dim=-1)):
+            rows, cols = linear_sum_assignment(image_cost[i].numpy())
             out.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
-            start += n
         return out
 
     def extra_repr(self) -> str:

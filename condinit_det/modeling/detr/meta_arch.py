@@ -109,24 +109,13 @@ class DETRInstanceSeg(nn.Module):
         if criterion.num_classes != num_classes:
             raise ValueError(f"criterion.num_classes ({criterion.num_classes}) != num_classes ({num_classes})")
         mask_in_features = list(mask_in_features)
-        if mask_head is not None:
-            if len(mask_in_features) != len(mask_head.fpn_channels):
-                raise ValueError(
-                    f"mask_in_features {mask_in_features} must name one backbone output per "
-                    f"mask_head.fpn_channels entry {mask_head.fpn_channels}"
-                )
-            for name, ch in zip(mask_in_features, mask_head.fpn_channels):
-                if name not in shapes:
-                    raise ValueError(
-                        f"mask_in_features entry {name!r} is not a backbone output; available: {sorted(shapes)}"
-                    )
-                if shapes[name].channels != ch:
-                    raise ValueError(
-                        f"backbone output {name!r} has {shapes[name].channels} channels, "
-                        f"mask_head.fpn_channels says {ch}"
-                    )
-        elif mask_in_features:
-            raise ValueError("mask_in_features given without a mask_head")
+        fpn_channels = mask_head.fpn_channels if mask_head is not None else []
+        if [shapes[name].channels if name in shapes else None for name in mask_in_features] != fpn_channels:
+            raise ValueError(
+                f"mask_in_features {mask_in_features} must name one backbone output per mask_head.fpn_channels entry "
+                f"{fpn_channels} (none without a mask_head), of that many channels; the backbone's outputs: "
+                f"{ {name: shape.channels for name, shape in shapes.items()} }"
+            )
         if query_groups < 1:
             raise ValueError(f"query_groups must be >= 1, got {query_groups}")
         if not 0 < mask_threshold < 1:

@@ -22,15 +22,8 @@ class AdamWFullModelClip(torch.optim.AdamW):
         super().__init__(params, **kwargs)
         self.clip_max_norm = clip_max_norm
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            # The closure recomputes the gradients, so it must run before they are clipped.
-            with torch.enable_grad():
-                loss = closure()
+    def step(self):
+        # No closure: detectron2's trainers step once per backward pass, after it.
         if self.clip_max_norm is not None and self.clip_max_norm > 0:
-            params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-            torch.nn.utils.clip_grad_norm_(params, self.clip_max_norm)
+            torch.nn.utils.clip_grad_norm_([p for g in self.param_groups for p in g["params"]], self.clip_max_norm)
         super().step()
-        return loss

@@ -21,30 +21,29 @@ class MaskAttentionMap(nn.Module):
     """Per-head attention of each query over the memory, softmax over the spatial positions.
 
     Args:
-        query_dim: width of decoder outputs; memory_dim: width of the encoder memory;
-        hidden_dim: projected width (split into ``num_heads`` heads).
+        dim: width of the decoder outputs, the encoder memory and both projections (split into ``num_heads`` heads).
     """
 
-    def __init__(self, *, query_dim: int, memory_dim: int, hidden_dim: int, num_heads: int, dropout: float = 0.0):
+    def __init__(self, *, dim: int, num_heads: int, dropout: float = 0.0):
         super().__init__()
-        if hidden_dim % num_heads:
-            raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads})")
+        if dim % num_heads:
+            raise ValueError(f"hidden_dim ({dim}) must be divisible by num_heads ({num_heads})")
         self.num_heads = num_heads
-        self.query_proj = nn.Linear(query_dim, hidden_dim)
-        self.key_proj = nn.Linear(memory_dim, hidden_dim)
+        self.query_proj = nn.Linear(dim, dim)
+        self.key_proj = nn.Linear(dim, dim)
         self.dropout = nn.Dropout(dropout)
-        self.scale = (hidden_dim // num_heads) ** -0.5
+        self.scale = (dim // num_heads) ** -0.5
         for lin in (self.query_proj, self.key_proj):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
 
     def forward(
-        self, queries: torch.Tensor, batch_idx: torch.Tensor, memory: torch.Tensor, mask: Optional[torch.Tensor]
+        self, queries: torch.Tensor, batch_idx: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """
         Args:
-            queries: [N, query_dim]; batch_idx: int64 [N], image of each query;
-            memory: [B, memory_dim, H, W]; mask: bool [B, H, W] (True on padding) or None.
+            queries: [N, dim]; batch_idx: int64 [N], image of each query;
+            memory: [B, dim, H, W]; mask: bool [B, H, W], True on padding.
         Returns:
             [N, num_heads, H, W] attention weights (each head's map sums to 1 over valid cells).
         """
@@ -56,8 +55,7 @@ class MaskAttentionMap(nn.Module):
         # Score each query against its own image's memory only.
         k = k[batch_idx]  # [N, HW, heads, dh]
         logits = torch.einsum("nhd,nphd->nhp", q, k)
-        if mask is not None:
-            logits = logits.masked_fill(mask.flatten(1)[batch_idx][:, None, :], float("-inf"))
+        logits = logits.masked_fill(mask.flatten(1)[batch_idx][:, None, :], float("-inf"))
         weights = self.dropout(logits.softmax(-1))
         return weights.view(n, self.num_heads, h, w)
 
@@ -100,10 +98,7 @@ class MaskHead(nn.Module):
                 f"conv_dims must have {num_stages + 2} entries (2 + one per upsampling stage), got {len(conv_dims)}"
             )
         self.fpn_channels = fpn_channels
-        self.num_stages = num_stages
-        self.attention = MaskAttentionMap(
-            query_dim=hidden_dim, memory_dim=hidden_dim, hidden_dim=hidden_dim, num_heads=num_heads, dropout=dropout
-        )
+        self.attention = MaskAttentionMap(dim=hidden_dim, num_heads=num_heads, dropout=dropout)
         in_ch = hidden_dim + num_heads
         self.stem = nn.Sequential(
             nn.Conv2d(in_ch, conv_dims[0], 3, padding=1),
@@ -135,14 +130,14 @@ class MaskHead(nn.Module):
         queries: torch.Tensor,
         batch_idx: torch.Tensor,
         memory: torch.Tensor,
-        mask: Optional[torch.Tensor],
+        mask: torch.Tensor,
         features: torch.Tensor,
         fpn_features: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor:
         """
         Args:
             queries: [N, D] decoder outputs of the queries to segment; batch_idx: int64 [N].
-            memory: [B, D, H, W] encoder output; mask: bool [B, H, W] padding mask or None.
+            memory: [B, D, H, W] encoder output; mask: bool [B, H, W], True on padding.
             features: [B, D, H, W] projected backbone features (transformer input).
             fpn_features: one [B, C_i, H_i, W_i] map per entry of ``fpn_channels``.
         Returns:
