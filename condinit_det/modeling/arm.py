@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from typing import List, Mapping, Tuple
 
+from omegaconf import DictConfig
 from torch import nn
 
 from ..init import InitReport
@@ -93,21 +94,12 @@ def armed(node, *, condinit=_ARM_NODE_REF, site_prefix: str = ""):
 
 def armed_nodes(node, path: str = "model") -> List[Tuple[str, object]]:
     """``(dotted path, node)`` of every armed node at or below ``node`` (a lazy-config subtree)."""
-    found = []
-    if is_armed(node):
-        found.append((path, node))
-    try:
-        items = (
-            list(node.items_ex(resolve=False))
-            if hasattr(node, "items_ex")
-            else (list(node.items()) if isinstance(node, dict) else [])
-        )
-    except Exception:
-        items = []
-    for key, value in items:
-        if key in ("condinit", _TARGET_KEY, _REFERENCE_KEY) and found and found[-1][1] is node:
+    armed_here = is_armed(node)
+    found = [(path, node)] if armed_here else []
+    for key, value in node.items_ex(resolve=False):
+        if armed_here and key in ("condinit", _TARGET_KEY, _REFERENCE_KEY):
             continue
-        if hasattr(value, "items") or isinstance(value, dict):
+        if isinstance(value, DictConfig):
             found += armed_nodes(value, f"{path}.{key}")
     return found
 
