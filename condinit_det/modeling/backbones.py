@@ -117,18 +117,14 @@ def build_condinit_swin_fpn_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
     """Swin + FPN from ``MODEL.SWIN`` / ``MODEL.FPN`` (FPN.IN_FEATURES names Swin stages p0..p3)."""
     _check_cfg(cfg)
     s = cfg.MODEL.SWIN
-    out_indices = []
+    stages = [f"p{i}" for i in range(len(s.DEPTHS))]  # detectron2's names of the Swin stages' outputs
     for name in s.OUT_FEATURES:
-        if not (name.startswith("p") and name[1:].isdigit() and int(name[1:]) < len(s.DEPTHS)):
-            raise ValueError(
-                f"MODEL.SWIN.OUT_FEATURES entry {name!r} is not a Swin stage; accepted: "
-                f"{['p%d' % i for i in range(len(s.DEPTHS))]}"
-            )
-        out_indices.append(int(name[1:]))
+        if name not in stages:
+            raise ValueError(f"MODEL.SWIN.OUT_FEATURES entry {name!r} is not a Swin stage; accepted: {stages}")
     bottom_up = SwinTransformer(
         patch_size=4,
         in_chans=input_shape.channels,
-        out_indices=tuple(out_indices),
+        out_indices=tuple(stages.index(name) for name in s.OUT_FEATURES),
         **_arguments(s, exclude=("OUT_FEATURES",)),
     )
     backbone = FPN(
