@@ -196,7 +196,7 @@ def bench_ends(arm, quick=False):
         }
     rows = []
     for name, (site, inputs) in layers.items():
-        factors = head_factors(site, inputs)[0]
+        factors = head_factors(AttentionFunction(site, inputs))[0]
         every, every_s = _timed(lambda fs=factors: [singular_values(f) for f in fs])
         ends, ends_s = _timed(lambda fs=factors: [extreme_singular_values(f) for f in fs])
         diff = max(

@@ -205,7 +205,7 @@ def test_coco_vitdet_b_hook_measures_exactly_at_its_token_budget():
     assert (hook.options["max_batch"], hook.options["max_tokens"]) == (1, 16)
     module = vit.Attention(768, num_heads=12, use_rel_pos=True, input_size=(14, 14))
     site = find_attention(module)[0]
-    entries = factor_entries(site, {"x": torch.randn(1, 4, 4, 768)})
+    entries = factor_entries(AttentionFunction(site, {"x": torch.randn(1, 4, 4, 768)}))
     assert entries == 1024 * 3072 <= DEFAULT_MAX_ENTRIES
 
 

@@ -60,23 +60,21 @@ class AttentionFunction:
     W_V [D_v, D_v_in]), ``rows`` (output size), ``cols`` (weight count), ``output_shape``, ``output_proj``
     ("identity", "kept" or "absent")."""
 
-    def __init__(
-        self, site, inputs: Dict[str, object], *, include_output_proj: bool = False, dtype: torch.dtype = torch.float64
-    ):
+    def __init__(self, site, inputs: Dict[str, object], *, include_output_proj: bool = False):
         self.site = site
         self.module = site.module
         self.include_output_proj = bool(include_output_proj)
-        self.dtype = dtype
-        self.inputs = detached_copy(dict(inputs), dtype)
+        self.dtype = torch.float64
+        self.inputs = detached_copy(dict(inputs), self.dtype)
         self.state = {
-            name: t.detach().to(dtype) if t.is_floating_point() else t.detach()
+            name: t.detach().to(self.dtype) if t.is_floating_point() else t.detach()
             for name, t in list(self.module.named_parameters()) + list(self.module.named_buffers())
         }
         self.weights: Tuple[torch.Tensor, ...] = tuple(
             self.state[site.projections[r].weight][site.projections[r].rows].clone() for r in _QKV
         )
         self.output_proj = "kept" if self.include_output_proj else self._identity_output()
-        with torch.no_grad(), eval_mode(self.module):
+        with torch.no_grad():
             out = self(*self.weights)
         self.rows = out.numel()
         self.output_shape = tuple(self._last_shape)
@@ -99,22 +97,16 @@ class AttentionFunction:
             self.state[proj.bias] = torch.zeros_like(self.state[proj.bias])
         return "identity"
 
-    def parameters_with(self, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """The module's state with the three role blocks substituted (fused weights rebuilt)."""
+    def __call__(self, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor) -> torch.Tensor:
+        # The module's state with the three role blocks substituted (fused weights rebuilt).
         params = dict(self.state)
         for role, w in zip(_QKV, (wq, wk, wv)):
             proj = self.site.projections[role]
-            if proj.rows == slice(None):
-                params[proj.weight] = w
-            else:
-                start, stop, step = proj.rows.indices(params[proj.weight].shape[0])
-                params[proj.weight] = params[proj.weight].slice_scatter(w, dim=0, start=start, end=stop, step=step)
-        return params
-
-    def __call__(self, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor) -> torch.Tensor:
-        # Only the math kernel of scaled_dot_product_attention has forward-mode derivatives.
-        with sdpa_kernel([SDPBackend.MATH]):
-            out = functional_call(self.module, self.parameters_with(wq, wk, wv), args=(), kwargs=self.inputs)
+            start, stop, step = proj.rows.indices(params[proj.weight].shape[0])
+            params[proj.weight] = params[proj.weight].slice_scatter(w, dim=0, start=start, end=stop, step=step)
+        # Eval mode; only the math kernel of scaled_dot_product_attention has forward-mode derivatives.
+        with eval_mode(self.module), sdpa_kernel([SDPBackend.MATH]):
+            out = functional_call(self.module, params, args=(), kwargs=self.inputs)
         if isinstance(out, (tuple, list)):
             out = out[0]
         self._last_shape = out.shape
@@ -151,7 +143,7 @@ class AttentionFunction:
 
         handles = [linear.register_forward_pre_hook(record) for linear in set(owners.values())]
         try:
-            with torch.no_grad(), eval_mode(self.module):
+            with torch.no_grad():
                 self(*self.weights)
         finally:
             for h in handles:

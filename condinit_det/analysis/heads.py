@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import jacfwd, jacrev
 
-from .functional import AttentionFunction, as_function, eval_mode
+from .functional import AttentionFunction, as_function
 from .matrix_free import JacobianOperator
 from .options import DEFAULT_MAX_ENTRIES
 from .spectrum import SpectrumResult, extreme_singular_values, singular_values
@@ -218,20 +218,15 @@ def _autodiff_factors(fn: AttentionFunction, bases: Dict[str, torch.Tensor]) -> 
 
         zero = torch.zeros(size, dtype=fn.dtype, device=fn.weights[0].device)
         n_rows = fn.rows // heads
-        with eval_mode(fn.module):
-            jac = jacfwd(f_h)(zero) if size <= n_rows else jacrev(f_h, chunk_size=256)(zero)
+        jac = jacfwd(f_h)(zero) if size <= n_rows else jacrev(f_h, chunk_size=256)(zero)
         factors.append(jac)
     return factors
 
 
-def factor_entries(site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False) -> int:
+def factor_entries(fn: AttentionFunction) -> int:
     """Float64 entries of the largest matrix the exact route forms (one head's factor; all heads' with W_O)."""
-    fn = as_function(site, inputs, include_output_proj=include_output_proj)
-    return _entries(fn, _bases(fn))
-
-
-def _entries(fn: AttentionFunction, bases: Dict[str, torch.Tensor]) -> int:
     heads = fn.site.num_heads
+    bases = _bases(fn)
     cols = sum(w.shape[0] // heads * bases[r].shape[1] for r, w in zip(_QKV, fn.weights))
     return fn.rows * cols * heads if fn.include_output_proj else fn.rows // heads * cols
 
@@ -257,16 +252,11 @@ def _check(fn: AttentionFunction, factors, bases, token_index, w_out) -> float:
 
 
 def head_factors(
-    site,
-    inputs: Optional[Dict[str, object]] = None,
-    *,
-    include_output_proj: bool = False,
-    max_entries: Optional[int] = None,
+    fn: AttentionFunction, *, max_entries: Optional[int] = None
 ) -> Tuple[List[torch.Tensor], str, Optional[torch.Tensor]]:
     """(factors, structure, W_O): the per-head factors ``F_h [tokens * dh_v, cols_h]`` with ``F_h F_h^T = J_h J_h^T``
     (rows ordered token, channel), "closed_form" or "autodiff", and W_O (None unless the output projection is kept).
     Raises ValueError when the largest matrix formed would exceed ``max_entries``."""
-    fn = as_function(site, inputs, include_output_proj=include_output_proj)
     name = fn.site.name
     heads = fn.site.num_heads
     pre = fn
@@ -282,7 +272,7 @@ def head_factors(
             f"method='matrix_free'"
         )
     bases = _bases(pre)
-    entries = _entries(fn, bases)
+    entries = factor_entries(fn)
     if max_entries is not None and entries > max_entries:
         raise ValueError(
             f"exact per-head conditioning of attention site {name!r} would form a {entries:.3g}-entry matrix "

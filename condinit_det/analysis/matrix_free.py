@@ -9,7 +9,7 @@ from typing import Dict, Optional
 import torch
 from torch.func import jvp, vjp, vmap
 
-from .functional import AttentionFunction, as_function, eval_mode
+from .functional import AttentionFunction, as_function
 from .spectrum import SpectrumResult, matrix_free_spectrum
 
 __all__ = ["JacobianOperator", "estimate_conditioning"]
@@ -25,8 +25,7 @@ class JacobianOperator:
         self.fn = fn
         self.shape = (fn.rows, fn.cols)
         self._theta = fn.theta()
-        with eval_mode(fn.module):
-            _, self._vjp = vjp(fn.flat, self._theta)
+        _, self._vjp = vjp(fn.flat, self._theta)
         self._forward_mode = True
 
     def _rmv(self, u: torch.Tensor) -> torch.Tensor:
@@ -39,17 +38,15 @@ class JacobianOperator:
         return back(v)[0]
 
     def rmatvec(self, u: torch.Tensor) -> torch.Tensor:
-        with eval_mode(self.fn.module):
-            return vmap(self._rmv)(u)
+        return vmap(self._rmv)(u)
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        with eval_mode(self.fn.module):
-            if self._forward_mode:
-                try:
-                    return vmap(lambda x: jvp(self.fn.flat, (self._theta,), (x,))[1])(v)
-                except (NotImplementedError, RuntimeError):
-                    self._forward_mode = False
-            return vmap(self._mv_reverse)(v)
+        if self._forward_mode:
+            try:
+                return vmap(lambda x: jvp(self.fn.flat, (self._theta,), (x,))[1])(v)
+            except (NotImplementedError, RuntimeError):
+                self._forward_mode = False
+        return vmap(self._mv_reverse)(v)
 
 
 def estimate_conditioning(
