@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Mapping, Optional
+from typing import Mapping, Optional
 
-from ..utils.fileio import atomic_write
+from ..utils.fileio import atomic_write, read_json
 
 __all__ = ["ARM_REPORT_FILENAME", "IDENTITY_KEYS", "check_resume_identity", "read_arm_report", "write_arm_report"]
 
@@ -19,14 +19,7 @@ IDENTITY_KEYS = ("arm", "seed", "arm_seed", "include", "exclude", "options", "lr
 
 def read_arm_report(run_dir: str) -> Optional[dict]:
     """The run's ``condinit_arm_report.json`` as a dict, or None when absent."""
-    path = os.path.join(run_dir, ARM_REPORT_FILENAME)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); move it aside to start the run afresh") from None
+    return read_json(os.path.join(run_dir, ARM_REPORT_FILENAME), "; move it aside to start the run afresh")
 
 
 def write_arm_report(run_dir: str, report: Mapping, identity: Mapping) -> str:
@@ -40,15 +33,13 @@ def _describe(identity: Mapping) -> str:
     return ", ".join(f"{k}={identity.get(k)!r}" for k in IDENTITY_KEYS if k in identity)
 
 
-def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool = False) -> Optional[Dict]:
+def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool = False) -> None:
     """Refuse to resume ``run_dir`` with another arm, seed, patterns, options or lr scale.
 
-    Compares ``identity`` with the ``run`` section of the run's arm report (when there is one).
-    Returns the previous identity (or None). Raises ValueError naming both unless ``allow_change``.
+    Compares ``identity`` with the ``run`` section of the run's arm report (when there is one); raises ValueError
+    naming both unless ``allow_change``.
     """
-    previous = (read_arm_report(run_dir) or {}).get("run")
-    if not previous:
-        return None
+    previous = (read_arm_report(run_dir) or {}).get("run") or {}
     differing = [k for k in IDENTITY_KEYS if k in previous and previous.get(k) != identity.get(k)]
     if differing and not allow_change:
         raise ValueError(
@@ -56,4 +47,3 @@ def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool
             f"for {_describe({k: identity.get(k) for k in differing})}; resume with the same settings, use "
             "another output directory, or pass --allow-changed-run to continue anyway"
         )
-    return previous

@@ -11,7 +11,7 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional
 
-from ..utils.fileio import atomic_write
+from ..utils.fileio import atomic_write, read_json
 
 __all__ = ["JOBS_FILENAME", "read_job_history", "read_jobs", "read_report_jobs", "record_jobs"]
 
@@ -19,14 +19,7 @@ JOBS_FILENAME = "slurm.json"
 
 
 def _read(base: str) -> dict:
-    path = os.path.join(base, JOBS_FILENAME)
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); move it aside to submit afresh") from None
+    data = read_json(os.path.join(base, JOBS_FILENAME), "; move it aside to submit afresh")
     return data if isinstance(data, dict) else {}
 
 

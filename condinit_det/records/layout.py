@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from ..init.options import ARM_GROUPS, ARMS
-from ..utils.fileio import atomic_write
+from ..utils.fileio import atomic_write, read_json
 
 __all__ = [
     "PLAN_FILENAME",
@@ -176,13 +176,9 @@ def read_plan(base: str) -> Optional[Plan]:
     """The plan in ``<base>/experiment.json``, or None when there is none; raises ValueError for a file that is not
     a plan."""
     path = os.path.join(base, PLAN_FILENAME)
-    if not os.path.isfile(path):
+    data = read_json(path)
+    if data is None:
         return None
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise ValueError(f"{path} is not an experiment plan: expected an object with a 'runs' list")
     length = data.get("length") if isinstance(data.get("length"), dict) else {}

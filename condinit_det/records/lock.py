@@ -11,7 +11,6 @@ import contextlib
 import datetime
 import errno
 import fcntl
-import getpass
 import json
 import logging
 import os
@@ -82,10 +81,6 @@ def _process_start(pid: int) -> Optional[int]:
 
 def owner_record() -> dict:
     """The record this process writes when it owns a run."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry for the uid (some containers)
-        user = str(os.getuid())
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -94,7 +89,7 @@ def owner_record() -> dict:
         "pid_namespace": _pid_namespace(),
         "slurm_job": slurm_job_id(),
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "user": user,
+        "user": psutil.Process().username(),  # the uid itself where it has no passwd entry (some containers)
         "command": shlex.join(sys.argv),
     }
 
@@ -208,7 +203,6 @@ class RunLock:
         self.previous_owner: Optional[dict] = None
         self._log = log or logging.getLogger(__name__)
         self._fd: Optional[int] = None
-        self._flocked = False
         self._record: Optional[dict] = None
 
     def __enter__(self) -> "RunLock":
@@ -226,7 +220,7 @@ class RunLock:
         # Read-write: NFS needs the file open for writing to grant an exclusive lock.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            flocked, lock_free = self._try_flock(fd)
+            lock_free = self._try_flock(fd)
             takeover, record = self._judge(_read_record(fd), fd, lock_free=lock_free)
             mine = owner_record()
             data = (json.dumps(mine, sort_keys=True) + "\n").encode()
@@ -236,7 +230,7 @@ class RunLock:
         except BaseException:
             os.close(fd)  # drops the flock if it was granted
             raise
-        self._fd, self._flocked, self._record = fd, flocked, mine
+        self._fd, self._record = fd, mine
         _HELD.add(self)
         if takeover is not None:
             self.previous_owner = record
@@ -248,21 +242,20 @@ class RunLock:
             self._log.warning(f"{self.run_dir}: took over the lock of {describe_owner(record)}: {takeover}")
         return self
 
-    def _try_flock(self, fd: int) -> Tuple[bool, bool]:
-        """``(granted, free)``: whether this process now holds the flock, and whether nobody else does. Where the
-        file system refuses flock altogether (Lustre's ``noflock``) both are unknown: (False, True), and the record
-        alone decides."""
+    def _try_flock(self, fd: int) -> bool:
+        """Take the flock; returns whether nobody else holds it. Where the file system refuses flock altogether
+        (Lustre's ``noflock``) that is unknown: True, and the record alone decides."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True, True
+            return True
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return False, False
+                return False
             self._log.warning(
                 f"{self.path}: this file system refuses flock ({e.strerror}); ownership rests on the "
                 "record alone (Lustre: mount with -o flock)"
             )
-            return False, True
+            return True
 
     def _judge(self, record: Optional[dict], fd: int, *, lock_free: bool) -> Tuple[Optional[str], Optional[dict]]:
         """``(why the recorded owner is gone, its record)`` to take over; ``(None, None)`` when nobody owned the
@@ -323,8 +316,8 @@ class RunLock:
                     f"{self.run_dir}: ownership was taken over by {describe_owner(current)} while "
                     "this process held it; its record is left in place"
                 )
-            if self._flocked:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):  # nothing to unlock where the file system refuses flock
+                fcntl.flock(fd, fcntl.LOCK_UN)  # for every copy of the descriptor, closed or not
         finally:
             os.close(fd)
 

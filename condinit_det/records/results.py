@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any, Dict, Iterable, List, Optional
 
-from ..utils.fileio import atomic_write
+from ..utils.fileio import atomic_write, read_json
 
 __all__ = ["FAILED_KIND", "METRICS_FILENAME", "ResultsFile", "RESULTS_FILENAME"]
 
@@ -75,15 +75,9 @@ class ResultsFile:
         return os.path.isfile(self.path)
 
     def _load(self) -> List[Dict[str, Any]]:
-        if not self.exists():
+        data = read_json(self.path, "; it is left as it is: repair it or move it aside")
+        if data is None:
             return []
-        with open(self.path, "r") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{self.path} is not valid JSON ({e}); it is left as it is: repair it or move it aside"
-                ) from None
         if not isinstance(data, dict) or not isinstance(data.get("records"), list):
             raise ValueError(f"{self.path} is not a results file: expected an object with a 'records' list.")
         try:

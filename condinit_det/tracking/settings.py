@@ -1,6 +1,6 @@
 """The ``trackers`` node of a config, its defaults and the checks made before training: ``train.trackers`` in lazy
-configs of both stages (``configs/common/trackers.py``), ``TRACKERS.WANDB.*`` / ``TRACKERS.MLFLOW.*`` in yacs ones;
-a config without it gets :data:`DEFAULTS` (every tracker off)."""
+configs of both stages (``configs/common/trackers.py``; a yacs config's ``TRACKERS.WANDB.*`` / ``TRACKERS.MLFLOW.*``
+become it when the config is converted at load); a config without it gets :data:`DEFAULTS` (every tracker off)."""
 
 from __future__ import annotations
 
@@ -31,23 +31,14 @@ def _keys_of(value, accepted, where: str, what: str) -> Mapping:
 
 
 def tracker_settings(cfg) -> Dict[str, Dict[str, Any]]:
-    """The trackers node of ``cfg`` (lazy config of either stage, yacs config, or neither) with the defaults filled
-    in. Raises a one-line :class:`UsageError` naming the key on an unknown key or a bad value."""
-    from yacs.config import CfgNode
-
-    if isinstance(cfg, CfgNode):  # TRACKERS.WANDB.ENABLED, ...
-        node, root, spell = cfg.get("TRACKERS") or {}, "TRACKERS", str.upper
-        raw = {
-            name: {key.lower(): v for key, v in node[name.upper()].items()} for name in DEFAULTS if name.upper() in node
-        }
-    else:
-        train = cfg.get("train") if hasattr(cfg, "get") else None
-        raw, root, spell = (train.get("trackers") if hasattr(train, "get") else None), "train.trackers", str
+    """The ``train.trackers`` node of ``cfg`` (a lazy config of either stage, or a config without the node) with the
+    defaults filled in. Raises a one-line :class:`UsageError` naming the key on an unknown key or a bad value."""
+    trackers = (cfg.get("train") or {}).get("trackers") or {}
     settings = copy.deepcopy(DEFAULTS)
-    for name, given in _keys_of(raw or {}, DEFAULTS, root, "tracker").items():
-        settings[name].update(_keys_of(given or {}, DEFAULTS[name], spell(f"{root}.{name}"), "key"))
+    for name, given in _keys_of(trackers, DEFAULTS, "train.trackers", "tracker").items():
+        settings[name].update(_keys_of(given or {}, DEFAULTS[name], f"train.trackers.{name}", "key"))
         for key, value in settings[name].items():
-            setting = spell(f"{root}.{name}.{key}")
+            setting = f"train.trackers.{name}.{key}"
             if key == "enabled" and not isinstance(value, bool):
                 raise UsageError(f"{setting}={value!r}: expected True or False")
             if key != "enabled" and value is not None and not isinstance(value, str):

@@ -108,19 +108,14 @@ def _decode(text: str) -> Any:
 def save_safetensors(
     tensors: Mapping[str, torch.Tensor], path: str, metadata: Optional[Mapping[str, Any]] = None
 ) -> None:
-    """Write ``tensors`` (a state dict, copied to CPU; shared storage saved as copies) and ``metadata`` (JSON-able
-    values) as safetensors, atomically."""
+    """Write ``tensors`` (a state dict) and ``metadata`` (JSON-able values) as safetensors, atomically.
+
+    Each tensor is saved from a contiguous copy on the CPU, so tensors that share storage are saved as copies
+    (safetensors stores no aliasing)."""
+    import torch
     from safetensors.torch import save
 
-    out, seen = {}, set()
-    for key, value in tensors.items():
-        t = value.detach().cpu().contiguous()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else None
-        if ptr is not None and ptr in seen:
-            t = t.clone()
-        elif ptr is not None:
-            seen.add(ptr)
-        out[key] = t
+    out = {key: t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True) for key, t in tensors.items()}
     meta = {str(k): _encode(v) for k, v in (metadata or {}).items()}
     atomic_write(path, save(out, metadata=meta), fsync=True)
 

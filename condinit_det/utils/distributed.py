@@ -34,33 +34,18 @@ def _cuda_hidden():
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
-def launch(
-    main_func,
-    num_processes: int,
-    *,
-    device: str,
-    num_machines: int = 1,
-    machine_rank: int = 0,
-    dist_url: str = None,
-    args: tuple = (),
-) -> None:
-    """``detectron2.engine.launch`` (same arguments; ``num_processes``: per machine) for a run on ``device``.
+def launch(main_func, num_processes: int, *, device: str, args: tuple = (), **options) -> None:
+    """``detectron2.engine.launch`` for a run on ``device``: ``main_func(*args)`` in ``num_processes`` processes per
+    machine; ``options``: detectron2's ``num_machines``, ``machine_rank`` and ``dist_url``.
 
     The workers of a several-process CPU run see no CUDA device, so that they join a gloo group (detectron2 picks
     NCCL whenever CUDA is available). Each worker leaves its process group when ``main_func`` returns or raises.
     """
     from detectron2.engine import launch as d2_launch
 
-    hide = int(num_processes) * int(num_machines) > 1 and str(device).startswith("cpu")
+    hide = int(num_processes) * int(options.get("num_machines", 1)) > 1 and str(device).startswith("cpu")
     with _cuda_hidden() if hide else contextlib.nullcontext():
-        d2_launch(
-            _leaving_group,
-            num_processes,
-            num_machines=num_machines,
-            machine_rank=machine_rank,
-            dist_url=dist_url,
-            args=(main_func, *args),
-        )
+        d2_launch(_leaving_group, num_processes, args=(main_func, *args), **options)
 
 
 def _leaving_group(main_func, *args):

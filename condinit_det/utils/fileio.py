@@ -1,14 +1,15 @@
-"""Atomic file writes: readers see the old file or the new one, never half of one."""
+"""Atomic file writes (readers see the old file or the new one, never half of one), and JSON records read back."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import tempfile
 from typing import Any, List, Union
 
-__all__ = ["TEMP_SUFFIX", "atomic_torch_save", "atomic_write", "remove_stale_temp_files"]
+__all__ = ["TEMP_SUFFIX", "atomic_torch_save", "atomic_write", "read_json", "remove_stale_temp_files"]
 
 # Temp files are ".<name>.<random><TEMP_SUFFIX>" beside the file they replace.
 TEMP_SUFFIX = ".tmp"
@@ -46,6 +47,19 @@ def atomic_write(path: str, data: Union[str, bytes], *, fsync: bool = False) -> 
     folder; mode 0644); ``fsync`` flushes the data and the rename to disk."""
     with _replacing(path, binary=isinstance(data, bytes), fsync=fsync) as f:
         f.write(data)
+
+
+def read_json(path: str, advice: str = "") -> Any:
+    """The JSON value in ``path``, or None when there is no such file. A file that is not JSON raises ValueError:
+    ``"<path> is not valid JSON (<why>)"`` followed by ``advice`` (what the user can do, such as ``"; move it
+    aside"``)."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}){advice}") from None
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
