@@ -74,7 +74,6 @@ class XCiT(Backbone):
 
         self.patch_size = patch_size
         self.embed_dim = embed_dim
-        self.num_heads = num_heads
         self.use_act_checkpoint = use_act_checkpoint
 
         # img_size only sets an unused num_patches attribute; the stem is fully convolutional.
@@ -109,24 +108,20 @@ class XCiT(Backbone):
                 )
             self._out_blocks = {i: f"block{i}" for i in sorted(normalized)}
         self.out_indices = tuple(self._out_blocks)
-        self._last_block = max(self._out_blocks)
         self._out_features = list(self._out_blocks.values())
         self._out_feature_channels = {name: embed_dim for name in self._out_features}
         self._out_feature_strides = {name: patch_size for name in self._out_features}
 
         # timm's Xcit init: truncated normal (std 0.02) on every Linear, zero bias; convolutions
         # and norms keep PyTorch's defaults.
-        self.apply(self._init_weights)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.constant_(m.bias, 0)
         if sync_bn:
             # Replaces modules in place under the same names, so state_dict keys are unchanged.
             nn.SyncBatchNorm.convert_sync_batchnorm(self)
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.constant_(m.bias, 0)
 
     @property
     def size_divisibility(self) -> int:
@@ -140,8 +135,6 @@ class XCiT(Backbone):
             dict of (B, embed_dim, H / patch_size, W / patch_size) maps: ``out_feature`` (last block)
             or ``block{i}`` for each of ``out_indices``.
         """
-        if x.dim() != 4:
-            raise ValueError(f"XCiT expects images of shape (B, C, H, W), got shape {tuple(x.shape)}")
         B, _, H, W = x.shape
         if H % self.patch_size or W % self.patch_size:
             raise ValueError(
@@ -153,7 +146,7 @@ class XCiT(Backbone):
             # (B, C, Hp, Wp) -> (B, N, C), same token order as the patch embedding's flatten.
             x = x + self.pos_embed(B, Hp, Wp).reshape(B, -1, x.shape[1]).permute(0, 2, 1)
         outputs = {}
-        for i, blk in enumerate(self.blocks[: self._last_block + 1]):
+        for i, blk in enumerate(self.blocks[: self.out_indices[-1] + 1]):
             if self.use_act_checkpoint and self.training:
                 x = torch.utils.checkpoint.checkpoint(blk, x, Hp, Wp, use_reentrant=False)
             else:
@@ -196,16 +189,15 @@ class XCiTDeconvPyramid(Backbone):
         super().__init__()
         if not isinstance(net, XCiT):
             raise TypeError(f"XCiTDeconvPyramid takes an XCiT trunk, got {type(net).__name__}")
-        in_features = net._out_features
-        if len(net.out_indices) != 4:
+        self.in_features = list(net._out_features)
+        if len(self.in_features) != 4:
             raise ValueError(
-                f"XCiTDeconvPyramid needs an XCiT with four out_indices (e.g. (3, 5, 7, 11)), got outputs {in_features}"
+                f"XCiTDeconvPyramid needs an XCiT with four out_indices (e.g. (3, 5, 7, 11)), got {self.in_features}"
             )
         out_features = list(out_features)
         if len(out_features) != 4 or len(set(out_features)) != 4:
             raise ValueError(f"XCiTDeconvPyramid out_features must be four distinct names, got {out_features}")
         self.net = net
-        self.in_features = list(in_features)
         dim = net.embed_dim
         if net.patch_size == 16:
             norm = nn.SyncBatchNorm(dim) if sync_bn else nn.BatchNorm2d(dim)
