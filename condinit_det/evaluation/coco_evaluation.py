@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 def _evaluate_fast(coco_gt, coco_results, iou_type, *, max_dets_per_image, img_ids=None):
     """Box or mask COCOeval with faster-coco-eval, as detectron2's ``_evaluate_predictions_on_coco``. (It summarizes
     AP at ``maxDets[-1]`` for any maxDets, as detectron2's ``COCOevalMaxDets`` does for a custom one.)"""
-    assert len(coco_results) > 0
     if iou_type == "segm":
         # Without "bbox", loadRes takes the mask area as the instance area (small / medium / large as in
         # detectron2). A shallow copy suffices: detectron2's deepcopy of every RLE costs about the evaluation itself.
@@ -93,7 +92,15 @@ class FastCOCOEvaluator(COCOEvaluator):
     def _eval_predictions(self, predictions, img_ids=None):
         coco_results = list(itertools.chain(*[x["instances"] for x in predictions]))
         tasks = self._tasks or self._tasks_from_predictions(coco_results)
-        self._unmap_category_ids(coco_results)
+        if hasattr(self._metadata, "thing_dataset_id_to_contiguous_id"):  # class index -> category id, in place
+            reverse = {v: k for k, v in self._metadata.thing_dataset_id_to_contiguous_id.items()}
+            for result in coco_results:
+                if result["category_id"] not in reverse:
+                    raise ValueError(
+                        f"A prediction has class={result['category_id']}, but the dataset only has {len(reverse)} "
+                        f"classes and predicted class ids must be in [0, {len(reverse) - 1}]."
+                    )
+                result["category_id"] = reverse[result["category_id"]]
         if self._output_dir:
             file_path = os.path.join(self._output_dir, "coco_instances_results.json")
             self._logger.info(f"Saving results to {file_path}")
@@ -130,24 +137,6 @@ class FastCOCOEvaluator(COCOEvaluator):
             self._results[task] = self._derive_coco_results(
                 coco_eval, task, class_names=self._metadata.get("thing_classes")
             )
-
-    def _unmap_category_ids(self, coco_results):
-        """Contiguous class index -> dataset category id, in place (as COCOEvaluator does)."""
-        if not hasattr(self._metadata, "thing_dataset_id_to_contiguous_id"):
-            return
-        reverse = {v: k for k, v in self._metadata.thing_dataset_id_to_contiguous_id.items()}
-        num_classes = len(reverse)
-        if sorted(reverse) != list(range(num_classes)):
-            raise ValueError(
-                f"thing_dataset_id_to_contiguous_id must map onto 0..num_classes-1, got values {sorted(reverse)}"
-            )
-        for result in coco_results:
-            if not 0 <= result["category_id"] < num_classes:
-                raise ValueError(
-                    f"A prediction has class={result['category_id']}, but the dataset only has "
-                    f"{num_classes} classes and predicted class ids must be in [0, {num_classes - 1}]."
-                )
-            result["category_id"] = reverse[result["category_id"]]
 
 
 def to_fast_evaluator(evaluator_cfg):
