@@ -167,7 +167,7 @@ def test_resampled_ap_equals_reevaluation():
     _assert_equal_to_reevaluation(gt, [[]], draws[:2])
 
 
-def test_identity_resample_is_coco_ap_and_bad_draws():
+def test_identity_resample_is_coco_ap():
     gt, preds = _hard(seed=3)
     full = coco_ap(gt, preds)
     for task in ("bbox", "segm"):
@@ -175,8 +175,6 @@ def test_identity_resample_is_coco_ap_and_bad_draws():
         assert ap[0] == pytest.approx(full[task], abs=1e-9)
     only_empty = resampled_ap(match_images(gt, preds, "bbox"), np.array([[2, 9, 9]]))
     assert all(math.isnan(v[0]) for v in only_empty.values())  # no ground truth: COCO's -1
-    with pytest.raises(ValueError, match="image positions in \\[0, 12\\)"):
-        resampled_ap(match_images(gt, preds, "bbox"), np.array([[0, 12]]))
 
 
 def test_duplicated_images_count_twice():
@@ -283,8 +281,6 @@ def test_resampled_mean_counts_repeated_images_and_broadcasts():
     per_experiment = np.stack([draws, draws[::-1]])[:, None]  # [2, 1, B=2, n=4]
     out = resampled_mean(batch, per_experiment)
     assert out.shape == (2, 1, 2) and out[1, 0] == pytest.approx([-20.0, -10.0])
-    with pytest.raises(ValueError, match="image positions in \\[0, 4\\)"):
-        image_counts(np.array([[0, 4]]), 4)
     with pytest.raises(ValueError, match="no evaluation images"):
         image_draws(np.random.default_rng(0), 0, 5)
     # the draws are the generator's stream: resample b is the b-th rng.integers(0, n, size=n)
