@@ -348,34 +348,31 @@ def convert_timm_checkpoint(
 ) -> ConvertedCheckpoint:
     """Convert a timm ImageNet checkpoint for the transformer trunk inside a built detectron2 model.
 
-    Finds the one detectron2 ViT, SwinTransformer or XCiT in ``model`` (e.g. ``backbone.net``,
-    ``backbone.bottom_up`` or ``backbone.bottom_up.net``), maps the checkpoint's keys to that trunk's
-    (what each architecture drops, remaps and leaves at its init: docs/checkpoints.md) and prefixes them
-    with the trunk's path. A checkpoint of another architecture, width, depth, head count, window or
-    patch size raises one ValueError saying what the checkpoint is and what the model expects.
+    Finds the one detectron2 ViT, SwinTransformer or XCiT in ``model`` (e.g. ``backbone.net``, ``backbone.bottom_up``
+    or ``backbone.bottom_up.net``) and maps the checkpoint's keys to it under the trunk's path (what each architecture
+    drops, remaps and leaves at its init: docs/checkpoints.md). A checkpoint of another architecture, width, depth,
+    head count, window or patch size raises one ValueError that says what the checkpoint is and what the model expects.
 
     Args:
         checkpoint: a timm state dict, a checkpoint wrapping one (``{"model": ...}``, ``{"state_dict": ...}``,
-            ``module.`` prefixes), or the path of a ``.safetensors`` / ``.pth`` file (a pretraining run's
-            ``model_final`` file also gives ``timm_model_name`` and ``timm_model_kwargs`` when they are not
-            passed). Checkpoints of timm's training script: pass ``ckpt["state_dict_ema"]`` to convert the EMA
-            weights (``"state_dict"`` is taken otherwise).
-        model: the built model (before or after the arm; the converted weights replace it where they exist),
+            ``module.`` prefixes; from timm's training script, pass ``ckpt["state_dict_ema"]`` for the EMA weights),
+            or the path of a ``.safetensors`` / ``.pth`` file (a pretraining run's ``model_final`` file also gives
+            ``timm_model_name`` and ``timm_model_kwargs`` when they are not passed).
+        model: the built model, before or after the arm (the converted weights replace its own where they exist),
             or the trunk itself.
         timm_model_name: the timm model the checkpoint was trained as, if known (e.g. ``"vit_base_patch16_224"``):
-            the checkpoint and the trunk are checked against timm's model of that name (classifier and position
-            table aside), which adds the head count a state dict does not record.
-        timm_model_kwargs: the ``timm.create_model(name, **kwargs)`` keyword arguments it was created with, when
-            they change its architecture (e.g. a tiny ViT from a ViT name).
-        trust_pickle: also load a ``.pkl`` file or a ``.pth`` that needs full unpickling (either can run code
-            stored in it); refused with :class:`~condinit_det.utils.checkpoint_io.UnsafeCheckpointError` otherwise.
+            checkpoint and trunk are checked against it (classifier and position table aside), head count included,
+            which a state dict does not record.
+        timm_model_kwargs: the ``timm.create_model(name, **kwargs)`` arguments it was created with, when they change
+            its architecture (e.g. a tiny ViT from a ViT name).
+        trust_pickle: also load a ``.pkl`` file or a ``.pth`` that needs full unpickling (either can run code stored
+            in it); refused with :class:`~condinit_det.utils.checkpoint_io.UnsafeCheckpointError` otherwise.
 
     Returns:
-        :class:`ConvertedCheckpoint` with keys of ``model.state_dict()``: load it with
-        ``model.load_state_dict(converted, strict=False)``. ``converted.missing`` lists the model's keys it does
-        not provide (they keep their init; ``trunk_missing`` the trunk's among them), ``converted.dropped`` the
-        checkpoint keys not used, ``converted.notes`` what was interpolated or left alone. The summary is logged
-        at INFO.
+        :class:`ConvertedCheckpoint` with keys of ``model.state_dict()``, for ``model.load_state_dict(converted,
+        strict=False)``: ``missing`` lists the model's keys it does not provide (they keep their init;
+        ``trunk_missing`` the trunk's among them), ``dropped`` the checkpoint keys not used, ``notes`` what was
+        interpolated or left alone. Its summary is logged at INFO.
     """
     sd, meta = _read(checkpoint, trust_pickle)
     timm_model_name = timm_model_name or meta.get("timm_model")
