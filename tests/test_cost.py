@@ -261,7 +261,6 @@ def test_bench_file_errors(bench_file, tmp_path):
     _one_line_error(lambda: load_step_times(other), "format 'something/2', expected 'condinit_det.step_bench/1'")
     tiny = write_bench(tmp_path / "tiny.json", {SWIN: _entry("s", "detection", {"default": 0.1})}, tiny=True)
     _one_line_error(lambda: load_step_times(tiny), "measured with --tiny: its step times are not the recipes'")
-    assert resolve_step_time(SWIN, step_bench=tiny, allow_tiny=True).seconds == 0.1
     text = _one_line_error(
         lambda: resolve_step_time("mask_rcnn_r50_3x.py", step_bench=bench_file),
         "config mask_rcnn_r50_3x.py is not in bench file .*: ",
@@ -286,26 +285,6 @@ def test_ambiguous_file_name(tmp_path):
         "matches several configs in bench file .*: configs/COCO/x.py, configs/LVIS/x.py; give its path",
     )
     assert resolve_step_time("LVIS/x.py", step_bench=path).seconds == 0.2
-
-
-@pytest.mark.parametrize(
-    "entry, match",
-    [
-        (_entry("s", "detection", {"default": 0.0}), "arms.default.median_step_s must be a positive number, got 0.0"),
-        (_entry("s", "detection", {"default": -1.0}), "must be a positive number, got -1.0"),
-        (_entry("s", "detection", {"default": None}), "must be a positive number, got None"),
-        (_entry("s", "detection", {"mimetic": 0.3}), "has no measured 'default' arm"),
-        ("oops", "has no measured 'default' arm"),
-    ],
-)
-def test_bad_values_in_bench_file(tmp_path, entry, match):
-    path = write_bench(tmp_path / "b.json", {SWIN: entry})
-    _one_line_error(lambda: load_step_times(path), match)
-
-
-def test_bench_file_without_configs(tmp_path):
-    path = write_bench(tmp_path / "b.json", ["x"])
-    _one_line_error(lambda: load_step_times(path), "'configs' must map config paths to results")
 
 
 # ---------------------------------------------------------------------------------------------

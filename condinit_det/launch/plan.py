@@ -49,8 +49,8 @@ __all__ = [
     "load_step_times",
     "plan_costs",
     "plan_experiment",
+    "resolve_step_time",
     "run_actions",
-    "step_time_of",
 ]
 
 STEP_BENCH_FORMAT = "condinit_det.step_bench/1"  # what bench/bench_gpu_step.py writes
@@ -122,9 +122,7 @@ class Experiment:
         return self.stage.finished(self.run_dir(spec), self.length)
 
     def only(self, spec: RunSpec) -> "Experiment":
-        """This experiment reduced to one of its runs, as a Slurm element runs it."""
-        if spec not in self.runs:
-            raise ValueError(f"{spec} is not a planned run of {self.base}")
+        """This experiment reduced to one of its planned runs, as a Slurm element runs it."""
         return dataclasses.replace(self, runs=[spec], element=True)
 
     def write_plan(self) -> str:
@@ -278,11 +276,12 @@ def in_flight(experiment: Experiment) -> Dict[RunSpec, str]:
     return {spec: job for spec, job in jobs.items() if still_runs(states.get(job))}
 
 
-def run_actions(experiment: Experiment) -> List[Tuple[RunSpec, str, bool]]:
+def run_actions(experiment: Experiment, flying: Optional[Dict[RunSpec, str]] = None) -> List[Tuple[RunSpec, str, bool]]:
     """Per planned run: what running the command would do with it, and whether that trains (the resume rules of
-    :mod:`condinit_det.launch.run`; with ``--slurm``, a run in flight keeps its job)."""
+    :mod:`condinit_det.launch.run`; with ``--slurm``, a run in ``flying`` keeps its job; default: :func:`in_flight`)."""
     args = experiment.args
-    flying = in_flight(experiment) if args.slurm else {}
+    if flying is None:
+        flying = in_flight(experiment) if args.slurm else {}
     actions = []
     for spec in experiment.runs:
         run_dir = experiment.run_dir(spec)
@@ -338,10 +337,6 @@ class RunCost:
         return None if self.step.seconds is None else self.steps * self.step.seconds
 
 
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
 def _same_config(query: str, key: str) -> bool:
     """One path's components end the other's, or ``query`` is ``key``'s file name, with or without ``.py``."""
     q, k = (
@@ -353,10 +348,10 @@ def _same_config(query: str, key: str) -> bool:
     return n > 0 and q[-n:] == k[-n:]
 
 
-def load_step_times(path: str, *, allow_tiny: bool = False) -> Tuple[Dict[str, float], Dict[str, str], str]:
+def load_step_times(path: str) -> Tuple[Dict[str, float], Dict[str, str], str]:
     """The file of ``bench/bench_gpu_step.py --output PATH``: ``({config: the default arm's median seconds per
-    step}, {config: why its bench failed}, the device it was measured on)``; ``allow_tiny`` accepts a file
-    measured with ``--tiny`` (not the recipes' sizes; for tests)."""
+    step}, {config: why its bench failed}, the device it was measured on)``. A file of another format, or measured
+    with ``--tiny`` (not the recipes' sizes), is refused."""
     try:
         with open(path) as f:
             payload = json.load(f)
@@ -369,48 +364,31 @@ def load_step_times(path: str, *, allow_tiny: bool = False) -> Tuple[Dict[str, f
     found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
     if found != STEP_BENCH_FORMAT:
         raise UsageError(f"{path} is not a step bench file: format {found!r}, expected {STEP_BENCH_FORMAT!r}")
-    if payload.get("tiny") and not allow_tiny:
+    if payload.get("tiny"):
         raise UsageError(
             f"{path} was measured with --tiny: its step times are not the recipes'; measure at full size "
             "on a GPU (bench/bench_gpu_step.py --output PATH)"
         )
-    configs = payload.get("configs")
-    if not isinstance(configs, dict):
-        raise UsageError(f"{path} is not a step bench file: 'configs' must map config paths to results")
-    seconds, failed = {}, {}
-    for key, entry in configs.items():
-        if isinstance(entry, dict) and entry.get("error"):
-            failed[key] = str(entry["error"])
-            continue
-        arms = entry.get("arms") if isinstance(entry, dict) else None
-        default = arms.get("default") if isinstance(arms, dict) else None
-        if not isinstance(default, dict):
-            raise UsageError(f"{path}: {key} has no measured 'default' arm")
-        seconds[key] = default.get("median_step_s")
-        if not _positive(seconds[key]):
-            raise UsageError(
-                f"{path}: {key} arms.default.median_step_s must be a positive number, got {seconds[key]!r}"
-            )
-    device = payload.get("device") if isinstance(payload.get("device"), dict) else {}
-    name = device.get("name") or "unknown"
-    name = "unknown" if not device.get("type") else name if device["type"] == "cuda" else f"CPU {name}"
-    return seconds, failed, name
+    # The bench always measures the default arm, and a recipe whose bench failed holds its error.
+    configs = payload["configs"]
+    failed = {key: entry["error"] for key, entry in configs.items() if entry["error"]}
+    seconds = {key: entry["arms"]["default"]["median_step_s"] for key, entry in configs.items() if key not in failed}
+    device = payload["device"]
+    return seconds, failed, device["name"] if device["type"] == "cuda" else f"CPU {device['name']}"
 
 
-def resolve_step_time(
-    config: str, *, step_time: Optional[float] = None, step_bench: Optional[str] = None, allow_tiny: bool = False
-) -> StepTime:
+def resolve_step_time(config: str, *, step_time: Optional[float] = None, step_bench: Optional[str] = None) -> StepTime:
     """``--step-time`` when given, else ``config``'s time in the ``--step-bench`` file (its path, a shorter one, a
     ``zoo:`` name or its file name), else unknown."""
     if step_time is not None and step_bench is not None:
         raise UsageError("--step-time and --step-bench both given; pass one")
     if step_time is not None:
-        if not _positive(step_time):
+        if not (math.isfinite(step_time) and step_time > 0):
             raise UsageError(f"--step-time must be a positive number, got {step_time!r}")
         return StepTime(step_time, f"given: --step-time {step_time:g}")
     if step_bench is None:
         return StepTime()
-    seconds, failed, device = load_step_times(step_bench, allow_tiny=allow_tiny)
+    seconds, failed, device = load_step_times(step_bench)
     matches = [k for k in list(seconds) + list(failed) if _same_config(config, k)]
     if len(matches) != 1:
         held = ", ".join(matches or list(seconds) + list(failed)) or "(none)"
@@ -424,15 +402,6 @@ def resolve_step_time(
         )
     return StepTime(
         seconds[matches[0]], f"measured: bench file {step_bench} on device {device} (default arm's median step)"
-    )
-
-
-def step_time_of(experiment: Experiment, seconds: Optional[float] = None) -> StepTime:
-    """The step time of ``experiment``'s cost: ``seconds`` (default ``--step-time``), else its config's time in
-    ``--step-bench``, else unknown."""
-    args = experiment.args
-    return resolve_step_time(
-        args.config_file, step_time=args.step_time if seconds is None else seconds, step_bench=args.step_bench
     )
 
 
@@ -544,5 +513,6 @@ def describe_plan(experiment: Experiment, *, cost: bool = True) -> str:
     for path in dict.fromkeys(experiment.waiting.values()):
         lines.append(f"waits for {path} ({'not finished yet' if os.path.isdir(path) else 'not trained yet'})")
     if cost and to_train:
-        lines += ["", format_cost(plan_costs(experiment, step_time_of(experiment)))]
+        step = resolve_step_time(args.config_file, step_time=args.step_time, step_bench=args.step_bench)
+        lines += ["", format_cost(plan_costs(experiment, step))]
     return "\n".join(lines)

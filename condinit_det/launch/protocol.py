@@ -109,12 +109,13 @@ def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: St
     (:func:`condinit_det.launch.slurm.submit_stages`); returns 0."""
     pre, fine = plan_protocol(args, upstream=upstream, downstream=downstream)
     if args.dry_run:
-        from .plan import describe_plan, format_cost, plan_costs, step_time_of
+        from .plan import describe_plan, format_cost, plan_costs, resolve_step_time
 
         costs = []
         for experiment, seconds in ((pre, args.pretrain_step_time), (fine, args.finetune_step_time)):
             log(describe_plan(experiment, cost=False))
-            costs += plan_costs(experiment, step_time_of(experiment, seconds))
+            config = experiment.args.config_file
+            costs += plan_costs(experiment, resolve_step_time(config, step_time=seconds, step_bench=args.step_bench))
         log("\n" + format_cost(costs))
         return 0
     from .slurm import submit_stages
