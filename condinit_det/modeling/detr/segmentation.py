@@ -13,8 +13,13 @@ from torch import nn
 __all__ = ["MaskAttentionMap", "MaskHead"]
 
 
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(math.gcd(8, channels), channels)
+def _conv_block(in_channels: int, out_channels: int) -> list:
+    """3x3 convolution, GroupNorm (up to 8 groups), ReLU."""
+    return [
+        nn.Conv2d(in_channels, out_channels, 3, padding=1),
+        nn.GroupNorm(math.gcd(8, out_channels), out_channels),
+        nn.ReLU(inplace=True),
+    ]
 
 
 class MaskAttentionMap(nn.Module):
@@ -99,25 +104,12 @@ class MaskHead(nn.Module):
             )
         self.fpn_channels = fpn_channels
         self.attention = MaskAttentionMap(dim=hidden_dim, num_heads=num_heads, dropout=dropout)
-        in_ch = hidden_dim + num_heads
         self.stem = nn.Sequential(
-            nn.Conv2d(in_ch, conv_dims[0], 3, padding=1),
-            _norm(conv_dims[0]),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(conv_dims[0], conv_dims[1], 3, padding=1),
-            _norm(conv_dims[1]),
-            nn.ReLU(inplace=True),
+            *_conv_block(hidden_dim + num_heads, conv_dims[0]), *_conv_block(conv_dims[0], conv_dims[1])
         )
         self.adapters = nn.ModuleList([nn.Conv2d(c, conv_dims[i + 1], 1) for i, c in enumerate(fpn_channels)])
         self.stages = nn.ModuleList(
-            [
-                nn.Sequential(
-                    nn.Conv2d(conv_dims[i + 1], conv_dims[i + 2], 3, padding=1),
-                    _norm(conv_dims[i + 2]),
-                    nn.ReLU(inplace=True),
-                )
-                for i in range(num_stages)
-            ]
+            [nn.Sequential(*_conv_block(conv_dims[i + 1], conv_dims[i + 2])) for i in range(num_stages)]
         )
         self.predictor = nn.Conv2d(conv_dims[-1], 1, 3, padding=1)
         for m in self.modules():
