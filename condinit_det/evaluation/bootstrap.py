@@ -111,15 +111,6 @@ def image_ids_digest(dataset: Mapping) -> str:
     return hashlib.sha1(ids.tobytes()).hexdigest()
 
 
-def _unknown_layout() -> RuntimeError:
-    from faster_coco_eval import __version__
-
-    return RuntimeError(
-        f"faster-coco-eval {__version__}'s per-image results have an unknown layout; install "
-        "the faster-coco-eval version range that condinit-det declares (setup.py)"
-    )
-
-
 def _per_image(ev, num_t: int):
     """(n, scores, matched [T, D], dt_ignore [T, D], gt_ignore) per non-empty evaluation, n in [K, A=1, I] order.
 
@@ -127,14 +118,18 @@ def _per_image(ev, num_t: int):
     pickled state is (dt matches [T*D], gt matches [T*G], dt scores [D], gt ignore [G], dt ignore
     [T*D], matched pairs), as its own distributed merge uses them (versions 1.6.5 to 1.8).
     """
+    from faster_coco_eval import __version__
+
     for n, e in enumerate(ev._evalImgs_cpp):
         state = e.__getstate__()
-        if not isinstance(state, tuple) or len(state) != 6:
-            raise _unknown_layout()
+        known = isinstance(state, tuple) and len(state) == 6 and len(state[0]) == len(state[4]) == num_t * len(state[2])
+        if not known:
+            raise RuntimeError(
+                f"faster-coco-eval {__version__}'s per-image results have an unknown layout; install "
+                "the faster-coco-eval version range that condinit-det declares (setup.py)"
+            )
         dt_m, _, scores, gt_ig, dt_ig, _ = state
         d = len(scores)
-        if len(dt_m) != num_t * d or len(dt_ig) != num_t * d:
-            raise _unknown_layout()
         if d == 0 and len(gt_ig) == 0:
             continue
         yield (
@@ -167,24 +162,21 @@ def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], io
     num_t, num_i = len(p.iouThrs), len(image_ids)
 
     gt_count = np.zeros((len(cat_ids), len(dataset["images"])), dtype=np.int64)
-    cat, img, rank, score, tp, fp = [], [], [], [], [], []
+    # Each list starts empty of detections, so that an evaluation without any concatenates too.
+    cat, img, rank = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    score, tp, fp = [np.zeros(0)], [np.zeros((num_t, 0), dtype=bool)], [np.zeros((num_t, 0), dtype=bool)]
     for n, scores, matched, dt_ig, gt_ig in _per_image(ev, num_t):
         k, i = divmod(n, num_i)  # evalImgs are [K, A=1, I]
         gt_count[k, image_pos[i]] = np.count_nonzero(~gt_ig)
         d = len(scores)
-        if d:
-            cat.append(np.full(d, k))
-            img.append(np.full(d, image_pos[i]))
-            rank.append(np.arange(d))
-            score.append(np.asarray(scores, dtype=np.float64))
-            tp.append(matched & ~dt_ig)
-            fp.append(~matched & ~dt_ig)
-    if cat:
-        cat, img, rank, score = (np.concatenate(a) for a in (cat, img, rank, score))
-        tp, fp = np.concatenate(tp, axis=1), np.concatenate(fp, axis=1)
-    else:
-        cat, img, rank = (np.zeros(0, dtype=np.int64) for _ in range(3))
-        score, tp, fp = np.zeros(0), np.zeros((num_t, 0), dtype=bool), np.zeros((num_t, 0), dtype=bool)
+        cat.append(np.full(d, k))
+        img.append(np.full(d, image_pos[i]))
+        rank.append(np.arange(d))
+        score.append(np.asarray(scores, dtype=np.float64))
+        tp.append(matched & ~dt_ig)
+        fp.append(~matched & ~dt_ig)
+    cat, img, rank, score = (np.concatenate(a) for a in (cat, img, rank, score))
+    tp, fp = np.concatenate(tp, axis=1), np.concatenate(fp, axis=1)
     order = np.lexsort((rank, img, -score, cat))
     cat, img, score, tp, fp = cat[order], img[order], score[order], tp[:, order], fp[:, order]
     same = (cat[1:] == cat[:-1]) & (score[1:] == score[:-1])
