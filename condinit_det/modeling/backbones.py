@@ -27,17 +27,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _check_cfg(cfg) -> None:
+def _arguments(cfg, name: str, *, exclude=()) -> dict:
+    """``cfg.MODEL.<name>`` (``VIT``, ``SWIN`` or ``XCIT``) as keyword arguments (its keys are the constructor's, upper
+    case), read first by each builder: a config without condinit-det's keys is refused here."""
     if "CONDINIT" not in cfg.MODEL:
         raise KeyError(
             "cfg.MODEL.CONDINIT is missing: call condinit_det.modeling.yacs_config.add_condinit_config(cfg) "
             "before merging the yaml and building the model"
         )
-
-
-def _arguments(node, *, exclude=()) -> dict:
-    """A ``MODEL.VIT`` / ``SWIN`` / ``XCIT`` node as keyword arguments (its keys are the constructor's, upper case)."""
-    return {key.lower(): value for key, value in node.items() if key not in exclude}
+    return {key.lower(): value for key, value in cfg.MODEL[name].items() if key not in exclude}
 
 
 def _apply_condinit_cfg(cfg, backbone: Backbone) -> Backbone:
@@ -102,12 +100,11 @@ def _simple_feature_pyramid(cfg, net: Backbone) -> SimpleFeaturePyramid:
 @BACKBONE_REGISTRY.register()
 def build_condinit_vit_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
     """ViTDet backbone (plain ViT + simple feature pyramid) from ``MODEL.VIT`` / ``MODEL.SIMPLE_FPN``."""
-    _check_cfg(cfg)
     net = ViT(
         in_chans=input_shape.channels,
         norm_layer=partial(nn.LayerNorm, eps=1e-6),
         out_feature="last_feat",
-        **_arguments(cfg.MODEL.VIT),
+        **_arguments(cfg, "VIT"),
     )
     return _apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))
 
@@ -115,7 +112,7 @@ def build_condinit_vit_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
 @BACKBONE_REGISTRY.register()
 def build_condinit_swin_fpn_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
     """Swin + FPN from ``MODEL.SWIN`` / ``MODEL.FPN`` (FPN.IN_FEATURES names Swin stages p0..p3)."""
-    _check_cfg(cfg)
+    arguments = _arguments(cfg, "SWIN", exclude=("OUT_FEATURES",))
     s = cfg.MODEL.SWIN
     stages = [f"p{i}" for i in range(len(s.DEPTHS))]  # detectron2's names of the Swin stages' outputs
     for name in s.OUT_FEATURES:
@@ -125,7 +122,7 @@ def build_condinit_swin_fpn_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
         patch_size=4,
         in_chans=input_shape.channels,
         out_indices=tuple(stages.index(name) for name in s.OUT_FEATURES),
-        **_arguments(s, exclude=("OUT_FEATURES",)),
+        **arguments,
     )
     backbone = FPN(
         bottom_up=bottom_up,
@@ -141,6 +138,5 @@ def build_condinit_swin_fpn_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
 @BACKBONE_REGISTRY.register()
 def build_condinit_xcit_backbone(cfg, input_shape: ShapeSpec) -> Backbone:
     """XCiT + simple feature pyramid from ``MODEL.XCIT`` / ``MODEL.SIMPLE_FPN``."""
-    _check_cfg(cfg)
-    net = XCiT(in_chans=input_shape.channels, out_feature="last_feat", **_arguments(cfg.MODEL.XCIT))
+    net = XCiT(in_chans=input_shape.channels, out_feature="last_feat", **_arguments(cfg, "XCIT"))
     return _apply_condinit_cfg(cfg, _simple_feature_pyramid(cfg, net))
