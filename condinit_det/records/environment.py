@@ -28,7 +28,6 @@ ENVIRONMENT_FIELDS = (
     "condinit_det",
     "commit",
 )
-_PACKAGES = ("torch", "detectron2", "timm", "condinit_det")
 
 
 def _cpu_model() -> Optional[str]:
@@ -82,5 +81,5 @@ def environment_record(iteration: int, *, device: str = "cpu") -> Dict[str, obje
         "python": platform.python_version(),
         "commit": _commit(),
     }
-    record.update({package: _version(package) for package in _PACKAGES})
+    record.update({package: _version(package) for package in ("torch", "detectron2", "timm", "condinit_det")})
     return record

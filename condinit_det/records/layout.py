@@ -59,15 +59,11 @@ def parse_seeds(text: str) -> List[int]:
     seeds: List[int] = []
     try:
         for part in str(text).split(","):
-            part = part.strip()
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1) if not part.startswith("-") else (part, "")
-                seeds.extend(range(int(lo), int(hi) + 1))
-            else:
-                seeds.append(int(part))
+            first, dash, last = part.strip().partition("-")  # "-1": no first seed, a ValueError
+            seeds.extend(range(int(first), int(last) + 1) if dash else [int(first)])
     except ValueError:
         raise ValueError(f"--seeds {text!r}: expected non-negative integers like '0,1,2' or a range '0-2'") from None
-    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds {text!r}: expected distinct non-negative integers like '0,1,2' or '0-2'")
     return seeds
 
@@ -109,8 +105,9 @@ class RunSpec:
 
 
 def plan_runs(arms: Sequence[str], seeds: Sequence[int], lr_scales: Sequence[float] = (1.0,)) -> List[RunSpec]:
-    """Every run of an experiment, in training order: all arms seed by seed (so an interrupted experiment holds
-    complete paired sets), then the other lr scales for every arm on the first seed."""
+    """Every run of an experiment, in training order: all arms at the config's learning rate, seed by seed (so an
+    interrupted experiment holds complete paired sets), then the learning-rate scan: the other ``lr_scales`` for
+    every arm on the first seed."""
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
         raise ValueError(f"unknown arm(s) {unknown}; accepted: {', '.join(ARMS)} (or 'all')")

@@ -61,9 +61,11 @@ def _validate(record: Any) -> Dict[str, Any]:
 
 
 class ResultsFile:
-    """Reader/writer of ``<output_dir>/results.json``. Every write re-reads the file and replaces it atomically, so
-    several writers in one process and a crash at any point never leave a torn file; only the main process of a
-    distributed run writes (elsewhere writes do nothing)."""
+    """Reader/writer of ``<output_dir>/results.json``.
+
+    Every write re-reads the file and replaces it atomically (a temporary file beside it, then ``os.replace``), so
+    several writers in one process (the AP hook, an analysis hook) and a crash at any point never leave a torn file.
+    Only the main process of a distributed run writes; on the other processes writes do nothing."""
 
     _lock = threading.Lock()
 

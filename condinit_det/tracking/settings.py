@@ -9,6 +9,7 @@ import importlib
 import os
 from typing import Any, Dict, List, Mapping
 
+from ..records.failures import one_line
 from ..utils.errors import UsageError
 
 __all__ = ["DEFAULTS", "check_trackers", "enabled_trackers", "mlflow_tracking_uri", "tracker_settings"]
@@ -100,9 +101,8 @@ def check_trackers(settings: Mapping, experiment_dir: str) -> None:
             _reach_mlflow(uri)
         except Exception as e:  # noqa: BLE001 -- MLflow raises many types
             raise UsageError(
-                f"train.trackers.mlflow.tracking_uri={uri!r} does not work ({type(e).__name__}: "
-                f"{' '.join(str(e).split())[:300]}); use a reachable server or database, or None for "
-                "a SQLite database beside the experiment"
+                f"train.trackers.mlflow.tracking_uri={uri!r} does not work ({one_line(e)}); use a reachable server "
+                "or database, or None for a SQLite database beside the experiment"
             ) from None
 
 

@@ -249,7 +249,7 @@ def tracker_writers(cfg, run_dir: str, **options) -> List[TrackerWriter]:
     which names it), to add to the stage's writers; ``[]`` when none is enabled or this is not the main process.
 
     Args:
-        cfg: the run's config (lazy or yacs), whose ``trackers`` node is read (:func:`.settings.tracker_settings`).
+        cfg: the run's lazy config, whose ``train.trackers`` node is read (:func:`.settings.tracker_settings`).
         run_dir: the run directory; its experiment is two levels up.
         options: the other :class:`TrackerWriter` keywords: ``stage`` and ``params`` (the run's arm, seed,
             lr_scale, config and identity), optionally ``step_offset``, ``max_step`` and ``exclude``.
