@@ -1,6 +1,6 @@
 """Calibration of the report's intervals on simulated experiments with a known effect (docs/statistics.md).
 
-    python bench/calibration.py --sims 2000     # the table of docs/statistics.md, then the contrasts
+    python bench/calibration.py --sims 2000     # the tables of docs/statistics.md, then the contrasts
 
 A simulated experiment has n seeds, two arms (default and one other) and N evaluation images; image i of seed s
 scores ``y[a, s, i] = b_i + c_s + effect[a] + seed_part[a, s] + image_part[a, i] + noise[a, s, i]``, every part
@@ -21,12 +21,16 @@ import numpy as np
 from tabulate import tabulate
 
 from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
+from condinit_det.report.factorial import EFFECTS, carried_by
 from condinit_det.report.statistics import (
+    BETTER,
     IMAGE_BOOTSTRAP,
     METHOD_TRUTH,
+    NO_DIFFERENCE,
     PAIRED_T,
     TWO_LEVEL_PERCENTILE,
     TWO_LEVEL_T,
+    WORSE,
     holm_adjust,
     paired_t,
     probability_of_improvement,
@@ -278,6 +282,94 @@ def family_wise_error(
     }
 
 
+# Planted structure x scale designs: name -> the effects of scale_matched, structured and conditioned over default.
+DESIGNS = {
+    "no effect": (0.0, 0.0, 0.0),
+    "scale only": (0.5, 0.0, 0.5),
+    "structure only": (0.0, 0.5, 0.5),
+    "interaction": (0.0, 0.0, 0.5),
+}
+_DESIGN_ARMS = ("scale_matched", "structured", "conditioned")  # the order of a design's effects
+
+
+def _expected_reading(truths: Dict[str, float]) -> str:
+    """What the sentence should say when every non-zero effect is shown (:func:`carried_by`'s words)."""
+    if truths["interaction"] != 0:
+        return "interaction"
+    shown = [name for name in ("structure", "scale") if truths[name] != 0]
+    return {0: "neither", 2: "both"}.get(len(shown)) or shown[0]
+
+
+def factorial_calibration(
+    scenario: Scenario,
+    num_seeds: int,
+    cells: Tuple[float, float, float],
+    *,
+    num_sims: int = 1000,
+    bootstrap: int = 400,
+    rng: Optional[np.random.Generator] = None,
+    alpha: float = 0.05,
+    chunk: int = 100,
+) -> Dict[str, float]:
+    """
+    The structure x scale design on simulated experiments whose scale_matched, structured and conditioned arms have
+    the effects ``cells`` over default (n >= 2 seeds; the four arms share the default's image difficulties and seed
+    shifts). Per effect of :data:`EFFECTS`, the coverage of the report's interval (two-level t-scaled, from the
+    effect's per-seed sums and their image resamples) of its known value (``"coverage/<effect>"``). Then the
+    section's sentence (:func:`carried_by` on the Holm verdicts of the design's seven effects, the family's part the
+    sentence reads): ``"sentence wrong"``, how often it names a factor or an interaction whose effect is zero, or
+    gives one the wrong sign; ``"sentence right"``, how often it says exactly what the planted effects are made of.
+    """
+    if num_seeds < 2:
+        raise ValueError(f"the design's calibration needs >= 2 seeds; got {num_seeds}")
+    rng = np.random.default_rng(5) if rng is None else rng
+    value = dict(zip(_DESIGN_ARMS, map(float, cells)), default=0.0)
+    truths = {e.name: sum(w * value[arm] for arm, w in e.weights) for e in EFFECTS}
+    expected = _expected_reading(truths)
+    names = [e.name for e in EFFECTS]
+    weights = np.asarray([[dict(e.weights).get(arm, 0.0) for arm in _DESIGN_ARMS] for e in EFFECTS])  # [7, 3]
+    hits: Dict[str, float] = {}
+    for done in range(0, num_sims, chunk):
+        size = min(chunk, num_sims - done)
+        sim = simulate(scenario, num_seeds, size, rng, num_arms=3, effects=cells)
+        # every effect's weights sum to zero: its value is the weighted sum of the arms' differences to default
+        per_seed = np.einsum("ea,asn->esn", weights, sim.arms.mean(axis=-1) - sim.default.mean(axis=-1))
+        rep = np.einsum("ea,asnb->esnb", weights, _replicates(sim, rng, bootstrap))
+        two = two_level_bootstrap(per_seed, rep, rng, num_images=scenario.num_images)  # [7, S]
+        found = {f"coverage/{n}": _covered(two.low[i], two.high[i], truths[n]) for i, n in enumerate(names)}
+        p_holm = holm_adjust(two.p_value.T)  # [S, 7]
+        shown = np.where(p_holm <= alpha, np.where(two.estimate.T > 0, BETTER, WORSE), NO_DIFFERENCE)
+        wrong = right = 0
+        for verdicts in shown:
+            by_name = dict(zip(names, verdicts))
+            said = carried_by(by_name["structure"], by_name["scale"], by_name["interaction"])
+            claims = {"both": ["structure", "scale"], "neither": []}.get(said, [said])
+            wrong += any(truths[c] == 0 or (truths[c] > 0) != (by_name[c] == BETTER) for c in claims)
+            right += said == expected and not any((truths[c] > 0) != (by_name[c] == BETTER) for c in claims)
+        found["sentence wrong"], found["sentence right"] = wrong / size, right / size
+        for k, v in found.items():
+            hits[k] = hits.get(k, 0.0) + v * size
+    return {k: v / num_sims for k, v in hits.items()}
+
+
+def format_factorial_table(results: Dict[Tuple[str, str, int], Dict[str, float]]) -> str:
+    """Markdown: one row per scenario, design and n: each effect's coverage, then the sentence's error and hit rates."""
+    effects = [e.name for e in EFFECTS]
+    rows = [
+        [scenario, design, str(n)]
+        + [f"{row[f'coverage/{e}']:.3f}" for e in effects]
+        + [f"{row['sentence wrong']:.3f}", f"{row['sentence right']:.3f}"]
+        for (scenario, design, n), row in results.items()
+    ]
+    return tabulate(
+        rows,
+        ["scenario", "design", "n", *effects, "sentence wrong", "sentence right"],
+        tablefmt="pipe",
+        disable_numparse=True,
+        colalign=["left", "left"] + ["right"] * (len(effects) + 3),
+    )
+
+
 def poi_coverage(
     num_seeds: int,
     *,
@@ -399,6 +491,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"{con[key(TWO_LEVEL_PERCENTILE, 'population')]:.3f}, "
                 f"paired t {con[key(PAIRED_T, 'population')]:.3f}"
             )
+    print()
+    factorial = {
+        (sc.name, design, n): factorial_calibration(
+            sc, n, cells, num_sims=args.sims, rng=np.random.default_rng([13, k, d, n])
+        )
+        for k, sc in enumerate(SCENARIOS[:2])
+        for d, (design, cells) in enumerate(DESIGNS.items())
+        for n in (3, 5, 10)
+    }
+    print("structure x scale design (effects 0.5 where planted):")
+    print(format_factorial_table(factorial))
     print()
     for n in (3, 5, 10):
         poi = poi_coverage(n, num_sims=args.sims, rng=np.random.default_rng([9, n]))

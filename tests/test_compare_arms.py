@@ -844,6 +844,7 @@ def test_combined_report_pretraining_and_detection(tmp_path):
     # the conditioned predictions are exact, the default ones shifted by 2 px (IoU 0.6): every resample gives the
     # same difference; one trained model per arm is never a verdict on the initialization
     assert box.interval.low == pytest.approx(box.interval.high) and box.differences[0] > 0
+    assert box.interval.low <= box.differences[0] <= box.interval.high  # the zero-width interval holds the estimate
     assert box.interval.p_value == pytest.approx(2 / 26) and box.verdict == "too few seeds"
     assert {row[-3] for row in _first_table(text)[1:]} == {"too few seeds"}
     # speed-ups of one seed: its value, no interval

@@ -368,7 +368,11 @@ def test_contrast_option(tmp_path, capsys):
 
 
 def test_contrasts_from_python():
-    assert DEFAULT_CONTRASTS == (("conditioned", "scale_matched"), ("conditioned", "mimetic"))
+    assert DEFAULT_CONTRASTS == (
+        ("conditioned", "scale_matched"),
+        ("conditioned", "mimetic"),
+        ("conditioned", "structured"),
+    )
     assert parse_contrast(" conditioned : scale_matched ") == ("conditioned", "scale_matched")
     arms = ["default", "mimetic", "conditioned", "scale_matched"]
     assert resolve_contrasts(arms) == ([("conditioned", "scale_matched"), ("conditioned", "mimetic")], [])

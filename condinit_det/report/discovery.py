@@ -84,6 +84,7 @@ class Run:
     stage: Optional[StageDescriptor]  # None: neither a plan nor a record names it
     root: str = ""  # runs under one root share a schedule (an experiment or an input directory)
     plan: Optional[Plan] = None
+    options: Optional[dict] = None  # the arm's resolved options, as its arm report recorded them
     _loss: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default=None, repr=False, compare=False)
 
     @property
@@ -176,6 +177,7 @@ def load_run(path: str, stage: Optional[StageDescriptor] = None) -> Run:
         lr_scale=1.0 if lr_scale is None else float(lr_scale),
         records=records,
         stage=stage,
+        options=ident.get("options"),
     )
 
 

@@ -10,14 +10,17 @@ from typing import List, Mapping, Optional
 from tabulate import tabulate
 
 from .discovery import SMOOTHING_WINDOW
+from .factorial import CELLS, EFFECTS, FACTORIAL, SCALES, STRUCTURES, reading
 from .paired import ALPHA, DEFAULT, Comparison
-from .plots import EFFECTS_FIGURE
+from .plots import EFFECTS_FIGURE, INTERACTION_FIGURE
 from .summary import LOSS, ArmsReport, StageReport, arm_sort_key, environment
 
 # What a contrast answers, for the contrasts whose arms isolate a question.
 _QUESTIONS = {
     ("conditioned", "scale_matched"): "whether the conditioning adds anything to the weights' scale (better: "
-    "it does; worse: the scale alone does better)"
+    "it does; worse: the scale alone does better)",
+    ("conditioned", "structured"): "whether the conditioned arm's scale adds anything to its structure (better: it "
+    "does; worse: the structure does better at the default init's scale)",
 }
 
 
@@ -81,9 +84,13 @@ def _headline(out: List[str], report: ArmsReport, figures: Mapping[str, str]) ->
             rows,
             ("l" if several else "") + "llrlrl",
         )
+        effects = any(s.reference == FACTORIAL for sr in sections for s in sr.family)
+        design = (
+            '; in a "main effect" or "interaction" row, an effect of the structure × scale design' if effects else ""
+        )
         out.append(
             f"Δ: the arm minus default at the final {'/'.join(sorted({sr.stage.unit for sr in sections}))} "
-            '(A minus B in an "A vs B" row), paired by training seed. Verdict: better or worse when the '
+            f'(A minus B in an "A vs B" row{design}), paired by training seed. Verdict: better or worse when the '
             f"Holm-adjusted p over the stage's comparisons is at most {ALPHA:g} with two or more seeds per arm; "
             "too few seeds with one.\n"
         )
@@ -235,6 +242,51 @@ def _paired(out: List[str], sr: StageReport) -> None:
     out += [f"- {note}" for note in notes + sr.contrast_notes] + ([""] if notes or sr.contrast_notes else [])
 
 
+def _factorial(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> None:
+    if not sr.has_factorial:
+        return
+    out.append("### What the gain is made of: structure × scale\n")
+    if sr.factorial_problem:
+        out.append(
+            f"The four arms of the structure × scale design ran, but no effect is computed: {sr.factorial_problem}.\n"
+        )
+        return
+    out.append(
+        "The four arms of the design (docs/arms.md): the structure of the attention weights is random (as the "
+        "constructor draws it) or conditioned (flat Q/K spectra, V on the identity); their per-head scale is the "
+        "default init's or the conditioned arm's. Each effect is paired by training seed; the main effects and the "
+        "interaction join the stage's Holm family, the four simple effects are rows of the table above.\n"
+    )
+    groups = {g.arm: g for g in sr.arms}
+    for metric in sr.stage.headline:
+        effects = sr.effects(metric.key)
+        if len(effects) < len(EFFECTS):
+            continue
+        seeds = len(effects["structure"].paired_seeds)
+        out.append(f"**{metric.header}**: {reading(metric.header, effects, seeds)}\n")
+        cells = []
+        for structure in STRUCTURES:
+            row = [structure]
+            for scale in SCALES:
+                g = groups[CELLS[(structure, scale)]]
+                row.append(f"{_value(*g.final[metric.header], len(g.runs))} ({g.arm})")
+            cells.append(row)
+        _table(out, [f"{metric.header}: structure \\ scale", *SCALES], cells, "lrr")
+        rows = []
+        for effect in EFFECTS:
+            s, iv = effects[effect.name], effects[effect.name].interval
+            delta = f"{s.mean_difference:+.1f}" + (f" {_span(iv.low, iv.high)}" if iv is not None else "")
+            unit = iv.unit if iv is not None else s.method
+            rows.append([effect.label, effect.formula, delta, unit, _p(s.p_holm), s.verdict, str(len(s.differences))])
+        _table(
+            out,
+            ["effect", "of the arms", "Δ, 95% interval", "unit of the interval", "Holm p", "verdict", "seeds"],
+            rows,
+            "llrlrlr",
+        )
+    _figure(out, sr.prefix + INTERACTION_FIGURE, figures)
+
+
 def _kappa(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> None:
     if not sr.kappa:
         return
@@ -337,12 +389,14 @@ def _method(out: List[str], report: ArmsReport) -> None:
         by_label = {k: [s.metric for s in sr.family if s.label == k] for k in dict.fromkeys(s.label for s in sr.family)}
         if by_label:
             against = sum(s.reference == DEFAULT for s in sr.family)
+            effects = sum(s.reference == FACTORIAL for s in sr.family)
+            design = f", {effects} effects of the structure × scale design" if effects else ""
             out.append(
                 f"- Holm family of {sr.title}: "
                 + "; ".join(f"{k} × {{{', '.join(v)}}}" for k, v in by_label.items())
                 + f" ({_plural(len(sr.family), 'comparison')}: {against} against default, "
-                f"{len(sr.family) - against} between two other arms); family-wise error {ALPHA:g}, the 95% "
-                "intervals shown are unadjusted."
+                f"{len(sr.family) - against - effects} between two other arms{design}); family-wise error {ALPHA:g}, "
+                "the 95% intervals shown are unadjusted."
             )
     out.append(
         f"- Image resampling: {images}.\n"
@@ -378,6 +432,7 @@ def format_markdown(report: ArmsReport, figures: Mapping[str, str] = {}) -> str:
             _main_table(out, sr, figures)
             _convergence(out, sr, figures)
             _paired(out, sr)
+            _factorial(out, sr, figures)
             _kappa(out, sr, figures)
             _lr(out, sr)
         else:

@@ -4,6 +4,7 @@ run), Holm over the section's family and a seed plan; per headline metric and th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -19,11 +20,16 @@ from condinit_det.utils.fileio import atomic_write
 
 from . import statistics
 from .discovery import Run
+from .factorial import CELLS, EFFECT_LABELS, FACTORIAL, JOINT_EFFECTS
 
 ALPHA = 0.05  # family-wise error of the verdicts
 DEFAULT = "default"  # the arm every other arm is compared with
 METRIC, SPEEDUP = "metric", "speedup"
-DEFAULT_CONTRASTS: Tuple[Tuple[str, str], ...] = (("conditioned", "scale_matched"), ("conditioned", "mimetic"))
+DEFAULT_CONTRASTS: Tuple[Tuple[str, str], ...] = (
+    ("conditioned", "scale_matched"),
+    ("conditioned", "mimetic"),
+    ("conditioned", "structured"),
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _COCO = re.compile(r"(^|[^a-z])coco")  # a plan's dataset on COCO: coco_2017_train, /data/coco/train2017
 _ACCEPTED = (
@@ -63,12 +69,28 @@ class Comparison:
 
     @property
     def label(self) -> str:
-        """``"conditioned"`` (against default) or ``"conditioned vs scale_matched"`` (a contrast)."""
+        """``"conditioned"`` (against default), ``"conditioned vs scale_matched"`` (a contrast) or ``"scale (main
+        effect)"`` (an effect of the structure x scale design, :mod:`.factorial`)."""
+        if self.reference == FACTORIAL:
+            return EFFECT_LABELS[self.arm]
         return self.arm if self.reference == DEFAULT else f"{self.arm} vs {self.reference}"
 
     @property
     def mean_difference(self) -> float:
         return float(np.mean(self.differences)) if self.differences else float("nan")
+
+    def reversed(self) -> "Comparison":
+        """The same comparison read as ``reference`` minus ``arm``: the differences, interval and verdict turned."""
+        turned = {statistics.BETTER: statistics.WORSE, statistics.WORSE: statistics.BETTER}
+        iv = self.interval
+        return dataclasses.replace(
+            self,
+            arm=self.reference,
+            reference=self.arm,
+            differences=[-d for d in self.differences],
+            interval=None if iv is None else dataclasses.replace(iv, estimate=-iv.estimate, low=-iv.high, high=-iv.low),
+            verdict=turned.get(self.verdict, self.verdict),
+        )
 
 
 def check_contrast(arm: str, reference: str) -> Tuple[str, str]:
@@ -198,20 +220,24 @@ class _Context:
         return self._resampled[key]
 
 
-def _fill_metric(row: Comparison, ctx: _Context, pairs: List[Tuple[Run, Run]], metric: Metric, key: int) -> None:
-    """The row's interval, by the method its seeds and per-image data allow; ``pairs``: (run, reference) per seed."""
+def _fill_metric(
+    row: Comparison, ctx: _Context, terms: List[List[Tuple[float, Run]]], metric: Metric, key: int
+) -> None:
+    """The row's interval, by the method its seeds and per-image data allow; ``terms``: per paired seed, the
+    (weight, run) pairs whose weighted sum is the row's difference (``[(1, run), (-1, reference)]`` for two arms)."""
     reps, image_reason = None, "bootstrap off" if ctx.bootstrap <= 0 else None
-    if image_reason is None and pairs:
+    runs = [run for seed in terms for _, run in seed]
+    if image_reason is None and terms:
         try:  # every paired run's final evaluation with per-image data, on the same images
-            if len({ctx.images(r)[1] for pair in pairs for r in pair}) > 1:
+            if len({ctx.images(r)[1] for r in runs}) > 1:
                 raise NoImageData("the runs were evaluated on different images")
-            reps = np.stack([ctx.resampled(run, metric) - ctx.resampled(ref, metric) for run, ref in pairs])
-            num_images = ctx.images(pairs[0][0])[2]
+            reps = np.stack([sum(w * ctx.resampled(run, metric) for w, run in seed) for seed in terms])
+            num_images = ctx.images(runs[0])[2]
         except NoImageData as e:
             image_reason = str(e)
-    method = statistics.report_method(len(pairs), per_image=reps is not None)
+    method = statistics.report_method(len(terms), per_image=reps is not None)
     if method is None:
-        row.method, row.note = "one paired seed: " + image_reason if pairs else "no paired seeds", image_reason or ""
+        row.method, row.note = "one paired seed: " + image_reason if terms else "no paired seeds", image_reason or ""
         return
     if method == statistics.IMAGE_BOOTSTRAP:
         row.interval = statistics.percentile_interval(
@@ -352,12 +378,44 @@ def _comparisons(
             [values[s] - m.value(refs[s].final) for s in pairs],
         )
         key = start + len(rows)
-        _fill_metric(row, ctx, list(pairs.values()), m, key)
+        _fill_metric(row, ctx, [[(1.0, run), (-1.0, ref)] for run, ref in pairs.values()], m, key)
         if len(row.differences) >= 2:
             rng = np.random.default_rng([ctx.seed, 2, key])
             row.improvement = statistics.probability_of_improvement(row.differences, rng, ctx.bootstrap)
         rows.append(row)
     return rows + _speedup_rows(g, pairs, dropped, metrics, ref.arm)
+
+
+def _effect_rows(ctx: _Context, by_arm: Dict[str, object], metrics: List[Metric], start: int) -> List[Comparison]:
+    """The structure x scale design's main effects and interaction (:data:`~.factorial.JOINT_EFFECTS`), per headline
+    metric, over the seeds every cell ran; ``by_arm``: the section's groups by arm; ``start``: the first row's key."""
+    cells = {arm: {r.seed: r for r in by_arm[arm].runs if r.seed is not None} for arm in CELLS.values()}
+    seeds = sorted(set.intersection(*(set(runs) for runs in cells.values())))
+    dropped = []
+    for s in sorted(set().union(*cells.values()) - set(seeds)):
+        dropped += [f"seed {s} (no {arm} run)" for arm, runs in cells.items() if s not in runs]
+    rows = []
+    for m in metrics:
+        for effect in JOINT_EFFECTS:
+            terms = [[(w, cells[arm][s]) for arm, w in effect.weights] for s in seeds]
+            values = {s: float(sum(w * m.value(run.final) for w, run in seed)) for s, seed in zip(seeds, terms)}
+            row = Comparison(
+                effect.name,
+                FACTORIAL,
+                m.header,
+                m.key,
+                by_arm["conditioned"].lr_scale,
+                METRIC,
+                values,
+                *statistics.mean_std(list(values.values())),
+                len(seeds),
+                seeds,
+                dropped,
+                list(values.values()),
+            )
+            _fill_metric(row, ctx, terms, m, start + len(rows))
+            rows.append(row)
+    return rows
 
 
 def compare_stage(
@@ -372,9 +430,10 @@ def compare_stage(
     contrasts: Sequence[Tuple[str, str]] = (),
     dataset: Optional[str] = None,
     cache_dir: Optional[str] = None,
+    factorial: bool = False,
 ) -> List[Comparison]:
     """Every comparison of one section at its main lr scale: per arm against default, then per contrast (A minus B),
-    with Holm's verdicts over the family of headline-metric rows and their seed plans.
+    then the design's effects, with Holm's verdicts over the family of headline-metric rows and their seed plans.
 
     Args:
         groups: the section's :class:`~condinit_det.report.summary.ArmSummary` at that scale, in arm order.
@@ -382,6 +441,8 @@ def compare_stage(
         delta, std, bootstrap, seed: :func:`~condinit_det.report.compare_arms`'.
         dataset: the runs' dataset (a prior seed spread is assumed for one seed on COCO only).
         cache_dir: where the image resamples are kept between calls (none: computed each time).
+        factorial: whether the groups hold the four arms of the structure x scale design, sharing their options
+            (:func:`~.factorial.design_problem`): their main effects and interaction join the family.
     """
     default = next((g for g in groups if g.arm == DEFAULT), None)
     why = {(m.arm, m.seed): m.reason for m in failed}
@@ -405,6 +466,9 @@ def compare_stage(
             ]
             new = _comparisons(ctx, by_arm[a], by_arm[b], why, metrics, key)
             rows, key = rows + new, key + len(new)
+    if factorial:
+        metrics = [m for m in stage.headline if all(math.isfinite(by_arm[a].value(m.header)) for a in CELLS.values())]
+        rows += _effect_rows(ctx, by_arm, metrics, key)
     family = [r for r in rows if r.kind == METRIC]
     p_values = [r.interval.p_value if r.interval is not None else float("nan") for r in family]
     for row, p_holm in zip(family, statistics.holm_adjust(p_values) if family else []):

@@ -17,13 +17,21 @@ from condinit_det.stage import Metric
 from condinit_det.utils.fileio import atomic_write
 
 from .discovery import SMOOTHING_WINDOW
+from .factorial import CELLS, FACTORIAL, SCALES, STRUCTURES
 from .statistics import IMAGES
 from .summary import ArmsReport, StageReport
 
 # Fixed mapping (colour-blind safe): the same arm has the same colour in every plot.
-ARM_COLORS = {"default": "#4D4D4D", "mimetic": "#0072B2", "conditioned": "#D55E00", "scale_matched": "#009E73"}
-_EXTRA_COLORS = ("#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
+ARM_COLORS = {
+    "default": "#4D4D4D",
+    "mimetic": "#0072B2",
+    "conditioned": "#D55E00",
+    "scale_matched": "#009E73",
+    "structured": "#CC79A7",
+}
+_EXTRA_COLORS = ("#E69F00", "#56B4E9", "#F0E442")
 EFFECTS_FIGURE = "effects.png"
+INTERACTION_FIGURE = "interaction.png"  # a section's structure x scale design
 PREDICTIONS_FIGURE = "predictions.png"  # a detection run's predictions on a few images, drawn at its end
 
 
@@ -165,7 +173,7 @@ def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
     for ax, sr in zip(axes[:, 0], panels):
         rows = sr.family[::-1]  # the table's first row on top
         for y, s in enumerate(rows):
-            iv, color = s.interval, arm_color(s.arm)
+            iv, color = s.interval, "black" if s.reference == FACTORIAL else arm_color(s.arm)
             one_seed = iv is None or iv.replication == IMAGES
             if iv is not None:
                 ax.plot(
@@ -189,6 +197,53 @@ def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
         "every comparison of the table, Δ with its 95% interval, one panel per stage: a filled point whose bar "
         "stays clear of the zero line is a difference over training runs; a hollow point is one seed per arm, "
         "its dotted bar covering only the evaluation images."
+    )
+
+
+def _interaction_plot(path: str, sr: StageReport) -> Optional[str]:
+    """One panel per headline metric: the cell means against scale, one line per structure, 95% t-intervals of the
+    means over seeds."""
+    if not sr.has_factorial or sr.factorial_problem:
+        return None
+    from matplotlib.figure import Figure
+    from scipy import stats
+
+    metrics = sr.stage.headline
+    groups = {g.arm: g for g in sr.arms}
+    fig = Figure(figsize=(3.8 * len(metrics) + 1.6, 3.6), dpi=100)
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, metrics):
+        for offset, structure in zip((-0.02, 0.02), STRUCTURES):
+            cells = [groups[CELLS[(structure, scale)]] for scale in SCALES]
+            means = [g.value(metric.header) for g in cells]
+            halves = [
+                stats.t.ppf(0.975, len(g.runs) - 1) * g.final[metric.header][1] / len(g.runs) ** 0.5
+                if len(g.runs) > 1
+                else 0.0
+                for g in cells
+            ]
+            color = arm_color(cells[1].arm)  # the structure's own arm at the conditioned scale
+            ax.errorbar(
+                [offset, 1 + offset],
+                means,
+                yerr=halves,
+                marker="o",
+                capsize=4,
+                color=color,
+                label=f"{structure} structure",
+            )
+        ax.set_xticks([0, 1], [f"{scale} scale" for scale in SCALES])
+        ax.set_xlim(-0.4, 1.4)
+        ax.set_ylabel(metric.label)
+        ax.grid(True, alpha=0.3)
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=9, frameon=False)
+    fig.suptitle(f"{sr.title}: structure × scale (lr scale {sr.scale:g})", fontsize=10)
+    fig.tight_layout()
+    _write(path, fig)
+    return (
+        "the four arms of the structure × scale design, one line per structure across the two scales: parallel "
+        "lines, no interaction; the vertical gap between them is the structure's effect, the slope the scale's. The "
+        "bars are each cell's 95% interval over its seeds, unpaired: the effects' paired intervals are in the table."
     )
 
 
@@ -225,6 +280,7 @@ def write_figures(report: ArmsReport, output_dir: str, *, inputs: str, cache_dir
     for sr in (sr for sr in report.stages if sr.groups or sr.failed):
         jobs = [(name, _metric_plot, (m,)) for m, name in sr.stage.plots]
         jobs += [(sr.stage.loss_plot, _loss_plot, ()), (sr.stage.kappa_plot, _kappa_plot, ())]
+        jobs.append((INTERACTION_FIGURE, _interaction_plot, ()))
         for name, plot, args in jobs:
             written[sr.prefix + name] = plot(os.path.join(output_dir, sr.prefix + name), sr, *args)
         for g in sr.arms:

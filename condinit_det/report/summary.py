@@ -18,11 +18,13 @@ from condinit_det.records.layout import Plan
 from condinit_det.stage import StageDescriptor, known_stages
 
 from .discovery import ExpectedRun, Run, run_name
+from .factorial import CELLS, EFFECTS, FACTORIAL, design_problem
 from .paired import METRIC, Comparison, compare_stage, resolve_contrasts
 from .statistics import first_reach, mean_std
 
-# Report order; "scale_matched" is the norm-matched control (the default init rescaled to the conditioned norms).
-ARM_ORDER = ("default", "mimetic", "conditioned", "scale_matched")
+# Report order; then the conditioned arm's controls: "scale_matched" (the default init rescaled to the conditioned
+# norms) and "structured" (the conditioned blocks rescaled to the default init's norms).
+ARM_ORDER = ("default", "mimetic", "conditioned", "scale_matched", "structured")
 LOSS = "loss"  # convergence key of the training loss
 
 
@@ -136,6 +138,8 @@ class StageReport:
     stats: List[Comparison] = field(default_factory=list)
     has_plan: bool = False
     contrast_notes: List[str] = field(default_factory=list)  # requested contrasts not made here, and why
+    # the structure x scale design: why its four arms give no effects here (None: they do, or not all four ran)
+    factorial_problem: Optional[str] = None
 
     @property
     def title(self) -> str:
@@ -147,6 +151,25 @@ class StageReport:
     def family(self) -> List[Comparison]:
         """The comparisons of the section's Holm family: arm x headline metric against default, then the contrasts."""
         return [s for s in self.stats if s.kind == METRIC]
+
+    @property
+    def has_factorial(self) -> bool:
+        """Whether every arm of the structure x scale design has finished runs at the main scale."""
+        return set(CELLS.values()) <= {g.arm for g in self.arms}
+
+    def effects(self, metric_key: str) -> Dict[str, Comparison]:
+        """The design's effects on one headline metric, by name (:data:`~.factorial.EFFECTS`): the simple ones are
+        the section's rows of two arms (read as the effect's A - B), the others rows of their own."""
+        rows = {}
+        for effect in EFFECTS:
+            for s in self.family:
+                if s.key != metric_key:
+                    continue
+                if (s.arm, s.reference) == (effect.pair or (effect.name, FACTORIAL)):
+                    rows[effect.name] = s
+                elif effect.pair and (s.reference, s.arm) == effect.pair:
+                    rows[effect.name] = s.reversed()
+        return rows
 
     @property
     def arms(self) -> List[ArmSummary]:
@@ -346,8 +369,15 @@ def _section(stage: StageDescriptor, runs: List[Run], missing: List[Missing], co
     kappa = {g.arm: kappa_curve([r.records for r in g.runs], stage.unit) for g in sr.arms}
     sr.kappa = {arm: k for arm, k in kappa.items() if len(k[0])}
     contrasts, sr.contrast_notes = resolve_contrasts([g.arm for g in sr.arms], contrasts)
+    if sr.has_factorial:
+        sr.factorial_problem = design_problem({g.arm: [r.options for r in g.runs] for g in sr.arms})
     sr.stats = compare_stage(
-        stage, sr.arms, [m for m in sr.failed if m.lr_scale == scale], contrasts=contrasts, **kwargs
+        stage,
+        sr.arms,
+        [m for m in sr.failed if m.lr_scale == scale],
+        contrasts=contrasts,
+        factorial=sr.has_factorial and sr.factorial_problem is None,
+        **kwargs,
     )
     return sr
 

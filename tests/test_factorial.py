@@ -1,0 +1,214 @@
+"""The structure x scale design in the report: the four arms' cells, the effects paired by seed (main effects and
+interaction in the stage's Holm family), the sentence per metric, the interaction figure, on experiments with planted
+cell values."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+from table_text import unpadded
+
+from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
+from condinit_det.records.per_image import write_classification_eval
+from condinit_det.records.results import ResultsFile
+from condinit_det.report import compare_arms
+from condinit_det.report.factorial import EFFECTS, carried_by, design_problem
+from condinit_det.report.statistics import BETTER, NO_DIFFERENCE, TOO_FEW_SEEDS, WORSE, holm_adjust, two_level_bootstrap
+
+ITERS = (100, 200, 300, 400)
+OPTIONS = {"gain_qk": 1.0, "gain_v": 1.0, "value_mode": "identity"}
+ARM_OPTIONS = {
+    "default": {},
+    "conditioned": {**OPTIONS, "condition_output": False},
+    "scale_matched": {**OPTIONS, "norm": "frobenius"},
+    "structured": {**OPTIONS, "norm": "frobenius"},
+}
+# Final box AP per arm and seed: the scale adds 2 (+-0.1 by seed), the structure 0.1 on seed 1 only.
+SCALE_ONLY = {
+    "default": [40.0, 41.0, 42.0],
+    "scale_matched": [42.0, 43.1, 43.9],
+    "structured": [40.0, 41.1, 42.0],
+    "conditioned": [42.1, 43.0, 44.0],
+}
+
+
+def _write_run(path, arm, seed, final_box, options=None):
+    """A detection run whose box and mask AP climb to their final values (mask = box - 2)."""
+    os.makedirs(path, exist_ok=True)
+    identity = {"arm": arm, "seed": seed, "arm_seed": seed, "lr_scale": 1.0, "options": options}
+    with open(os.path.join(path, "condinit_arm_report.json"), "w") as f:
+        json.dump({"run": identity, "arm": arm, "sites": []}, f)
+    rf = ResultsFile(path)
+    for it, step in zip(ITERS, (15.0, 8.0, 1.0, 0.0)):
+        b, m = final_box - step, final_box - 2.0 - step
+        ap = {"bbox": {"AP": b, "AP50": b + 20, "AP75": b + 5}, "segm": {"AP": m, "AP50": m + 20, "AP75": m + 5}}
+        rf.add({"kind": "ap", "stage": "detection", "iteration": it, "arm": arm, "seed": seed, **ap})
+
+
+def _experiment(root, box, options=ARM_OPTIONS):
+    for arm, values in box.items():
+        for seed, v in enumerate(values):
+            _write_run(str(root / arm / f"seed{seed}"), arm, seed, v, options.get(arm))
+    return str(root)
+
+
+def _per_seed(box, effect):
+    return [sum(w * box[arm][s] for arm, w in effect.weights) for s in range(len(box["default"]))]
+
+
+def test_effects_are_the_planted_cell_sums_with_their_paired_intervals_in_the_holm_family(tmp_path):
+    report, text = compare_arms([_experiment(tmp_path / "exp", SCALE_ONLY)], output_dir=str(tmp_path / "report"))
+    sr = report.primary
+    assert sr.has_factorial and sr.factorial_problem is None
+    effects = sr.effects("bbox")
+    assert list(effects) == [e.name for e in EFFECTS]
+    for effect in EFFECTS:
+        row = effects[effect.name]
+        assert row.differences == pytest.approx(_per_seed(SCALE_ONLY, effect), abs=1e-9), effect.name
+        # bootstrap on, but no per-image data: the paired t over the per-seed sums
+        d = np.asarray(row.differences)
+        half = scipy_stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
+        assert (row.interval.low, row.interval.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    # the simple effects are the rows of two arms; the main effects and the interaction rows of their own
+    assert effects["structure_at_conditioned_scale"].label == "conditioned vs scale_matched"
+    assert effects["scale_at_random_structure"].label == "scale_matched"
+    joint = [s for s in sr.family if s.reference == "factorial"]
+    assert [(s.label, s.metric) for s in joint] == [
+        ("structure (main effect)", "AP^b"),
+        ("scale (main effect)", "AP^b"),
+        ("structure × scale (interaction)", "AP^b"),
+        ("structure (main effect)", "AP^m"),
+        ("scale (main effect)", "AP^m"),
+        ("structure × scale (interaction)", "AP^m"),
+    ]
+    # one Holm family: 3 arms against default, 2 contrasts (conditioned vs scale_matched / structured), 3 effects
+    p_holm = holm_adjust([s.interval.p_value for s in sr.family])
+    assert [s.p_holm for s in sr.family] == pytest.approx(list(p_holm))
+    assert (
+        "(16 comparisons: 6 against default, 4 between two other arms, 6 effects of the structure × scale design)"
+        in text
+    )
+    assert effects["scale"].verdict == BETTER and effects["structure"].verdict == NO_DIFFERENCE
+    assert effects["interaction"].verdict == NO_DIFFERENCE
+    flat = unpadded(text)
+    assert "**AP^b**: the difference is carried by the scale (main effect +2.0 [" in text
+    assert "| random | 41.0 ± 1.0 (default) | 43.0 ± 1.0 (scale_matched) |" in flat
+    assert "| conditioned | 41.0 ± 1.0 (structured) | 43.0 ± 1.0 (conditioned) |" in flat
+    assert "| structure (main effect) | ½ (conditioned − scale_matched + structured − default) |" in flat
+    # the first table stays first, and holds the effects
+    assert flat.index("| structure (main effect) | AP^b |") < flat.index("## Detection")
+    assert flat.index("## Detection") < flat.index("### What the gain is made of: structure × scale")
+    assert "![interaction.png](interaction.png)" in text
+    assert os.path.getsize(tmp_path / "report" / "interaction.png") > 10_000
+    with open(tmp_path / "report" / "stats.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["reference"] == "factorial"]
+    assert [(r["arm"], r["metric"], r["in_family"]) for r in rows[:3]] == [
+        ("structure", "AP^b", "1"),
+        ("scale", "AP^b", "1"),
+        ("interaction", "AP^b", "1"),
+    ]
+    assert float(rows[1]["mean_difference"]) == pytest.approx(np.mean(_per_seed(SCALE_ONLY, EFFECTS[5])))
+
+
+def test_an_interaction_is_said_as_such_and_a_reversed_contrast_still_reads_as_the_effect(tmp_path):
+    # only the conditioned cell gains: structure and scale each +1 as main effects, interaction +2
+    box = {
+        "default": [40.0, 41.0, 42.0],
+        "scale_matched": [40.1, 40.9, 42.0],
+        "structured": [40.0, 41.1, 41.9],
+        "conditioned": [42.0, 43.1, 43.9],
+    }
+    root = _experiment(tmp_path / "exp", box)
+    report, text = compare_arms([root], bootstrap=0, contrasts=[("scale_matched", "conditioned")])
+    effects = report.primary.effects("bbox")
+    turned = effects["structure_at_conditioned_scale"]  # the table's row is scale_matched vs conditioned
+    assert (turned.arm, turned.reference) == ("conditioned", "scale_matched")
+    assert turned.differences == pytest.approx([1.9, 2.2, 1.9])
+    assert turned.interval.low > 0 and turned.verdict == BETTER
+    assert effects["interaction"].verdict == BETTER
+    assert "**AP^b**: the factors interact (interaction +2.0 [" in text
+    assert "read the simple effects, not the main effects" in text
+
+
+def test_with_per_image_data_an_effect_resamples_the_same_images_in_every_cell(tmp_path):
+    rng = np.random.default_rng(3)
+    num_images, bootstrap, seed = 150, 200, 2
+    labels = rng.integers(0, 5, size=num_images)
+    p = {"default": 0.5, "scale_matched": 0.6, "structured": 0.52, "conditioned": 0.62}
+    correct = {}
+    for arm in p:
+        for s in range(3):
+            hit = rng.uniform(size=num_images) < p[arm]
+            correct[(arm, s)] = hit
+            run = tmp_path / "pre" / arm / f"seed{s}"
+            path = write_classification_eval(
+                str(run), 4, labels=labels, top1=np.where(hit, labels, (labels + 1) % 5), top5_hit=np.ones(num_images)
+            )
+            with open(run / "condinit_arm_report.json", "w") as f:
+                json.dump({"run": {"arm": arm, "seed": s, "options": ARM_OPTIONS[arm]}}, f)
+            record = {"kind": "cls", "stage": "pretrain", "iteration": 40, "epoch": 4, "top1": 100 * hit.mean()}
+            record.update(top5=100.0, arm=arm, seed=s, per_image=os.path.relpath(path, str(run)))
+            ResultsFile(str(run)).add(record)
+    report, _ = compare_arms([str(tmp_path / "pre")], bootstrap=bootstrap, seed=seed)
+    sr = report.stage("pretrain")
+    row = sr.effects("top1")["interaction"]
+    effect = next(e for e in EFFECTS if e.name == "interaction")
+    draws = image_draws(np.random.default_rng(seed), num_images, bootstrap)
+    per_seed = [sum(w * 100 * correct[(a, s)].mean() for a, w in effect.weights) for s in range(3)]
+    reps = np.stack(
+        [sum(w * resampled_mean(100.0 * correct[(a, s)], draws) for a, w in effect.weights) for s in range(3)]
+    )
+    assert row.differences == pytest.approx(per_seed)
+    two = two_level_bootstrap(np.asarray(per_seed), reps, np.random.default_rng(0), num_images=num_images)
+    # the t-scaled interval depends on the variances only, not on the seed resamples' generator
+    assert (row.interval.low, row.interval.high) == pytest.approx((float(two.low), float(two.high)))
+    assert row.interval.unit == "training runs and evaluation images"
+
+
+def test_arms_that_differ_in_more_than_their_factors_give_no_effects(tmp_path):
+    options = {**ARM_OPTIONS, "structured": {**OPTIONS, "norm": "spectral"}}
+    report, text = compare_arms([_experiment(tmp_path / "exp", SCALE_ONLY, options)], bootstrap=0)
+    sr = report.primary
+    assert sr.has_factorial and not any(s.reference == "factorial" for s in sr.stats)
+    assert (
+        "The four arms of the structure × scale design ran, but no effect is computed: scale_matched and structured "
+        "matched different norms (frobenius, spectral)." in text
+    )
+    assert design_problem({"default": [{}], "conditioned": [ARM_OPTIONS["conditioned"]]}) == (
+        "no finished scale_matched or structured run"
+    )
+    gains = {**ARM_OPTIONS, "scale_matched": {**OPTIONS, "gain_v": 0.5, "norm": "frobenius"}}
+    assert design_problem({arm: [o] for arm, o in gains.items()}) == (
+        "the conditioned and scale_matched runs have different gain_v (0.5, 1.0)"
+    )
+    output = {**ARM_OPTIONS, "conditioned": {**OPTIONS, "condition_output": True}}
+    assert "also conditioned W_O" in design_problem({arm: [o] for arm, o in output.items()})
+    assert design_problem({arm: [None] for arm in ARM_OPTIONS}) is None  # runs that recorded no options
+
+
+def test_without_all_four_arms_there_is_no_section_and_one_seed_says_so(tmp_path):
+    three = {arm: values for arm, values in SCALE_ONLY.items() if arm != "structured"}
+    report, text = compare_arms([_experiment(tmp_path / "three", three)], bootstrap=0)
+    assert not report.primary.has_factorial and "structure × scale" not in text
+    one = {arm: values[:1] for arm, values in SCALE_ONLY.items()}
+    report, text = compare_arms([_experiment(tmp_path / "one", one)], bootstrap=0)
+    assert report.primary.effects("bbox")["scale"].verdict == TOO_FEW_SEEDS
+    assert "**AP^b**: one seed per cell, so no factor can be shown" in text
+
+
+@pytest.mark.parametrize(
+    "verdicts, said",
+    [
+        ((NO_DIFFERENCE, NO_DIFFERENCE, NO_DIFFERENCE), "neither"),
+        ((BETTER, NO_DIFFERENCE, NO_DIFFERENCE), "structure"),
+        ((NO_DIFFERENCE, WORSE, NO_DIFFERENCE), "scale"),
+        ((BETTER, BETTER, NO_DIFFERENCE), "both"),
+        ((BETTER, NO_DIFFERENCE, WORSE), "interaction"),
+        ((TOO_FEW_SEEDS, TOO_FEW_SEEDS, TOO_FEW_SEEDS), TOO_FEW_SEEDS),
+    ],
+)
+def test_which_factor_the_verdicts_show(verdicts, said):
+    assert carried_by(*verdicts) == said
