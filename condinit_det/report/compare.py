@@ -116,8 +116,16 @@ def format_summary_csv(report: ArmsReport) -> str:
 
 
 def format_stats_csv(report: ArmsReport) -> str:
-    """One row per comparison, arm minus ``reference`` (default or a contrast's B): a headline metric with its
-    intervals, p-values, verdict, P(arm > reference) and seed plan, or a speed-up (``*_below`` = 1: a bound)."""
+    """stats.csv: one row per section x comparison x metric (headline metrics, then speed-ups).
+
+    A row is ``arm`` minus ``reference``: default, the other arm of a contrast, or ``factorial`` for an effect of the
+    structure x scale design (``arm``: ``structure``, ``scale`` or ``interaction``). Headline rows (``in_family``
+    1): the arm's spread over seeds, the paired difference, the verdict's interval and its unit (``replication``:
+    runs, images or both), p-values (raw, and Holm over the section's family), the t-interval over seeds and the
+    two-level percentile interval beside it, P(arm > reference) with both intervals, and the seed plan. Speed-up
+    rows: the seeds that reached the reference's final value, the estimate and its interval (``*_below`` = 1: a
+    censored bound, the value lies below it) and the interval's coverage.
+    """
     rows = []
     for sr in report.stages:
         for s in sr.stats:

@@ -36,8 +36,13 @@ def report_method(num_seeds: int, per_image: bool) -> Optional[str]:
 
 @dataclass(frozen=True)
 class Interval:
-    """An estimate, its 95% interval, method and unit; the two-sided p of "no difference" by the same method and a
-    t-type interval's standard error (NaN without)."""
+    """A point estimate with its two-sided 95% interval, how it was obtained and what it covers.
+
+    ``method``: how it was computed, as the report prints it; ``replication``: what it replicates, :data:`RUNS`,
+    :data:`IMAGES` or :data:`BOTH` (``unit`` words it); ``num_seeds``: the paired seeds it uses; ``p_value``: the
+    two-sided p of "no difference" by the same method (NaN when it has none); ``se``: a t-type interval's standard
+    error (NaN otherwise).
+    """
 
     estimate: float
     low: float
@@ -185,11 +190,28 @@ def _pivot_half_width(
 def two_level_bootstrap(
     estimates, replicates, rng: np.random.Generator, *, num_images: int, level: float = 0.95
 ) -> TwoLevel:
-    """Two-level paired bootstrap of the mean difference over n >= 2 seeds (docs/statistics.md, "Intervals"): the
-    percentile interval of seed resamples (drawn by ``rng``) on each image resample, and the t-scaled one, estimate ±
-    the ``level`` point of |Z| sqrt(s^2 / n (n - 1) / X + v), X chi-square(n - 1), v the image variance the seeds share.
-    ``estimates``: [..., n] per-seed differences on the full evaluation set; ``replicates``: [..., n, B] the same on B
-    image resamples (resample b: the same images for every seed and arm); ``num_images``: Satterthwaite's image df."""
+    """Two-level paired bootstrap of the mean difference over n >= 2 seeds (docs/statistics.md, "Intervals").
+
+    Args:
+        estimates: [..., n] per-seed differences (arm minus reference, same seed; or any fixed weighted sum of the
+            same seed's arms) on the full evaluation set.
+        replicates: [..., n, B] the same differences on B image resamples; resample b must hold the same images for
+            every seed and arm (seeds and images are crossed: every run is evaluated on the same images).
+        rng: draws the seed resamples ([..., B, n] seed indices, with replacement) of the percentile interval.
+        num_images: the evaluation images (the image part's degrees of freedom, for Satterthwaite's interval).
+        level: the intervals' confidence level.
+
+    Returns:
+        :class:`TwoLevel`. Its replicate b is the mean over a seed resample of the differences on image resample b,
+        and the percentile interval their quantiles: with few seeds that undercovers (3 seeds have 10 distinct
+        resamples). The t-scaled interval is built from two variance components instead: the seeds', s^2 / n
+        (s: the sample std of the per-seed differences, n - 1 degrees of freedom; it already holds the image noise
+        that differs between runs), and the images' shared by every run (the mean covariance of two seeds'
+        replicates over the resamples, taken as known). It is estimate ± h, h the ``level`` point of
+        |Z| sqrt(s^2 / n (n - 1) / X + v), Z standard normal, X chi-square(n - 1): a generalized pivot (the
+        fiducial Behrens–Fisher solution), Student's t(n - 1) interval when v = 0 and the normal one when s = 0.
+        At 2-3 seeds it errs wide, Welch–Satterthwaite's (also returned) narrow.
+    """
     from scipy import stats
 
     est = np.asarray(estimates, dtype=np.float64)
@@ -243,7 +265,19 @@ def two_level_bootstrap(
 
 
 def verdict(interval: Optional[Interval], p_holm: float, higher_is_better: bool = True, alpha: float = 0.05) -> str:
-    """Better / worse when the Holm-adjusted p is <= ``alpha`` over two or more seeds, else no difference shown."""
+    """The verdict on an interval of an arm minus its reference (or an effect of the structure x scale design).
+
+    Args:
+        interval: the comparison's interval (None: none could be computed).
+        p_holm: its p-value, Holm-adjusted over the section's family.
+        higher_is_better: whether a positive difference is an improvement.
+        alpha: the family-wise error.
+
+    Returns:
+        :data:`TOO_FEW_SEEDS` without an interval over two or more seeds (one trained model per arm says nothing
+        about the initialization), else :data:`BETTER` or :data:`WORSE` when ``p_holm`` <= ``alpha``, by the sign of
+        the estimate, else :data:`NO_DIFFERENCE`.
+    """
     if interval is None or interval.num_seeds < 2:
         return TOO_FEW_SEEDS
     if not (math.isfinite(p_holm) and p_holm <= alpha):
@@ -252,8 +286,15 @@ def verdict(interval: Optional[Interval], p_holm: float, higher_is_better: bool 
 
 
 def holm_adjust(p_values) -> np.ndarray:
-    """Holm-adjusted p-values of a family [..., m] (NaN counts as 1): the i-th smallest becomes max over j <= i of
-    min(1, (m - j + 1) p_(j))."""
+    """Holm-adjusted p-values of a family of m hypotheses, in the family's order.
+
+    Args:
+        p_values: [..., m] p-values in [0, 1]; NaN (no test) counts as 1. Leading dimensions are separate families.
+
+    Returns:
+        [..., m]: the i-th smallest p becomes max over j <= i of min(1, (m - j + 1) p_(j)). Rejecting where the
+        adjusted p is at most alpha bounds the probability of any false rejection in the family by alpha.
+    """
     p = np.asarray(p_values, dtype=np.float64)
     if p.ndim == 0:
         raise ValueError("holm_adjust needs a family of p-values [..., m]; got a scalar")
