@@ -71,7 +71,6 @@ class SetCriterion(nn.Module):
             raise ValueError(f"eos_coef must be in [0, 1], got {eos_coef}")
         self.num_classes = num_classes
         self.matcher = matcher
-        self.eos_coef = eos_coef
         self.class_weight = class_weight
         self.bbox_weight = bbox_weight
         self.giou_weight = giou_weight

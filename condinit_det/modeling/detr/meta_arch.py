@@ -35,11 +35,9 @@ class MLP(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
 
     def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = x.relu()
-        return x
+        for layer in self.layers[:-1]:
+            x = layer(x).relu()
+        return self.layers[-1](x)
 
 
 @META_ARCH_REGISTRY.register()
@@ -185,8 +183,6 @@ class DETRInstanceSeg(nn.Module):
         targets = []
         hp, wp = images.tensor.shape[-2:]
         for x, (h, w) in zip(batched_inputs, images.image_sizes):
-            if "instances" not in x:
-                raise ValueError("training needs 'instances' in every input dict")
             inst = x["instances"].to(self.device)
             scale = torch.tensor([w, h, w, h], dtype=torch.float32, device=self.device)
             boxes = box_convert(inst.gt_boxes.tensor.float() / scale, "xyxy", "cxcywh")

@@ -20,11 +20,7 @@ class PositionEmbeddingSine(nn.Module):
     """
 
     def __init__(
-        self,
-        num_pos_feats: int = 128,
-        temperature: float = 10000.0,
-        normalize: bool = True,
-        scale: float = 2 * math.pi,
+        self, num_pos_feats: int = 128, temperature: float = 10000.0, normalize: bool = True, scale: float = 2 * math.pi
     ):
         super().__init__()
         if num_pos_feats <= 0 or num_pos_feats % 2:

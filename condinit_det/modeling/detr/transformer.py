@@ -14,14 +14,10 @@ __all__ = ["Transformer"]
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
-def _with_pos(x: torch.Tensor, pos: Optional[torch.Tensor]) -> torch.Tensor:
-    return x if pos is None else x + pos
-
-
 class TransformerLayer(nn.Module):
     """Self-attention, cross-attention to the encoder memory (decoder layers only) and feed-forward, each a residual
-    sublayer with its own norm and dropout (``norm{k}`` / ``dropout{k}`` for the k-th). Positional encodings are
-    added to queries and keys only (not values) at every layer, as in DETR."""
+    sublayer with its own norm (``norm{k}`` for the k-th) and the one dropout. Positional encodings are added to
+    queries and keys only (not values) at every layer, as in DETR."""
 
     def __init__(
         self,
@@ -44,7 +40,6 @@ class TransformerLayer(nn.Module):
         self.linear2 = nn.Linear(dim_feedforward, d_model)
         for k in range(1, 4 if cross_attention else 3):
             self.add_module(f"norm{k}", nn.LayerNorm(d_model))
-            self.add_module(f"dropout{k}", nn.Dropout(dropout))
         self.dropout = nn.Dropout(dropout)
         self.activation = _ACTIVATIONS[activation]
         self.normalize_before = normalize_before
@@ -56,7 +51,7 @@ class TransformerLayer(nn.Module):
         self,
         x: torch.Tensor,
         *,
-        pos: Optional[torch.Tensor] = None,
+        pos: torch.Tensor,
         key_padding_mask: Optional[torch.Tensor] = None,
         attn_mask: Optional[torch.Tensor] = None,
         memory: Optional[torch.Tensor] = None,
@@ -73,27 +68,23 @@ class TransformerLayer(nn.Module):
         """
 
         def self_attention(y):
-            q = k = _with_pos(y, pos)
+            q = k = y + pos
             return self.self_attn(
                 q, k, value=y, key_padding_mask=key_padding_mask, attn_mask=attn_mask, need_weights=False
             )[0]
 
         def cross_attention(y):
             return self.cross_attn(
-                _with_pos(y, pos),
-                _with_pos(memory, memory_pos),
-                value=memory,
-                key_padding_mask=memory_key_padding_mask,
-                need_weights=False,
+                y + pos, memory + memory_pos, value=memory, key_padding_mask=memory_key_padding_mask, need_weights=False
             )[0]
 
         sublayers = (self_attention, self._ffn) if memory is None else (self_attention, cross_attention, self._ffn)
         for k, sublayer in enumerate(sublayers, start=1):
-            norm, dropout = getattr(self, f"norm{k}"), getattr(self, f"dropout{k}")
+            norm = getattr(self, f"norm{k}")
             if self.normalize_before:
-                x = x + dropout(sublayer(norm(x)))
+                x = x + self.dropout(sublayer(norm(x)))
             else:
-                x = norm(x + dropout(sublayer(x)))
+                x = norm(x + self.dropout(sublayer(x)))
         return x
 
 
