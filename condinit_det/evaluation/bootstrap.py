@@ -23,6 +23,8 @@ from typing import Dict, Mapping, Sequence, Union
 
 import numpy as np
 
+from ..utils.fileio import atomic_write
+
 __all__ = [
     "AP_METRICS",
     "CocoMatches",
@@ -141,9 +143,8 @@ def _per_image(ev, num_t: int):
         )
 
 
-def match_images(ground_truth: Union[str, dict], predictions: Sequence[dict], iou_type: str) -> CocoMatches:
-    """Evaluate ``predictions`` once on a COCO annotation json (path or dict); see :class:`CocoMatches`."""
-    dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
+def match_images(dataset: Mapping, predictions: Sequence[dict], iou_type: str) -> CocoMatches:
+    """Evaluate ``predictions`` once on a COCO annotation dict; see :class:`CocoMatches`."""
     copy = {
         **dataset,
         "images": [dict(im) for im in dataset.get("images", [])],
@@ -225,8 +226,6 @@ def save_matches(path: str, matches: Mapping[str, CocoMatches]) -> int:
     scores as float32 (they only order the detections, which the stored order and ``group`` already
     record). Returns the bytes written.
     """
-    from condinit_det.utils.fileio import atomic_write
-
     arrays = {"format": np.int64(MATCHES_FORMAT), "iou_types": np.asarray(sorted(matches), dtype=np.str_)}
     for t, m in matches.items():
         num_k = m.gt_count.shape[0]
