@@ -66,14 +66,16 @@ def read_manifest(root: Path) -> Optional[dict]:
 
 
 def expected_manifest(version: str, seed: int, num_images: Dict[str, int], spec, classes: Sequence[str]) -> dict:
-    """The generator's entries of a manifest; ``spec`` is the generator's dataclass of knobs."""
-    return {
+    """The generator's entries of a manifest, as the manifest on disk holds them (tuples as lists); ``spec`` is the
+    generator's dataclass of knobs."""
+    entries = {
         "version": version,
         "seed": int(seed),
         "num_images": {k: int(v) for k, v in num_images.items()},
         "spec": dataclasses.asdict(spec),
         "classes": list(classes),
     }
+    return json.loads(json.dumps(entries))
 
 
 def check_counts(minimum: int, **counts) -> None:
@@ -81,24 +83,6 @@ def check_counts(minimum: int, **counts) -> None:
     for name, n in counts.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {n!r}")
-
-
-def _same_generator(found: dict, expected: dict) -> bool:
-    # A JSON round trip, because the manifest on disk holds lists where the expected one holds tuples.
-    return all(json.loads(json.dumps(found.get(k))) == json.loads(json.dumps(expected.get(k))) for k in _GENERATOR_KEYS)
-
-
-def _temp_prefix(root: Path) -> str:
-    return f".{root.name}.tmp-"
-
-
-def _remove_abandoned_temp_dirs(root: Path) -> None:
-    """Delete temp folders left by a generator on this host whose process is gone (e.g. killed)."""
-    prefix = f"{_temp_prefix(root)}{socket.gethostname()}-"
-    for path in root.parent.glob(prefix + "*"):
-        pid = path.name[len(prefix) :].split("-")[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def generate_atomically(
@@ -118,7 +102,7 @@ def generate_atomically(
 
     def complete() -> bool:
         found = read_manifest(root)
-        if found is not None and _same_generator(found, expected):
+        if found is not None and all(found.get(k) == expected[k] for k in _GENERATOR_KEYS):
             return True
         if root.exists() and not replace_stale:
             if found is not None:
@@ -137,8 +121,12 @@ def generate_atomically(
     if complete():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_temp_dirs(root)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(root)}{socket.gethostname()}-{os.getpid()}-", dir=root.parent))
+    prefix = f".{root.name}.tmp-{socket.gethostname()}-"  # then the generating process's pid
+    for path in root.parent.glob(prefix + "*"):  # left by a generator on this host whose process is gone (killed)
+        pid = path.name[len(prefix) :].split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root.parent))
     try:
         extra = write(tmp)
         with open(tmp / MANIFEST, "w") as f:

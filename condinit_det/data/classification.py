@@ -92,15 +92,10 @@ def render_classification_image(
             paint(img, mask, random_color(rng, img[mask].mean(0)), rng)
 
     for _ in range(int(rng.integers(0, spec.max_distractors + 1))):
-        occlude(
-            shape_mask(
-                CLASSES[int(rng.integers(len(CLASSES)))],
-                rng.uniform(0, size, 2),
-                rng.uniform(*spec.distractor_size),
-                rng.uniform(0, 2 * np.pi),
-                size,
-            )
-        )
+        category = CLASSES[int(rng.integers(len(CLASSES)))]
+        center = rng.uniform(0, size, 2)
+        diameter = rng.uniform(*spec.distractor_size)
+        occlude(shape_mask(category, center, diameter, rng.uniform(0, 2 * np.pi), size))
     for _ in range(int(rng.integers(0, spec.max_blobs + 1))):
         occlude(blob_mask(rng, size))
 

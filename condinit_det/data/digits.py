@@ -227,8 +227,7 @@ def _box_overlap(a: Tuple[int, int, int, int], b: Tuple[int, int, int, int]) -> 
 def _scene(
     rng: np.random.Generator, pixels: np.ndarray, labels: np.ndarray, pool: np.ndarray, spec: DigitsDetSpec
 ) -> Tuple[np.ndarray, List[Instance]]:
-    """A scene and its digits: category id digit + 1, the whole digit's mask (digits never overlap) and its
-    ``digit_index`` into the source digits."""
+    """A scene and its digits, each with its whole mask (digits never overlap) and ``digit_index`` (source digit)."""
     size = spec.image_size
     img = _canvas(rng, spec)
     taken = np.zeros((size, size), np.uint8)  # masks placed so far, grown by min_gap
@@ -311,14 +310,9 @@ def generate_digits_det_dataset(
     check_counts(1, num_train=num_train, num_val=num_val)
     if not 1 <= spec.min_objects <= spec.max_objects:
         raise ValueError(f"need 1 <= min_objects <= max_objects, got {spec.min_objects}, {spec.max_objects}")
-    if (
-        not 8
-        <= spec.min_size
-        <= spec.max_size
-        <= spec.image_size * 8 / (8 + 2 * spec.margin) / (1 + spec.aspect_jitter)
-    ):
+    largest = spec.image_size * 8 / (8 + 2 * spec.margin) / (1 + spec.aspect_jitter)  # the widest frame fits
+    if not 8 <= spec.min_size <= spec.max_size <= largest:
         raise ValueError(f"digit sizes {spec.min_size}..{spec.max_size} px do not fit a {spec.image_size} px image")
-
     expected = expected_manifest(DET_VERSION, seed, {"train": num_train, "val": num_val}, spec, CLASSES)
 
     def write(tmp: Path) -> dict:

@@ -82,6 +82,11 @@ def desaturate(img: np.ndarray, keep: float) -> np.ndarray:
     return gray + keep * (img - gray)
 
 
+def polar(t: np.ndarray) -> np.ndarray:
+    """The unit vectors at angles ``t``, ``[len(t), 2]``."""
+    return np.stack([np.cos(t), np.sin(t)], 1)
+
+
 def rotate(points: np.ndarray, angle: float) -> np.ndarray:
     c, s = np.cos(angle), np.sin(angle)
     return points @ np.array([[c, s], [-s, c]], dtype=np.float64)
@@ -101,35 +106,28 @@ def shape_mask(category: str, center: np.ndarray, diameter: float, angle: float,
     rotated by ``angle``: a class of SHAPE_CLASSES, or ``hexagon``, ``diamond``, ``ring`` (shapes-cls only)."""
     r = diameter / 2.0
     if category == "circle":
-        t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
-        pts = np.stack([np.cos(t), np.sin(t)], 1) * r
-        return fill(size, [pts + center])
+        return fill(size, [polar(np.linspace(0, 2 * np.pi, 48, endpoint=False)) * r + center])
     if category == "square":
         pts = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float64) * (r / np.sqrt(2))
         return fill(size, [rotate(pts, angle) + center])
     if category == "triangle":
-        t = np.array([0.0, 2 * np.pi / 3, 4 * np.pi / 3]) + angle
-        pts = np.stack([np.cos(t), np.sin(t)], 1) * r
-        return fill(size, [pts + center])
+        return fill(size, [polar(np.array([0.0, 2 * np.pi / 3, 4 * np.pi / 3]) + angle) * r + center])
     if category == "star":
         t = np.arange(10) * np.pi / 5 + angle
         radii = np.where(np.arange(10) % 2 == 0, r, 0.42 * r)
-        pts = np.stack([np.cos(t), np.sin(t)], 1) * radii[:, None]
-        return fill(size, [pts + center])
+        return fill(size, [polar(t) * radii[:, None] + center])
     if category == "cross":
         w = 0.36 * r
         bar = np.array([[-r, -w], [r, -w], [r, w], [-r, w]], np.float64)
         bars = [rotate(bar, angle) + center, rotate(bar, angle + np.pi / 2) + center]
         return fill(size, bars)
     if category == "hexagon":
-        t = np.arange(6) * np.pi / 3 + angle
-        return fill(size, [np.stack([np.cos(t), np.sin(t)], 1) * r + center])
+        return fill(size, [polar(np.arange(6) * np.pi / 3 + angle) * r + center])
     if category == "diamond":
         pts = np.array([[r, 0.0], [0.0, 0.55 * r], [-r, 0.0], [0.0, -0.55 * r]])
         return fill(size, [rotate(pts, angle) + center])
     if category == "ring":
-        t = np.linspace(0, 2 * np.pi, 48, endpoint=False)
-        unit = np.stack([np.cos(t), np.sin(t)], 1)
+        unit = polar(np.linspace(0, 2 * np.pi, 48, endpoint=False))
         return fill(size, [unit * r + center]) & ~fill(size, [unit * 0.55 * r + center])
     raise ValueError(f"unknown shape {category!r}")
 
@@ -141,8 +139,7 @@ def blob_mask(rng: np.random.Generator, size: int) -> np.ndarray:
     t = np.sort(rng.uniform(0, 2 * np.pi, n))
     radii = r * rng.uniform(0.4, 1.0, n)
     center = rng.uniform(0, size, 2)
-    pts = np.stack([np.cos(t), np.sin(t)], 1) * radii[:, None] + center
-    return fill(size, [pts])
+    return fill(size, [polar(t) * radii[:, None] + center])
 
 
 def random_color(rng: np.random.Generator, avoid: np.ndarray) -> np.ndarray:
