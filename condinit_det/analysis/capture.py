@@ -52,9 +52,8 @@ def _reduce_site_inputs(site, inputs: Dict[str, object], *, max_batch: Optional[
     if max_batch is not None and b > max_batch:
         x = x[:max_batch]
         notes.append(f"first {max_batch} of {b} along dim 0")
-        mask = inputs.get("mask")
-        if isinstance(mask, torch.Tensor) and site.kind in _WINDOW_KINDS:
-            inputs["mask"] = mask[:max_batch] if mask.shape[0] >= max_batch else mask
+        if inputs.get("mask") is not None and site.kind in _WINDOW_KINDS:
+            inputs["mask"] = inputs["mask"][:max_batch]  # one mask per window: those of the windows kept
     if max_tokens is not None and site.kind not in _WINDOW_KINDS:
         if x.dim() == 4:
             h, w = x.shape[1], x.shape[2]
@@ -79,10 +78,7 @@ def _reduce_mha(module: nn.MultiheadAttention, inputs, max_batch, max_tokens):
     bdim = 0 if module.batch_first else 1
     tdim = 1 - bdim
     q, k, v = inputs["query"], inputs["key"], inputs["value"]
-    am, kpm = (
-        mask if isinstance(mask, torch.Tensor) else None
-        for mask in (inputs.get("attn_mask"), inputs.get("key_padding_mask"))
-    )
+    am, kpm = inputs.get("attn_mask"), inputs.get("key_padding_mask")
     notes = []
     if q.dim() == 3 and max_batch is not None and q.shape[bdim] > max_batch:
         b = q.shape[bdim]

@@ -171,23 +171,12 @@ def _closed_form_factors(fn: AttentionFunction) -> Optional[Tuple[List[torch.Ten
                 - out[..., :, None] * torch.einsum("bij,ijc->bic", ah, t.rel)[:, :, None, :]
             )
         bsz, nq, dv = out.shape
-        dq = qh.shape[-1]
         fq = m_q[..., :, :, None] * yq[:, :, None, None, :]  # [B, Nq, dh_v, dh, r_q]
         fk = t.scale * qh[:, :, None, :, None] * vt_lambda(yk)[:, :, :, None, :]  # [B, Nq, dh_v, dh, r_k]
         ay = ah @ yv  # [B, Nq, r_v]
         eye = torch.eye(dv, dtype=ay.dtype, device=ay.device)
         fv = eye[None, None, :, :, None] * ay[:, :, None, None, :]  # [B, Nq, dh_v, dh_v, r_v]
-        rows = bsz * nq * dv
-        factors.append(
-            torch.cat(
-                [
-                    fq.reshape(rows, dq * yq.shape[-1]),
-                    fk.reshape(rows, dq * yk.shape[-1]),
-                    fv.reshape(rows, dv * yv.shape[-1]),
-                ],
-                dim=1,
-            )
-        )
+        factors.append(torch.cat([f.reshape(bsz * nq * dv, -1) for f in (fq, fk, fv)], dim=1))
     return factors, t.token_index.reshape(-1), bases
 
 
@@ -345,10 +334,6 @@ def exact_conditioning(
         sigma_min=smin,
         rank_deficient=deficient,
         numerical_rank=rank,
-        converged=True,
-        iterations=0,
-        residual_max=0.0,
-        residual_min=0.0,
         method="exact",
         shape=(fn.rows, fn.cols),
         structure=structure,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Mapping, Optional
+from typing import Optional
 
 from detectron2.engine import HookBase
 from detectron2.utils import comm
@@ -119,10 +119,7 @@ def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = Non
         config_name: copied into every record as ``config``.
     Raises ValueError on an unknown key of the node.
     """
-    node: Mapping[str, Any] = cfg.get("condinit_analysis", None) if hasattr(cfg, "get") else None
-    if not node:
-        return None
-    opts = analysis_options(node)
+    opts = analysis_options(cfg.get("condinit_analysis"))
     if int(opts["period"] or 0) <= 0:
         return None
     if batch is None:

@@ -25,7 +25,6 @@ from .options import DEFAULT_MAX_ENTRIES, METHODS
 
 __all__ = [
     "KAPPA_COLUMNS",
-    "METHODS",
     "SiteMeasurement",
     "TABLE_COLUMNS",
     "choose_method",
@@ -107,8 +106,7 @@ def resolve_sites(model: nn.Module, patterns: Union[str, Sequence[str], None] = 
         return select_sites(sites, include=[patterns] if isinstance(patterns, str) else list(patterns))
     if default == "all" or len(sites) <= 3:
         return sites
-    picked = [sites[0], sites[len(sites) // 2], sites[-1]]
-    return [s for i, s in enumerate(picked) if s.name not in {p.name for p in picked[:i]}]
+    return [sites[0], sites[len(sites) // 2], sites[-1]]  # distinct from 4 sites on
 
 
 def choose_method(fn: AttentionFunction, method: str = "auto", *, max_entries: int = DEFAULT_MAX_ENTRIES) -> str:
@@ -130,9 +128,7 @@ def measure_site(
     tol: float = 1e-4,
     max_iter: int = 60,
     block_size: int = 8,
-    rank_tol: float = 1e-7,
     max_entries: int = DEFAULT_MAX_ENTRIES,
-    seed: int = 0,
     bound: bool = True,
     reduction: str = "",
 ) -> SiteMeasurement:
@@ -144,8 +140,7 @@ def measure_site(
             float64 entries), "matrix_free" (block Lanczos on jvp/vjp products, :mod:`.matrix_free`) or "auto"
             (the route :func:`choose_method` picks).
         include_output_proj: keep the output projection W_O (default: the identity in its place, the paper's f).
-        tol, max_iter, block_size, rank_tol, seed: the matrix-free route's, see
-            :func:`.spectrum.matrix_free_spectrum`.
+        tol, max_iter, block_size: the matrix-free route's, see :func:`.spectrum.matrix_free_spectrum`.
         bound: also compute the Theorem 3.1 terms (NaN otherwise, and for a site whose queries are a single token).
         reduction: how ``inputs`` were reduced, recorded as given.
     Returns:
@@ -155,9 +150,7 @@ def measure_site(
     if choose_method(fn, method, max_entries=max_entries) == "exact":
         spec = exact_conditioning(fn, max_entries=max_entries)
     else:
-        spec = estimate_conditioning(
-            fn, tol=tol, max_iter=max_iter, block_size=block_size, rank_tol=rank_tol, seed=seed
-        )
+        spec = estimate_conditioning(fn, tol=tol, max_iter=max_iter, block_size=block_size)
     terms = _theorem_terms(fn) if bound else None
     return SiteMeasurement(
         site=site.name,

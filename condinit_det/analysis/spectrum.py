@@ -17,7 +17,7 @@ __all__ = ["SpectrumResult", "condition_number", "extreme_singular_values", "mat
 MatVec = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SpectrumResult:
     """Extreme singular values of a linear map and how they were obtained.
 
@@ -41,11 +41,11 @@ class SpectrumResult:
     sigma_max: float
     sigma_min: float
     rank_deficient: bool
-    numerical_rank: Optional[int]
-    converged: bool
-    iterations: int
-    residual_max: float
-    residual_min: float
+    numerical_rank: Optional[int] = None
+    converged: bool = True
+    iterations: int = 0
+    residual_max: float = 0.0
+    residual_min: float = 0.0
     method: str
     shape: Tuple[int, int]
     products: int = 0
@@ -57,10 +57,8 @@ class SpectrumResult:
 
 def condition_number(matrix: torch.Tensor) -> float:
     """kappa of a 2-D tensor over its min(rows, cols) singular values (float64; inf when singular)."""
-    s = torch.linalg.svdvals(matrix.detach().to(torch.float64))
-    if s[-1] <= 0 or not torch.isfinite(s[0] / s[-1]):
-        return math.inf
-    return float(s[0] / s[-1])
+    kappa = float(torch.linalg.cond(matrix.detach().to(torch.float64)))
+    return kappa if math.isfinite(kappa) else math.inf  # nan for an all-zero matrix
 
 
 def singular_values(matrix: torch.Tensor) -> torch.Tensor:
@@ -133,15 +131,12 @@ def _ritz_check(diag, off, last_coupling, tol: float, floor: float) -> Tuple[flo
     theta_max``."""
     sizes = [a.shape[0] for a in diag]
     m = sum(sizes)
-    t = torch.zeros(m, m, dtype=torch.float64)
+    t = torch.block_diag(*diag).to(torch.float64).cpu()
     start = 0
-    for j, a in enumerate(diag):
-        b = sizes[j]
-        t[start : start + b, start : start + b] = a.to(torch.float64).cpu()
-        if j < len(diag) - 1:
-            c = off[j].to(torch.float64).cpu()  # [b_{j+1}, b_j]
-            t[start + b : start + b + c.shape[0], start : start + b] = c
-            t[start : start + b, start + b : start + b + c.shape[0]] = c.T
+    for c, b in zip(off, sizes):  # B_j [b_{j+1}, b_j] below A_j, its transpose beside it
+        c = c.to(torch.float64).cpu()
+        t[start + b : start + b + c.shape[0], start : start + b] = c
+        t[start : start + b, start + b : start + b + c.shape[0]] = c.T
         start += b
     # T is block tridiagonal (bandwidth < 2 b), and only its two extreme eigenpairs are needed: the
     # banded solver finds them in O(m b^2) instead of a dense O(m^3) eigh at every step.
@@ -246,7 +241,6 @@ def matrix_free_spectrum(
         sigma_max=smax,
         sigma_min=smin,
         rank_deficient=bool(deficient),
-        numerical_rank=None,
         converged=converged,
         iterations=len(diag),
         residual_max=res_max / scale,

@@ -52,19 +52,9 @@ def analysis_options(node: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 def measurement_options(opts: Mapping[str, Any]) -> Dict[str, Any]:
-    """The keywords of :func:`measure_conditioning` in ``opts`` (:func:`analysis_options`), typed; ``period``
-    and ``num_images`` (how often, on how many images) are the caller's."""
-    return dict(
-        sites=opts["sites"],
-        method=str(opts["method"]),
-        max_batch=opts["max_batch"],
-        max_tokens=opts["max_tokens"],
-        max_iter=int(opts["max_iter"]),
-        block_size=int(opts["block_size"]),
-        tol=float(opts["tol"]),
-        include_output_proj=bool(opts["include_output_proj"]),
-        bound=bool(opts["bound"]),
-    )
+    """The keywords of :func:`measure_conditioning` in ``opts`` (:func:`analysis_options`): every key but ``period``
+    and ``num_images`` (how often, on how many images: the caller's)."""
+    return {key: value for key, value in opts.items() if key not in ("period", "num_images")}
 
 
 def conditioning_records(
