@@ -305,6 +305,22 @@ def test_lazy_run_console_and_files(tmp_path):
     _finished_run_files(tmp_path / "exp" / "conditioned" / "seed0")
 
 
+@pytest.mark.slow
+def test_demo_console_is_quiet_with_loader_workers(tmp_path):
+    """The demo command prints no third-party notice on stderr: neither its own process (the kappa hook's first
+    forward-mode derivative) nor its data-loader workers (fvcore's flips)."""
+    proc = _train_net(
+        tmp_path,
+        f"train.output_dir={tmp_path / 'demo'}",
+        "train.max_iter=2",
+        "dataloader.train.num_workers=2",
+        config=os.path.join(ROOT, "configs", "demo", "mask_rcnn_vit_tiny.py"),
+        both=False,
+    )
+    assert "num_workers: 2" in (tmp_path / "demo" / "default" / "seed0" / "config.yaml").read_text()
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
 def test_a_config_without_condinit_node_gets_its_defaults(tmp_path):
     config = os.path.join(ROOT, "tests", "tiny_no_condinit_config.py")
     cfg = load_config(config, [])

@@ -5,10 +5,6 @@
 and requeue checkpoints, the ETA), :mod:`.checkpoint`, :mod:`.arm_report` (where each site's weights came from).
 """
 
-import warnings
-
-with warnings.catch_warnings():  # fvcore, which detectron2's layers import, scripts a loss with torch.jit (deprecated)
-    warnings.filterwarnings("ignore", message=r"`torch.jit.script` is deprecated", category=FutureWarning)
-    from .stage import DetectionStage
+from .stage import DetectionStage
 
 __all__ = ["DetectionStage"]

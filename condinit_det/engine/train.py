@@ -61,9 +61,13 @@ def _setup(cfg, options: RunOptions) -> dict:
     output_dir, rank = cfg.train.output_dir, comm.get_rank()
     run_logging(output_dir, rank=rank)
     # Notices of third-party code about its own coming changes, on every run: detectron2 calls torch.meshgrid without
-    # indexing and torch.fx's is_fx_tracing, and it and pycocotools convert tensors with numpy 1's copy semantics.
+    # indexing and torch.fx's is_fx_tracing, it and pycocotools convert tensors with numpy 1's copy semantics, torch
+    # scripts its forward-mode rules when the kappa hook first differentiates; and fvcore's flips, which only read the
+    # image array, warn that it is read-only. The data loader's workers fork from this process: the filters hold there.
     warnings.filterwarnings("ignore", message="torch.meshgrid: in an upcoming release", category=UserWarning)
     warnings.filterwarnings("ignore", message="__array__ implementation doesn't", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     if comm.is_main_process():
         os.makedirs(output_dir, exist_ok=True)
