@@ -216,7 +216,7 @@ def test_hook_saves_every_evaluations_matches(tmp_path, cfg, caplog):
                     2,
                     evaluate,
                     results_file=results_file,
-                    metadata={"arm": "default", "seed": 0},
+                    metadata={"arm": "default", "seed": 0, "config": None},
                     predictions_file=predictions,
                     ground_truth=ground_truth,
                 )
@@ -245,7 +245,7 @@ def test_hook_saves_every_evaluations_matches(tmp_path, cfg, caplog):
     assert "per-image matches not saved" in caplog.text
 
 
-def test_eta_counts_the_evaluations_to_come():
+def test_eta_counts_the_evaluations_to_come(tmp_path):
     from detectron2.utils.events import EventStorage
 
     from condinit_det.utils.logs import ETAPrinter
@@ -255,7 +255,8 @@ def test_eta_counts_the_evaluations_to_come():
             super().run_step()
             self.storage.put_scalar("time", 2.0)
 
-    hook = APHook(4, lambda: {"bbox": {"AP": 1.0}}, results_file=None)
+    metadata = {"arm": "default", "seed": 0, "config": None}
+    hook = APHook(4, lambda: {"bbox": {"AP": 1.0}}, results_file=ResultsFile(tmp_path), metadata=metadata)
     trainer = Timed()
     trainer.register_hooks([hook])
     trainer.train(0, 10)  # evaluates after iterations 4, 8 and 10

@@ -13,26 +13,22 @@ from detectron2.utils import comm
 from condinit_det.records.per_image import detection_eval_path
 from condinit_det.records.results import ResultsFile
 from condinit_det.stage import DETECTION
+from condinit_det.utils.preemption import PreemptionWatch
 
 __all__ = ["AP_RECORD_METRICS", "APHook", "ap_record", "build_best_checkpointer"]
 
 AP_RECORD_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")  # what an "ap" record holds per task
-_METADATA_KEYS = ("arm", "seed", "lr_scale", "config")
 _TASKS = ("bbox", "segm")
 
 logger = logging.getLogger(__name__)
 
 
-def _finite_or_none(value) -> Optional[float]:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
+def _finite_or_none(value: Optional[float]) -> Optional[float]:
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
 def ap_record(
-    results: Mapping[str, Any],
+    results: Mapping[str, Mapping[str, float]],
     *,
     iteration: int,
     arm: Optional[str],
@@ -41,8 +37,19 @@ def ap_record(
     lr_scale: Optional[float] = 1.0,
     kind: str = "ap",
 ) -> Dict[str, Any]:
-    """A results-file record of a COCO evaluator's output ``{"bbox": {"AP": ...}, "segm": {...}}`` (percent) after
-    ``iteration`` completed iterations. A task not evaluated is ``None``, an undefined metric (NaN) too."""
+    """A results-file record of one COCO evaluation.
+
+    Args:
+        results: the COCO evaluator's output, ``{"bbox": {"AP": ..., "AP50": ...}, "segm": {...}}``, in percent.
+        iteration: the training iterations completed when the model was evaluated.
+        arm, seed, config, lr_scale: the run's, copied into the record (``config``: the config file, or None).
+        kind: ``"ap"`` for the evaluations of a training run, ``"eval"`` for ``--eval-only``.
+
+    Returns:
+        ``{"kind", "stage": "detection", "iteration", "arm", "seed", "lr_scale", "config", "bbox", "segm"}``: each
+        task maps :data:`AP_RECORD_METRICS` to percent, None for a metric the evaluator left undefined (NaN, e.g. APs
+        without small objects); a task the evaluator did not run is None.
+    """
     record: Dict[str, Any] = {
         "kind": kind,
         "stage": DETECTION.name,
@@ -53,35 +60,48 @@ def ap_record(
         "config": config,
     }
     for task in _TASKS:
-        task_results = results.get(task) if isinstance(results, Mapping) else None
-        record[task] = (
-            None if not task_results else {m: _finite_or_none(task_results.get(m)) for m in AP_RECORD_METRICS}
-        )
+        metrics = results.get(task)
+        record[task] = {m: _finite_or_none(metrics.get(m)) for m in AP_RECORD_METRICS} if metrics else None
     return record
 
 
 class APHook(hooks.EvalHook):
-    """detectron2's ``EvalHook`` that also adds an ``"ap"`` record (with ``metadata``: arm, seed, lr_scale, config)
-    to ``results_file`` in the main process. When an evaluation wrote ``predictions_file`` (the evaluator's COCO
-    predictions), its matches with ``ground_truth`` (the COCO json) are saved (``per_image``; a failure is logged)
-    and the final record names both files."""
+    """detectron2's ``EvalHook`` (every ``eval_period`` iterations and after the last; the metrics go to the event
+    storage as ``bbox/AP``, ``segm/AP50``, ...) that also adds an ``"ap"`` record (:func:`ap_record`) to the run's
+    results file in the main process.
+
+    Args:
+        eval_period: evaluate every this many iterations (0: only after the last one).
+        eval_function: no-argument callable returning the evaluator's metrics, as :func:`ap_record` takes them.
+        results_file: where the records go.
+        metadata: ``arm``, ``seed``, ``lr_scale`` and ``config``, copied into every record.
+        predictions_file: where the evaluator writes its COCO-format predictions, or None. After every evaluation
+            that wrote it, its predictions are matched with ``ground_truth`` once (boxes and masks) and the matches
+            saved as ``<run>/per_image/ap_iter<k>.npz`` (:mod:`condinit_det.records.per_image`), named in the
+            record as ``"per_image"``: the report's two-level intervals resample them. A failure to save them is
+            logged, never raised. The final record also names the predictions (``"predictions"``, relative to the
+            run directory) and ``"ground_truth"``, so that the report can resample evaluation images.
+        ground_truth: the evaluation dataset's COCO json, or None.
+
+    A run killed during an evaluation makes that evaluation first when it resumes. :attr:`last_results` holds the
+    last evaluation's metrics; :meth:`seconds_left` the time the evaluations to come will take (for the ETA).
+    """
 
     def __init__(
         self,
         eval_period: int,
-        eval_function: Callable[[], Optional[Mapping[str, Any]]],
+        eval_function: Callable[[], Mapping[str, Any]],
         *,
-        results_file: Optional[ResultsFile],
-        metadata: Optional[Mapping[str, Any]] = None,
+        results_file: ResultsFile,
+        metadata: Mapping[str, Any],
         predictions_file: Optional[str] = None,
         ground_truth: Optional[str] = None,
     ):
         self._evaluate = eval_function
         self._results_file = results_file
-        self._metadata = {**{k: None for k in _METADATA_KEYS}, **(metadata or {})}
+        self._metadata = dict(metadata)
         self._predictions_file = predictions_file
         self._ground_truth = ground_truth
-        self._ground_truth_data = None  # the COCO json, read once
         self._iteration = None
         self._durations = []  # seconds of each evaluation so far
         self.last_results: Mapping[str, Any] = {}  # of the last evaluation
@@ -98,11 +118,7 @@ class APHook(hooks.EvalHook):
         done = self.trainer.iter
         if not (self._period > 0 and 0 < done < self.trainer.max_iter and done % self._period == 0):
             return
-        recorded = (
-            comm.is_main_process()
-            and self._results_file is not None
-            and any(r["iteration"] == done for r in self._results_file.records("ap"))
-        )
+        recorded = comm.is_main_process() and any(r["iteration"] == done for r in self._results_file.records("ap"))
         if not comm.all_gather(recorded)[0]:
             # Stored as the uninterrupted run would have: by the last finished iteration.
             storage, self._iteration = self.trainer.storage, done
@@ -122,19 +138,16 @@ class APHook(hooks.EvalHook):
         results = self._evaluate()
         self._durations.append(time.perf_counter() - clock)
         self.last_results = results or {}
-        if results and self._results_file is not None and comm.is_main_process():
+        if results and comm.is_main_process():
             # Completed iterations: trainer.iter is the last finished one in after_step, max_iter in after_train.
             iteration = self._iteration or min(self.trainer.iter + 1, self.trainer.max_iter)
             record = ap_record(results, iteration=iteration, **self._metadata)
             pred = self._predictions_file
-            fresh = bool(pred and self._ground_truth and os.path.isfile(pred) and os.path.getmtime(pred) >= started - 1)
-            if fresh and iteration == self.trainer.max_iter:
-                record["predictions"] = os.path.relpath(pred, self._results_file.output_dir)
-                record["ground_truth"] = os.path.abspath(self._ground_truth)
-            if fresh:
-                saved = self._save_matches(iteration, [t for t in _TASKS if record[t] is not None])
-                if saved:
-                    record["per_image"] = os.path.relpath(saved, self._results_file.output_dir)
+            if pred and self._ground_truth and os.path.isfile(pred) and os.path.getmtime(pred) >= started - 1:
+                self._save_matches(record)
+                if iteration == self.trainer.max_iter:
+                    record["predictions"] = os.path.relpath(pred, self._results_file.output_dir)
+                    record["ground_truth"] = os.path.abspath(self._ground_truth)
             self._results_file.add(record)
             logger.info(
                 f"Iteration {iteration}: box AP {_fmt_ap(record['bbox'])}, mask AP {_fmt_ap(record['segm'])} "
@@ -142,28 +155,29 @@ class APHook(hooks.EvalHook):
             )
         return results
 
-    def _save_matches(self, iteration: int, tasks) -> Optional[str]:
-        """Match this evaluation's predictions once and save them; returns the file, or None (logged)."""
+    def _save_matches(self, record: Dict[str, Any]) -> None:
+        """Match this evaluation's predictions once, save them and name the file in ``record`` (a failure is
+        logged)."""
         from condinit_det.evaluation.bootstrap import load_json, match_predictions, save_matches
 
+        iteration, tasks = record["iteration"], [t for t in _TASKS if record[t] is not None]
         path = detection_eval_path(self._results_file.output_dir, iteration)
         started = time.perf_counter()
         try:
-            if self._ground_truth_data is None:
-                self._ground_truth_data = load_json(self._ground_truth)
-            matches = match_predictions(self._ground_truth_data, load_json(self._predictions_file), iou_types=tasks)
+            ground_truth, predictions = load_json(self._ground_truth), load_json(self._predictions_file)
+            matches = match_predictions(ground_truth, predictions, iou_types=tasks)
             size = save_matches(path, matches)
         except Exception as e:  # the run must not stop for a report aid
             logger.warning(
                 f"Iteration {iteration}: per-image matches not saved ({type(e).__name__}: {e}); the report "
                 "falls back to intervals without this evaluation's images."
             )
-            return None
+            return
         logger.info(
             f"Iteration {iteration}: per-image matches ({', '.join(matches)}) saved to {path} "
             f"({size / 1024:.0f} KiB, {time.perf_counter() - started:.2f} s)"
         )
-        return path
+        record["per_image"] = os.path.relpath(path, self._results_file.output_dir)
 
 
 def _fmt_ap(task: Optional[Mapping[str, Any]]) -> str:
@@ -181,13 +195,13 @@ class _BestCheckpointer(hooks.BestCheckpointer):
 
 
 def build_best_checkpointer(
-    eval_period: int, checkpointer, *, results_file: Optional[ResultsFile] = None, val_metric: str = "bbox/AP"
+    eval_period: int, checkpointer, *, results_file: ResultsFile, val_metric: str = "bbox/AP"
 ) -> hooks.BestCheckpointer:
     """detectron2's ``BestCheckpointer`` keeping ``model_best.pth`` by ``val_metric`` (NaN is never "best"), with the
     best so far of a resumed run restored from its results file. Register it after the :class:`APHook`."""
     best = _BestCheckpointer(eval_period, checkpointer, val_metric, mode="max")
     task, _, metric = val_metric.partition("/")
-    for r in results_file.records("ap") if results_file is not None else []:
+    for r in results_file.records("ap"):
         value = (r.get(task) or {}).get(metric)
         if value is not None and (best.best_metric is None or value > best.best_metric):
             best.best_metric, best.best_iter = float(value), r["iteration"]
@@ -201,15 +215,10 @@ class PreemptionHook(hooks.HookBase):
 
     def __init__(self, checkpointer, run_dir: str):
         self._checkpointer, self._run_dir = checkpointer, run_dir
-        self._watch = None
-
-    def before_train(self):
-        from condinit_det.utils.preemption import PreemptionWatch
-
         self._watch = PreemptionWatch()
 
     def after_step(self):
-        if self._watch is None or not self._watch.active or not self._watch.requested():
+        if not self._watch.requested():
             return
         done = self.trainer.iter
         if comm.is_main_process():
