@@ -5,16 +5,19 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from detectron2.config import instantiate
+from detectron2.data import DatasetCatalog
+from detectron2.structures import Boxes, Instances
 from detectron2.utils.env import seed_all_rng
 from PIL import Image
 from table_text import unpadded
 
 from condinit_det.engine import DetectionStage
 from condinit_det.engine.config import CONDINIT_DEFAULTS, load_config, prepare_config
-from condinit_det.engine.train import PREDICTIONS_FIGURE, build_model
+from condinit_det.engine.train import PREDICTIONS_FIGURE, build_model, save_predictions_figure
 from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.init import find_attention
 from condinit_det.launch.arguments import build_parser
@@ -53,8 +56,8 @@ def _finished_run_files(run):
     assert "INFO: Run ended at " in last and last.endswith(f"results in {run / 'results.json'}"), last
     (environment,) = ResultsFile(run).records("environment")
     assert environment["iteration"] == 0 and environment["torch"] == torch.__version__
-    with Image.open(run / PREDICTIONS_FIGURE) as figure:
-        assert figure.format == "PNG" and figure.size[0] >= 2 * figure.size[1]  # two 64x64 test images side by side
+    with Image.open(run / PREDICTIONS_FIGURE) as figure:  # two 64x64 test images, each a row of two 260-px panels
+        assert figure.format == "PNG" and figure.size == (2 * 260, 2 * 260)
 
 
 def _metrics(run_dir):
@@ -381,3 +384,24 @@ def test_init_checkpoint_override_is_detected_per_site(tmp_path):
         "backbone.net.blocks.0.attn": "checkpoint partial.pth",
         "backbone.net.blocks.1.attn": "arm conditioned",
     }
+
+
+class _NoDetections(torch.nn.Module):
+    """A stand-in detector that finds nothing."""
+
+    def forward(self, batched_inputs):
+        empty = {"pred_boxes": Boxes(torch.zeros(0, 4)), "scores": torch.zeros(0), "pred_classes": torch.zeros(0)}
+        return [{"instances": Instances((i["height"], i["width"]), **empty)} for i in batched_inputs]
+
+
+def test_predictions_figure_draws_the_ground_truth_beside_the_predictions(tmp_path):
+    cfg = load_config(CONFIG, [])
+    save_predictions_figure(cfg, _NoDetections(), str(tmp_path / PREDICTIONS_FIGURE))
+    figure = np.asarray(Image.open(tmp_path / PREDICTIONS_FIGURE).convert("RGB")).astype(int)
+    # a row per test image (two of 64x64), each drawn 4x to 256 px with a 2-px margin: ground truth, predictions
+    assert figure.shape == (2 * 260, 2 * 260, 3)
+    for row, record in enumerate(DatasetCatalog.get("condinit_tiny_val")):
+        image = np.kron(np.asarray(Image.open(record["file_name"]).convert("RGB")), np.ones((4, 4, 1), int))
+        truth, found = (figure[row * 260 + 2 : row * 260 + 258, col * 260 + 2 : col * 260 + 258] for col in (0, 1))
+        assert np.array_equal(found, image)  # nothing predicted, nothing drawn
+        assert np.abs(truth - image).max() > 100  # its two objects' boxes, masks and class names

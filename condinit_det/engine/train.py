@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import torch
 from detectron2.config import LazyConfig, instantiate
-from detectron2.data import MetadataCatalog
+from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.engine import AMPTrainer, SimpleTrainer, hooks
 from detectron2.engine.defaults import create_ddp_model
 from detectron2.evaluation import inference_on_dataset, print_csv_format
@@ -53,6 +53,7 @@ __all__ = [
 logger = logging.getLogger("detectron2")
 
 PREDICTIONS_FIGURE = "predictions.png"
+_MARGIN = ((2, 2), (2, 2), (0, 0))  # white pixels around each panel of the figure
 
 
 def _setup(cfg, options: RunOptions) -> dict:
@@ -142,27 +143,33 @@ def _prediction_files(cfg):
 
 
 def save_predictions_figure(cfg, model, path: str, *, num_images: int = 4, min_score: float = 0.5) -> None:
-    """The first ``num_images`` images of the test set side by side, with the model's boxes and masks of score >=
-    ``min_score`` drawn by detectron2's ``Visualizer`` (class names from the dataset's metadata), as a PNG."""
+    """Save as a PNG the first ``num_images`` test images, one row each: the ground truth (left) beside the model's
+    boxes and masks of score >= ``min_score`` (right), both drawn by detectron2's ``Visualizer`` with the dataset's
+    class names. An image narrower than 256 pixels is drawn enlarged to 256, so that its objects can be seen."""
     from detectron2.data.detection_utils import read_image
     from detectron2.utils.visualizer import Visualizer
     from PIL import Image
 
-    metadata = MetadataCatalog.get(dataset_names(cfg)[-1])
-    panels = []
+    name = dataset_names(cfg)[-1]
+    ground_truth, metadata = {d["file_name"]: d for d in DatasetCatalog.get(name)}, MetadataCatalog.get(name)
+    rows = []
     model.eval()
     with torch.no_grad():
         for batch in instantiate(cfg.dataloader.test):
             for inputs, outputs in zip(batch, model(batch)):
-                instances = outputs["instances"].to("cpu")
                 image = read_image(inputs["file_name"], format="RGB")
-                drawn = Visualizer(image, metadata).draw_instance_predictions(instances[instances.scores >= min_score])
-                panels.append(drawn.get_image())
-            if len(panels) >= num_images:
+                scale = max(1.0, 256 / image.shape[1])
+                instances = outputs["instances"].to("cpu")
+                kept = instances[instances.scores >= min_score]
+                truth = Visualizer(image, metadata, scale=scale).draw_dataset_dict(ground_truth[inputs["file_name"]])
+                found = Visualizer(image, metadata, scale=scale).draw_instance_predictions(kept)
+                panels = [np.pad(drawn.get_image(), _MARGIN, constant_values=255) for drawn in (truth, found)]
+                rows.append(np.concatenate(panels, axis=1))
+            if len(rows) >= num_images:
                 break
-    height = max(p.shape[0] for p in panels[:num_images])
-    row = [np.pad(p, ((0, height - p.shape[0]), (0, 0), (0, 0))) for p in panels[:num_images]]
-    Image.fromarray(np.concatenate(row, axis=1)).save(path)
+    width = max(row.shape[1] for row in rows[:num_images])
+    rows = [np.pad(row, ((0, 0), (0, width - row.shape[1]), (0, 0)), constant_values=255) for row in rows[:num_images]]
+    Image.fromarray(np.concatenate(rows)).save(path)
 
 
 def do_train(options: RunOptions, cfg, environment: dict):
