@@ -17,7 +17,7 @@ from table_text import unpadded
 
 from condinit_det.engine import DetectionStage
 from condinit_det.engine.config import CONDINIT_DEFAULTS, load_config, prepare_config
-from condinit_det.engine.train import PREDICTIONS_FIGURE, build_model, save_predictions_figure
+from condinit_det.engine.train import PREDICTIONS_FIGURE, save_predictions_figure, weights_from
 from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.init import find_attention
 from condinit_det.launch.arguments import build_parser
@@ -80,8 +80,8 @@ def test_arms_differ_only_in_attention_weights(tmp_path):
         cfg = prepare_config(load_config(CONFIG, []), arm=arm, output_dir=str(tmp_path / arm))
         assert cfg.train.seed == 0 and cfg.condinit.seed == 0  # -1/absent -> 0; condinit follows
         seed_all_rng(cfg.train.seed)  # what default_setup does
-        model, report = build_model(cfg)
-        assert report.arm == arm
+        model = instantiate(cfg.model)
+        assert model.condinit_report.arm == arm
         batch = next(iter(instantiate(cfg.dataloader.train)))
         built[arm] = (model.state_dict(), batch, _attention_names(model))
     (sd_a, batch_a, attn), (sd_b, batch_b, _) = built["default"], built["conditioned"]
@@ -363,24 +363,20 @@ def test_missing_keys_and_cuda_are_one_line_errors(tmp_path, monkeypatch):
 
 
 def test_init_checkpoint_override_is_detected_per_site(tmp_path):
-    from detectron2.checkpoint import DetectionCheckpointer
-
-    from condinit_det.engine.arm_report import AttentionSnapshot, weights_from
+    from condinit_det.engine.checkpoint import RunCheckpointer
 
     torch.set_num_threads(1)
     cfg = prepare_config(load_config(CONFIG, []), arm="conditioned", output_dir=str(tmp_path))
-    model, report = build_model(cfg)
+    model = instantiate(cfg.model)
     # a checkpoint holding only block 0's attention (as a partial pretrained backbone would)
     ckpt = {
         k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.startswith("backbone.net.blocks.0.attn.")
     }
     torch.save({"model": ckpt}, tmp_path / "partial.pth")
-    snapshot = AttentionSnapshot(model)
-    assert sorted(snapshot.names_by_site) == ["backbone.net.blocks.0.attn", "backbone.net.blocks.1.attn"]
-    DetectionCheckpointer(model).load(str(tmp_path / "partial.pth"))
-    overwritten = snapshot.overwritten(model)
-    assert overwritten == ["backbone.net.blocks.0.attn"]
-    assert weights_from(report, overwritten, "partial.pth", None) == {
+    checkpointer = RunCheckpointer(model)
+    checkpointer.load(str(tmp_path / "partial.pth"))
+    assert checkpointer.loaded == set(ckpt)
+    assert weights_from(model.condinit_report, model, checkpointer.loaded, "partial.pth", None) == {
         "backbone.net.blocks.0.attn": "checkpoint partial.pth",
         "backbone.net.blocks.1.attn": "arm conditioned",
     }

@@ -1,8 +1,8 @@
 """The detection stage: detectron2 detectors trained and evaluated with an arm (``condinit-train``).
 
 :mod:`.stage` (the launcher's :class:`DetectionStage`), :mod:`.config` (configs, one run's settings, the checks),
-:mod:`.yacs` (yacs configs made lazy), :mod:`.train` (one run in every process), :mod:`.hooks` (AP records, best
-and requeue checkpoints, the ETA), :mod:`.checkpoint`, :mod:`.arm_report` (where each site's weights came from).
+:mod:`.yacs` (yacs configs made lazy), :mod:`.train` (one run in every process, its arm report), :mod:`.hooks` (AP
+records, best and requeue checkpoints, the ETA), :mod:`.checkpoint`.
 """
 
 from .stage import DetectionStage

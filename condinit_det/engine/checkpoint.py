@@ -6,10 +6,9 @@ and converts a pretraining checkpoint (:data:`PRETRAIN_FORMAT`) to the model's b
 import logging
 import os
 import zipfile
-from typing import Optional
+from typing import Optional, Set
 
 from detectron2.checkpoint import DetectionCheckpointer
-from torch.nn.parallel import DistributedDataParallel
 
 from ..utils.checkpoint_io import (
     DETECTION_FORMAT,
@@ -18,7 +17,7 @@ from ..utils.checkpoint_io import (
     SAFETENSORS_SUFFIX,
     check_loadable,
     final_weights_file,
-    load_safetensors,
+    load_checkpoint,
     read_safetensors_metadata,
     refuse_pickle,
     save_safetensors,
@@ -31,7 +30,6 @@ __all__ = ["RunCheckpointer", "check_checkpoint_file", "pretrain_checkpoint_file
 logger = logging.getLogger(__name__)
 
 _FINAL = "model_final"
-_LAST = "last_checkpoint"
 
 
 def pretrain_checkpoint_file(path: str) -> str:
@@ -54,10 +52,7 @@ def check_checkpoint_file(path: str) -> None:
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.endswith(SAFETENSORS_SUFFIX):
         read_safetensors_metadata(path)
-        return
-    if path.endswith(PICKLE_SUFFIXES + (".pyth",)):
-        return
-    if not zipfile.is_zipfile(path):
+    elif not path.endswith(PICKLE_SUFFIXES + (".pyth",)) and not zipfile.is_zipfile(path):
         raise ValueError(
             f"checkpoint {path} is truncated or not a PyTorch checkpoint ({os.path.getsize(path)} bytes, no zip "
             "directory): it was probably cut short by a crash; delete it (and fix last_checkpoint) or start afresh"
@@ -69,7 +64,6 @@ def read_pretrain_meta(path: str, *, trust_pickle: bool = False) -> Optional[dic
     needs full unpickling raises ``UnsafeCheckpointError`` unless ``trust_pickle``."""
     if not os.path.isfile(path) or path.endswith(PICKLE_SUFFIXES + (".pyth",)):
         return None
-    check_checkpoint_file(path)
     if path.endswith(SAFETENSORS_SUFFIX):
         data = read_safetensors_metadata(path)
     else:
@@ -88,6 +82,7 @@ class RunCheckpointer(DetectionCheckpointer):
         self.trust_pickle = bool(trust_pickle)
         self.metadata = dict(metadata or {})
         self.pretrain_meta: Optional[dict] = None
+        self.loaded: Set[str] = set()  # the names of the model's parameters and buffers the last load set
 
     def save(self, name: str, **kwargs) -> None:
         if not self.save_dir or not self.save_to_disk:
@@ -99,21 +94,22 @@ class RunCheckpointer(DetectionCheckpointer):
         path = os.path.join(self.save_dir, basename)
         if name == _FINAL:  # the weights to share, written before the .pth that marks the run finished
             extra = {k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))}
-            save_safetensors(
-                data["model"],
-                os.path.join(self.save_dir, _FINAL + SAFETENSORS_SUFFIX),
-                {"format": DETECTION_FORMAT, **self.metadata, **extra},
-            )
+            metadata = {"format": DETECTION_FORMAT, **self.metadata, **extra}
+            save_safetensors(data["model"], os.path.join(self.save_dir, _FINAL + SAFETENSORS_SUFFIX), metadata)
         self.logger.info(f"Saving checkpoint to {path}")
         atomic_torch_save(data, path)
         if name != "model_best":  # --resume continues from the newest periodic checkpoint
             self.tag_last_checkpoint(basename)
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
-        atomic_write(os.path.join(self.save_dir, _LAST), last_filename_basename, fsync=True)
+        atomic_write(os.path.join(self.save_dir, "last_checkpoint"), last_filename_basename, fsync=True)
+
+    def _load_model(self, checkpoint):
+        incompatible = super()._load_model(checkpoint)
+        self.loaded = set(self.model.state_dict()) - set(incompatible.missing_keys)
+        return incompatible
 
     def _torch_load(self, f):
-        check_checkpoint_file(f)
         try:
             return torch_load(f, trust_pickle=self.trust_pickle)
         except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as e:
@@ -123,8 +119,7 @@ class RunCheckpointer(DetectionCheckpointer):
 
     def _load_file(self, filename):
         if filename.endswith(SAFETENSORS_SUFFIX):
-            tensors, meta = load_safetensors(filename)
-            loaded = {**meta, "model": tensors}
+            loaded = load_checkpoint(filename)
         else:
             refuse_pickle(filename, self.trust_pickle)
             if filename.endswith(".pyth"):  # detectron2 reads pycls files with its own torch.load
@@ -134,11 +129,10 @@ class RunCheckpointer(DetectionCheckpointer):
             return loaded
         from ..modeling.convert import convert_timm_checkpoint
 
-        model = self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
         self.pretrain_meta = {k: v for k, v in loaded.items() if k != "model"}
         converted = convert_timm_checkpoint(
             loaded["model"],
-            model,
+            self.model,
             timm_model_name=loaded.get("timm_model"),
             timm_model_kwargs=loaded.get("model_kwargs"),
         )

@@ -101,8 +101,7 @@ class DetectionStage(Stage):
             return init
 
     def loader_workers(self, cfg) -> Optional[int]:
-        node = cfg.dataloader.get("train")
-        return int(node.num_workers) if node is not None and "num_workers" in node else None
+        return cfg.dataloader.train.get("num_workers")
 
     def set_loader_workers(self, cfg, workers: int) -> None:
         for split in ("train", "test"):

@@ -1,10 +1,11 @@
 """One detection run in every process: build the armed model, train it with detectron2's trainer, evaluate.
 
 :func:`run` trains (:func:`do_train`: ``SimpleTrainer`` / ``AMPTrainer`` with the project's hooks) or, with
-``--eval-only``, evaluates one checkpoint (:func:`do_eval_only`). Operational detail: docs/training.md.
+``--eval-only``, evaluates one checkpoint (:func:`do_eval_only`). A training run writes its arm report
+(``condinit_arm_report.json``, :func:`condinit_det.records.identity.write_arm_report`): the build's
+:class:`~condinit_det.init.InitReport`, the run identity ``--resume`` checks, and per site where its weights finally
+came from (``weights_from``: the arm, or the checkpoint that overwrote it). Operational detail: docs/training.md.
 """
-
-from __future__ import annotations
 
 import contextlib
 import functools
@@ -12,6 +13,7 @@ import logging
 import os
 import time
 import warnings
+from typing import Dict, Mapping, Optional, Set
 
 import numpy as np
 import torch
@@ -25,30 +27,23 @@ from detectron2.utils.env import seed_all_rng
 from detectron2.utils.events import JSONWriter, TensorboardXWriter
 from omegaconf import OmegaConf
 
+from ..analysis.hooks import build_conditioning_hook
+from ..init import InitReport, find_attention
 from ..modeling.arm import rank0_computes_arm
 from ..records.environment import environment_record
 from ..records.failures import note_failure
+from ..records.identity import write_arm_report
 from ..records.results import METRICS_FILENAME, ResultsFile
 from ..stage import DETECTION, PRETRAIN, RunOptions
 from ..tracking import tracker_writers
 from ..utils.distributed import check_replicas, sync_buffers
-from ..utils.logs import ETAPrinter, run_logging
+from ..utils.logs import ETAPrinter
 from ..utils.preemption import Preempted
-from .arm_report import AttentionSnapshot, log_arm_report, save_arm_report, weights_from
 from .checkpoint import RunCheckpointer, pretrain_checkpoint_file
 from .config import arm_spec, dataset_names, run_identity
 from .hooks import APHook, PreemptionHook, ap_record, build_best_checkpointer
 
-__all__ = [
-    "PREDICTIONS_FIGURE",
-    "build_model",
-    "do_eval_only",
-    "do_test",
-    "do_train",
-    "final_recorded",
-    "run",
-    "save_predictions_figure",
-]
+__all__ = ["PREDICTIONS_FIGURE", "do_test", "final_recorded", "run", "save_predictions_figure", "weights_from"]
 
 logger = logging.getLogger("detectron2")
 
@@ -60,7 +55,6 @@ def _setup(cfg, options: RunOptions) -> dict:
     """detectron2's ``default_setup`` without colours and environment dump in log.txt: the logs, ``config.yaml``, the
     RNGs seeded from ``train.seed`` + the rank; returns the ``"environment"`` record, named in the log."""
     output_dir, rank = cfg.train.output_dir, comm.get_rank()
-    run_logging(output_dir, rank=rank)
     # Notices of third-party code about its own coming changes, on every run: detectron2 calls torch.meshgrid without
     # indexing and torch.fx's is_fx_tracing, it and pycocotools convert tensors with numpy 1's copy semantics, torch
     # scripts its forward-mode rules when the kappa hook first differentiates; and fvcore's flips, which only read the
@@ -82,19 +76,6 @@ def _setup(cfg, options: RunOptions) -> dict:
         f"{os.path.join(output_dir, 'config.yaml')}); environment: {shown}"
     )
     return environment
-
-
-def build_model(cfg):
-    """``instantiate(cfg.model)`` (which applies ``cfg.condinit``); returns (model, arm report)."""
-    model = instantiate(cfg.model)
-    return model, model.condinit_report
-
-
-def _create_ddp(model, cfg):
-    ddp = dict(cfg.train.ddp)
-    if str(cfg.train.device).startswith("cpu"):
-        ddp["device_ids"] = None  # DDP over CPU modules (gloo)
-    return create_ddp_model(model, **ddp)
 
 
 def do_test(cfg, model):
@@ -123,23 +104,45 @@ def final_recorded(run_dir: str, max_iter: int) -> bool:
     return any(r["iteration"] >= max_iter for r in ResultsFile(run_dir).records("ap"))
 
 
-def _build_analysis_hook(cfg, config_file):
-    """The conditioning-analysis hook when ``condinit_analysis.period > 0``, else None."""
-    node = cfg.get("condinit_analysis")
-    if node is None or int(node.get("period", 0) or 0) <= 0:
-        return None
-    from ..analysis.hooks import build_conditioning_hook
+def weights_from(
+    report: InitReport, model: torch.nn.Module, loaded: Set[str], checkpoint: str, checkpoint_arm: Optional[str]
+) -> Dict[str, str]:
+    """Site name -> where its weights came from once ``checkpoint`` was loaded into ``model``: the checkpoint (and the
+    arm it was pretrained with, if it names one) for each site of which it set a parameter, else the arm of
+    ``report``. ``loaded``: the names of what it set (``RunCheckpointer.loaded``). A warning says how many sites."""
+    overwritten = [site.name for site in find_attention(model) if loaded.intersection(site.parameter_names())]
+    if overwritten:
+        logger.warning(
+            f"train.init_checkpoint={checkpoint} holds the attention weights of {len(overwritten)} of "
+            f"{len(report.sites)} site(s): they come from the checkpoint"
+            + (f" (pretrained with arm '{checkpoint_arm}')" if checkpoint_arm else f", not from the '{report.arm}' arm")
+            + "."
+        )
+    source = f"checkpoint {checkpoint}" + (f" (pretrained with arm {checkpoint_arm})" if checkpoint_arm else "")
+    return {s.name: source if s.name in overwritten else f"arm {report.arm}" for s in report.sites}
 
-    return build_conditioning_hook(cfg, config_name=config_file or None)
+
+def _log_arm_report(report: InitReport, provenance: Optional[Mapping[str, str]]) -> None:
+    """Log the arm and, per site, the parameters it changed and (``provenance``) where its weights came from."""
+    logger.info(
+        f"Attention-init arm '{report.arm}' (seed {report.seed}, options {report.options}): "
+        f"{len(report.sites)} attention site(s), {len(report.changed_parameters())} parameter(s) changed."
+    )
+    for s in report.sites:
+        origin = f" <- {provenance[s.name]}" if provenance and s.name in provenance else ""
+        logger.info(
+            f"  {s.name} [{s.kind}] heads={s.num_heads} dh={s.head_dim}: {', '.join(s.changed) or 'unchanged'}{origin}"
+        )
 
 
-def _prediction_files(cfg):
-    """(path the evaluator writes its COCO predictions to, ground-truth json) or (None, None)."""
-    out = OmegaConf.select(cfg, "dataloader.evaluator.output_dir", default=None)
-    names = dataset_names(cfg)
-    if not out or "evaluator" not in cfg.dataloader or not names:
-        return None, None
-    return os.path.join(out, "coco_instances_results.json"), MetadataCatalog.get(names[-1]).get("json_file", None)
+def _save_arm_report(output_dir, report, identity, provenance, init_checkpoint) -> None:
+    """Write the arm report with the run identity, per site where its weights came from (``provenance``; None: the
+    arm) and the ``init_checkpoint`` loaded (or None)."""
+    data = report.to_dict()
+    for site in data["sites"]:
+        site["weights_from"] = (provenance or {}).get(site["name"], f"arm {report.arm}")
+    data["init_checkpoint"] = init_checkpoint
+    logger.info(f"Arm report saved to {write_arm_report(output_dir, data, identity)}")
 
 
 def save_predictions_figure(cfg, model, path: str, *, num_images: int = 4, min_score: float = 0.5) -> None:
@@ -183,14 +186,17 @@ def do_train(options: RunOptions, cfg, environment: dict):
 
     # DDP broadcasts rank 0's weights when it wraps the model, so only rank 0 computes the arm.
     with rank0_computes_arm() if comm.get_world_size() > 1 else contextlib.nullcontext():
-        model, report = build_model(cfg)
+        model = instantiate(cfg.model)  # applies cfg.condinit; model.condinit_report says what it did
     model.to(cfg.train.device)
 
     cfg.optimizer.params.model = model
     optim = instantiate(cfg.optimizer)
     train_loader = instantiate(cfg.dataloader.train)
 
-    ddp_model = _create_ddp(model, cfg)
+    ddp = dict(cfg.train.ddp)
+    if str(cfg.train.device).startswith("cpu"):
+        ddp["device_ids"] = None  # DDP over CPU modules (gloo)
+    ddp_model = create_ddp_model(model, **ddp)
     trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, train_loader, optim)
     checkpointer = RunCheckpointer(
         ddp_model,
@@ -201,68 +207,48 @@ def do_train(options: RunOptions, cfg, environment: dict):
         metadata={**metadata, "stage": DETECTION.name},
     )
     eval_period = int(cfg.train.eval_period)
-    predictions, ground_truth = _prediction_files(cfg)
+    out = OmegaConf.select(cfg, "dataloader.evaluator.output_dir", default=None)  # where it saves its predictions
     ap_hook = APHook(
         eval_period,
         functools.partial(do_test, cfg, ddp_model),
         results_file=results_file,
         metadata=metadata,
-        predictions_file=predictions,
-        ground_truth=ground_truth,
+        predictions_file=os.path.join(out, "coco_instances_results.json") if out else None,
+        ground_truth=MetadataCatalog.get(dataset_names(cfg)[-1]).get("json_file") if out else None,
     )
-    # detectron2's default writers, with an ETA that counts the evaluations still to come
-    writers = [
-        ETAPrinter(max_iter, ap_hook.seconds_left),
-        JSONWriter(os.path.join(output_dir, METRICS_FILENAME)),
-        TensorboardXWriter(output_dir),
+    hook_list = [
+        hooks.IterationTimer(),
+        hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
+        hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main_process else None,
+        ap_hook,
+        build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main_process else None,
+        PreemptionHook(checkpointer, output_dir),
+        build_conditioning_hook(cfg, config_name=options.config_file or None),
     ]
-    trainer.register_hooks(
-        [
-            hooks.IterationTimer(),
-            hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
-            hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main_process else None,
-            ap_hook,
-            build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main_process else None,
-            PreemptionHook(checkpointer, output_dir),
-            _build_analysis_hook(cfg, options.config_file),
-            # + W&B / MLflow (main process; the storage counts from iteration 0)
-            hooks.PeriodicWriter(
-                writers
-                + tracker_writers(
-                    cfg,
-                    output_dir,
-                    stage=DETECTION.name,
-                    params={**metadata, "identity": identity},
-                    step_offset=1,
-                    max_step=max_iter,
-                ),
-                period=cfg.train.log_period,
-            )
-            if main_process
-            else None,
+    if main_process:  # detectron2's default writers, with an ETA that counts the evaluations to come, + W&B / MLflow
+        writers = [
+            ETAPrinter(max_iter, ap_hook.seconds_left),
+            JSONWriter(os.path.join(output_dir, METRICS_FILENAME)),
+            TensorboardXWriter(output_dir),
         ]
-    )
+        params = {**metadata, "identity": identity}
+        # the storage counts from iteration 0
+        writers += tracker_writers(
+            cfg, output_dir, stage=DETECTION.name, params=params, step_offset=1, max_step=max_iter
+        )
+        hook_list.append(hooks.PeriodicWriter(writers, period=cfg.train.log_period))
+    trainer.register_hooks(hook_list)
 
     init = pretrain_checkpoint_file(cfg.train.init_checkpoint) if cfg.train.init_checkpoint else ""
     will_resume = options.resume and checkpointer.has_checkpoint()
-    snapshot = AttentionSnapshot(model) if init and not will_resume else None
     checkpointer.resume_or_load(init, resume=options.resume)
+    report, pretrain_arm = model.condinit_report, (checkpointer.pretrain_meta or {}).get("arm")
     provenance = None
-    if snapshot is not None:
-        overwritten = snapshot.overwritten(model)
-        pretrain_arm = (checkpointer.pretrain_meta or {}).get("arm")
-        provenance = weights_from(report, overwritten, init, pretrain_arm)
-        if overwritten:
-            logger.warning(
-                f"train.init_checkpoint={init} holds the attention weights of {len(overwritten)} of "
-                f"{len(report.sites)} site(s): they come from the checkpoint"
-                + (f" (pretrained with arm '{pretrain_arm}')" if pretrain_arm else f", not from the '{report.arm}' arm")
-                + "."
-            )
-        del snapshot
-    log_arm_report(report, provenance)
+    if init and not will_resume:
+        provenance = weights_from(report, model, checkpointer.loaded, init, pretrain_arm)
+    _log_arm_report(report, provenance)
     if main_process and not will_resume:
-        save_arm_report(output_dir, report, identity, provenance, init_checkpoint=init or None)
+        _save_arm_report(output_dir, report, identity, provenance, init or None)
     check_replicas(model, "before training")
 
     # The checkpoint stores the iteration that just finished.
@@ -278,10 +264,9 @@ def do_train(options: RunOptions, cfg, environment: dict):
         return ap_hook.last_results
     try:
         trainer.train(start_iter, max_iter)
-    except Preempted:
-        raise
     except Exception as e:
-        note_failure(output_dir, e, rank=comm.get_rank(), iteration=trainer.iter)
+        if not isinstance(e, Preempted):  # a requeue is not a failure
+            note_failure(output_dir, e, rank=comm.get_rank(), iteration=trainer.iter)
         raise
     check_replicas(model, "after training")
     if main_process and "evaluator" in cfg.dataloader:
@@ -295,15 +280,11 @@ def do_train(options: RunOptions, cfg, environment: dict):
 def do_eval_only(options: RunOptions, cfg):
     """Evaluate ``train.init_checkpoint`` (with --resume: the run's last checkpoint) and add an ``"eval"`` record
     under the checkpoint's own arm and stage (the config's arm when the checkpoint names none)."""
-    model, _ = build_model(cfg)
-    model.to(cfg.train.device)
-    model = _create_ddp(model, cfg)
+    model = instantiate(cfg.model).to(cfg.train.device)  # each process evaluates its share of the test set
     checkpointer = RunCheckpointer(model, cfg.train.output_dir, trust_pickle=options.trust_pickle)
-    path = (
-        checkpointer.get_checkpoint_file()
-        if options.resume and checkpointer.has_checkpoint()
-        else cfg.train.init_checkpoint
-    )
+    path = cfg.train.init_checkpoint
+    if options.resume and checkpointer.has_checkpoint():
+        path = checkpointer.get_checkpoint_file()
     extra = checkpointer.load(path)
     results = do_test(cfg, model)
     if comm.is_main_process() and results:

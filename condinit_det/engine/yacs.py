@@ -2,8 +2,6 @@
 yacs values in its ``yacs`` node and builds with detectron2's yacs builders; the backbone builders apply the arm,
 which ``MODEL.CONDINIT`` takes from the lazy ``condinit`` node. Detail: docs/configs.md."""
 
-from __future__ import annotations
-
 from typing import Mapping
 
 import torch
@@ -78,19 +76,15 @@ def _condinit(node: CfgNode) -> dict:
     }
 
 
-def _register_embedded(names) -> None:
-    from ..data import DATASET_NAMES, DIGITS_DATASET_NAMES, register_embedded_datasets
-
-    for dataset, embedded in (("shapes", DATASET_NAMES), ("digits-det", DIGITS_DATASET_NAMES)):
-        if set(embedded) & set(names):
-            register_embedded_datasets(dataset=dataset)
-
-
 def lazy_from_yacs(cfg: CfgNode) -> DictConfig:
     """The lazy config of a yacs config (docs/configs.md says which keys go where); registers the embedded datasets
     it names."""
-    _register_embedded(cfg.DATASETS.TRAIN + cfg.DATASETS.TEST)
-    solver, test_set = cfg.SOLVER, cfg.DATASETS.TEST[0]
+    from ..data import EMBEDDED_DATASETS, register_embedded_datasets
+
+    for key, embedded in EMBEDDED_DATASETS.items():
+        if set(embedded.detectron2_names or ()) & set(cfg.DATASETS.TRAIN + cfg.DATASETS.TEST):
+            register_embedded_datasets(dataset=key)
+    solver, test_set, workers = cfg.SOLVER, cfg.DATASETS.TEST[0], cfg.DATALOADER.NUM_WORKERS
     built = LazyCall(yacs_config)(yacs="${yacs}")
     lazy = OmegaConf.create(
         {"yacs": yaml.safe_load(cfg.dump()), "condinit": _condinit(cfg.MODEL.CONDINIT)}, flags={"allow_objects": True}
@@ -105,16 +99,11 @@ def lazy_from_yacs(cfg: CfgNode) -> DictConfig:
         min_keypoints=keypoints,
         proposal_files=list(cfg.DATASETS.PROPOSAL_FILES_TRAIN) if cfg.MODEL.LOAD_PROPOSALS else None,
     )
+    tasks = ["bbox", "segm"] if cfg.MODEL.MASK_ON else ["bbox"]
     lazy.dataloader = {
-        "train": LazyCall(build_detection_train_loader)(
-            cfg=built, dataset=dataset, num_workers=cfg.DATALOADER.NUM_WORKERS
-        ),
-        "test": LazyCall(build_detection_test_loader)(
-            cfg=built, dataset_name=test_set, num_workers=cfg.DATALOADER.NUM_WORKERS
-        ),
-        "evaluator": LazyCall(FastCOCOEvaluator)(
-            dataset_name=test_set, output_dir=None, tasks=["bbox", "segm"] if cfg.MODEL.MASK_ON else ["bbox"]
-        ),
+        "train": LazyCall(build_detection_train_loader)(cfg=built, dataset=dataset, num_workers=workers),
+        "test": LazyCall(build_detection_test_loader)(cfg=built, dataset_name=test_set, num_workers=workers),
+        "evaluator": LazyCall(FastCOCOEvaluator)(dataset_name=test_set, output_dir=None, tasks=tasks),
     }
     lazy.train = {
         "output_dir": cfg.OUTPUT_DIR,
