@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from condinit_det.init import PAPER_ARMS
-from condinit_det.launch.arguments import build_parser, experiment_namespace
+from condinit_det.launch.arguments import build_parser
 from condinit_det.launch.plan import describe_plan, plan_experiment
 from condinit_det.launch.run import execute, failure_summary
 from condinit_det.records.failures import failure_of, note_failure
@@ -422,13 +422,6 @@ def test_flags_may_follow_the_overrides(tmp_path, capsys, command, config):
     out = capsys.readouterr().out
     assert rc == 0 and out.startswith(f"Plan of {tmp_path} ") and "2 of 2 run(s) would train" in out, out
     assert not list(tmp_path.iterdir())
-
-
-def test_experiment_namespace_has_every_flag():
-    args = experiment_namespace(config_file="x.py", seeds="0,1")
-    assert args.seeds == "0,1" and args.bootstrap == 1000 and args.lr_scale is None and args.slurm is False
-    with pytest.raises(TypeError, match="unknown experiment option"):
-        experiment_namespace(sedes="0")
 
 
 # ---------------------------------------------------------------------------------------------

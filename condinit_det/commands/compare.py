@@ -111,16 +111,9 @@ def _plan(parser: argparse.ArgumentParser, args) -> int:
         parser.error(
             "--plan-seeds takes no run directories and no --contrast (count each contrast as one more arm in --arms)"
         )
-    comparisons = args.arms * args.metrics
+    common = dict(comparisons=args.arms * args.metrics, level=args.level, shared_variance=args.shared_variance)
     try:
-        p = plan_seeds(
-            args.delta,
-            args.std,
-            comparisons=comparisons,
-            level=args.level,
-            power_target=args.power,
-            shared_variance=args.shared_variance,
-        )
+        p = plan_seeds(args.delta, args.std, power_target=args.power, **common)
     except ValueError as e:
         parser.error(str(e))
     print(
@@ -128,20 +121,7 @@ def _plan(parser: argparse.ArgumentParser, args) -> int:
         f"default: {p.text()}."
     )
     if p.needed is not None:
-        rows = [
-            [
-                n,
-                power(
-                    n,
-                    args.delta,
-                    args.std,
-                    level=args.level,
-                    comparisons=comparisons,
-                    shared_variance=args.shared_variance,
-                ),
-            ]
-            for n in range(2, p.needed + 3)
-        ]
+        rows = [[n, power(n, args.delta, args.std, **common)] for n in range(2, p.needed + 3)]
         print("\n" + tabulate(rows, ["seeds per arm", "power"], tablefmt="pipe", floatfmt=".3f"))
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from typing import Callable, Optional, Tuple
+from typing import Callable, Tuple
 
 from ..init.options import ARMS, FACTORIAL_ARMS, PAPER_ARMS
 from ..utils.checkpoint_io import TRUST_FLAG
@@ -19,7 +19,6 @@ __all__ = [
     "add_experiment_arguments",
     "add_slurm_arguments",
     "build_parser",
-    "experiment_namespace",
     "parse_time_minutes",
 ]
 
@@ -277,16 +276,3 @@ def build_parser(*, description: str = "", examples: str = "", config_help: str 
     add_experiment_arguments(parser)
     add_slurm_arguments(parser)
     return parser
-
-
-def experiment_namespace(parser: Optional[argparse.ArgumentParser] = None, **values) -> argparse.Namespace:
-    """Every flag of :func:`build_parser` at its default, then ``values`` (by destination name, e.g.
-    ``config_file=...``, ``seeds="0,1"``, ``opts=[...]``); unknown names raise TypeError."""
-    parser = parser or build_parser()
-    args = parser.parse_args([])
-    unknown = sorted(set(values) - set(vars(args)))
-    if unknown:
-        raise TypeError(f"unknown experiment option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(vars(args)))}")
-    for key, value in values.items():
-        setattr(args, key, value)
-    return args

@@ -148,27 +148,24 @@ def plan_experiment(
     *,
     output_dir: Optional[str] = None,
     upstream: Optional[str] = None,
-    check: bool = True,
 ) -> Experiment:
-    """Plan the runs ``args`` asks for and, with ``check``, check everything that can be checked before a process
-    starts; nothing is written. Raises :class:`UsageError` (one line) on bad input.
+    """Plan the runs ``args`` asks for and check everything that can be checked before a process starts (the
+    stage's checks and those of every run's directory); nothing is written. Raises :class:`UsageError` (one line)
+    on bad input.
 
     Args:
         stage: the training stage.
         args: the parsed flags (``--retry-failed`` and ``--slurm`` set ``args.resume``).
         output_dir: the experiment directory instead of the config's output directory.
         upstream: see :attr:`Experiment.upstream`.
-        check: run the stage's checks and those of every run's directory.
     """
     try:
-        return _plan(stage, args, output_dir=output_dir, upstream=upstream, check=check)
-    except UsageError:
-        raise
+        return _plan(stage, args, output_dir=output_dir, upstream=upstream)
     except (ValueError, FileNotFoundError, KeyError) as e:  # the stages' checks: bad input, said in one line
         raise UsageError(" ".join(str(e).split())) from None
 
 
-def _plan(stage: Stage, args, *, output_dir, upstream, check) -> Experiment:
+def _plan(stage: Stage, args, *, output_dir, upstream) -> Experiment:
     if args.retry_failed or args.slurm:
         args.resume = True  # a submission continues what exists: resubmitting is always safe
     if args.slurm and args.eval_only:
@@ -202,8 +199,6 @@ def _plan(stage: Stage, args, *, output_dir, upstream, check) -> Experiment:
         setup=stage.setup(cfg),
         dataset=stage.dataset(cfg),
     )
-    if not check:
-        return experiment
     configured = [(spec, experiment.config(spec)) for spec in experiment.runs]
     stage.check(experiment.options, configured, upstream=upstream)
     if args.dry_run:
@@ -441,14 +436,8 @@ def _row(label: str, stage: str, runs: Sequence[RunCost], devices: str = "") -> 
         return [label, stage, steps, devices, "?", "?"]
     prefix = ">= " if len(known) < len(runs) else ""
     hours = sum(r.wall * r.devices for r in known) / 3600.0
-    return [
-        label,
-        stage,
-        steps,
-        devices,
-        prefix + _duration(sum(r.wall for r in known)),
-        prefix + (f"{hours:.1f}" if hours >= 10 else f"{hours:.2f}"),
-    ]
+    wall = prefix + _duration(sum(r.wall for r in known))
+    return [label, stage, steps, devices, wall, prefix + (f"{hours:.1f}" if hours >= 10 else f"{hours:.2f}")]
 
 
 def format_cost(runs: Sequence[RunCost]) -> str:

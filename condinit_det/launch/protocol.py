@@ -17,16 +17,10 @@ from typing import List
 
 from ..records.layout import REPORT_DIRNAME
 from ..stage import Stage
-from .arguments import (
-    add_cost_arguments,
-    add_experiment_arguments,
-    add_slurm_arguments,
-    build_parser,
-    experiment_namespace,
-)
+from .arguments import add_cost_arguments, add_experiment_arguments, add_slurm_arguments, build_parser
 from .plan import plan_experiment
 
-__all__ = ["build_protocol_parser", "plan_protocol", "submit_protocol"]
+__all__ = ["build_protocol_parser", "submit_protocol"]
 
 EXAMPLES = """
 Example (XCiT-S12: ImageNet pretraining per arm, COCO Mask R-CNN per arm from it, three seeds):
@@ -81,15 +75,16 @@ def build_protocol_parser() -> argparse.ArgumentParser:
 
 def _stage_args(args: argparse.Namespace, config_file: str, opts: List[str]) -> argparse.Namespace:
     """The namespace a training command would have for this stage: every shared flag as given to the protocol."""
-    stage_parser = build_parser()
-    shared = set(vars(stage_parser.parse_args([])))
-    values = {k: v for k, v in vars(args).items() if k in shared}
-    return experiment_namespace(stage_parser, **values, config_file=config_file, opts=list(opts), slurm=True)
+    stage_args = build_parser().parse_args([])
+    shared = {key: value for key, value in vars(args).items() if key in vars(stage_args)}
+    vars(stage_args).update(shared, config_file=config_file, opts=list(opts), slurm=True)
+    return stage_args
 
 
-def plan_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: Stage):
-    """Plan and check both stages (one error line on bad input, nothing written): (upstream, downstream)
-    experiments. The downstream runs start from the upstream runs, which need not exist yet."""
+def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: Stage, log=print) -> int:
+    """Plan and check both stages (one error line on bad input, nothing written; the downstream runs start from
+    the upstream runs, which need not exist yet), then print the plan and its cost (``--dry-run``) or submit them
+    and the report (:func:`condinit_det.launch.slurm.submit_stages`); returns 0."""
     pre = plan_experiment(
         upstream,
         _stage_args(args, args.pretrain_config, args.pretrain_opt),
@@ -101,13 +96,6 @@ def plan_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: Stag
         output_dir=os.path.join(args.output, "finetune"),
         upstream=pre.base,
     )
-    return pre, fine
-
-
-def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: Stage, log=print) -> int:
-    """Plan and check both stages, then print the plan and its cost (``--dry-run``) or submit them and the report
-    (:func:`condinit_det.launch.slurm.submit_stages`); returns 0."""
-    pre, fine = plan_protocol(args, upstream=upstream, downstream=downstream)
     if args.dry_run:
         from .plan import describe_plan, format_cost, plan_costs, resolve_step_time
 

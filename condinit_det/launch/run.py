@@ -46,7 +46,7 @@ from ..utils.preemption import PREEMPTED_FILENAME, Preempted
 from ..utils.threads import allocated_cpus, apply_thread_settings
 from .plan import Experiment
 
-__all__ = ["Outcome", "execute", "failure_summary", "finish_experiment", "run_worker"]
+__all__ = ["Outcome", "execute", "failure_summary", "run_worker"]
 
 logger = logging.getLogger("condinit_det.launch")
 
@@ -117,17 +117,16 @@ def _run_one(experiment: Experiment, spec: RunSpec, *, main: bool) -> Outcome:
     if spec in experiment.unreadable:
         logger.error(f"Run {spec.dir}: {experiment.unreadable[spec]}; not touched, going on with the next run")
         return Outcome(spec, run_dir, not_run=experiment.unreadable[spec])
-    if not main:
-        return _train_one(experiment, spec, main=False, owned=contextlib.ExitStack())
     with contextlib.ExitStack() as owned:
         try:
-            owned.enter_context(RunLock(run_dir, log=logger))
+            if main:
+                owned.enter_context(RunLock(run_dir, log=logger))
         except RunInUse as e:
             if len(experiment.runs) == 1:
                 raise
             logger.error(f"Run {spec.dir}: {e}; going on with the next run")
             return Outcome(spec, run_dir, not_run=f"not trained here: {e}")
-        return _train_one(experiment, spec, main=True, owned=owned)
+        return _train_one(experiment, spec, main=main, owned=owned)
 
 
 def _train_one(experiment: Experiment, spec: RunSpec, *, main: bool, owned: contextlib.ExitStack) -> Outcome:
@@ -188,8 +187,9 @@ def _train_one(experiment: Experiment, spec: RunSpec, *, main: bool, owned: cont
 
 def execute(experiment: Experiment) -> int:
     """Train (or with ``--eval-only`` evaluate) every planned run, each in a launch of its own; with several runs
-    write the comparison at the end. Returns the exit status: 1 when a run failed, diverged or was not touched
-    (named on the last lines), else 0. Call :func:`condinit_det.launch.plan.plan_experiment` first."""
+    write and print the comparison into ``<base>/report/`` at the end (and attach it to a tracker run of its own
+    when the config's trackers enable one). Returns the exit status: 1 when a run failed, diverged or was not
+    touched (named on the last lines), else 0. Call :func:`condinit_det.launch.plan.plan_experiment` first."""
     args = experiment.args
     console_logging()
     main = int(args.machine_rank) == 0
@@ -201,10 +201,21 @@ def execute(experiment: Experiment) -> int:
     if main and not experiment.element:
         experiment.write_plan()
     outcomes = [_run_one(experiment, spec, main=main) for spec in experiment.runs]
-    report = len(experiment.runs) > 1 and main and not experiment.element
-    return finish_experiment(
-        experiment.base, outcomes, report=report, bootstrap=args.bootstrap, trackers=experiment.trackers
-    )
+    if len(experiment.runs) > 1 and main and not experiment.element:
+        from ..report import compare_arms
+        from ..tracking import attach_report
+
+        report_dir = os.path.join(experiment.base, REPORT_DIRNAME)
+        try:
+            _, text = compare_arms([experiment.base], output_dir=report_dir, bootstrap=args.bootstrap)
+            print(text + f"\nReport written to {report_dir}", flush=True)
+            attach_report(experiment.trackers, experiment.base, report_dir)
+        except ValueError as e:  # e.g. no run finished: the failures below say why
+            print(f"No report: {e}", file=sys.stderr, flush=True)
+    lines = failure_summary(outcomes)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return 1 if lines else 0
 
 
 def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
@@ -218,26 +229,3 @@ def failure_summary(outcomes: Sequence[Outcome]) -> List[str]:
         lr_scale = "" if o.spec.lr_scale == 1.0 else f" lr scale {o.spec.lr_scale:g}"
         lines.append(f"  {o.spec.arm} seed {o.spec.seed}{lr_scale}: {what} ({o.path})")
     return lines
-
-
-def finish_experiment(
-    base: str, outcomes: Sequence[Outcome], *, report: bool, bootstrap: int = 1000, trackers: Optional[dict] = None
-) -> int:
-    """The end of an experiment: with ``report``, write and print the comparison into ``<base>/report/`` (and
-    attach it to a tracker run of its own when ``trackers`` enables one); then name the runs that did not finish.
-    Returns the exit status (1 when one did not)."""
-    if report:
-        from ..report import compare_arms
-        from ..tracking import attach_report
-
-        report_dir = os.path.join(base, REPORT_DIRNAME)
-        try:
-            _, text = compare_arms([base], output_dir=report_dir, bootstrap=bootstrap)
-            print(text + f"\nReport written to {report_dir}", flush=True)
-            attach_report(trackers, base, report_dir)
-        except ValueError as e:  # e.g. no run finished: the failures below say why
-            print(f"No report: {e}", file=sys.stderr, flush=True)
-    lines = failure_summary(outcomes)
-    for line in lines:
-        print(line, file=sys.stderr, flush=True)
-    return 1 if lines else 0

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from tabulate import tabulate
 
 from ..records.failures import describe_failure
-from ..records.identity import ARM_REPORT_FILENAME
+from ..records.identity import read_arm_report
 from ..records.jobs import read_jobs
 from ..records.layout import find_plans, is_set_aside, read_plan
 from ..records.results import FAILED_KIND, METRICS_FILENAME, RESULTS_FILENAME, ResultsFile
@@ -71,10 +71,7 @@ class RunStatus:
         return f"{self.arm} seed {seed}" + ("" if self.lr_scale == 1.0 else f" lr scale {self.lr_scale:g}")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        for key in ("descriptor", "_end", "_line", "_line_time"):
-            d.pop(key)
-        return d
+        return {key: value for key, value in asdict(self).items() if key != "descriptor" and key[0] != "_"}
 
 
 def _mtime(path: str) -> Optional[float]:
@@ -116,22 +113,18 @@ def _stage_in_records(records: Sequence[dict]) -> Optional[StageDescriptor]:
     return stage_of(names[-1]) if names else None
 
 
-def _identity(path: str, records: Sequence[dict]) -> Tuple[Optional[str], Optional[int], float]:
+def _identity(path: str, records: Sequence[dict]) -> Tuple[str, Optional[int], float]:
     """(arm, seed, lr scale) of a run found on disk: its arm report's run section, then its records."""
-    arm = seed = scale = None
-    report = os.path.join(path, ARM_REPORT_FILENAME)
-    if os.path.isfile(report):
-        try:
-            with open(report) as f:
-                run = json.load(f).get("run") or {}
-            arm, seed, scale = run.get("arm"), run.get("seed"), run.get("lr_scale")
-        except (OSError, json.JSONDecodeError, AttributeError):
-            pass
+    try:
+        run = (read_arm_report(path) or {}).get("run") or {}
+    except (ValueError, AttributeError):  # an arm report that is not JSON, or not an object: the records alone
+        run = {}
+    arm, seed, scale = run.get("arm"), run.get("seed"), run.get("lr_scale")
     for r in records:  # the records win, as in the report
         arm = r["arm"] if r.get("arm") is not None else arm
         seed = r["seed"] if r.get("seed") is not None else seed
         scale = r["lr_scale"] if r.get("lr_scale") is not None else scale
-    return arm, None if seed is None else int(seed), 1.0 if scale is None else float(scale)
+    return arm or "?", None if seed is None else int(seed), 1.0 if scale is None else float(scale)
 
 
 def _read_run(status: RunStatus, records: Sequence[dict], now: float, stale_after: float) -> RunStatus:
@@ -177,13 +170,12 @@ def _read_run(status: RunStatus, records: Sequence[dict], now: float, stale_afte
     return status
 
 
-def _settle(status: RunStatus, total: Optional[int], now: float) -> None:
-    """The stage's finished rule (an evaluation at the run's full length), then the ETA of a running run."""
+def _settle(status: RunStatus, total: Optional[int]) -> None:
+    """The stage's finished rule: an evaluation at the run's full length."""
     status.total = total
     at = (status.evaluation or {}).get("at")
     if status.state in ("running", "stopped") and at is not None and total is not None and at >= total:
         status.state = "finished"
-    status.eta_seconds = _eta(status, now) if status.state == "running" else None
 
 
 def _eta(status: RunStatus, now: float) -> Optional[float]:
@@ -206,7 +198,7 @@ def _eta(status: RunStatus, now: float) -> Optional[float]:
     return max(eta - max(now - (status._line_time or now), 0.0), 0.0)
 
 
-def _add_jobs(base: str, runs: List[RunStatus], now: float) -> None:
+def _add_jobs(base: str, runs: List[RunStatus]) -> None:
     """Each run's current Slurm job and its squeue state: a run not ended is queued, running or cancelled with it."""
     jobs = read_jobs(base)
     if not jobs:
@@ -221,17 +213,16 @@ def _add_jobs(base: str, runs: List[RunStatus], now: float) -> None:
         if r.state in _ENDED:
             continue
         if is_pending(state):
-            r.state, r.eta_seconds = "queued", None
+            r.state = "queued"
         elif state == "CANCELLED":
-            r.state, r.eta_seconds = "cancelled", None
-        elif still_runs(state) and r.state != "running":
+            r.state = "cancelled"
+        elif still_runs(state):
             r.state = "running"
-            r.eta_seconds = _eta(r, now)
 
 
 def _within(path: str, root: str) -> bool:
-    path, root = os.path.realpath(path), os.path.realpath(root)
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+    root = os.path.realpath(root)
+    return os.path.commonpath([os.path.realpath(path), root]) == root
 
 
 def _run_dirs(root: str) -> List[str]:
@@ -244,21 +235,17 @@ def _run_dirs(root: str) -> List[str]:
     return found
 
 
-def _records(path: str) -> Tuple[List[dict], Optional[str]]:
-    """The run's records, or none and why its results file cannot be read (the other runs are still shown)."""
-    rf = ResultsFile(path)
-    try:
-        return (rf.records() if rf.exists() else []), None
-    except ValueError as e:
-        return [], str(e)
-
-
 def _read(status: RunStatus, now: float, stale_after: float) -> RunStatus:
-    records, problem = _records(status.path)
-    if problem is not None:
-        status.state, status.problem = "unreadable", problem
-        return status
-    return _read_run(status, records, now, stale_after)
+    """Fill ``status`` from its run directory; a run in no plan takes its identity and stage from its own files. A
+    results file that cannot be read makes it ``"unreadable"``, with why (the other runs are still shown)."""
+    try:
+        records = ResultsFile(status.path).records()
+    except ValueError as e:
+        records, status.state, status.problem = [], "unreadable", str(e)
+    if not status.planned:
+        status.arm, status.seed, status.lr_scale = _identity(status.path, records)
+        status.descriptor = _stage_in_records(records)
+    return status if status.problem else _read_run(status, records, now, stale_after)
 
 
 def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optional[float] = None) -> List[RunStatus]:
@@ -301,20 +288,19 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
                 )
             )
         for r in runs:
-            _settle(r, plan.length if plan.unit == descriptor.unit else None, now)
-        _add_jobs(base, runs, now)
+            _settle(r, plan.length if plan.unit == descriptor.unit else None)
+        _add_jobs(base, runs)
         out.extend(runs)
     found = []
     for run_path in run_dirs:
         if os.path.realpath(run_path) in seen:
             continue
-        records, _ = _records(run_path)
-        arm, seed, scale = _identity(run_path, records)
-        status = RunStatus(arm or "?", seed, scale, run_path, False, descriptor=_stage_in_records(records))
-        found.append(_read(status, now, stale_after))
+        found.append(_read(RunStatus("?", None, 1.0, run_path, False), now, stale_after))
     for r in found:  # outside a plan the length is what the run itself shows, else the longest of its stage's runs
         shown = max((f._end for f in found if f._end is not None and f.stage == r.stage), default=None)
-        _settle(r, r._end if r._end is not None else shown, now)
+        _settle(r, r._end if r._end is not None else shown)
+    for r in out + found:
+        r.eta_seconds = _eta(r, now) if r.state == "running" else None
     return out + found
 
 

@@ -12,7 +12,6 @@ __all__ = ["DETECTION", "PRETRAIN", "UNITS", "Metric", "StageDescriptor", "known
 
 # The units a run's length can count, and how the status table abbreviates them.
 UNITS = {"iteration": "it", "epoch": "ep"}
-_PER_IMAGE = (None, "coco", "labels")
 
 
 @dataclass(frozen=True)
@@ -72,18 +71,6 @@ class StageDescriptor:
     eta_key: Optional[str] = None
     final_file: Optional[str] = None
     per_image: Optional[str] = None
-
-    def __post_init__(self):
-        if not self.name or self.unit not in UNITS:
-            raise ValueError(f"stage {self.name!r}: unit {self.unit!r} is not one of {', '.join(UNITS)}")
-        if self.per_image not in _PER_IMAGE:
-            raise ValueError(f"stage {self.name!r}: per_image {self.per_image!r} is not one of {_PER_IMAGE}")
-        keys = {m.key for m in self.table}
-        missing = [m.key for m in (*self.headline, *(m for m, _ in self.plots)) if m.key not in keys]
-        if missing or not self.headline:
-            raise ValueError(
-                f"stage {self.name!r}: headline and plotted metrics must be table columns; not in the table: {missing}"
-            )
 
     def to_dict(self) -> dict:
         """Plain JSON data (the plan stores it); :meth:`from_dict` reads it back."""
