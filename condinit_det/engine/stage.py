@@ -11,7 +11,6 @@ from ..utils.errors import UsageError
 from .checkpoint import pretrain_checkpoint_file
 from .config import (
     DEFAULT_SEED,
-    OPTIONAL_KEYS,
     arm_spec,
     check_arm_sites,
     check_run,
@@ -34,7 +33,6 @@ class DetectionStage(Stage):
 
     descriptor = DETECTION
     run_keys = _LAZY_RUN_KEYS + _YACS_RUN_KEYS
-    optional_keys = OPTIONAL_KEYS
 
     def load_config(self, config_file: str, opts: Sequence[str]):
         return load_config(config_file, list(opts or []))

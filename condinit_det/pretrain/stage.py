@@ -16,7 +16,7 @@ from ..utils.checkpoint_io import check_loadable, final_weights_file
 from ..utils.errors import UsageError
 from .checkpoint import FINAL_FILENAME, last_checkpoint
 from .conditioning import conditioning_options
-from .config import OPTIONAL_KEYS, arm_spec, load_config, node, run_identity
+from .config import arm_spec, load_config, node, run_identity
 from .data import build_mixup, check_dataset_folders, count_images
 from .model import check_arm_sites, create_classifier
 from .trainer import evaluate_checkpoint, run_finished, total_epochs, train_run
@@ -41,7 +41,6 @@ class PretrainStage(Stage):
 
     descriptor = PRETRAIN
     run_keys = ("condinit.arm", "condinit.seed", "train.seed", "train.output_dir", "train.trackers")
-    optional_keys = OPTIONAL_KEYS
 
     def load_config(self, config_file: str, opts: Sequence[str]):
         return load_config(config_file, list(opts or []))

@@ -82,12 +82,11 @@ class Stage(abc.ABC):
     Attributes:
         descriptor: what the stage's runs record and how they are read (its name and unit among them).
         run_keys: the config keys a run sets for itself (arm, seeds, output directory, trackers), left out of
-            :meth:`setup`; optional_keys: keys a config may lack that the stage reads (overrides accepted).
+            :meth:`setup`.
     """
 
     descriptor: StageDescriptor
     run_keys: Tuple[str, ...] = ()
-    optional_keys: Tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
