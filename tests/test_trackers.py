@@ -19,9 +19,15 @@ import pytest
 
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
-from condinit_det.tracking import DEFAULTS, TrackerWriter, check_trackers, tracker_run_id, tracker_settings
-from condinit_det.tracking.settings import mlflow_tracking_uri
-from condinit_det.tracking.writers import MLFLOW_RUN_ID_TAG, MlflowWriter, WandbWriter, attach_report
+from condinit_det.tracking.settings import DEFAULTS, check_trackers, mlflow_tracking_uri, tracker_settings
+from condinit_det.tracking.writers import (
+    MLFLOW_RUN_ID_TAG,
+    MlflowWriter,
+    TrackerWriter,
+    WandbWriter,
+    attach_report,
+    tracker_run_id,
+)
 from condinit_det.utils.errors import UsageError
 from condinit_det.utils.preemption import Preempted
 

@@ -178,21 +178,16 @@ def read_plan(base: str) -> Optional[Plan]:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise ValueError(f"{path} is not an experiment plan: expected an object with a 'runs' list")
-    length = data.get("length") if isinstance(data.get("length"), dict) else {}
-    try:
-        runs = tuple(RunSpec(r["arm"], int(r["seed"]), float(r.get("lr_scale", 1.0))) for r in data["runs"])
-        total = None if length.get("total") is None else int(length["total"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path} is not an experiment plan ({type(e).__name__}: {e})") from None
+    length = data.get("length") or {}
     return Plan(
         base=base,
-        runs=runs,
+        runs=tuple(RunSpec(r["arm"], int(r["seed"]), float(r.get("lr_scale", 1.0))) for r in data["runs"]),
         stage=data.get("stage"),
         stage_description=data.get("stage_description"),
         config=data.get("config"),
-        length=total,
+        length=length.get("total"),
         unit=length.get("unit"),
-        setup=data.get("setup") if isinstance(data.get("setup"), dict) else None,
+        setup=data.get("setup"),
         dataset=data.get("dataset"),
     )
 

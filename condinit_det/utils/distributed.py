@@ -15,6 +15,7 @@ from typing import Set
 
 import torch
 import torch.distributed as dist
+from detectron2.utils import comm
 from torch import nn
 
 __all__ = ["check_replicas", "launch", "local_buffers", "rank", "replica_fingerprint", "sync_buffers"]
@@ -98,23 +99,17 @@ def replica_fingerprint(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _grouped() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def rank() -> int:
-    """This process's rank in the process group; 0 without one."""
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+# This process's rank in the process group; 0 without one.
+rank = comm.get_rank
 
 
 def check_replicas(module: nn.Module, when: str) -> str:
     """Raise RuntimeError unless every process holds the same :func:`replica_fingerprint` of ``module``;
     returns it. No-op (beyond the fingerprint) in one process. ``when`` names the moment in the messages."""
     fingerprint = replica_fingerprint(module)
-    if not _grouped():
+    if comm.get_world_size() == 1:
         return fingerprint
-    prints = [None] * dist.get_world_size()
-    dist.all_gather_object(prints, fingerprint)
+    prints = comm.all_gather(fingerprint)
     if len(set(prints)) != 1:
         raise RuntimeError(
             f"replicas differ {when}: fingerprints of parameters and synchronized buffers per rank {prints}"
@@ -127,7 +122,7 @@ def check_replicas(module: nn.Module, when: str) -> str:
 
 def sync_buffers(module: nn.Module) -> None:
     """Copy rank 0's buffers (BatchNorm statistics among them) to every process; no-op on one process."""
-    if not _grouped():
+    if comm.get_world_size() == 1:
         return
     for buf in module.buffers():
         dist.broadcast(buf.data, src=0)
