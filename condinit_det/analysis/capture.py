@@ -5,6 +5,8 @@ See docs/conditioning.md#methods.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
@@ -115,25 +117,18 @@ def capture_site_inputs(
     captured: Dict[str, CapturedInput] = {}
     wanted = {s.name for s in sites}
 
-    def make_hook(site):
-        def hook(module, args, kwargs):
-            if site.name in captured:
-                return None
+    def hook(site, module, args, kwargs):
+        if site.name not in captured:
             named = bind_inputs(module, detached_copy(tuple(args)), detached_copy(dict(kwargs)))
             reduced, how = _reduce_site_inputs(site, named, max_batch=max_batch, max_tokens=max_tokens)
             captured[site.name] = CapturedInput(site.name, reduced, how)
-            if set(captured) >= wanted:
-                raise _Done
-            return None
+        if set(captured) >= wanted:
+            raise _Done
 
-        return hook
-
-    handles = [s.module.register_forward_pre_hook(make_hook(s), with_kwargs=True) for s in sites]
+    handles = [s.module.register_forward_pre_hook(functools.partial(hook, s), with_kwargs=True) for s in sites]
     try:
-        with torch.no_grad(), eval_mode(model):
+        with torch.no_grad(), eval_mode(model), contextlib.suppress(_Done):
             model(batched_inputs)
-    except _Done:
-        pass
     finally:
         for h in handles:
             h.remove()

@@ -195,6 +195,7 @@ def _autodiff_factors(fn: AttentionFunction, bases: Dict[str, torch.Tensor]) -> 
     heads = fn.site.num_heads
     dv = fn.weights[2].shape[0]
     size = sum(w.shape[0] // heads * bases[r].shape[1] for r, w in zip(_QKV, fn.weights))
+    zero = torch.zeros(size, dtype=fn.dtype, device=fn.weights[0].device)
     factors = []
     for h in range(heads):
 
@@ -205,10 +206,8 @@ def _autodiff_factors(fn: AttentionFunction, bases: Dict[str, torch.Tensor]) -> 
             ]
             return fn(*ws).reshape(-1, heads, dv // heads)[:, h].reshape(-1)
 
-        zero = torch.zeros(size, dtype=fn.dtype, device=fn.weights[0].device)
-        n_rows = fn.rows // heads
-        jac = jacfwd(f_h)(zero) if size <= n_rows else jacrev(f_h, chunk_size=256)(zero)
-        factors.append(jac)
+        # Forward mode where a head has no more coordinates than outputs, reverse mode otherwise.
+        factors.append(jacfwd(f_h)(zero) if size <= fn.rows // heads else jacrev(f_h, chunk_size=256)(zero))
     return factors
 
 

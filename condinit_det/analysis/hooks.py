@@ -76,14 +76,10 @@ class ConditioningHook(HookBase):
         self.measure(self.trainer.iter)
 
     def after_step(self):
+        # The last iteration too, whether or not it is a multiple of the period.
         done = self.trainer.iter + 1
         if done % self.period == 0 or done == self.trainer.max_iter:
             self.measure(done)
-
-    def after_train(self):
-        # Also covers a run whose last iteration is not a multiple of the period.
-        if self.trainer.iter + 1 >= self.trainer.max_iter:
-            self.measure(self.trainer.max_iter)
 
 
 def fixed_batch(cfg, num_images: int, *, split: str = "test") -> list:

@@ -13,13 +13,7 @@ from torch import nn
 from .measure import KAPPA_COLUMNS, SiteMeasurement, measure_sites, resolve_sites
 from .options import ANALYSIS_DEFAULTS
 
-__all__ = [
-    "ANALYSIS_DEFAULTS",
-    "analysis_options",
-    "conditioning_records",
-    "measure_conditioning",
-    "measurement_options",
-]
+__all__ = ["analysis_options", "conditioning_records", "measure_conditioning", "measurement_options"]
 
 _logger = logging.getLogger(__name__)
 
