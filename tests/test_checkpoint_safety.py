@@ -29,7 +29,6 @@ from condinit_det.utils.checkpoint_io import (
     check_loadable,
     final_weights_file,
     load_checkpoint,
-    load_safetensors,
     save_safetensors,
     torch_load,
 )
@@ -154,7 +153,8 @@ def test_safetensors_round_trip_with_metadata(tmp_path):
     }
     path = str(tmp_path / "w.safetensors")
     save_safetensors(tensors, path, meta)
-    loaded, got = load_safetensors(path)
+    got = load_checkpoint(path)
+    loaded = got.pop("model")
     assert got == meta  # every value comes back with its type, strings stay strings
     assert loaded.keys() == tensors.keys() and all(torch.equal(loaded[k], tensors[k]) for k in tensors)
     assert [p for p in os.listdir(tmp_path)] == ["w.safetensors"]  # no temp file left
@@ -463,7 +463,8 @@ def test_fine_tune_from_a_run_directory_with_only_safetensors(tmp_path):
     assert "pretrained with arm 'mimetic'" in (exp / "log.txt").read_text()
     # The detection run's own final weights: .pth and the shareable .safetensors, equal, with metadata.
     final = torch_load(exp / "model_final.pth")["model"]
-    shared, meta = load_safetensors(str(exp / "model_final.safetensors"))
+    meta = load_checkpoint(str(exp / "model_final.safetensors"))
+    shared = meta.pop("model")
     assert shared.keys() == final.keys() and all(torch.equal(shared[k], final[k]) for k in final)
     assert meta["format"] == "condinit_det.detection/v1" and meta["arm"] == "mimetic" and meta["seed"] == 0
     assert meta["iteration"] == 0 and meta["config"] == CONFIG

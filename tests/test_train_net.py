@@ -230,9 +230,9 @@ def test_yacs_config_path(tmp_path):
     assert (out / "last_checkpoint").read_text().strip() == "model_final.pth"
     assert (out / "model_best.pth").is_file()
     _finished_run_files(out)
-    from condinit_det.utils.checkpoint_io import load_safetensors
+    from condinit_det.utils.checkpoint_io import read_safetensors_metadata
 
-    _, meta = load_safetensors(str(out / "model_final.safetensors"))  # the shareable copy, with the run's metadata
+    meta = read_safetensors_metadata(str(out / "model_final.safetensors"))  # the shareable copy, with its metadata
     assert (meta["format"], meta["arm"], meta["seed"], meta["iteration"], meta["stage"]) == (
         "condinit_det.detection/v1",
         "mimetic",

@@ -12,7 +12,7 @@ import os
 import pickle
 import re
 import zipfile
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 from .fileio import atomic_write
 
@@ -29,7 +29,6 @@ __all__ = [
     "check_loadable",
     "final_weights_file",
     "load_checkpoint",
-    "load_safetensors",
     "read_safetensors_metadata",
     "refuse_pickle",
     "save_safetensors",
@@ -136,26 +135,19 @@ def read_safetensors_metadata(path: str) -> Dict[str, Any]:
     return {k: _decode(v) for k, v in meta.items()}
 
 
-def load_safetensors(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-    """(tensors, decoded metadata) of a safetensors file, on CPU."""
-    from safetensors.torch import load_file
-
-    meta = read_safetensors_metadata(path)
-    try:
-        tensors = load_file(path, device="cpu")
-    except Exception as e:
-        raise _not_safetensors(path, e) from None
-    return tensors, meta
-
-
 def load_checkpoint(path, *, trust_pickle: bool = False) -> Any:
     """Load any checkpoint file the project takes, without running code from it unless ``trust_pickle``;
-    ``.safetensors`` gives ``{"model": tensors, **metadata}``, anything else but ``.pkl`` goes through
-    :func:`torch_load`."""
+    ``.safetensors`` gives ``{**metadata, "model": tensors}`` (decoded metadata, tensors on the CPU), anything else
+    but ``.pkl`` goes through :func:`torch_load`."""
     path = os.fspath(path)
     if path.endswith(SAFETENSORS_SUFFIX):
-        tensors, meta = load_safetensors(path)
-        return {**meta, "model": tensors}
+        from safetensors.torch import load_file
+
+        meta = read_safetensors_metadata(path)
+        try:
+            return {**meta, "model": load_file(path, device="cpu")}
+        except Exception as e:  # safetensors raises its own error types for a truncated file
+            raise _not_safetensors(path, e) from None
     refuse_pickle(path, trust_pickle)
     if path.endswith(PICKLE_SUFFIXES):
         with open(path, "rb") as f:
