@@ -93,9 +93,7 @@ class SetCriterion(nn.Module):
     ) -> Dict[str, torch.Tensor]:
         """pred_logits [B, Q, C+1], pred_boxes [B, Q, 4] (normalized cxcywh)."""
         batch, query = flat_indices(indices)
-        target_classes = torch.full(
-            pred_logits.shape[:2], self.num_classes, dtype=torch.int64, device=pred_logits.device
-        )
+        target_classes = pred_logits.new_full(pred_logits.shape[:2], self.num_classes, dtype=torch.int64)
         matched_labels = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
         target_classes[batch, query] = matched_labels.to(pred_logits.device)
         loss_ce = F.cross_entropy(pred_logits.transpose(1, 2), target_classes, self.empty_weight)

@@ -63,6 +63,3 @@ class HungarianMatcher(nn.Module):
             rows, cols = linear_sum_assignment(image_cost[i].numpy())
             out.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
         return out
-
-    def extra_repr(self) -> str:
-        return f"cost_class={self.cost_class}, cost_bbox={self.cost_bbox}, cost_giou={self.cost_giou}"

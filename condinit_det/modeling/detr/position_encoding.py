@@ -70,9 +70,3 @@ class PositionEmbeddingSine(nn.Module):
         return torch.cat(
             [torch.stack((h[..., 0::2].sin(), h[..., 1::2].cos()), dim=-1).flatten(-2) for h in halves], dim=-1
         )
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_pos_feats={self.num_pos_feats}, temperature={self.temperature}, "
-            f"normalize={self.normalize}, scale={self.scale:.4f}"
-        )

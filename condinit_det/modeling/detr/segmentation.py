@@ -52,17 +52,15 @@ class MaskAttentionMap(nn.Module):
         Returns:
             [N, num_heads, H, W] attention weights (each head's map sums to 1 over valid cells).
         """
-        b, _, h, w = memory.shape
-        n = queries.shape[0]
-        dh = self.query_proj.out_features // self.num_heads
-        q = self.query_proj(queries).view(n, self.num_heads, dh) * self.scale
-        k = self.key_proj(memory.flatten(2).transpose(1, 2)).view(b, h * w, self.num_heads, dh)
+        h, w = memory.shape[-2:]
+        q = self.query_proj(queries).unflatten(-1, (self.num_heads, -1)) * self.scale
+        k = self.key_proj(memory.flatten(2).transpose(1, 2)).unflatten(-1, (self.num_heads, -1))
         # Score each query against its own image's memory only.
         k = k[batch_idx]  # [N, HW, heads, dh]
         logits = torch.einsum("nhd,nphd->nhp", q, k)
         logits = logits.masked_fill(mask.flatten(1)[batch_idx][:, None, :], float("-inf"))
         weights = self.dropout(logits.softmax(-1))
-        return weights.view(n, self.num_heads, h, w)
+        return weights.unflatten(-1, (h, w))
 
 
 class MaskHead(nn.Module):
