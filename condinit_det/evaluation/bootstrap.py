@@ -319,9 +319,8 @@ class _Ties:
         order = np.argsort(g * rc + res, kind="stable")
         g, res, det = g[order], res[order], det[order]
         key = g * rc + res
-        new_run = np.concatenate([[True], key[1:] != key[:-1]]) if total else np.zeros(0, dtype=bool)
-        run_first = np.maximum.accumulate(np.where(new_run, np.arange(total), 0)) if total else new_run
-        pos = np.arange(total) - run_first
+        new_run = np.diff(key, prepend=-1) != 0  # keys are >= 0: the first entry starts a run
+        pos = np.arange(total) - np.maximum.accumulate(np.where(new_run, np.arange(total), 0))
         slots = np.zeros(self.num_groups, dtype=np.int64)
         np.maximum.at(slots, g, pos + 1)
         return g, res, det, pos, slots
@@ -386,7 +385,8 @@ class _Category:
     def _group_slots(self, m: CocoMatches, rc: int, expanded):
         """(unit of each slot [S], cumulative true positives / non-ignored [Rc, T, S + 1]) of the groups."""
         if not self.groups.size:
-            return np.zeros(0, dtype=np.int64), None, None
+            no_slot = np.zeros((rc, m.tp.shape[0], 1), dtype=np.int32)  # the cumulative counts of no slot
+            return np.zeros(0, dtype=np.int64), no_slot, no_slot
         g, res, det, pos, slots = expanded
         per_group = slots[self.groups]
         base = np.cumsum(per_group) - per_group
@@ -406,7 +406,6 @@ class _Category:
         w = counts[:, self.image]
         weight = _cumsum0(w)
         slot_unit, slot_tp, slot_counted = self._group_slots(m, rc, expanded)
-        num_slots = slot_unit.size
         out = np.empty((rc, len(self.tp)))
         for t, (pos, ign) in enumerate(zip(self.tp, self.ignored)):
             # points: the untied true positives, then the group slots, merged by their unit
@@ -419,9 +418,8 @@ class _Category:
             n_slot = np.where(is_slot, order - pos.size + 1, np.searchsorted(slot_unit, unit))
             tps = _cumsum0(w[:, pos])[:, n_tp]
             counted = weight[:, n_det] - _cumsum0(w[:, ign])[:, np.searchsorted(ign, n_det)]
-            if num_slots:
-                tps = tps + slot_tp[:, t, n_slot]
-                counted = counted + slot_counted[:, t, n_slot]
+            tps = tps + slot_tp[:, t, n_slot]
+            counted = counted + slot_counted[:, t, n_slot]
             out[:, t] = _interpolated_sum(tps, counted - tps, reach)
         return out
 
@@ -495,6 +493,5 @@ def resampled_mean(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
     Returns [..., B].
     """
     values = np.asarray(values, dtype=np.float64)
-    draws = np.asarray(draws)
     counts = image_counts(draws, values.shape[-1]).astype(np.float64)
-    return np.matmul(counts, values[..., None])[..., 0] / draws.shape[-1]
+    return np.matmul(counts, values[..., None])[..., 0] / np.shape(draws)[-1]

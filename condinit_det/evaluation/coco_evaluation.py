@@ -15,11 +15,13 @@ import json
 import logging
 import os
 
+from detectron2.config.instantiate import locate
 from detectron2.evaluation import COCOEvaluator
 from detectron2.evaluation.coco_evaluation import _evaluate_predictions_on_coco
 from detectron2.utils.file_io import PathManager
 from faster_coco_eval import COCO as FastCOCO
 from faster_coco_eval import COCOeval_faster
+from omegaconf import DictConfig
 from pycocotools.cocoeval import COCOeval
 
 from ..utils.fileio import atomic_write
@@ -145,9 +147,6 @@ def to_fast_evaluator(evaluator_cfg):
     ``L(FastCOCOEvaluator)(...)`` with the same arguments (interpolations kept unresolved; ``use_fast_impl`` dropped):
     ``cfg.dataloader.evaluator = to_fast_evaluator(cfg.dataloader.evaluator)``.
     """
-    from detectron2.config.instantiate import locate
-    from omegaconf import DictConfig
-
     target = evaluator_cfg.get("_target_") if isinstance(evaluator_cfg, (dict, DictConfig)) else None
     if isinstance(target, str):
         target = locate(target)
