@@ -28,7 +28,6 @@ _TARGET_KEY = "_arm_target_"
 _PREFIX_KEY = "_arm_site_prefix_"
 _REFERENCE_KEY = "_arm_config_condinit_"
 _REFERENCE = "${oc.select:condinit,null}"  # the config's top-level arm node, None without one
-_REPORT_ATTR = "condinit_report"
 
 # What build_armed does once the module is built: "compute" the arm (outside any context below),
 # "broadcast" (ranks other than 0 leave the arm's weights to DDP's broadcast from rank 0) or "sites"
@@ -131,7 +130,7 @@ def build_armed(*, condinit=None, **kwargs) -> nn.Module:
     )  # before the build
     target = locate(target) if isinstance(target, str) else target
     module = target(**kwargs)
-    inner = [(name, m) for name, m in module.named_modules() if getattr(m, _REPORT_ATTR, None) is not None]
+    inner = [(name, m) for name, m in module.named_modules() if getattr(m, "condinit_report", None) is not None]
     if inner:
         where = ", ".join(f"{name or '<root>'} ({m.condinit_report.arm})" for name, m in inner)
         raise ValueError(
@@ -146,5 +145,5 @@ def build_armed(*, condinit=None, **kwargs) -> nn.Module:
     else:
         report = apply_arm_spec(module, spec, site_prefix=site_prefix)
         _logger.info("Attention init %s", report.summary())
-    setattr(module, _REPORT_ATTR, report)
+    module.condinit_report = report
     return module

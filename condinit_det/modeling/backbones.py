@@ -28,8 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 def _arguments(cfg, name: str, *, exclude=()) -> dict:
-    """``cfg.MODEL.<name>`` (``VIT``, ``SWIN`` or ``XCIT``) as keyword arguments (its keys are the constructor's, upper
-    case), read first by each builder: a config without condinit-det's keys is refused here."""
+    """``cfg.MODEL.<name>`` (``VIT``, ``SWIN`` or ``XCIT``) as keyword arguments; its keys are the constructor's."""
     if "CONDINIT" not in cfg.MODEL:
         raise KeyError(
             "cfg.MODEL.CONDINIT is missing: call condinit_det.modeling.yacs_config.add_condinit_config(cfg) "

@@ -86,8 +86,7 @@ class ConvertedCheckpoint(dict):
         return "\n".join(lines)
 
 
-def _abbrev(keys: Sequence[str], n: int = 8) -> str:
-    keys = list(keys)
+def _abbrev(keys: List[str], n: int = 8) -> str:
     return ", ".join(keys[:n]) + (f", ... (+{len(keys) - n})" if len(keys) > n else "")
 
 
