@@ -41,7 +41,7 @@ from ..records.layout import REPORT_DIRNAME, RunSpec, set_aside
 from ..records.lock import RunInUse, RunLock
 from ..records.results import FAILED_KIND, ResultsFile
 from ..utils.distributed import launch, rank
-from ..utils.logs import console_logging, run_logging
+from ..utils.logs import run_logging
 from ..utils.preemption import PREEMPTED_FILENAME, Preempted
 from ..utils.threads import allocated_cpus, apply_thread_settings
 from .plan import Experiment
@@ -97,7 +97,7 @@ def _launch(experiment: Experiment, spec: RunSpec) -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        console_logging()
+        run_logging(None, rank=0)
 
 
 @dataclass
@@ -191,7 +191,7 @@ def execute(experiment: Experiment) -> int:
     when the config's trackers enable one). Returns the exit status: 1 when a run failed, diverged or was not
     touched (named on the last lines), else 0. Call :func:`condinit_det.launch.plan.plan_experiment` first."""
     args = experiment.args
-    console_logging()
+    run_logging(None, rank=0)
     main = int(args.machine_rank) == 0
     if args.eval_only:
         for spec in experiment.runs:

@@ -10,7 +10,7 @@ import os
 import time
 from typing import List, Mapping, Optional
 
-from ..utils.fileio import atomic_write
+from ..utils.fileio import atomic_write, read_json
 from .results import FAILED_KIND, ResultsFile
 
 __all__ = [
@@ -64,11 +64,7 @@ def discard_notes(run_dir: str) -> List[dict]:
     """Read and delete every process's failure note in ``run_dir``; returns the notes."""
     notes = []
     for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), f"{_NOTE_PREFIX}*.json"))):
-        try:
-            with open(path) as f:
-                notes.append(json.load(f))
-        except (OSError, json.JSONDecodeError):
-            pass
+        notes.append(read_json(path))  # written whole (atomic_write)
         os.remove(path)
     return notes
 

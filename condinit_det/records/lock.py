@@ -213,8 +213,6 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         """Own the run or raise :class:`RunInUse`; returns ``self``."""
-        if self._fd is not None:
-            raise RuntimeError(f"the lock of {self.run_dir} is already acquired")
         self.previous_owner = None
         os.makedirs(self.run_dir, exist_ok=True)
         # Read-write: NFS needs the file open for writing to grant an exclusive lock.
@@ -267,24 +265,18 @@ class RunLock:
             record = _wait_for_new_record(fd, record)
             if record is not None and _same_machine(record) and not _process_alive(record):
                 record = None  # still the dead owner's record: the holder is not the recorded process
-        if record is None:
-            if lock_free:
-                return None, None
-            raise RunInUse(self.run_dir, record)
-        if _UNREADABLE in record:
-            if lock_free:
-                return "its record could not be read", record
-            raise RunInUse(self.run_dir, record)
+        if record is None or _UNREADABLE in record:
+            if not lock_free:
+                raise RunInUse(self.run_dir, record)
+            return ("its record could not be read", record) if record else (None, None)
         local = _same_machine(record)
         alive_here = local and _process_alive(record)
         our_job = slurm_job_id()
         if our_job and record.get("slurm_job") == our_job and not alive_here:
             return f"Slurm job {our_job} was requeued and takes its run back", record
-        if not lock_free:
+        if not lock_free or alive_here:  # alive with the flock free: this file system's flock does not protect
             raise RunInUse(self.run_dir, record)
         if local:
-            if alive_here:  # the flock was free, yet the owner runs: this file system's flock does not protect
-                raise RunInUse(self.run_dir, record)
             return f"pid {record.get('pid')} no longer runs on this host", record
         job = record.get("slurm_job")
         if job:

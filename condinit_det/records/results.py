@@ -41,10 +41,7 @@ def _to_json_safe(value: Any) -> Any:
 
 
 def _key(record: Dict[str, Any]):
-    return (record["kind"], record["iteration"], record.get("site"))
-
-
-def _sort_key(record: Dict[str, Any]):
+    """A record's identity, (kind, iteration, site), in the file's order: by iteration, then kind, then site."""
     site = record.get("site")
     return (record["iteration"], record["kind"], "" if site is None else str(site))
 
@@ -88,7 +85,7 @@ class ResultsFile:
             raise ValueError(f"{self.path} holds a bad record: {e}") from None
 
     def _write(self, records: List[Dict[str, Any]]) -> None:
-        payload = {"version": _FORMAT_VERSION, "records": sorted(records, key=_sort_key)}
+        payload = {"version": _FORMAT_VERSION, "records": sorted(records, key=_key)}
         atomic_write(self.path, json.dumps(payload, indent=1, allow_nan=False), fsync=True)
 
     def add(self, record: Dict[str, Any]) -> None:
@@ -111,7 +108,7 @@ class ResultsFile:
         recs = self._load()
         if kind is not None:
             recs = [r for r in recs if r["kind"] == kind]
-        return sorted(recs, key=_sort_key)
+        return sorted(recs, key=_key)
 
     def remove(self, kind: str) -> List[Dict[str, Any]]:
         """Drop every record of ``kind`` (one rewrite); returns the dropped records."""

@@ -10,15 +10,16 @@ from typing import Callable, Optional
 
 from detectron2.utils.events import CommonMetricPrinter
 
-__all__ = ["ETAPrinter", "LOGGER_NAMES", "console_logging", "run_logging"]
+__all__ = ["ETAPrinter", "LOGGER_NAMES", "run_logging"]
 
 # Loggers whose handlers a run sets up: detectron2's own, fvcore's (checkpointers) and the project's.
 LOGGER_NAMES = ("detectron2", "fvcore", "condinit_det")
 
 
 def run_logging(output_dir: Optional[str], *, rank: int) -> None:
-    """Log to the console (rank 0) and to ``<output_dir>/log.txt`` (``log.txt.rank<k>`` on other ranks),
-    dropping the handlers of an earlier run in the same process so that each run logs into its own folder."""
+    """Log to the console (rank 0) and to ``<output_dir>/log.txt`` (``log.txt.rank<k>`` on other ranks; no file
+    when ``output_dir`` is None: the launcher between runs), dropping the handlers of an earlier run in the same
+    process so that each run logs into its own folder."""
     from detectron2.utils.logger import setup_logger
 
     for name in LOGGER_NAMES:
@@ -30,11 +31,6 @@ def run_logging(output_dir: Optional[str], *, rank: int) -> None:
     color = sys.stdout.isatty()  # log.txt is always plain; a piped console too
     for name in LOGGER_NAMES:
         setup_logger(output_dir, distributed_rank=rank, name=name, color=color)
-
-
-def console_logging() -> None:
-    """The launcher's logging between runs: the console only."""
-    run_logging(None, rank=0)
 
 
 class ETAPrinter(CommonMetricPrinter):
