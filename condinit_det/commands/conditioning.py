@@ -12,7 +12,6 @@ converged or not). A failure ends the command with one error line. See docs/cond
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 
@@ -73,13 +72,6 @@ def get_parser():
     return p
 
 
-def _load_cfg(spec, opts):
-    from condinit_det import model_zoo
-    from condinit_det.engine.config import OPTIONAL_KEYS
-
-    return model_zoo.load_config(spec, opts, optional=OPTIONAL_KEYS)
-
-
 def build_model(cfg, arm, device):
     """cfg.model built with ``arm`` (``condinit.arm`` replaced); the same global seed for every arm."""
     from detectron2.config import instantiate
@@ -99,29 +91,20 @@ def build_model(cfg, arm, device):
     return instantiate(cfg.model).to(device)
 
 
-def _json_safe(value):
-    # Strict JSON: inf (rank deficient) and NaN (not computed) become null.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def measure(argv=None):
     """Run the command line ``argv`` and return the table's rows; bad input raises."""
     args = get_parser().parse_intermixed_args(argv)
     import torch
 
+    from condinit_det import model_zoo
     from condinit_det.analysis.hooks import fixed_batch
     from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown, measure_sites, resolve_sites, write_table
     from condinit_det.data import register_embedded_datasets
+    from condinit_det.engine.config import OPTIONAL_KEYS
 
     columns = ("arm",) + TABLE_COLUMNS
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    cfg = _load_cfg(args.config_file, args.opts)
+    cfg = model_zoo.load_config(args.config_file, args.opts, optional=OPTIONAL_KEYS)
     if args.weights:  # refuse an unsafe or unreadable file before any work
         check_loadable(args.weights, trust_pickle=args.trust_pickle)
     register_embedded_datasets()  # a config may name the embedded datasets
@@ -153,14 +136,10 @@ def measure(argv=None):
     if args.output:
         paths = write_table(rows, args.output, columns=columns)
         json_path = os.path.join(args.output, "attention_conditioning.json")
-        atomic_write(
-            json_path,
-            json.dumps(
-                {"config": args.config_file, "weights": args.weights, "rows": [_json_safe(r) for r in rows]},
-                indent=1,
-                allow_nan=False,
-            ),
-        )
+        # Strict JSON: inf (rank deficient) and NaN (not computed) become null.
+        safe_rows = json.loads(json.dumps(rows), parse_constant=lambda _: None)
+        payload = {"config": args.config_file, "weights": args.weights, "rows": safe_rows}
+        atomic_write(json_path, json.dumps(payload, indent=1, allow_nan=False))
         print(f"wrote {paths['csv']}, {paths['md']}, {json_path}", file=sys.stderr)
     return rows
 

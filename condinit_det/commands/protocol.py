@@ -18,7 +18,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         return submit_protocol(args, upstream=PretrainStage(), downstream=DetectionStage())
-    except (UsageError, RuntimeError) as e:  # RuntimeError: no sbatch / srun on this machine
+    except (UsageError, RuntimeError) as e:  # RuntimeError: scancel refused to replace a pending report job
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
 

@@ -33,28 +33,22 @@ def run_command(
     parser = build_parser(description=description, examples=examples, config_help=config_help)
     args = parser.parse_intermixed_args(argv)
     from ..records.lock import RunInUse
-    from .plan import plan_experiment
+    from .plan import describe_plan, plan_experiment
 
     try:
         experiment = plan_experiment(make_stage(), args)
-    except UsageError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        from .plan import describe_plan
+        if args.dry_run:
+            print(describe_plan(experiment))
+            return 0
+        if args.slurm:
+            from .slurm import submit_experiment
 
-        print(describe_plan(experiment))
-        return 0
-    if args.slurm:
-        from .slurm import submit_experiment
+            experiment.write_plan()
+            submit_experiment(experiment, name="condinit-" + experiment.stage.name, report=len(experiment.runs) > 1)
+            return 0
+        from .run import execute
 
-        experiment.write_plan()
-        submit_experiment(experiment, name="condinit-" + experiment.stage.name, report=len(experiment.runs) > 1)
-        return 0
-    from .run import execute
-
-    try:
         return execute(experiment)
-    except RunInUse as e:  # the one planned run: another process trains it
+    except (UsageError, RunInUse) as e:  # RunInUse: the one planned run is another process's
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

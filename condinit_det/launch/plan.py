@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -170,6 +171,10 @@ def _plan(stage: Stage, args, *, output_dir, upstream) -> Experiment:
         args.resume = True  # a submission continues what exists: resubmitting is always safe
     if args.slurm and args.eval_only:
         raise UsageError("--slurm submits training runs; run --eval-only directly")
+    if args.slurm and not args.dry_run and not (shutil.which("sbatch") and shutil.which("srun")):
+        raise UsageError(
+            "--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start tools/slurm_local.sh)"
+        )
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap {args.bootstrap}: expected a number of resamples >= 0 (0: no intervals)")
     cfg = stage.load_config(args.config_file, args.opts)
@@ -274,35 +279,31 @@ def in_flight(experiment: Experiment) -> Dict[RunSpec, str]:
 def run_actions(experiment: Experiment, flying: Optional[Dict[RunSpec, str]] = None) -> List[Tuple[RunSpec, str, bool]]:
     """Per planned run: what running the command would do with it, and whether that trains (the resume rules of
     :mod:`condinit_det.launch.run`; with ``--slurm``, a run in ``flying`` keeps its job; default: :func:`in_flight`)."""
-    args = experiment.args
     if flying is None:
-        flying = in_flight(experiment) if args.slurm else {}
-    actions = []
-    for spec in experiment.runs:
-        run_dir = experiment.run_dir(spec)
-        if spec in experiment.unreadable:
-            actions.append((spec, f"skip: {experiment.unreadable[spec]}", False))
-            continue
-        failure = failure_of(run_dir) if args.resume else None
-        if spec in flying:
-            actions.append((spec, f"in flight as job {flying[spec]}: not resubmitted", False))
-        elif not args.resume:
-            actions.append((spec, "train", True))
-        elif failure is not None and args.retry_failed:
-            actions.append((spec, f"train afresh ({describe_failure(failure)} earlier; moved aside)", True))
-        elif failure is not None and failure.get("reason") == "diverged":
-            actions.append(
-                (spec, f"skip: {describe_failure(failure)} earlier (--retry-failed trains it afresh)", False)
-            )
-        elif failure is not None:
-            actions.append((spec, f"resume ({describe_failure(failure)} earlier)", True))
-        elif experiment.finished(spec):
-            actions.append((spec, "skip: finished", False))
-        elif os.path.isdir(run_dir) and set(os.listdir(run_dir)) - {LOCK_FILENAME}:
-            actions.append((spec, "resume from its last checkpoint", True))
-        else:
-            actions.append((spec, "train", True))
-    return actions
+        flying = in_flight(experiment) if experiment.args.slurm else {}
+    return [(spec, *_action(experiment, spec, flying)) for spec in experiment.runs]
+
+
+def _action(experiment: Experiment, spec: RunSpec, flying: Dict[RunSpec, str]) -> Tuple[str, bool]:
+    args, run_dir = experiment.args, experiment.run_dir(spec)
+    if spec in experiment.unreadable:
+        return f"skip: {experiment.unreadable[spec]}", False
+    if spec in flying:
+        return f"in flight as job {flying[spec]}: not resubmitted", False
+    if not args.resume:
+        return "train", True
+    failure = failure_of(run_dir)
+    if failure is not None and args.retry_failed:
+        return f"train afresh ({describe_failure(failure)} earlier; moved aside)", True
+    if failure is not None and failure.get("reason") == "diverged":
+        return f"skip: {describe_failure(failure)} earlier (--retry-failed trains it afresh)", False
+    if failure is not None:
+        return f"resume ({describe_failure(failure)} earlier)", True
+    if experiment.finished(spec):
+        return "skip: finished", False
+    if os.path.isdir(run_dir) and set(os.listdir(run_dir)) - {LOCK_FILENAME}:
+        return "resume from its last checkpoint", True
+    return "train", True
 
 
 # ---------------------------------------------------------------------------------------------

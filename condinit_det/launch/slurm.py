@@ -16,7 +16,6 @@ import argparse
 import copy
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -59,12 +58,7 @@ def make_executor(args: argparse.Namespace, folder: str, name: str) -> submitit.
 
     ``folder`` must be on a file system the compute nodes share. It holds one subfolder per job id: ``<job>/`` (a
     plain job: ``<job>_submission.sh``, ``<job>_0_log.out`` / ``.err``, pickles) or, for an array,
-    ``<array>/<array>_submission.sh`` and ``<array>_<i>/<array>_<i>_0_log.out`` / ``.err`` per element.
-    Raises RuntimeError when ``sbatch`` or ``srun`` is not on PATH."""
-    if shutil.which("sbatch") is None or shutil.which("srun") is None:
-        raise RuntimeError(
-            "--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start tools/slurm_local.sh)"
-        )
+    ``<array>/<array>_submission.sh`` and ``<array>_<i>/<array>_<i>_0_log.out`` / ``.err`` per element."""
     executor = submitit.SlurmExecutor(folder=os.path.join(folder, "%j"))
     # One task per node: its process starts the run's workers (detectron2's launch).
     params: Dict[str, Any] = dict(

@@ -170,12 +170,13 @@ def _read_run(status: RunStatus, records: Sequence[dict], now: float, stale_afte
     return status
 
 
-def _settle(status: RunStatus, total: Optional[int]) -> None:
-    """The stage's finished rule: an evaluation at the run's full length."""
+def _settle(status: RunStatus, total: Optional[int]) -> RunStatus:
+    """The stage's finished rule: an evaluation at the run's full length ``total``; returns ``status``."""
     status.total = total
     at = (status.evaluation or {}).get("at")
     if status.state in ("running", "stopped") and at is not None and total is not None and at >= total:
         status.state = "finished"
+    return status
 
 
 def _eta(status: RunStatus, now: float) -> Optional[float]:
@@ -274,21 +275,13 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
                 f"{base}/experiment.json: stage {plan.stage!r} is not described in the plan and no "
                 "stage of that name is known"
             )
-        runs = []
+        total, runs = plan.length if plan.unit == descriptor.unit else None, []
         for spec in plan.runs:
             run_path = spec.path(base)
-            if not _within(run_path, path) and not _within(path, run_path):
-                continue
-            seen.add(os.path.realpath(run_path))
-            runs.append(
-                _read(
-                    RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True, descriptor=descriptor),
-                    now,
-                    stale_after,
-                )
-            )
-        for r in runs:
-            _settle(r, plan.length if plan.unit == descriptor.unit else None)
+            if _within(run_path, path) or _within(path, run_path):
+                seen.add(os.path.realpath(run_path))
+                status = RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True, descriptor=descriptor)
+                runs.append(_settle(_read(status, now, stale_after), total))
         _add_jobs(base, runs)
         out.extend(runs)
     found = []
