@@ -6,6 +6,7 @@ differ (docs/comparing_arms.md).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import platform
@@ -31,13 +32,10 @@ ENVIRONMENT_FIELDS = (
 
 
 def _cpu_model() -> Optional[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:  # Linux
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or None
 
 

@@ -29,10 +29,6 @@ def write_arm_report(run_dir: str, report: Mapping, identity: Mapping) -> str:
     return path
 
 
-def _describe(identity: Mapping) -> str:
-    return ", ".join(f"{k}={identity.get(k)!r}" for k in IDENTITY_KEYS if k in identity)
-
-
 def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool = False) -> None:
     """Refuse to resume ``run_dir`` with another arm, seed, patterns, options or lr scale.
 
@@ -40,10 +36,11 @@ def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool
     naming both unless ``allow_change``.
     """
     previous = (read_arm_report(run_dir) or {}).get("run") or {}
-    differing = [k for k in IDENTITY_KEYS if k in previous and previous.get(k) != identity.get(k)]
+    differing = [k for k in IDENTITY_KEYS if k in previous and previous[k] != identity.get(k)]
     if differing and not allow_change:
+        was = ", ".join(f"{k}={previous[k]!r}" for k in differing)
+        asked = ", ".join(f"{k}={identity.get(k)!r}" for k in differing)
         raise ValueError(
-            f"{run_dir} was started with {_describe({k: previous.get(k) for k in differing})} but this run asks "
-            f"for {_describe({k: identity.get(k) for k in differing})}; resume with the same settings, use "
+            f"{run_dir} was started with {was} but this run asks for {asked}; resume with the same settings, use "
             "another output directory, or pass --allow-changed-run to continue anyway"
         )

@@ -133,9 +133,7 @@ def _parse_record(data: bytes) -> Optional[dict]:
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     pid = record.get("pid") if isinstance(record, dict) else None
-    if not isinstance(pid, int) or pid <= 0 or not record.get("host"):
-        return None
-    return record
+    return record if isinstance(pid, int) and pid > 0 and record.get("host") else None
 
 
 def _read_record(fd: int, wait_s: float = _RECORD_WAIT_S) -> Optional[dict]:
@@ -315,7 +313,6 @@ class RunLock:
 
     def _forget(self) -> None:
         """In a forked child: close the inherited descriptor without unlocking the parent's lock."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        fd, self._fd = self._fd, None  # held: only held locks are in _HELD
+        with contextlib.suppress(OSError):
+            os.close(fd)

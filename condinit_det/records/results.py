@@ -19,7 +19,6 @@ __all__ = ["FAILED_KIND", "METRICS_FILENAME", "ResultsFile", "RESULTS_FILENAME"]
 RESULTS_FILENAME = "results.json"
 METRICS_FILENAME = "metrics.json"  # detectron2's JSONWriter: both stages' training scalars, one line per write
 FAILED_KIND = "failed"
-_FORMAT_VERSION = 1
 
 
 def _is_main_process() -> bool:
@@ -85,7 +84,7 @@ class ResultsFile:
             raise ValueError(f"{self.path} holds a bad record: {e}") from None
 
     def _write(self, records: List[Dict[str, Any]]) -> None:
-        payload = {"version": _FORMAT_VERSION, "records": sorted(records, key=_key)}
+        payload = {"version": 1, "records": sorted(records, key=_key)}
         atomic_write(self.path, json.dumps(payload, indent=1, allow_nan=False), fsync=True)
 
     def add(self, record: Dict[str, Any]) -> None:

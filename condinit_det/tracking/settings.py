@@ -119,12 +119,11 @@ def _reach_mlflow(uri: str) -> None:
     from mlflow.utils.credentials import get_default_host_creds
     from mlflow.utils.rest_utils import http_request_safe
 
-    retries, timeout = MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
     http_request_safe(
         get_default_host_creds(uri),
         "/api/2.0/mlflow/experiments/search",
         "POST",
-        max_retries=retries.get() if retries.defined else 0,
-        timeout=timeout.get() if timeout.defined else 10,
+        max_retries=MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() if MLFLOW_HTTP_REQUEST_MAX_RETRIES.defined else 0,
+        timeout=MLFLOW_HTTP_REQUEST_TIMEOUT.get() if MLFLOW_HTTP_REQUEST_TIMEOUT.defined else 10,
         json={"max_results": 1},
     )

@@ -132,9 +132,7 @@ class TrackerWriter(EventWriter):
         """End the tracker run: failed when the training is raising (detectron2 closes its writers on the way out of
         an exception too), killed when it stops for a requeue or an interrupt, else finished."""
         error = sys.exc_info()[1]
-        how = (
-            "finished" if error is None else "killed" if isinstance(error, (Preempted, KeyboardInterrupt)) else "failed"
-        )
+        how = "killed" if isinstance(error, (Preempted, KeyboardInterrupt)) else "failed" if error else "finished"
         self._send("ending the tracker run", lambda: self._end(how), ending=True)
         self.state = "closed" if self.state == "open" else self.state
 
@@ -275,8 +273,6 @@ def attach_report(settings: Optional[Mapping], experiment_dir: str, report_dir: 
         experiment_dir: the experiment the report compares (its folder's name is the group).
         report_dir: the report's folder, ``<experiment>/report/``.
     """
-    if not os.path.isdir(report_dir):
-        return
     files = sorted(f for f in os.listdir(report_dir) if os.path.isfile(f"{report_dir}/{f}") and f[0] != ".")
     for name in enabled_trackers(settings):
         writer = _WRITERS[name](

@@ -77,13 +77,12 @@ def torch_load(path, *, trust_pickle: bool = False, mmap: bool = False) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        name = os.fspath(path)
         if not trust_pickle:
             raise UnsafeCheckpointError(
-                f"checkpoint {name} needs full unpickling ({_why(e)}), which can run code stored in it, so it "
+                f"checkpoint {path} needs full unpickling ({_why(e)}), which can run code stored in it, so it "
                 f"is not loaded; {_WHAT_TO_DO}"
             ) from None
-        logger.warning(f"{name}: loading with full unpickling ({TRUST_FLAG}): {_why(e)}")
+        logger.warning(f"{path}: loading with full unpickling ({TRUST_FLAG}): {_why(e)}")
         return torch.load(path, map_location="cpu", weights_only=False)
 
 

@@ -7,7 +7,7 @@ import glob
 import json
 import os
 import tempfile
-from typing import Any, List, Union
+from typing import Any, Union
 
 __all__ = ["TEMP_SUFFIX", "atomic_torch_save", "atomic_write", "read_json", "remove_stale_temp_files"]
 
@@ -70,10 +70,8 @@ def atomic_torch_save(obj: Any, path: str) -> None:
         torch.save(obj, f)
 
 
-def remove_stale_temp_files(folder: str) -> List[str]:
-    """Delete the temp files of writes a killed process never finished; returns their paths."""
-    stale = glob.glob(os.path.join(folder, f".*{TEMP_SUFFIX}"))
-    for path in stale:
+def remove_stale_temp_files(folder: str) -> None:
+    """Delete the temp files of writes a killed process never finished."""
+    for path in glob.glob(os.path.join(folder, f".*{TEMP_SUFFIX}")):
         with contextlib.suppress(OSError):
             os.remove(path)
-    return stale

@@ -22,14 +22,13 @@ def run_logging(output_dir: Optional[str], *, rank: int) -> None:
     process so that each run logs into its own folder."""
     from detectron2.utils.logger import setup_logger
 
+    setup_logger.cache_clear()
+    color = sys.stdout.isatty()  # log.txt is always plain; a piped console too
     for name in LOGGER_NAMES:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
             logger.removeHandler(handler)
             handler.close()
-    setup_logger.cache_clear()
-    color = sys.stdout.isatty()  # log.txt is always plain; a piped console too
-    for name in LOGGER_NAMES:
         setup_logger(output_dir, distributed_rank=rank, name=name, color=color)
 
 

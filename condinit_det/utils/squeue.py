@@ -31,7 +31,6 @@ ENDED_STATES = frozenset(
     }
 )
 _PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
-TIMEOUT_S = 30
 
 
 @dataclass
@@ -71,7 +70,7 @@ def query_jobs(job_ids: Sequence[str]) -> JobStates:
     if shutil.which("squeue") is None:
         return JobStates(error="squeue is not on PATH")
     try:
-        done = subprocess.run(squeue_command(ids), capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(squeue_command(ids), capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as e:
         return JobStates(error=f"squeue failed: {e}")
     if done.returncode != 0:

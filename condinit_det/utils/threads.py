@@ -26,7 +26,6 @@ class ThreadPlan(NamedTuple):
 def _allocation() -> Tuple[Optional[int], str]:
     """``(cpus, where the number comes from)``; cpus None when the whole machine is this process's."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    machine = os.cpu_count()
     text = os.environ.get(ALLOCATION_ENV, "").strip()
     if text:
         if not text.isdigit() or int(text) < 1:
@@ -37,7 +36,7 @@ def _allocation() -> Tuple[Optional[int], str]:
         if usable is not None and usable < int(text):  # Slurm without task/affinity does not pin
             return usable, f"CPU affinity, within {ALLOCATION_ENV}={text}"
         return int(text), ALLOCATION_ENV
-    if usable is not None and machine is not None and usable < machine:
+    if usable is not None and usable < os.cpu_count():  # the affinity's platforms always count their CPUs
         return usable, "CPU affinity"
     return None, "the whole machine"
 
