@@ -153,6 +153,10 @@ def save_predictions_figure(cfg, model, path: str, *, num_images: int = 4, min_s
     from detectron2.utils.visualizer import Visualizer
     from PIL import Image
 
+    class Drawing(Visualizer):  # class names in white, readable on their black boxes whatever the object's colour
+        def draw_text(self, text, position, **kwargs):
+            return super().draw_text(text, position, **dict(kwargs, color="white"))
+
     name = dataset_names(cfg)[-1]
     ground_truth, metadata = {d["file_name"]: d for d in DatasetCatalog.get(name)}, MetadataCatalog.get(name)
     rows = []
@@ -164,8 +168,8 @@ def save_predictions_figure(cfg, model, path: str, *, num_images: int = 4, min_s
                 scale = max(1.0, 256 / image.shape[1])
                 instances = outputs["instances"].to("cpu")
                 kept = instances[instances.scores >= min_score]
-                truth = Visualizer(image, metadata, scale=scale).draw_dataset_dict(ground_truth[inputs["file_name"]])
-                found = Visualizer(image, metadata, scale=scale).draw_instance_predictions(kept)
+                truth = Drawing(image, metadata, scale=scale).draw_dataset_dict(ground_truth[inputs["file_name"]])
+                found = Drawing(image, metadata, scale=scale).draw_instance_predictions(kept)
                 panels = [np.pad(drawn.get_image(), _MARGIN, constant_values=255) for drawn in (truth, found)]
                 rows.append(np.concatenate(panels, axis=1))
             if len(rows) >= num_images:
