@@ -27,9 +27,9 @@ _MEM = re.compile(r"^[0-9]+[KMGT]?$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
 
 
-def add_experiment_arguments(parser: argparse.ArgumentParser, *, cost: bool = True) -> argparse.ArgumentParser:
+def add_experiment_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the flags of an experiment (arms, seeds, lr scales, resume rules, the report, ``--dry-run``) as one
-    group; ``cost``: with the flags of the dry run's cost estimate (:func:`add_cost_arguments`)."""
+    group."""
     g = parser.add_argument_group("Experiments (several runs, then the comparison)")
     g.add_argument(
         "--arm",
@@ -92,8 +92,6 @@ def add_experiment_arguments(parser: argparse.ArgumentParser, *, cost: bool = Tr
         help="check everything and print the plan (every run, its length, its processes, what --slurm would submit "
         "and what it costs) without training or submitting anything",
     )
-    if cost:
-        add_cost_arguments(g)
     return parser
 
 
@@ -274,5 +272,6 @@ def build_parser(*, description: str = "", examples: str = "", config_help: str 
         '"+path.key=value" adds a key the config lacks), "PATH.KEY VALUE" pairs (yacs configs)',
     )
     add_experiment_arguments(parser)
+    add_cost_arguments(parser.add_argument_group("Cost (with --dry-run)"))
     add_slurm_arguments(parser)
     return parser

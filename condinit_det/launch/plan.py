@@ -66,7 +66,7 @@ class Experiment:
         args: the command's flags (:func:`condinit_det.launch.arguments.build_parser`).
         base: the experiment directory; run ``spec`` lives in ``spec.path(base)``.
         runs: the planned runs, in training order.
-        length: how long each run trains, in ``stage.unit``.
+        length: how long each run trains, in ``stage.descriptor.unit``.
         device: ``"cpu"`` or ``"cuda"``.
         upstream: an earlier stage's experiment directory: each run starts from the final weights of the run with
             the same arm and seed there (the paper's protocol: detection fine-tuned from each arm's pretraining).
@@ -483,14 +483,12 @@ def describe_plan(experiment: Experiment, *, cost: bool = True) -> str:
     from tabulate import tabulate
 
     args, stage = experiment.args, experiment.stage
-    processes = int(args.num_gpus) * int(args.num_machines)
-    where = ("Slurm: one job per run, " if args.slurm else "") + (
-        f"{processes} process(es) per run on {experiment.device}"
-    )
+    where = f"{experiment.options.processes} process(es) per run on {experiment.device}"
+    where = ("Slurm: one job per run, " if args.slurm else "") + where
     steps = stage.steps(experiment.config(experiment.runs[0]))
     lines = [
         f"Plan of {experiment.base} ({stage.name}, {args.config_file}): {len(experiment.runs)} run(s) of "
-        f"{experiment.length} {stage.unit}s ({steps} optimizer steps) each; {where}"
+        f"{experiment.length} {stage.descriptor.unit}s ({steps} optimizer steps) each; {where}"
     ]
     actions = run_actions(experiment)
     table = tabulate([(spec.dir, action) for spec, action, _ in actions], tablefmt="plain", disable_numparse=True)

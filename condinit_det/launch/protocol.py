@@ -66,7 +66,7 @@ def build_protocol_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a config override of the fine-tuning runs, repeatable",
     )
-    add_experiment_arguments(parser, cost=False)
+    add_experiment_arguments(parser)
     add_cost_arguments(parser.add_argument_group("Cost (with --dry-run)"), prefixes=("pretrain-", "finetune-"))
     add_slurm_arguments(parser, switch=False)
     parser.set_defaults(arm="all", seeds="0")

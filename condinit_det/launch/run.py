@@ -20,11 +20,11 @@ one Slurm element (:mod:`.slurm`):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from ..records.failures import (
@@ -100,7 +100,7 @@ def _launch(experiment: Experiment, spec: RunSpec) -> None:
         run_logging(None, rank=0)
 
 
-@dataclass
+@dataclasses.dataclass
 class Outcome:
     """What became of one planned run in :func:`execute`."""
 
@@ -168,13 +168,7 @@ def _train_one(experiment: Experiment, spec: RunSpec, *, main: bool, owned: cont
             if main:
                 discard_notes(run_dir)  # the processes stopped by the requeue signal are not failures
             raise Preempted(f"run {name} stopped for a requeue; it resumes from its last checkpoint") from e
-        metadata = {
-            "stage": experiment.stage.name,
-            "arm": spec.arm,
-            "seed": spec.seed,
-            "lr_scale": spec.lr_scale,
-            "config": experiment.args.config_file or None,
-        }
+        metadata = {"stage": experiment.stage.name, **dataclasses.asdict(spec), "config": args.config_file or None}
         record = (
             record_failure(run_dir, e, metadata)
             if main

@@ -62,7 +62,8 @@ class RunStatus:
     job: Optional[Dict] = None  # {"id", "state"}: the run's current Slurm job and what squeue says of it
     descriptor: Optional[StageDescriptor] = field(default=None, repr=False)
     _end: Optional[int] = field(default=None, repr=False)  # the length this run itself shows (outside a plan)
-    _line: Optional[dict] = field(default=None, repr=False)  # the last training line of metrics.json
+    # At the last training line of metrics.json: (units done, steps done, seconds per step, the writer's own ETA).
+    _line: Optional[tuple] = field(default=None, repr=False)
     _line_time: Optional[float] = field(default=None, repr=False)  # when it was written
 
     @property
@@ -137,7 +138,7 @@ def _read_run(status: RunStatus, records: Sequence[dict], now: float, stale_afte
         status.state = "not started"
         return status
     line = _last_training_line(metrics) if os.path.isfile(metrics) else None
-    status._line, status._line_time = line, _mtime(metrics)
+    status._line_time = _mtime(metrics)
     status.log = log if os.path.isfile(log) else None
     times = [t for t in (_mtime(log), _mtime(metrics)) if t is not None]
     status.updated = max(times) if times else None
@@ -149,6 +150,7 @@ def _read_run(status: RunStatus, records: Sequence[dict], now: float, stale_afte
         steps = int(line["iteration"]) + d.metrics_step_offset
         x = steps if d.unit == "iteration" else _number(line.get(d.unit))
         status.sec_per_iter = _number(line.get("time"))
+        status._line = (x, steps, status.sec_per_iter, _number(line.get(d.eta_key)) if d.eta_key else None)
     evals = [r for r in records if d is not None and r["kind"] == d.eval_kind and r.get(d.unit) is not None]
     if evals:
         last = max(evals, key=lambda r: (r[d.unit], r["iteration"]))
@@ -182,17 +184,10 @@ def _settle(status: RunStatus, total: Optional[int]) -> RunStatus:
 def _eta(status: RunStatus, now: float) -> Optional[float]:
     """Seconds left as of now: the writer's own estimate (or units left x steps per unit x step time) at the last
     training line, less the time since it was written."""
-    line, d = status._line, status.descriptor
-    if line is None or d is None:
+    if status._line is None:
         return None
-    if d.eta_key:
-        eta = _number(line.get(d.eta_key))
-    else:
-        steps = int(line["iteration"]) + d.metrics_step_offset
-        x = steps if d.unit == "iteration" else _number(line.get(d.unit))
-        per_step = _number(line.get("time"))
-        if status.total is None or not x or per_step is None:
-            return None
+    x, steps, per_step, eta = status._line
+    if eta is None and status.total is not None and x and per_step is not None:
         eta = max(status.total - x, 0.0) * (steps / x) * per_step
     if eta is None:
         return None
@@ -219,11 +214,6 @@ def _add_jobs(base: str, runs: List[RunStatus]) -> None:
             r.state = "cancelled"
         elif still_runs(state):
             r.state = "running"
-
-
-def _within(path: str, root: str) -> bool:
-    root = os.path.realpath(root)
-    return os.path.commonpath([os.path.realpath(path), root]) == root
 
 
 def _run_dirs(root: str) -> List[str]:
@@ -266,7 +256,7 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
             f"{RESULTS_FILENAME} or {METRICS_FILENAME})"
         )
 
-    out, seen = [], set()
+    out, seen, root = [], set(), os.path.realpath(path)
     for base in bases:
         plan = read_plan(base)
         descriptor = stage_of(plan.stage, plan.stage_description)
@@ -278,8 +268,9 @@ def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optio
         total, runs = plan.length if plan.unit == descriptor.unit else None, []
         for spec in plan.runs:
             run_path = spec.path(base)
-            if _within(run_path, path) or _within(path, run_path):
-                seen.add(os.path.realpath(run_path))
+            real = os.path.realpath(run_path)
+            if os.path.commonpath([real, root]) in (real, root):  # under ``path``, or ``path`` is in it
+                seen.add(real)
                 status = RunStatus(spec.arm, spec.seed, spec.lr_scale, run_path, True, descriptor=descriptor)
                 runs.append(_settle(_read(status, now, stale_after), total))
         _add_jobs(base, runs)

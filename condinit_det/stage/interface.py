@@ -92,10 +92,6 @@ class Stage(abc.ABC):
     def name(self) -> str:
         return self.descriptor.name
 
-    @property
-    def unit(self) -> str:
-        return self.descriptor.unit
-
     @abc.abstractmethod
     def load_config(self, config_file: str, opts: Sequence[str]):
         """The config file (a path or ``zoo:<name>``) with the ``key=value`` overrides applied."""
@@ -168,6 +164,3 @@ class Stage(abc.ABC):
     def set_loader_workers(self, cfg, workers: int) -> None:
         """Set the data-loader workers per training process (the launcher's share of a job's CPUs)."""
         return None
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
