@@ -3,7 +3,6 @@ stage) in every file and ``model_final.safetensors`` to share, reads weights-onl
 and converts a pretraining checkpoint (:data:`PRETRAIN_FORMAT`) to the model's backbone. Detail: docs/checkpoints.md.
 """
 
-import logging
 import os
 import zipfile
 from typing import Optional, Set
@@ -26,8 +25,6 @@ from ..utils.checkpoint_io import (
 from ..utils.fileio import atomic_torch_save, atomic_write
 
 __all__ = ["RunCheckpointer", "check_checkpoint_file", "pretrain_checkpoint_file", "read_pretrain_meta"]
-
-logger = logging.getLogger(__name__)
 
 _FINAL = "model_final"
 
@@ -136,7 +133,7 @@ class RunCheckpointer(DetectionCheckpointer):
             timm_model_name=loaded.get("timm_model"),
             timm_model_kwargs=loaded.get("model_kwargs"),
         )
-        logger.info(
+        self.logger.info(
             f"Converted {filename} (timm {loaded.get('timm_model')}, arm {loaded.get('arm')}, "
             f"seed {loaded.get('seed')}) to {len(converted)} detectron2 parameters"
         )

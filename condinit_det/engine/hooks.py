@@ -50,15 +50,8 @@ def ap_record(
         task maps :data:`AP_RECORD_METRICS` to percent, None for a metric the evaluator left undefined (NaN, e.g. APs
         without small objects); a task the evaluator did not run is None.
     """
-    record: Dict[str, Any] = {
-        "kind": kind,
-        "stage": DETECTION.name,
-        "iteration": int(iteration),
-        "arm": arm,
-        "seed": seed,
-        "lr_scale": lr_scale,
-        "config": config,
-    }
+    record: Dict[str, Any] = {"kind": kind, "stage": DETECTION.name, "iteration": int(iteration)}
+    record.update(arm=arm, seed=seed, lr_scale=lr_scale, config=config)  # the run's
     for task in _TASKS:
         metrics = results.get(task)
         record[task] = {m: _finite_or_none(metrics.get(m)) for m in AP_RECORD_METRICS} if metrics else None

@@ -229,17 +229,15 @@ def do_train(options: RunOptions, cfg, environment: dict):
         PreemptionHook(checkpointer, output_dir),
         build_conditioning_hook(cfg, config_name=options.config_file or None),
     ]
-    if main_process:  # detectron2's default writers, with an ETA that counts the evaluations to come, + W&B / MLflow
+    if main_process:  # detectron2's default writers, with an ETA that counts the evaluations to come
+        params = {**metadata, "identity": identity}
         writers = [
             ETAPrinter(max_iter, ap_hook.seconds_left),
             JSONWriter(os.path.join(output_dir, METRICS_FILENAME)),
             TensorboardXWriter(output_dir),
+            # + W&B / MLflow (the storage counts from iteration 0)
+            *tracker_writers(cfg, output_dir, stage=DETECTION.name, params=params, step_offset=1, max_step=max_iter),
         ]
-        params = {**metadata, "identity": identity}
-        # the storage counts from iteration 0
-        writers += tracker_writers(
-            cfg, output_dir, stage=DETECTION.name, params=params, step_offset=1, max_step=max_iter
-        )
         hook_list.append(hooks.PeriodicWriter(writers, period=cfg.train.log_period))
     trainer.register_hooks(hook_list)
 
