@@ -267,9 +267,9 @@ def test_detection_runs_with_per_evaluation_matches(tmp_path):
     assert box.interval is None and box.note == "the runs were evaluated on different images"
 
 
-def test_scale_matched_arm_has_a_place_and_a_colour():
-    assert ARM_ORDER == ("default", "mimetic", "conditioned", "scale_matched")
-    assert ARM_COLORS["scale_matched"] not in {ARM_COLORS[a] for a in ("default", "mimetic", "conditioned")}
+def test_every_arm_has_a_place_and_a_colour_of_its_own():
+    assert ARM_ORDER == ("default", "mimetic", "conditioned", "scale_matched", "structured")
+    assert len({ARM_COLORS[arm] for arm in ARM_ORDER}) == len(ARM_ORDER)
 
 
 def test_plan_seeds_command(capsys):

@@ -149,7 +149,8 @@ class StageReport:
 
     @property
     def family(self) -> List[Comparison]:
-        """The comparisons of the section's Holm family: arm x headline metric against default, then the contrasts."""
+        """The comparisons of the section's Holm family: arm x headline metric against default, then the contrasts,
+        then the structure x scale design's main effects and interaction."""
         return [s for s in self.stats if s.kind == METRIC]
 
     @property
