@@ -18,7 +18,6 @@ from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
 from condinit_det.stage import PRETRAIN
 from condinit_det.utils.checkpoint_io import load_checkpoint
-from condinit_det.utils.errors import UsageError
 
 EPOCHS, PERIOD, STEPS = 4, 2, 12  # 96 training images in batches of 8: 12 steps per epoch
 SITES = ["blocks.0.attn", "blocks.1.attn"]  # depth 2: both sites are the first / middle / last
@@ -163,7 +162,7 @@ def test_the_options_are_the_detection_ones(data, tmp_path, capsys):
     assert conditioning_options(_cfg(data, str(tmp_path), period=0)) is None
     assert conditioning_options(_cfg(data, str(tmp_path))) == {**ANALYSIS_DEFAULTS, "period": PERIOD}
     cfg = _cfg(data, str(tmp_path), **{"+condinit_analysis.perod": 3})  # past the override check: the node's own
-    with pytest.raises(UsageError) as pretrain_error:
+    with pytest.raises(ValueError) as pretrain_error:
         trainer.PretrainRun(cfg, str(tmp_path / "run"), config_file=DEMO)
     detection = OmegaConf.create({"condinit_analysis": {"period": 2, "perod": 3}, "train": {"output_dir": ""}})
     with pytest.raises(ValueError) as detection_error:

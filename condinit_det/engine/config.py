@@ -6,7 +6,6 @@ as detectron2's ``lazyconfig_train_net.py`` reads it, plus ``condinit`` (the arm
 from __future__ import annotations
 
 import gc
-import inspect
 import logging
 import os
 import tempfile
@@ -23,13 +22,13 @@ from ..init.spec import ArmSpec, plain, resolve_arm_node
 from ..modeling.arm import armed, armed_nodes, check_arm_agrees, sites_only
 from ..utils.checkpoint_io import check_loadable, final_weights_file, refuse_pickle
 from ..utils.errors import UsageError
+from ..utils.overrides import target_arguments
 from .checkpoint import check_checkpoint_file, pretrain_checkpoint_file, read_pretrain_meta
 from .yacs import build_yacs_model, lazy_from_yacs
 
 __all__ = [
     "CONDINIT_DEFAULTS",
     "DEFAULT_SEED",
-    "INFERENCE_DIRNAME",
     "OPTIONAL_KEYS",
     "arm_spec",
     "check_arm_sites",
@@ -143,13 +142,8 @@ def check_arm_sites(cfg) -> None:
 def _set_evaluator_output(cfg, output_dir: str) -> None:
     """Let the evaluator save its predictions (``<run>/inference/``), which the report resamples."""
     node = cfg.dataloader.get("evaluator")
-    if node is None or not OmegaConf.is_dict(node) or node.get("output_dir"):
-        return
-    try:
-        accepts = "output_dir" in inspect.signature(node.get("_target_")).parameters
-    except (TypeError, ValueError):
-        accepts = False
-    if accepts:
+    takes_output_dir = OmegaConf.is_dict(node) and "output_dir" in target_arguments(node.get("_target_"))[0]
+    if takes_output_dir and not node.get("output_dir"):
         node.output_dir = os.path.join(output_dir, INFERENCE_DIRNAME)
 
 
@@ -188,9 +182,6 @@ def prepare_config(
     return cfg
 
 
-# ---------------------------------------------------------------------------------------------
-# Checks before anything is written or launched
-# ---------------------------------------------------------------------------------------------
 def dataset_names(cfg) -> List[str]:
     """The datasets the config trains on, then those it tests on, the evaluator's last."""
     names = []
@@ -266,31 +257,30 @@ def check_run(
     if data:
         _check_datasets(dataset_names(cfg))
     _check_writable(output_dir)
-    if resume:
-        last = _checkpoint_to_resume(output_dir)
-        if last:
-            check_checkpoint_file(last)
-            check_loadable(last, trust_pickle=trust_pickle)
+    last = _checkpoint_to_resume(output_dir) if resume else None
+    if last:
+        check_checkpoint_file(last)
+        check_loadable(last, trust_pickle=trust_pickle)
     init = cfg.train.get("init_checkpoint") or ""
-    if eval_only and not init and not (resume and _checkpoint_to_resume(output_dir)):
+    if eval_only and not init and not last:
         raise UsageError(
             "--eval-only needs train.init_checkpoint=PATH (MODEL.WEIGHTS for yacs) or --resume in a "
             "run directory with a checkpoint"
         )
     under_upstream = upstream and os.path.abspath(init).startswith(os.path.join(os.path.abspath(upstream), ""))
-    if init and under_upstream and not os.path.isfile(init):
-        return  # the upstream run has not finished yet: checked when this run starts
-    if init:
-        refuse_pickle(init, trust_pickle)  # also detectron2:// and http(s):// .pkl files
-    if init and "://" not in init:
-        pretrain_checkpoint_file(init)  # a run directory without final weights: say so
-        check_checkpoint_file(init.split("?")[0])
-        meta = read_pretrain_meta(init, trust_pickle=trust_pickle)
-        if meta and meta.get("arm") not in (None, spec.arm) and not (eval_only or allow_shared_checkpoint):
-            raise UsageError(
-                f"train.init_checkpoint {init} was pretrained with arm {meta.get('arm')!r} but this run's arm is "
-                f"{spec.arm!r}; use that arm's checkpoint (e.g. a path with {{arm}}) or pass --allow-shared-checkpoint"
-            )
+    if not init or (under_upstream and not os.path.isfile(init)):
+        return  # no checkpoint, or the upstream run has not finished yet: checked when this run starts
+    refuse_pickle(init, trust_pickle)  # also detectron2:// and http(s):// .pkl files
+    if "://" in init:
+        return
+    pretrain_checkpoint_file(init)  # a run directory without final weights: say so
+    check_checkpoint_file(init.split("?")[0])
+    meta = read_pretrain_meta(init, trust_pickle=trust_pickle)
+    if meta and meta.get("arm") not in (None, spec.arm) and not (eval_only or allow_shared_checkpoint):
+        raise UsageError(
+            f"train.init_checkpoint {init} was pretrained with arm {meta.get('arm')!r} but this run's arm is "
+            f"{spec.arm!r}; use that arm's checkpoint (e.g. a path with {{arm}}) or pass --allow-shared-checkpoint"
+        )
 
 
 def check_shared_checkpoints(runs, *, allow_shared_checkpoint: bool) -> None:

@@ -14,16 +14,6 @@ from fvcore.common.checkpoint import Checkpointer, PeriodicCheckpointer
 from ..utils.checkpoint_io import load_checkpoint, save_safetensors
 from ..utils.fileio import atomic_torch_save
 
-__all__ = [
-    "EpochCheckpointer",
-    "FINAL_FILENAME",
-    "FINAL_SAFETENSORS",
-    "find_checkpoints",
-    "last_checkpoint",
-    "periodic_checkpointer",
-    "save_final",
-]
-
 FINAL_FILENAME = "model_final.pth"
 FINAL_SAFETENSORS = "model_final.safetensors"
 _CHECKPOINT = re.compile(r"^checkpoint_epoch(\d{4,})\.pth$")
@@ -31,13 +21,8 @@ _CHECKPOINT = re.compile(r"^checkpoint_epoch(\d{4,})\.pth$")
 
 def find_checkpoints(run_dir: str) -> Dict[int, str]:
     """epoch -> path of every ``checkpoint_epochNNNN.pth`` in ``run_dir``."""
-    found = {}
-    if os.path.isdir(run_dir):
-        for name in os.listdir(run_dir):
-            m = _CHECKPOINT.match(name)
-            if m:
-                found[int(m.group(1))] = os.path.join(run_dir, name)
-    return found
+    names = os.listdir(run_dir) if os.path.isdir(run_dir) else []
+    return {int(m.group(1)): os.path.join(run_dir, m.group(0)) for m in map(_CHECKPOINT.match, names) if m}
 
 
 def last_checkpoint(run_dir: str) -> Optional[str]:
@@ -49,8 +34,8 @@ def last_checkpoint(run_dir: str) -> Optional[str]:
 class EpochCheckpointer(Checkpointer):
     """fvcore's ``Checkpointer`` for epoch checkpoints: ``save("checkpoint_epoch_<index>")`` (the name fvcore's
     ``PeriodicCheckpointer`` gives epoch ``index``, 0-based) writes ``checkpoint_epoch<index + 1:04d>.pth``
-    atomically; the newest such file is the last checkpoint (no tag file); files load weights-only unless
-    ``trust_pickle``."""
+    atomically (the main process calls it); the newest such file is the last checkpoint (no tag file); files load
+    weights-only unless ``trust_pickle``."""
 
     def __init__(
         self, model, run_dir: str, *, trust_pickle: bool = False, save_to_disk: bool = True, **checkpointables
@@ -59,29 +44,16 @@ class EpochCheckpointer(Checkpointer):
         self.trust_pickle = bool(trust_pickle)
 
     def save(self, name: str, **kwargs) -> None:
-        if not self.save_dir or not self.save_to_disk:
-            return
-        match = re.match(r"^checkpoint_epoch_(\d+)$", name)
-        if match is None:
-            raise ValueError(f"epoch checkpoints are named checkpoint_epoch_<epoch index>; got {name!r}")
         data = {"model": self.model.state_dict()}
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(kwargs)
-        path = os.path.join(self.save_dir, f"checkpoint_epoch{int(match.group(1)) + 1:04d}.pth")
+        epochs = int(name.rpartition("_")[2]) + 1  # PeriodicCheckpointer's name: checkpoint_epoch_<epoch index>
+        path = os.path.join(self.save_dir, f"checkpoint_epoch{epochs:04d}.pth")
         self.logger.info(f"Saving checkpoint to {path}")
         atomic_torch_save(data, path)
 
-    def has_checkpoint(self) -> bool:
-        return last_checkpoint(self.save_dir) is not None
-
     def get_checkpoint_file(self) -> str:
         return last_checkpoint(self.save_dir) or ""
-
-    def get_all_checkpoint_files(self):
-        return [path for _, path in sorted(find_checkpoints(self.save_dir).items())]
-
-    def tag_last_checkpoint(self, last_filename_basename: str) -> None:
-        pass  # the newest epoch file is the last checkpoint
 
     def _load_file(self, f: str):
         return load_checkpoint(f, trust_pickle=self.trust_pickle)
@@ -92,7 +64,7 @@ def periodic_checkpointer(checkpointer: EpochCheckpointer, *, keep: int) -> Peri
     newest epoch checkpoints, the ones an earlier (resumed) run left included: a run killed between a save and the
     deletion it makes left one too many, which goes now (fvcore deletes one file per save)."""
     periodic = PeriodicCheckpointer(checkpointer, period=1, max_to_keep=keep, file_prefix="checkpoint_epoch")
-    existing = checkpointer.get_all_checkpoint_files()
+    existing = [path for _, path in sorted(find_checkpoints(checkpointer.save_dir).items())]
     if checkpointer.save_to_disk:
         for path in existing[: max(len(existing) - keep, 0)]:
             os.remove(path)

@@ -18,19 +18,13 @@ from ..analysis.training import analysis_options, conditioning_records, measure_
 from ..init.spec import plain
 from ..utils.errors import UsageError
 
-__all__ = ["EpochConditioning", "conditioning_options", "fixed_batch"]
-
 logger = logging.getLogger("condinit_det.pretrain")
 
 
 def conditioning_options(cfg) -> Optional[Dict]:
     """``cfg.condinit_analysis`` with the defaults filled in, or None when it is absent or ``period <= 0``.
-    Raises UsageError on an unknown key (the message names the accepted ones) or ``num_images < 1``."""
-    node = plain(cfg.get("condinit_analysis")) if hasattr(cfg, "get") else None
-    try:
-        opts = analysis_options(node)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    Raises ValueError on an unknown key (the message names the accepted ones) or ``num_images < 1``."""
+    opts = analysis_options(plain(cfg.get("condinit_analysis")))
     if int(opts["period"] or 0) <= 0:
         return None
     if int(opts["num_images"]) < 1:
@@ -41,10 +35,7 @@ def conditioning_options(cfg) -> Optional[Dict]:
 def fixed_batch(dataset, num_images: int) -> torch.Tensor:
     """The first ``num_images`` images of ``dataset`` (fewer if it is smaller) stacked as ``[N, 3, H, W]``: items
     read by index through the dataset's own (evaluation) transform, so no sampler or random draw is involved."""
-    count = min(int(num_images), len(dataset))
-    if count < 1:
-        raise UsageError("condinit_analysis needs at least one evaluation image; the evaluation set is empty")
-    return torch.stack([dataset[i][0] for i in range(count)])
+    return torch.stack([dataset[i][0] for i in range(min(int(num_images), len(dataset)))])
 
 
 class EpochConditioning:
@@ -69,10 +60,8 @@ class EpochConditioning:
     def start(self, model: nn.Module, *, epoch: int, step: int, storage=None, results=None) -> List[dict]:
         """The measurement at the start of training (epoch ``epoch``, ``step`` steps done), unless ``results``
         holds one of that epoch and step already (a resumed run whose predecessor measured it)."""
-        if (
-            results is not None
-            and results.exists()
-            and any(r.get("epoch") == epoch and r["iteration"] == step for r in results.records("conditioning"))
+        if results is not None and any(
+            r.get("epoch") == epoch and r["iteration"] == step for r in results.records("conditioning")
         ):
             self.last_epoch = epoch
             return []

@@ -15,9 +15,6 @@ from ..analysis.options import ANALYSIS_DEFAULTS
 from ..init.spec import ARM_NODE_KEYS, ArmSpec, plain, resolve_arm_node
 from ..utils.errors import UsageError
 
-__all__ = ["DEFAULTS", "OPTIONAL_KEYS", "arm_spec", "load_config", "node", "resolve_lr", "run_identity"]
-
-
 # Defaults follow timm's train.py and the DeiT recipe; each recipe states its own values.
 DEFAULTS: Dict[str, Dict[str, Any]] = {
     "model": {
@@ -127,21 +124,18 @@ def load_config(config_file: str, opts: Optional[List[str]] = None):
 
 def node(cfg, name: str) -> Dict[str, Any]:
     """``cfg.<name>`` as a plain dict with :data:`DEFAULTS` filled in; unknown keys raise UsageError."""
-    given = plain(cfg.get(name)) if hasattr(cfg, "get") else None
-    given = dict(given or {})
-    defaults = copy.deepcopy(DEFAULTS[name])
+    return _filled(name, DEFAULTS[name], plain(cfg.get(name)) or {})
+
+
+def _filled(where: str, defaults: Dict[str, Any], given: Dict[str, Any]) -> Dict[str, Any]:
     unknown = sorted(set(given) - set(defaults))
     if unknown:
-        raise UsageError(f"{name} has unknown key(s) {', '.join(unknown)}; accepted: {', '.join(defaults)}")
+        raise UsageError(f"{where} has unknown key(s) {', '.join(unknown)}; accepted: {', '.join(defaults)}")
+    filled = copy.deepcopy(defaults)
     for key, value in given.items():
-        if (name, key) not in _NESTED:
-            defaults[key] = value
-            continue
-        bad = sorted(set(value or {}) - set(defaults[key]))
-        if bad:
-            raise UsageError(f"{name}.{key} has unknown key(s) {', '.join(bad)}; accepted: {', '.join(defaults[key])}")
-        defaults[key].update(value or {})
-    return defaults
+        nested = (where, key) in _NESTED  # a node of its own (train.ema), filled the same way
+        filled[key] = _filled(f"{where}.{key}", defaults[key], value or {}) if nested else value
+    return filled
 
 
 def resolve_lr(optimizer: Dict[str, Any], batch_size: int, lr_scale: float = 1.0) -> float:
@@ -159,16 +153,15 @@ def resolve_lr(optimizer: Dict[str, Any], batch_size: int, lr_scale: float = 1.0
 
 
 def arm_spec(cfg, train_seed: int) -> ArmSpec:
-    """The validated arm node; ``condinit.seed: None`` follows the training seed."""
+    """The validated arm node (a ValueError says what is accepted); ``condinit.seed: None`` follows the training
+    seed."""
     raw = dict(plain(cfg.get("condinit")) or {"arm": "default"})
     if raw.get("seed") is None:
         raw["seed"] = int(train_seed)
-    try:
-        return resolve_arm_node(raw)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return resolve_arm_node(raw)
 
 
-def run_identity(spec: ArmSpec, *, seed: int, lr_scale: float) -> dict:
+def run_identity(cfg) -> dict:
     """What a resumed run must share with the run it continues (:data:`condinit_det.records.identity.IDENTITY_KEYS`)."""
-    return {**spec.identity(), "seed": int(seed), "lr_scale": float(lr_scale)}
+    train = node(cfg, "train")
+    return {**arm_spec(cfg, train["seed"]).identity(), "seed": int(train["seed"]), "lr_scale": float(train["lr_scale"])}

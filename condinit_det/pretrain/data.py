@@ -1,6 +1,6 @@
 """Data for classification pretraining, from timm's parts: ``create_dataset`` on ``<root>/<split>/<class>/<image>``
-(the evaluation split reads the training split's class map), ``create_transform``, ``Mixup``, and samplers whose
-order is a function of (seed, epoch) only, the same for every arm of a seed."""
+(the evaluation split reads the training split's class map), ``create_transform``, ``Mixup``, and the training
+samplers (the run sets their order from (seed, epoch) only, the same for every arm of a seed)."""
 
 from __future__ import annotations
 
@@ -8,30 +8,13 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 from ..data import resolve_classification_root
 from ..utils.errors import UsageError
 
-__all__ = [
-    "Datasets",
-    "build_datasets",
-    "build_mixup",
-    "build_train_loader",
-    "build_train_sampler",
-    "check_dataset_folders",
-    "count_images",
-    "data_config",
-    "epoch_seed",
-    "set_sampler_epoch",
-    "set_transforms",
-]
-
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
-# Sampler "epochs" of different seeds never meet: order(seed, epoch) = shuffle(seed * _SEED_STRIDE + epoch).
-_SEED_STRIDE = 1_000_003
 
 
 @dataclass
@@ -43,25 +26,18 @@ class Datasets:
     root: str
     classes: List[str]
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
 
-
-def _split_dir(root: str, split: str) -> str:
-    path = os.path.join(root, split)
-    if not os.path.isdir(path):
+def _class_folders(root: str, split: str) -> Tuple[str, List[str]]:
+    """The folder of ``split`` and its class folders that hold at least one image, in label order; raises UsageError
+    when the folder is missing or no class folder holds an image."""
+    split_dir = os.path.join(root, split)
+    if not os.path.isdir(split_dir):
         found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
         raise UsageError(
             f"data.root={root}: no '{split}' folder (found: {', '.join(found) or 'nothing'}); expected "
             f"<root>/<split>/<class>/<image> with splits data.train_split / data.val_split"
         )
-    return path
-
-
-def _class_folders(split_dir: str) -> Tuple[List[str], int]:
-    """Class folders that hold at least one image, and images lying directly in ``split_dir``."""
-    classes, loose = [], 0
+    classes, loose = [], 0  # loose: images lying directly in split_dir
     for entry in sorted(os.scandir(split_dir), key=lambda e: e.name):
         if entry.is_dir(follow_symlinks=True):
             for _, _, files in os.walk(entry.path, followlinks=True):
@@ -70,34 +46,25 @@ def _class_folders(split_dir: str) -> Tuple[List[str], int]:
                     break
         elif entry.name.lower().endswith(_IMAGE_EXTENSIONS):
             loose += 1
-    return classes, loose
+    if not classes:
+        raise UsageError(
+            f"{split_dir} holds no images in class folders (image types: {' '.join(_IMAGE_EXTENSIONS)}"
+            f"{f'; {loose} image(s) lie directly in it' if loose else ''}); expected {split_dir}/<class>/<image>"
+        )
+    return split_dir, classes
 
 
 def check_dataset_folders(data: Dict, *, check_num_classes: bool = True) -> Tuple[str, List[str]]:
     """Check (without reading every file) that both splits hold images in class folders, the evaluation classes are
     training classes and (``check_num_classes``) ``data.num_classes`` of them; returns (root, class names in label
-    order). Raises UsageError saying what was found and what is expected."""
+    order). Raises ValueError saying what was found and what is expected."""
     if not data.get("root"):
         raise UsageError("data.root is not set; pass data.root=/path/to/imagenet or data.root=embedded:shapes-cls")
-    try:
-        root = resolve_classification_root(data["root"])
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    root = resolve_classification_root(data["root"])
     if not os.path.isdir(root):
         raise UsageError(f"data.root={root}: no such directory")
-    splits = {}
-    for key in ("train_split", "val_split"):
-        split_dir = _split_dir(root, data[key])
-        classes, loose = _class_folders(split_dir)
-        if not classes:
-            raise UsageError(
-                f"{split_dir} holds no images in class folders (image types: {' '.join(_IMAGE_EXTENSIONS)}"
-                f"{f'; {loose} image(s) lie directly in it' if loose else ''}); expected "
-                f"{split_dir}/<class>/<image>"
-            )
-        splits[key] = (split_dir, classes)
-    train_dir, classes = splits["train_split"]
-    val_dir, val_classes = splits["val_split"]
+    train_dir, classes = _class_folders(root, data["train_split"])
+    val_dir, val_classes = _class_folders(root, data["val_split"])
     extra = sorted(set(val_classes) - set(classes))
     if extra:
         raise UsageError(
@@ -117,17 +84,15 @@ def count_images(data: Dict) -> int:
     """Images of the training split (files with an image extension under its class folders). Walks the folder: a
     few seconds per 100k images; ``data.num_train_images`` in a config saves it (ImageNet-1k: 1281167)."""
     root, _ = check_dataset_folders(data, check_num_classes=False)
-    count = 0
-    for _, _, files in os.walk(_split_dir(root, data["train_split"]), followlinks=True):
-        count += sum(f.lower().endswith(_IMAGE_EXTENSIONS) for f in files)
-    return count
+    walk = os.walk(os.path.join(root, data["train_split"]), followlinks=True)
+    return sum(f.lower().endswith(_IMAGE_EXTENSIONS) for _, _, files in walk for f in files)
 
 
-def build_datasets(data: Dict, *, check_num_classes: bool = True) -> Datasets:
+def build_datasets(data: Dict) -> Datasets:
     """Both splits with ``timm.data.create_dataset`` after :func:`check_dataset_folders`."""
     from timm.data import create_dataset
 
-    root, _ = check_dataset_folders(data, check_num_classes=check_num_classes)
+    root, _ = check_dataset_folders(data)
     train = create_dataset("", root=os.path.join(root, data["train_split"]), split="train", search_split=False)
     class_map = dict(train.reader.class_to_idx)
     val = create_dataset(
@@ -153,32 +118,17 @@ def set_transforms(datasets: Datasets, *, data: Dict, augment: Dict, model: Opti
     from timm.data import create_transform
 
     cfg = data_config(data, model)
-    auto_augment = augment["auto_augment"] or None
+    # the augment node's keys named as create_transform's arguments (the others are mixup's and the sampler's)
+    names = ("scale", "ratio", "hflip", "vflip", "color_jitter", "interpolation", "re_prob", "re_mode", "re_count")
     datasets.train.transform = create_transform(
         cfg["input_size"],
         is_training=True,
-        scale=tuple(augment["scale"]),
-        ratio=tuple(augment["ratio"]),
-        hflip=augment["hflip"],
-        vflip=augment["vflip"],
-        color_jitter=augment["color_jitter"],
-        auto_augment=auto_augment,
-        interpolation=augment["interpolation"],
+        auto_augment=augment["auto_augment"] or None,
         mean=cfg["mean"],
         std=cfg["std"],
-        re_prob=augment["re_prob"],
-        re_mode=augment["re_mode"],
-        re_count=augment["re_count"],
+        **{name: augment[name] for name in names},
     )
-    datasets.val.transform = create_transform(
-        cfg["input_size"],
-        is_training=False,
-        interpolation=cfg["interpolation"],
-        mean=cfg["mean"],
-        std=cfg["std"],
-        crop_pct=cfg["crop_pct"],
-        crop_mode=cfg.get("crop_mode"),
-    )
+    datasets.val.transform = create_transform(**cfg, is_training=False)  # timm's resolved config, as timm feeds it
 
 
 def build_mixup(augment: Dict, num_classes: int):
@@ -208,27 +158,3 @@ def build_train_sampler(dataset, augment: Dict, *, world_size: int, rank: int) -
 
         return RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, num_repeats=repeats)
     return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0, drop_last=False)
-
-
-def set_sampler_epoch(sampler: Sampler, *, seed: int, epoch: int) -> None:
-    """Make the epoch's order a function of (seed, epoch) only (both samplers shuffle with ``manual_seed(epoch)``)."""
-    sampler.set_epoch(int(seed) * _SEED_STRIDE + int(epoch))
-
-
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """Seed of every RNG at the start of an epoch (augmentation, mixup, drop path) on one process."""
-    return int(np.random.SeedSequence([int(seed), int(epoch), int(rank)]).generate_state(1)[0])
-
-
-def build_train_loader(dataset, sampler: Sampler, *, batch_size: int, workers: int, pin_memory: bool) -> DataLoader:
-    """Batches of one process; ``loader.generator`` seeds the workers (re-seed it every epoch)."""
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        drop_last=True,
-        generator=torch.Generator(),
-        persistent_workers=False,
-    )

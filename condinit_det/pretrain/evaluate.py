@@ -1,22 +1,21 @@
-"""Top-1 / top-5 evaluation; process ``r`` of ``W`` evaluates images ``r, r + W, ...`` and the per-image results
-are gathered back in dataset order, so a distributed evaluation equals a single process's (up to float rounding)."""
+"""Top-1 / top-5 evaluation; each process evaluates a contiguous shard of the images (detectron2's
+``InferenceSampler``) and the per-image results are gathered back in dataset order, so a distributed evaluation
+equals a single process's (up to float rounding)."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from detectron2.data.samplers import InferenceSampler
 from detectron2.utils import comm
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 
 from ..utils.distributed import sync_buffers
-
-__all__ = ["EvalResult", "evaluate"]
 
 
 @dataclass
@@ -36,15 +35,6 @@ class EvalResult:
             "eval_loss": float(self.loss.mean()),
         }
 
-    def predictions(self, epoch: int) -> dict:
-        """The ``eval_predictions.json`` payload."""
-        return {
-            "epoch": int(epoch),
-            "labels": self.labels.tolist(),
-            "top1": self.top1.tolist(),
-            "top5_hit": self.top5_hit.astype(int).tolist(),
-        }
-
 
 @torch.no_grad()
 def evaluate(
@@ -57,50 +47,33 @@ def evaluate(
     amp_dtype: Optional[torch.dtype] = None,
 ) -> EvalResult:
     """Evaluate ``model`` (not a DDP wrapper) on ``dataset``; every process returns the full result."""
-    world, rank = comm.get_world_size(), comm.get_rank()
     sync_buffers(model)
-    indices = list(range(rank, len(dataset), world))  # no padding, no duplicates
     loader = DataLoader(
-        Subset(dataset, indices),
+        dataset,
         batch_size=batch_size,
-        shuffle=False,
+        sampler=InferenceSampler(len(dataset)),  # each process a contiguous shard, no padding or duplicate
         num_workers=workers,
         pin_memory=device.type == "cuda",
     )
     was_training = model.training
     model.eval()
     labels, preds, hits, losses = [], [], [], []
-    autocast = (
-        torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
-    )
     for images, targets in loader:
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
-        with autocast:
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = model(images)
         logits = logits.float()
-        k = min(5, logits.shape[1])
-        topk = logits.topk(k, dim=1).indices
+        topk = logits.topk(min(5, logits.shape[1]), dim=1).indices
         labels.append(targets.cpu())
         preds.append(topk[:, 0].cpu())
         hits.append((topk == targets[:, None]).any(dim=1).cpu())
         losses.append(F.cross_entropy(logits, targets, reduction="none").double().cpu())
     model.train(was_training)
-
-    def cat(xs, dtype):
-        # A process with an empty shard saw no batch; it still contributes typed, empty arrays.
-        return torch.cat(xs).numpy() if xs else np.zeros(0, dtype=dtype)
-
-    local = (
-        np.asarray(indices, dtype=np.int64),
-        cat(labels, np.int64),
-        cat(preds, np.int64),
-        cat(hits, np.bool_).astype(np.uint8),
-        cat(losses, np.float64),
-    )
-    parts = comm.all_gather(local) if world > 1 else [local]
-    order = np.concatenate([p[0] for p in parts])
-    merged = [np.empty(len(dataset), dtype=parts[0][i].dtype) for i in range(1, 5)]
-    for i, arr in enumerate(merged, start=1):
-        arr[order] = np.concatenate([p[i] for p in parts])
-    return EvalResult(labels=merged[0], top1=merged[1], top5_hit=merged[2], loss=merged[3])
+    # A process with an empty shard saw no batch; it still contributes typed, empty arrays.
+    local = [
+        torch.cat(parts).numpy() if parts else np.zeros(0, dtype=dtype)
+        for parts, dtype in zip((labels, preds, hits, losses), (np.int64, np.int64, np.bool_, np.float64))
+    ]
+    labels, preds, hits, losses = (np.concatenate(shards) for shards in zip(*comm.all_gather(local)))  # rank order
+    return EvalResult(labels=labels, top1=preds, top5_hit=hits.astype(np.uint8), loss=losses)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import List, Optional, Sequence, Tuple
@@ -9,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from ..init.spec import plain
+from ..init.spec import apply_arm_spec, plain
 from ..records.layout import RunSpec
 from ..stage import PRETRAIN, ConfigDefaults, RunOptions, Stage
 from ..utils.checkpoint_io import check_loadable, final_weights_file
@@ -18,10 +19,8 @@ from .checkpoint import FINAL_FILENAME, last_checkpoint
 from .conditioning import conditioning_options
 from .config import arm_spec, load_config, node, run_identity
 from .data import build_mixup, check_dataset_folders, count_images
-from .model import check_arm_sites, create_classifier
+from .model import create_classifier
 from .trainer import evaluate_checkpoint, run_finished, total_epochs, train_run
-
-__all__ = ["PretrainStage"]
 
 logger = logging.getLogger("condinit_det.pretrain")
 # ImageNet-1k's training split: what a dry run prices a 1000-class config with when the data is elsewhere.
@@ -74,7 +73,7 @@ class PretrainStage(Stage):
         if images is None:
             try:
                 images = count_images(data)
-            except UsageError as e:
+            except ValueError as e:
                 if data.get("num_classes") != IMAGENET_CLASSES:
                     raise UsageError(f"{e}: set data.num_train_images=N to price the runs without the data") from None
                 images = IMAGENET_TRAIN_IMAGES
@@ -88,8 +87,7 @@ class PretrainStage(Stage):
         return str(node(cfg, "train")["device"])
 
     def identity(self, cfg) -> dict:
-        seed, lr_scale = int(node(cfg, "train")["seed"]), float(node(cfg, "train")["lr_scale"])
-        return run_identity(arm_spec(cfg, seed), seed=seed, lr_scale=lr_scale)
+        return run_identity(cfg)
 
     def dataset(self, cfg) -> Optional[str]:
         return node(cfg, "data")["root"]
@@ -98,8 +96,7 @@ class PretrainStage(Stage):
         cfg = runs[0][1]
         nodes = {name: node(cfg, name) for name in ("model", "data", "augment", "train")}
         train, data = nodes["train"], nodes["data"]
-        world = options.processes
-        batch = int(train["batch_size"])
+        world, batch = options.processes, int(train["batch_size"])
         if world < 1 or batch % world:
             raise UsageError(
                 f"train.batch_size={batch} does not split over {world} process(es); use a multiple of {world}"
@@ -126,17 +123,18 @@ class PretrainStage(Stage):
         except NotImplementedError:
             model = create_classifier(nodes["model"], int(data["num_classes"]))
         for spec, run_cfg in runs:
-            check_arm_sites(model, arm_spec(run_cfg, spec.seed))
-            run_dir = node(run_cfg, "train")["output_dir"]
-            last = last_checkpoint(run_dir) if options.resume and not options.eval_only else None
-            if last:
-                check_loadable(last, trust_pickle=options.trust_pickle)
+            # the arm's sites, patterns and head counts checked as the default arm sees them: no weight changes
+            apply_arm_spec(model, dataclasses.replace(arm_spec(run_cfg, spec.seed), arm="default"))
+            run_train = node(run_cfg, "train")
             if options.eval_only:
-                path = eval_checkpoint(node(run_cfg, "train"), run_dir)
+                path = eval_checkpoint(run_train, run_train["output_dir"])
                 if not os.path.isfile(path):
                     raise UsageError(
                         f"--eval-only: {path} does not exist; train the run first or pass train.init_checkpoint=PATH"
                     )
+            else:
+                path = last_checkpoint(run_train["output_dir"]) if options.resume else None
+            if path:
                 check_loadable(path, trust_pickle=options.trust_pickle)
 
     def loader_workers(self, cfg) -> Optional[int]:

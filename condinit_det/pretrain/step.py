@@ -3,7 +3,6 @@ gradient clipping, EMA): what the run's epoch loop and the step bench (``bench/b
 
 from __future__ import annotations
 
-import contextlib
 from typing import Dict, Optional
 
 import torch
@@ -11,8 +10,6 @@ from torch import nn
 
 from .config import resolve_lr
 from .data import build_mixup
-
-__all__ = ["PretrainStep", "current_lr"]
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
@@ -72,15 +69,10 @@ class PretrainStep:
             layer_decay=opt["layer_decay"],
             **opt_kwargs,
         )
-        self.scheduler, self.num_epochs = create_scheduler_v2(
+        self.scheduler, self.num_epochs = create_scheduler_v2(  # the scheduler node's keys are timm's arguments
             self.optimizer,
-            sched=sched["sched"],
+            **sched,
             num_epochs=int(train["epochs"]),
-            warmup_epochs=sched["warmup_epochs"],
-            warmup_lr=sched["warmup_lr"],
-            min_lr=sched["min_lr"],
-            cooldown_epochs=sched["cooldown_epochs"],
-            warmup_prefix=sched["warmup_prefix"],
             step_on_epochs=False,
             updates_per_epoch=steps_per_epoch,
         )
@@ -93,14 +85,9 @@ class PretrainStep:
 
     def checkpointables(self) -> Dict[str, object]:
         """What an epoch checkpoint holds besides the model (objects with ``state_dict``)."""
-        found = {"optimizer": self.optimizer}
-        if self.scheduler is not None:
-            found["scheduler"] = self.scheduler
-        if self.ema is not None:
-            found["ema"] = self.ema.module
-        if self.loss_scaler is not None:
-            found["scaler"] = self.loss_scaler
-        return found
+        ema = self.ema.module if self.ema is not None else None
+        found = {"optimizer": self.optimizer, "scheduler": self.scheduler, "ema": ema, "scaler": self.loss_scaler}
+        return {name: obj for name, obj in found.items() if obj is not None}
 
     def __call__(self, forward: nn.Module, images: torch.Tensor, targets: torch.Tensor, *, step: int) -> float:
         """One step on a batch: mixup, ``forward`` (the model or its DDP wrapper) under autocast, loss, backward,
@@ -110,12 +97,7 @@ class PretrainStep:
 
         if self.mixup is not None:
             images, targets = self.mixup(images, targets)
-        autocast = (
-            torch.autocast(device_type=self._device_type, dtype=self.amp_dtype)
-            if self.amp_dtype is not None
-            else contextlib.nullcontext()
-        )
-        with autocast:
+        with torch.autocast(self._device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             loss = self.criterion(forward(images), targets)
         self.optimizer.zero_grad(set_to_none=True)
         if self.loss_scaler is not None:

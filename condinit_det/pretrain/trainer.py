@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
+from torch.utils.data import DataLoader
 
 from ..records.environment import environment_record
 from ..records.failures import note_failure
@@ -43,29 +44,13 @@ from .checkpoint import (
 )
 from .conditioning import EpochConditioning, conditioning_options, fixed_batch
 from .config import DEFAULTS, arm_spec, node, run_identity
-from .data import (
-    build_datasets,
-    build_train_loader,
-    build_train_sampler,
-    data_config,
-    epoch_seed,
-    set_sampler_epoch,
-    set_transforms,
-)
+from .data import build_datasets, build_train_sampler, data_config, set_transforms
 from .evaluate import evaluate
 from .model import build_armed_model, create_classifier
 from .step import PretrainStep, current_lr
 
-__all__ = [
-    "PREDICTIONS_FILENAME",
-    "PretrainRun",
-    "evaluate_checkpoint",
-    "run_finished",
-    "total_epochs",
-    "truncate_metrics",
-]
-
 PREDICTIONS_FILENAME = "eval_predictions.json"
+_SEED_STRIDE = 1_000_003  # the sampler's "epoch" is seed * _SEED_STRIDE + epoch
 logger = logging.getLogger("condinit_det.pretrain")
 
 
@@ -81,15 +66,6 @@ def _device(train: Dict) -> Tuple[torch.device, Optional[torch.dtype]]:
     if kind == "cpu":
         return torch.device("cpu"), None
     return torch.device("cuda", comm.get_local_rank()), dtypes[train["amp_dtype"]] if train["amp"] else None
-
-
-def _track_evaluation(writers, record: dict, epoch: int) -> None:
-    """An evaluation to the run's W&B / MLflow writers, with the epoch as its step."""
-    keys = ("top1", "top5", "eval_loss")
-    metrics = {f"eval/{k}": record.get(k) for k in keys + ("train_loss",)}
-    metrics.update({f"eval/ema_{k}": v for k, v in (record.get("ema") or {}).items() if k in keys})
-    for writer in writers:
-        writer.log(metrics, step=epoch, step_name="epoch")
 
 
 def total_epochs(cfg) -> int:
@@ -139,15 +115,6 @@ def rng_state() -> Dict[str, torch.Tensor]:
     }
 
 
-def _mean_over_processes(total: float, count: int) -> float:
-    parts = comm.all_gather((total, count)) if comm.get_world_size() > 1 else [(total, count)]
-    n = sum(c for _, c in parts)
-    return sum(t for t, _ in parts) / n if n else float("nan")
-
-
-# ---------------------------------------------------------------------------------------------
-# The run
-# ---------------------------------------------------------------------------------------------
 class PretrainRun:
     """One pretraining run in this process (every process of the run builds one): :meth:`setup`, then :meth:`resume`
     to continue from an epoch checkpoint, then :meth:`train`, which ends with :meth:`export`.
@@ -166,22 +133,17 @@ class PretrainRun:
         self.seed = int(self.train_node["seed"])
         self.lr_scale = float(self.train_node["lr_scale"])
         self.spec = arm_spec(cfg, self.seed)
-        self.identity = run_identity(self.spec, seed=self.seed, lr_scale=self.lr_scale)
+        self.identity = run_identity(cfg)
         self.rank, self.world = comm.get_rank(), comm.get_world_size()
         self.main = self.rank == 0
         self.device, self.amp_dtype = _device(self.train_node)
-        self.meta = {
-            "stage": PRETRAIN.name,
-            "arm": self.spec.arm,
-            "seed": self.seed,
-            "lr_scale": self.lr_scale,
-            "config": config_file,
-        }
+        self.meta = dict(
+            stage=PRETRAIN.name, arm=self.spec.arm, seed=self.seed, lr_scale=self.lr_scale, config=config_file
+        )
         self.analysis = conditioning_options(cfg)  # checked on every process; the main one measures
         self.epoch, self.step = 0, 0  # completed epochs and optimizer steps
         self.eval_seconds = []  # how long each evaluation took
 
-    # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         """Model (from the training seed, identical on every process) and arm; data; the step; the checkpointers."""
         data, augment, train = (self.nodes[k] for k in ("data", "augment", "train"))
@@ -208,12 +170,14 @@ class PretrainRun:
         self.model.to(self.device)
         self.batch = int(train["batch_size"]) // self.world
         self.sampler = build_train_sampler(self.datasets.train, augment, world_size=self.world, rank=self.rank)
-        self.loader = build_train_loader(
+        self.loader = DataLoader(
             self.datasets.train,
-            self.sampler,
             batch_size=self.batch,
-            workers=int(train["workers"]),
+            sampler=self.sampler,
+            num_workers=int(train["workers"]),
             pin_memory=self.device.type == "cuda",
+            drop_last=True,
+            generator=torch.Generator(),  # seeds the workers: re-seeded every epoch
         )
         self.steps_per_epoch = len(self.loader)
         if self.steps_per_epoch == 0:
@@ -223,7 +187,7 @@ class PretrainRun:
         self.optimization = PretrainStep(
             self.model,
             self.nodes,
-            num_classes=self.datasets.num_classes,
+            num_classes=len(self.datasets.classes),
             amp_dtype=self.amp_dtype,
             steps_per_epoch=self.steps_per_epoch,
             lr_scale=self.lr_scale,
@@ -244,11 +208,10 @@ class PretrainRun:
         self.periodic = periodic_checkpointer(self.checkpointer, keep=1)
         logger.info(
             f"{len(self.datasets.train)} training / {len(self.datasets.val)} evaluation images, "
-            f"{self.datasets.num_classes} classes ({self.datasets.root}); {self.num_epochs} epochs x "
+            f"{len(self.datasets.classes)} classes ({self.datasets.root}); {self.num_epochs} epochs x "
             f"{self.steps_per_epoch} steps of {self.batch} x {self.world}; lr {self.optimization.lr:.4g}"
         )
 
-    # ------------------------------------------------------------------ resume
     def resume(self, path: str) -> None:
         """Continue from an epoch checkpoint: weights, EMA, optimizer, scheduler, scaler, epoch and step."""
         state = self.checkpointer.load(path, checkpointables=list(self.checkpointer.checkpointables))
@@ -261,7 +224,6 @@ class PretrainRun:
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         logger.info(f"Resumed from {path}: {self.epoch} epoch(s), {self.step} step(s) done")
 
-    # ------------------------------------------------------------------ the loop
     def train(self) -> Optional[dict]:
         """Train the remaining epochs, then :meth:`export`. Returns the last ``"cls"`` record."""
         from detectron2.utils.events import EventStorage, JSONWriter, TensorboardXWriter
@@ -275,9 +237,8 @@ class PretrainRun:
         self.writers, self.trackers = [], []
         if self.main:
             truncate_metrics(self.run_dir, max_iteration=self.step)
-            total = self.num_epochs * self.steps_per_epoch
             self.writers = [
-                ETAPrinter(total + 1, self._evaluations_left),
+                ETAPrinter(self.num_epochs * self.steps_per_epoch + 1, self._evaluations_left),
                 JSONWriter(os.path.join(self.run_dir, METRICS_FILENAME)),
                 TensorboardXWriter(self.run_dir, purge_step=self.step),
             ]
@@ -294,8 +255,7 @@ class PretrainRun:
         logger.info(
             "Environment: " + ", ".join(f"{k} {v}" for k, v in environment.items() if k not in ("kind", "iteration"))
         )
-        if self.main:
-            self.results.add(environment)
+        self.results.add(environment)  # by the main process, as every ResultsFile write
         self.watch = PreemptionWatch()
         last_record = None
         try:
@@ -314,8 +274,16 @@ class PretrainRun:
                     if done == self.num_epochs or done % max(int(self.train_node["eval_period"]), 1) == 0:
                         last_record = self.evaluate(done)
                     self._write()  # the epoch's last step (and its evaluation) on one line
-                    if self.main:
-                        self.periodic.step(epoch, **self._training_state(done))
+                    if self.main:  # the epoch checkpoint: the model, the checkpointables and the training state
+                        self.periodic.step(
+                            epoch,
+                            epoch=done,
+                            step=self.step,
+                            num_epochs=self.num_epochs,
+                            steps_per_epoch=self.steps_per_epoch,
+                            rng=rng_state(),
+                            identity=self.identity,
+                        )
                     comm.synchronize()
                     self.epoch = done
         finally:
@@ -334,23 +302,13 @@ class PretrainRun:
         for writer in self.writers:
             writer.write()
 
-    def _training_state(self, done: int) -> dict:
-        """What an epoch checkpoint holds besides the model and the checkpointables."""
-        return {
-            "epoch": done,
-            "step": self.step,
-            "num_epochs": self.num_epochs,
-            "steps_per_epoch": self.steps_per_epoch,
-            "rng": rng_state(),
-            "identity": self.identity,
-        }
-
     def start_epoch(self, epoch: int) -> None:
         """Re-seed every RNG from ``(seed, epoch, rank)`` and the sampler from ``(seed, epoch)``."""
-        s = epoch_seed(self.seed, epoch, self.rank)
-        seed_all_rng(s)
+        s = int(np.random.SeedSequence([self.seed, epoch, self.rank]).generate_state(1)[0])
+        seed_all_rng(s)  # augmentation, mixup, drop path
         self.loader.generator.manual_seed(s)
-        set_sampler_epoch(self.sampler, seed=self.seed, epoch=epoch)
+        # both samplers shuffle with manual_seed(epoch): the orders of different seeds never meet
+        self.sampler.set_epoch(self.seed * _SEED_STRIDE + epoch)
 
     def train_epoch(self, epoch: int) -> None:
         """One epoch of optimizer steps; keeps the mean training loss over the processes."""
@@ -369,13 +327,11 @@ class PretrainRun:
             targets = targets.to(self.device, non_blocking=True)
             value = self.optimization(self.ddp, images, targets, step=self.step + 1)
             self.step += 1
-            if not math.isfinite(value):
-                error = FloatingPointError(
+            if not math.isfinite(value):  # train_run records the failure at this step (self.step)
+                raise FloatingPointError(
                     f"loss became {value} at step {self.step} (epoch {epoch + 1}); lower the learning rate "
                     "(--lr-scale) or enable gradient clipping (optimizer.clip_grad)"
                 )
-                error.step = self.step  # the run's failure record names the step it diverged at
-                raise error
             total += value
             count += 1
             self.storage.iter = self.step
@@ -388,7 +344,8 @@ class PretrainRun:
             if self.step % log_period == 0 and i + 1 < self.steps_per_epoch:
                 self._write()
             end = time.perf_counter()
-        self.train_loss = _mean_over_processes(total, count)
+        parts = comm.all_gather((total, count))  # the mean over the processes
+        self.train_loss = sum(t for t, _ in parts) / sum(c for _, c in parts)
 
     def evaluate(self, done: int) -> dict:
         """The ``"cls"`` record of ``done`` epochs (top-1 / top-5, also of the EMA weights); the main one adds it."""
@@ -420,16 +377,23 @@ class PretrainRun:
             )
             record["per_image"] = os.path.relpath(path, self.run_dir)
             self.results.add(record)
-            self.storage.put_scalars(
-                **{f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")}, smoothing_hint=False
-            )
-            _track_evaluation(self.trackers, record, done)
+            metrics = {f"eval/{k}": record[k] for k in ("top1", "top5", "eval_loss")}
+            self.storage.put_scalars(**metrics, smoothing_hint=False)
+            metrics["eval/train_loss"] = self.train_loss
+            metrics.update({f"eval/ema_{k}": v for k, v in record.get("ema", {}).items()})
+            for writer in self.trackers:  # W&B / MLflow, with the epoch as the step
+                writer.log(metrics, step=done, step_name="epoch")
             if done == self.num_epochs:
-                atomic_write(os.path.join(self.run_dir, PREDICTIONS_FILENAME), json.dumps(result.predictions(done)))
+                predictions = {
+                    "epoch": done,
+                    "labels": result.labels.tolist(),
+                    "top1": result.top1.tolist(),
+                    "top5_hit": result.top5_hit.astype(int).tolist(),
+                }
+                atomic_write(os.path.join(self.run_dir, PREDICTIONS_FILENAME), json.dumps(predictions))
         self.eval_seconds.append(time.perf_counter() - started)
         return record
 
-    # ------------------------------------------------------------------ the end
     def export(self) -> None:
         """Check the replicas (BatchNorm statistics may differ: rank 0's are saved), then write the final weights (the
         EMA's when the recipe keeps an EMA)."""
@@ -481,7 +445,7 @@ def train_run(
     except Preempted:
         raise
     except Exception as e:
-        if note_failure(run_dir, e, rank=run.rank, iteration=getattr(e, "step", run.step), epoch=run.epoch):
+        if note_failure(run_dir, e, rank=run.rank, iteration=run.step, epoch=run.epoch):
             logger.exception(f"Run {run_dir} failed:")  # the traceback, in the run's log
         raise
     _log_end(run_dir)
@@ -536,7 +500,6 @@ def evaluate_checkpoint(
     logger.info(
         f"{checkpoint}: top-1 {record['top1']:.2f}%  top-5 {record['top5']:.2f}%  eval loss {record['eval_loss']:.4f}"
     )
-    if comm.get_rank() == 0:
-        ResultsFile(run_dir).add(record)
+    ResultsFile(run_dir).add(record)  # by the main process
     _log_end(run_dir)
     return record

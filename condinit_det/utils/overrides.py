@@ -1,10 +1,7 @@
-"""The one check of command-line config overrides both stages make, before anything is built: a key the config does
-not have is refused (``LazyConfig.apply_overrides`` would add it silently, so ``train.max_itr=10`` would train the full
-schedule; a deliberate new key is written ``+key=value``), and so is a value of the wrong type for the value it
-replaces (``train.max_iter=abc``). A node built by a ``_target_`` also takes the keyword arguments of its target (an
-armed node's: of its ``_arm_target_``, to which its ``_target_`` passes them): a function's, or a class's along its
-``__init__`` chain; any key when its target is a function that takes ``**kwargs``. The error is one line that names
-what was typed, with the closest keys or the type expected.
+"""The one check of command-line config overrides both stages make before anything is built
+(:func:`check_override_keys`): ``LazyConfig.apply_overrides`` adds a key the config lacks silently (``train.max_itr=10``
+would train the full schedule) and stores any value (``train.max_iter=abc`` would fail late, without its key), so
+both are refused here in one line that names what was typed.
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ def target_arguments(target) -> Tuple[List[str], bool]:
             parameters = inspect.signature(function).parameters.values()
         except (TypeError, ValueError):  # not callable, or a builtin without a signature
             return names, False
-        names += [
-            p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
-        ]
+        keywords = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        names += [name for name in keywords if name != "self"]
         if not any(p.kind == p.VAR_KEYWORD for p in parameters):
             return names, False
     return names, not inspect.isclass(target)
