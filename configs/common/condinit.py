@@ -4,15 +4,17 @@
 # (tools/train_net.py, detectron2's tools/lazyconfig_train_net.py, detrex, a notebook).
 # Override on the command line, e.g. `condinit.arm=conditioned` (or `--arm` in tools/train_net.py).
 #   arm:     "default" | "mimetic" | "conditioned" (the paper's, what `--arm all` trains) | "scale_matched"
-#            (control: the default init rescaled per head to the conditioned arm's norms; give it the
-#            conditioned run's gain_qk / gain_v / value_mode, see condinit_det.init.apply)
+#            | "structured" (the conditioned arm's controls: the default init rescaled per head to the
+#            conditioned arm's norms, and the conditioned blocks rescaled to the default init's; with default
+#            and conditioned, what `--arm factorial` trains; docs/arms.md)
 #   seed:    seed of the arm's own generators (the global RNG is never touched); follows train.seed
 #   include: fnmatch patterns on attention-site names (None: every site found in the model)
 #   exclude: fnmatch patterns removed from the included sites
 #   options: per arm, e.g. options={"mimetic": {"alpha1": 0.5}, "conditioned": {"gain_v": 0.5}} or
 #            `condinit.options.mimetic.alpha1=0.5`; conditioned: gain_qk, gain_v, value_mode,
-#            condition_output; mimetic: alpha1, beta1, alpha2, beta2, noise; scale_matched: gain_qk,
-#            gain_v, value_mode, norm ("frobenius" | "spectral") (condinit_det.init.ARM_OPTIONS)
+#            condition_output; mimetic: alpha1, beta1, alpha2, beta2, noise; scale_matched and
+#            structured: norm ("frobenius" | "spectral"), and the conditioned entry's gain_qk, gain_v and
+#            value_mode (condinit_det.init.ARM_OPTIONS)
 condinit = dict(arm="default", seed="${oc.select:train.seed,0}", include=None, exclude=None, options={})
 
 # Attention-Jacobian conditioning tracked during training (condinit_det.analysis): every `period`
