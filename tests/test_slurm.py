@@ -231,7 +231,6 @@ def test_array_and_dependent_report(slurm_env):
         "--mem=1G",
     ):
         assert f"#SBATCH {line}" in text, text
-    assert "dependency" not in ex.parameters  # the report's dependency did not stay on the executor
     assert "--dependency=afterany:" in open(report[0].paths.submission_file).read()
 
 

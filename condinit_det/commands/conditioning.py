@@ -74,19 +74,15 @@ def get_parser():
 
 def build_model(cfg, arm, device):
     """cfg.model built with ``arm`` (``condinit.arm`` replaced); the same global seed for every arm."""
+    import torch
     from detectron2.config import instantiate
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
 
     from condinit_det.modeling.arm import armed, armed_nodes
 
-    with open_dict(cfg):
-        if cfg.get("condinit") is None:
-            cfg.condinit = OmegaConf.create({"arm": arm})
-        cfg.condinit.arm = arm
+    OmegaConf.update(cfg, "condinit.arm", arm, force_add=True)  # a config without a condinit node gets one
     if not armed_nodes(cfg.model):
         armed(cfg.model)
-    import torch
-
     torch.manual_seed(int(cfg.train.get("seed", 0) or 0) if "train" in cfg else 0)
     return instantiate(cfg.model).to(device)
 
@@ -100,6 +96,7 @@ def measure(argv=None):
     from condinit_det.analysis.hooks import fixed_batch
     from condinit_det.analysis.measure import TABLE_COLUMNS, format_markdown, measure_sites, resolve_sites, write_table
     from condinit_det.data import register_embedded_datasets
+    from condinit_det.engine.checkpoint import RunCheckpointer
     from condinit_det.engine.config import OPTIONAL_KEYS
 
     columns = ("arm",) + TABLE_COLUMNS
@@ -114,8 +111,6 @@ def measure(argv=None):
     for arm in arms:
         model = build_model(cfg, arm, args.device)
         if args.weights:
-            from condinit_det.engine.checkpoint import RunCheckpointer
-
             RunCheckpointer(model, trust_pickle=args.trust_pickle).load(args.weights)
         sites = resolve_sites(model, args.sites, default="all")
         for m in measure_sites(

@@ -401,9 +401,11 @@ def resolve_step_time(config: str, *, step_time: Optional[float] = None, step_be
     )
 
 
-def plan_costs(experiment: Experiment, step_time: StepTime) -> List[RunCost]:
-    """What each run that would train costs at ``step_time``; a stage priced at 0 steps is an error."""
+def plan_costs(experiment: Experiment) -> List[RunCost]:
+    """What each run that would train costs at the step time of ``--step-time`` or ``--step-bench``
+    (:func:`resolve_step_time`); a stage priced at 0 steps is an error."""
     args = experiment.args
+    step_time = resolve_step_time(args.config_file, step_time=args.step_time, step_bench=args.step_bench)
     trains = [spec for spec, _, trains in run_actions(experiment) if trains]
     if not trains:
         return []
@@ -494,13 +496,10 @@ def describe_plan(experiment: Experiment, *, cost: bool = True) -> str:
     table = tabulate([(spec.dir, action) for spec, action, _ in actions], tablefmt="plain", disable_numparse=True)
     lines += ["  " + line.rstrip() for line in table.splitlines()]
     to_train = sum(trains for _, _, trains in actions)
-    lines.append(
-        f"{to_train} of {len(actions)} run(s) would train; nothing was written"
-        + (" or submitted" if args.slurm else "")
-    )
+    written = "nothing was written" + (" or submitted" if args.slurm else "")
+    lines.append(f"{to_train} of {len(actions)} run(s) would train; {written}")
     for path in dict.fromkeys(experiment.waiting.values()):
         lines.append(f"waits for {path} ({'not finished yet' if os.path.isdir(path) else 'not trained yet'})")
     if cost and to_train:
-        step = resolve_step_time(args.config_file, step_time=args.step_time, step_bench=args.step_bench)
-        lines += ["", format_cost(plan_costs(experiment, step))]
+        lines += ["", format_cost(plan_costs(experiment))]
     return "\n".join(lines)

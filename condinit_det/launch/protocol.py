@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import List
+from typing import List, Optional
 
 from ..records.layout import REPORT_DIRNAME
 from ..stage import Stage
@@ -73,11 +73,14 @@ def build_protocol_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stage_args(args: argparse.Namespace, config_file: str, opts: List[str]) -> argparse.Namespace:
-    """The namespace a training command would have for this stage: every shared flag as given to the protocol."""
+def _stage_args(
+    args: argparse.Namespace, config_file: str, opts: List[str], step_time: Optional[float]
+) -> argparse.Namespace:
+    """The namespace a training command would have for this stage: every shared flag as given to the protocol, and
+    the stage's own config, overrides and ``--step-time``."""
     stage_args = build_parser().parse_args([])
     shared = {key: value for key, value in vars(args).items() if key in vars(stage_args)}
-    vars(stage_args).update(shared, config_file=config_file, opts=list(opts), slurm=True)
+    vars(stage_args).update(shared, config_file=config_file, opts=list(opts), step_time=step_time, slurm=True)
     return stage_args
 
 
@@ -87,24 +90,21 @@ def submit_protocol(args: argparse.Namespace, *, upstream: Stage, downstream: St
     and the report (:func:`condinit_det.launch.slurm.submit_stages`); returns 0."""
     pre = plan_experiment(
         upstream,
-        _stage_args(args, args.pretrain_config, args.pretrain_opt),
+        _stage_args(args, args.pretrain_config, args.pretrain_opt, args.pretrain_step_time),
         output_dir=os.path.join(args.output, "pretrain"),
     )
     fine = plan_experiment(
         downstream,
-        _stage_args(args, args.finetune_config, args.finetune_opt),
+        _stage_args(args, args.finetune_config, args.finetune_opt, args.finetune_step_time),
         output_dir=os.path.join(args.output, "finetune"),
         upstream=pre.base,
     )
     if args.dry_run:
-        from .plan import describe_plan, format_cost, plan_costs, resolve_step_time
+        from .plan import describe_plan, format_cost, plan_costs
 
-        costs = []
-        for experiment, seconds in ((pre, args.pretrain_step_time), (fine, args.finetune_step_time)):
-            log(describe_plan(experiment, cost=False))
-            config = experiment.args.config_file
-            costs += plan_costs(experiment, resolve_step_time(config, step_time=seconds, step_bench=args.step_bench))
-        log("\n" + format_cost(costs))
+        log(describe_plan(pre, cost=False))
+        log(describe_plan(fine, cost=False))
+        log("\n" + format_cost(plan_costs(pre) + plan_costs(fine)))
         return 0
     from .slurm import submit_stages
 

@@ -46,7 +46,7 @@ from ..utils.preemption import PREEMPTED_FILENAME, Preempted
 from ..utils.threads import allocated_cpus, apply_thread_settings
 from .plan import Experiment
 
-__all__ = ["Outcome", "execute", "failure_summary", "run_worker"]
+__all__ = ["Outcome", "ReportJob", "execute", "failure_summary", "run_worker"]
 
 logger = logging.getLogger("condinit_det.launch")
 
@@ -65,11 +65,9 @@ def run_worker(experiment: Experiment, spec: RunSpec) -> None:
             max(int(args.num_gpus), 1), allocated=allocated, max_workers=stage.loader_workers(cfg), log=logger
         )
         stage.set_loader_workers(cfg, plan.loader_workers)
+    run = stage.evaluate if args.eval_only else stage.train
     try:
-        if args.eval_only:
-            stage.evaluate(experiment.options, cfg, run_dir)
-        else:
-            stage.train(experiment.options, cfg, run_dir)
+        run(experiment.options, cfg, run_dir)
     except Preempted:
         raise
     except Exception as e:
@@ -98,6 +96,25 @@ def _launch(experiment: Experiment, spec: RunSpec) -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         run_logging(None, rank=0)
+
+
+class ReportJob:
+    """The comparison of an experiment (or of both stages of a protocol), written and printed after its runs (at the
+    end of :func:`execute`, or as a Slurm job of its own); with ``trackers`` enabling one, attached to a tracker run
+    of its own in the group of the last of ``paths`` (the experiment directory; for a protocol, its fine-tuning
+    stage's)."""
+
+    def __init__(self, paths: Sequence[str], output_dir: str, bootstrap: int, trackers: Optional[dict] = None):
+        self.paths, self.output_dir, self.bootstrap, self.trackers = list(paths), output_dir, int(bootstrap), trackers
+
+    def __call__(self) -> str:
+        from ..report import compare_arms
+        from ..tracking import attach_report
+
+        _, text = compare_arms(self.paths, output_dir=self.output_dir, bootstrap=self.bootstrap)
+        print(text, flush=True)
+        attach_report(self.trackers, self.paths[-1], self.output_dir)
+        return text
 
 
 @dataclasses.dataclass
@@ -196,14 +213,10 @@ def execute(experiment: Experiment) -> int:
         experiment.write_plan()
     outcomes = [_run_one(experiment, spec, main=main) for spec in experiment.runs]
     if len(experiment.runs) > 1 and main and not experiment.element:
-        from ..report import compare_arms
-        from ..tracking import attach_report
-
         report_dir = os.path.join(experiment.base, REPORT_DIRNAME)
         try:
-            _, text = compare_arms([experiment.base], output_dir=report_dir, bootstrap=args.bootstrap)
-            print(text + f"\nReport written to {report_dir}", flush=True)
-            attach_report(experiment.trackers, experiment.base, report_dir)
+            ReportJob([experiment.base], report_dir, args.bootstrap, experiment.trackers)()
+            print(f"Report written to {report_dir}", flush=True)
         except ValueError as e:  # e.g. no run finished: the failures below say why
             print(f"No report: {e}", file=sys.stderr, flush=True)
     lines = failure_summary(outcomes)

@@ -32,7 +32,7 @@ from ..records.layout import REPORT_DIRNAME, RunSpec
 from ..utils.preemption import PREEMPTED_FILENAME, PREEMPTIBLE_ENV, Preempted
 from ..utils.squeue import is_pending, query_jobs, squeue_command
 from .plan import Experiment, in_flight, run_actions
-from .run import execute
+from .run import ReportJob, execute
 
 __all__ = [
     "after",
@@ -119,18 +119,14 @@ def submit(
 ) -> List[submitit.Job]:
     """Submit ``callables`` as one job array (a single callable: one plain job), after ``dependency``.
 
-    ``dependency`` is sbatch's ``--dependency`` value, e.g. from :func:`after` or :func:`after_each`.
-    The jobs' ``done()``, ``state``, ``wait()`` and ``result()`` work without ``sacct`` (:class:`SqueueWatcher`).
+    ``dependency`` is sbatch's ``--dependency`` value, e.g. from :func:`after` or :func:`after_each`; it stays set on
+    ``executor`` (the launcher makes an executor per submission). The jobs' ``done()``, ``state``, ``wait()`` and
+    ``result()`` work without ``sacct`` (:class:`SqueueWatcher`).
     """
-    saved = dict(executor.parameters)
     if dependency:
         executor.update_parameters(dependency=dependency)
-    try:
-        with executor.batch():
-            jobs = [executor.submit(fn) for fn in callables]
-    finally:
-        executor.parameters.clear()
-        executor.parameters.update(saved)
+    with executor.batch():
+        jobs = [executor.submit(fn) for fn in callables]
     for job in jobs:
         job.watcher = _WATCHER
     return jobs
@@ -202,24 +198,6 @@ class RunElement(Checkpointable):
         return DelayedSubmission(RunElement(self.experiment, self.spec))
 
 
-class ReportJob:
-    """The comparison of an experiment (or of both stages of a protocol), written after its runs; with
-    ``trackers`` enabling one, attached to a tracker run of its own in the group of the last of ``paths`` (the
-    experiment directory; for a protocol, its fine-tuning stage's)."""
-
-    def __init__(self, paths: Sequence[str], output_dir: str, bootstrap: int, trackers: Optional[dict] = None):
-        self.paths, self.output_dir, self.bootstrap, self.trackers = list(paths), output_dir, int(bootstrap), trackers
-
-    def __call__(self) -> str:
-        from ..report import compare_arms
-        from ..tracking import attach_report
-
-        _, text = compare_arms(self.paths, output_dir=self.output_dir, bootstrap=self.bootstrap)
-        print(text, flush=True)
-        attach_report(self.trackers, self.paths[-1], self.output_dir)
-        return text
-
-
 # ---------------------------------------------------------------------------------------------
 # Submitting
 # ---------------------------------------------------------------------------------------------
@@ -287,10 +265,8 @@ def submit_experiment(experiment: Experiment, *, name: str, report: bool = True,
     if report and jobs:
         report_dir = os.path.join(experiment.base, REPORT_DIRNAME)
         _submit_report(experiment, [experiment.base], report_dir, jobs, f"{name}-report", log)
-    log(
-        f"Watch it with: condinit-status {experiment.base}   (submitit logs: "
-        f"{slurm_folder(experiment.args, experiment.base)})"
-    )
+    folder = slurm_folder(experiment.args, experiment.base)
+    log(f"Watch it with: condinit-status {experiment.base}   (submitit logs: {folder})")
 
 
 def _upstream_of(spec: RunSpec) -> RunSpec:

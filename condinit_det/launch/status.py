@@ -109,11 +109,6 @@ def _number(value) -> Optional[float]:
     return v if math.isfinite(v) else None
 
 
-def _stage_in_records(records: Sequence[dict]) -> Optional[StageDescriptor]:
-    names = [r["stage"] for r in records if r.get("stage")]
-    return stage_of(names[-1]) if names else None
-
-
 def _identity(path: str, records: Sequence[dict]) -> Tuple[str, Optional[int], float]:
     """(arm, seed, lr scale) of a run found on disk: its arm report's run section, then its records."""
     try:
@@ -189,17 +184,13 @@ def _eta(status: RunStatus, now: float) -> Optional[float]:
     x, steps, per_step, eta = status._line
     if eta is None and status.total is not None and x and per_step is not None:
         eta = max(status.total - x, 0.0) * (steps / x) * per_step
-    if eta is None:
-        return None
-    return max(eta - max(now - (status._line_time or now), 0.0), 0.0)
+    return None if eta is None else max(eta - max(now - (status._line_time or now), 0.0), 0.0)
 
 
 def _add_jobs(base: str, runs: List[RunStatus]) -> None:
     """Each run's current Slurm job and its squeue state: a run not ended is queued, running or cancelled with it."""
     jobs = read_jobs(base)
-    if not jobs:
-        return
-    states = query_jobs(sorted(set(jobs.values()))).states
+    states = query_jobs(list(jobs.values())).states
     for r in runs:
         job = jobs.get(os.path.relpath(r.path, base))
         if job is None:
@@ -235,15 +226,17 @@ def _read(status: RunStatus, now: float, stale_after: float) -> RunStatus:
         records, status.state, status.problem = [], "unreadable", str(e)
     if not status.planned:
         status.arm, status.seed, status.lr_scale = _identity(status.path, records)
-        status.descriptor = _stage_in_records(records)
+        status.descriptor = stage_of(next((r["stage"] for r in reversed(records) if r.get("stage")), None))
     return status if status.problem else _read_run(status, records, now, stale_after)
 
 
 def experiment_status(path: str, *, stale_after: float = STALE_AFTER, now: Optional[float] = None) -> List[RunStatus]:
     """Every run under ``path`` (an experiment directory, a folder of experiments or one run directory): the planned
-    runs in plan order, then the runs no plan lists. Raises ValueError for a path that is not a directory, holds
-    neither a plan nor a run, or has an unreadable plan; a run whose results file cannot be read is shown
-    ``"unreadable"``, with why."""
+    runs in plan order, then the runs no plan lists. Raises ValueError for a ``stale_after`` that is not a positive
+    number of seconds, a path that is not a directory, holds neither a plan nor a run, or has an unreadable plan; a
+    run whose results file cannot be read is shown ``"unreadable"``, with why."""
+    if not math.isfinite(stale_after) or stale_after <= 0:
+        raise ValueError(f"--stale-after {stale_after:g}: expected a positive number of seconds")
     if not os.path.isdir(path):
         raise ValueError(
             f"{path} is not a directory; expected an experiment directory (with experiment.json) or a run directory"
