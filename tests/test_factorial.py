@@ -5,6 +5,8 @@ cell values."""
 import csv
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -212,3 +214,75 @@ def test_without_all_four_arms_there_is_no_section_and_one_seed_says_so(tmp_path
 )
 def test_which_factor_the_verdicts_show(verdicts, said):
     assert carried_by(*verdicts) == said
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tool(name, argv, work, data_dir, expect=0):
+    env = dict(os.environ, CONDINIT_DATA=str(data_dir), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", name), *argv],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == expect, proc.stderr[-5000:]
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_factorial_end_to_end_on_the_tiny_digits_demo_in_both_stages(tmp_path):
+    """``--arm factorial`` in both stages of the digits demo at tiny size, two seeds: every arm of the design
+    pretrains, each detector starts from its own arm's run, the report holds the design's section in both stages,
+    and an extension with another gain is refused."""
+    from coco_layout import small_digits_cls
+
+    tiny = small_digits_cls(tmp_path / "digits-cls", {"train": 2, "val": 1})
+    data = tmp_path / "condinit_data"
+    pretrain = ["--config-file", os.path.join(ROOT, "configs/demo/pretrain_vit_tiny_digits.py"), "--arm", "factorial"]
+    pretrain += ["--seeds", "0,1", "train.output_dir=out/pretrain", f"data.root={tiny}", "train.epochs=1"]
+    pretrain += ["scheduler.warmup_epochs=0", "train.batch_size=8", "train.eval_batch_size=10", "train.workers=0"]
+    _tool("pretrain_net.py", pretrain + ["--bootstrap", "0"], tmp_path, data)
+    finetune = ["--config-file", os.path.join(ROOT, "configs/demo/mask_rcnn_vit_tiny_digits_finetune.py")]
+    finetune += ["--arm", "factorial", "--seeds", "0,1", "--bootstrap", "0", "train.output_dir=out/finetune"]
+    finetune += ["train.init_checkpoint='out/pretrain/{arm}/seed{seed}'", "train.max_iter=1", "train.eval_period=1"]
+    finetune += ["condinit_analysis.period=0", "dataloader.train.total_batch_size=2"]
+    _tool("train_net.py", finetune, tmp_path, data)
+    out = tmp_path / "out"
+    for arm in ("default", "scale_matched", "structured", "conditioned"):
+        for seed in (0, 1):
+            report = json.loads((out / "finetune" / arm / f"seed{seed}" / "condinit_arm_report.json").read_text())
+            assert all(s["weights_from"].endswith(f"(pretrained with arm {arm})") for s in report["sites"])
+            own = json.loads((out / "pretrain" / arm / f"seed{seed}" / "condinit_arm_report.json").read_text())
+            assert own["run"]["arm"] == arm and own["run"]["seed"] == seed
+    structured = json.loads((out / "pretrain" / "structured" / "seed0" / "condinit_arm_report.json").read_text())
+    assert structured["run"]["options"] == {
+        "gain_qk": 1.0,
+        "gain_v": 1.0,
+        "value_mode": "identity",
+        "norm": "frobenius",
+    }
+    _tool(
+        "compare_arms.py",
+        ["out/pretrain", "out/finetune", "--output", "out/report", "--bootstrap", "50"],
+        tmp_path,
+        data,
+    )
+    text = (out / "report" / "report.md").read_text()
+    assert text.count("### What the gain is made of: structure × scale") == 2
+    assert "**top-1**: " in text and "**AP^b**: " in text and "**AP^m**: " in text
+    assert unpadded(text).count("| structure × scale (interaction) |") >= 3 + 3  # first table and the sections
+    assert (out / "report" / "interaction.png").is_file()
+    # the design's options hold across an extension: another gain for more seeds is refused before any run
+    proc = _tool(
+        "pretrain_net.py",
+        [*pretrain[:5], "2", *pretrain[6:], "condinit.options.conditioned.gain_v=0.5", "--dry-run"],
+        tmp_path,
+        data,
+        expect=2,
+    )
+    assert "holds runs of another setup (condinit.options.conditioned.gain_v" in proc.stderr
