@@ -286,3 +286,21 @@ def test_the_factorial_end_to_end_on_the_tiny_digits_demo_in_both_stages(tmp_pat
         expect=2,
     )
     assert "holds runs of another setup (condinit.options.conditioned.gain_v" in proc.stderr
+
+
+def test_the_sentence_says_why_an_interval_clear_of_zero_is_no_claim():
+    from types import SimpleNamespace
+
+    from condinit_det.report.factorial import reading
+    from condinit_det.report.statistics import Interval
+
+    def row(estimate, low, high, p_holm):
+        interval = Interval(estimate, low, high, "two-level t", "both", 3)
+        return SimpleNamespace(mean_difference=estimate, interval=interval, verdict=NO_DIFFERENCE, p_holm=p_holm)
+
+    rows = {"structure": row(-0.6, -4.2, 3.0, 1.0), "scale": row(29.5, 17.8, 41.2, 0.052)}
+    rows["interaction"] = row(-4.0, -35.5, 27.5, 1.0)
+    text = reading("top-1", rows, 3)
+    assert text.startswith("neither factor is shown to change it over 3 seeds (structure -0.6 [-4.2, +3.0], scale")
+    assert "the scale's 95% interval excludes zero, but its Holm-adjusted p (0.052)" in text
+    assert "structure's 95% interval" not in text and "interaction's 95% interval" not in text

@@ -158,7 +158,18 @@ def reading(metric: str, rows: Dict[str, object], seeds: int) -> str:
             "main effects."
         )
     if carried == "neither":
-        return f"neither factor is shown to change it over {seeds} seeds ({main}, interaction {quote('interaction')})."
+        # an unadjusted interval clear of zero would read as a claim: say why it is not one
+        near = [
+            f"the {name}'s 95% interval excludes zero, but its Holm-adjusted p ({rows[name].p_holm:.3f}) over the "
+            "stage's comparisons does not reach the family-wise level: more seeds would tell"
+            for name in ("structure", "scale", "interaction")
+            if rows[name].interval is not None and (rows[name].interval.low > 0 or rows[name].interval.high < 0)
+        ]
+        return (
+            f"neither factor is shown to change it over {seeds} seeds ({main}, interaction {quote('interaction')})"
+            + "".join(f"; {text}" for text in near)
+            + "."
+        )
     if carried == "both":
         return f"both factors change it ({main}); their interaction is not shown."
     other = "scale" if carried == "structure" else "structure"
