@@ -329,6 +329,19 @@ def test_a_dry_run_prices_a_fine_tuning_before_its_pretraining(tmp_path):
         _check(*argv)
 
 
+def test_a_missing_step_bench_file_or_sbatch_is_one_error_line_and_nothing_is_written(tmp_path, capsys, monkeypatch):
+    from condinit_det.launch.command import run_command
+
+    argv = ["--config-file", CONFIG, f"train.output_dir={tmp_path / 'exp'}"]
+    missing = tmp_path / "no.json"
+    assert run_command(DetectionStage, [*argv, "--dry-run", "--step-bench", str(missing)]) == 2
+    assert f"error: step bench file {missing} does not exist (write it with " in capsys.readouterr().err
+    monkeypatch.setenv("PATH", "")  # no sbatch here
+    assert run_command(DetectionStage, [*argv, "--slurm"]) == 2
+    assert "error: --slurm: sbatch/srun are not on PATH" in capsys.readouterr().err
+    assert not (tmp_path / "exp").exists()
+
+
 def test_eval_only_needs_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="--eval-only needs train.init_checkpoint=PATH"):
         _check("--eval-only", f"train.output_dir={tmp_path}")

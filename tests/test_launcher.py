@@ -409,19 +409,6 @@ def test_both_training_commands_share_their_flags():
     assert "Default: 1000" in config_a and "detection only (pretraining starts from random weights)" in config_a
 
 
-def test_bad_input_after_planning_is_one_error_line_and_nothing_is_written(tmp_path, capsys, monkeypatch):
-    from condinit_det.launch.command import run_command
-
-    argv = ["--config-file", "fake.cfg", f"output_dir={tmp_path / 'exp'}"]
-    missing = tmp_path / "no.json"
-    assert run_command(FakeStage, [*argv, "--dry-run", "--step-bench", str(missing)]) == 2
-    assert f"error: step bench file {missing} does not exist (write it with " in capsys.readouterr().err
-    monkeypatch.setenv("PATH", "")  # no sbatch here
-    assert run_command(FakeStage, [*argv, "--slurm"]) == 2
-    assert "error: --slurm: sbatch/srun are not on PATH" in capsys.readouterr().err
-    assert not (tmp_path / "exp").exists()
-
-
 @pytest.mark.parametrize(
     "command, config",
     [
