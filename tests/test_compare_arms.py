@@ -358,6 +358,20 @@ def test_every_figure_is_linked_with_what_to_read_from_it(experiment, tmp_path):
     assert "- default: median κ over sites" in kappa and "mimetic" not in kappa
 
 
+def test_the_title_names_the_data_the_numbers_come_from(tmp_path):
+    """A user's dataset registered as nuclei_train / nuclei_val: the AP is measured on nuclei_val."""
+    exp = tmp_path / "exp"
+    runs = plan_runs(["default", "conditioned"], [0])
+    write_plan(
+        str(exp), runs, stage=DETECTION, config=None, length=400, dataset="nuclei_train", evaluation="nuclei_val"
+    )
+    _write_run(str(exp / "default" / "seed0"), "default", 0, [10, 20], [10, 18], iters=(200, 400))
+    _write_run(str(exp / "conditioned" / "seed0"), "conditioned", 0, [20, 40], [15, 30], iters=(200, 400))
+    _, text = compare_arms([str(exp)], bootstrap=0)
+    assert text.startswith("# Initialization arms: detection on nuclei_val (trained on nuclei_train)\n")
+    assert "## Detection on nuclei_val (trained on nuclei_train)" in text
+
+
 def test_words_a_reader_expects(tmp_path):
     """One seed per arm, on a dataset that is not COCO."""
     exp = tmp_path / "exp"

@@ -75,3 +75,19 @@ def test_demo_backbone_attention_sites(name):
     sites = init.find_attention(instantiate(_load(name).model))
     assert [s.kind for s in sites] == [kind] * count
     assert all(s.name.startswith("backbone.") for s in sites)
+
+
+def test_the_plan_names_the_training_and_the_evaluation_data():
+    """A user's own data registered as nuclei_train / nuclei_val: the plan records both, so that the report's title
+    names the set its AP is measured on; pretraining names its root's evaluation split."""
+    from condinit_det.engine import DetectionStage
+    from condinit_det.pretrain import PretrainStage, load_config
+
+    cfg = _load("mask_rcnn_vit_tiny.py")
+    cfg.dataloader.train.dataset.names = "nuclei_train"
+    cfg.dataloader.test.dataset.names = "nuclei_val"
+    cfg.dataloader.evaluator.dataset_name = "nuclei_val"
+    stage = DetectionStage()
+    assert (stage.dataset(cfg), stage.evaluation_data(cfg)) == ("nuclei_train", "nuclei_val")
+    pretrain = load_config(str(CONFIG_DIR / "pretrain_vit_tiny_digits.py"), [])
+    assert PretrainStage().evaluation_data(pretrain) == "embedded:digits-cls/val"

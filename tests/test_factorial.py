@@ -304,3 +304,27 @@ def test_the_sentence_says_why_an_interval_clear_of_zero_is_no_claim():
     assert text.startswith("neither factor is shown to change it over 3 seeds (structure -0.6 [-4.2, +3.0], scale")
     assert "the scale's 95% interval excludes zero, but its Holm-adjusted p (0.052)" in text
     assert "structure's 95% interval" not in text and "interaction's 95% interval" not in text
+
+
+def test_a_factorial_whose_controls_match_different_norms_is_refused_before_any_run(tmp_path):
+    from condinit_det.engine import DetectionStage
+    from condinit_det.launch.arguments import build_parser
+    from condinit_det.launch.plan import plan_experiment
+    from condinit_det.utils.errors import UsageError
+
+    config = os.path.join(ROOT, "tests", "tiny_train_config.py")
+    argv = ["--config-file", config, "--arm", "factorial", "--dry-run", f"train.output_dir={tmp_path}"]
+    plan = plan_experiment(
+        DetectionStage(),
+        build_parser().parse_args(
+            [*argv, "condinit.options.structured.norm=spectral", "condinit.options.scale_matched.norm=spectral"]
+        ),
+    )
+    assert [spec.arm for spec in plan.runs] == ["default", "scale_matched", "structured", "conditioned"]
+    with pytest.raises(
+        UsageError, match=r"scale_matched and structured would match different norms \(frobenius, spectral\)"
+    ):
+        plan_experiment(
+            DetectionStage(), build_parser().parse_args([*argv, "condinit.options.structured.norm=spectral"])
+        )
+    assert not os.listdir(tmp_path)

@@ -21,6 +21,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..init.options import CONTROLS
 from ..records.failures import describe_failure, failure_of
 from ..records.identity import check_resume_identity
 from ..records.jobs import read_jobs
@@ -72,7 +73,8 @@ class Experiment:
             the same arm and seed there (the paper's protocol: detection fine-tuned from each arm's pretraining).
         element: one run of a Slurm array (no plan written, no report at its end).
         trackers: the config's W&B / MLflow settings (:mod:`condinit_det.tracking`).
-        setup, dataset: what the runs share (:meth:`condinit_det.stage.Stage.setup`) and their training data.
+        setup, dataset, evaluation: what the runs share (:meth:`condinit_det.stage.Stage.setup`), their training
+            data and the data their metrics are measured on.
         unreadable: runs whose records cannot be read, with why: they are not touched, the others go on.
         waiting: with ``--dry-run``, runs whose starting weights do not exist yet, with those weights' path
             (:meth:`condinit_det.stage.Stage.waits_for`).
@@ -89,6 +91,7 @@ class Experiment:
     trackers: Optional[dict] = None
     setup: Optional[dict] = None
     dataset: Optional[str] = None
+    evaluation: Optional[str] = None
     unreadable: Dict[RunSpec, str] = field(default_factory=dict)
     waiting: Dict[RunSpec, str] = field(default_factory=dict)
 
@@ -140,6 +143,7 @@ class Experiment:
             length=self.length,
             setup=self.setup,
             dataset=self.dataset,
+            evaluation=self.evaluation,
         )
 
 
@@ -203,9 +207,16 @@ def _plan(stage: Stage, args, *, output_dir, upstream) -> Experiment:
         trackers=tracker_settings(cfg),
         setup=stage.setup(cfg),
         dataset=stage.dataset(cfg),
+        evaluation=stage.evaluation_data(cfg),
     )
     configured = [(spec, experiment.config(spec)) for spec in experiment.runs]
     stage.check(experiment.options, configured, upstream=upstream)
+    norms = {stage.identity(run_cfg)["options"]["norm"] for spec, run_cfg in configured if spec.arm in CONTROLS}
+    if len(norms) > 1:  # the report would compute no structure x scale effect from these runs
+        raise UsageError(
+            f"scale_matched and structured would match different norms ({', '.join(sorted(norms))}): set "
+            "condinit.options.scale_matched.norm and condinit.options.structured.norm alike"
+        )
     if args.dry_run:
         waits = {spec: stage.waits_for(run_cfg) for spec, run_cfg in configured}
         experiment.waiting = {spec: path for spec, path in waits.items() if path}

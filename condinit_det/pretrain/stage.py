@@ -92,6 +92,10 @@ class PretrainStage(Stage):
     def dataset(self, cfg) -> Optional[str]:
         return node(cfg, "data")["root"]
 
+    def evaluation_data(self, cfg) -> Optional[str]:
+        data = node(cfg, "data")
+        return f"{data['root']}/{data['val_split']}"
+
     def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *, upstream: Optional[str] = None) -> None:
         cfg = runs[0][1]
         nodes = {name: node(cfg, name) for name in ("model", "data", "augment", "train")}

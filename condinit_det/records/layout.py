@@ -124,7 +124,8 @@ class Plan:
 
     ``stage_description``: :meth:`condinit_det.stage.StageDescriptor.to_dict`; ``length``: each run's, in
     ``unit``; ``setup``: the config every run shares (dotted key -> text, without the keys a run sets);
-    ``dataset``: the training data's name. ``setup`` and ``dataset`` are None in older plans."""
+    ``dataset``: the training data's name; ``evaluation``: the name of the data the runs' metrics are measured on.
+    ``setup``, ``dataset`` and ``evaluation`` are None in older plans."""
 
     base: str
     runs: Tuple[RunSpec, ...]
@@ -135,6 +136,7 @@ class Plan:
     unit: Optional[str]
     setup: Optional[dict] = None
     dataset: Optional[str] = None
+    evaluation: Optional[str] = None
 
 
 def write_plan(
@@ -146,13 +148,14 @@ def write_plan(
     length: int,
     setup: Optional[dict] = None,
     dataset: Optional[str] = None,
+    evaluation: Optional[str] = None,
 ) -> str:
     """Write ``<base>/experiment.json``; returns its path.
 
     Args:
         stage: the stage's :class:`condinit_det.stage.StageDescriptor`, stored so that status and the report read
             any stage's runs.
-        config, length, setup, dataset: as in :class:`Plan`.
+        config, length, setup, dataset, evaluation: as in :class:`Plan`.
     """
     path = os.path.join(base, PLAN_FILENAME)
     payload = {
@@ -163,6 +166,7 @@ def write_plan(
         "length": {"unit": stage.unit, "total": int(length)},
         "setup": setup,
         "dataset": dataset,
+        "evaluation": evaluation,
         "runs": [r.to_dict() for r in runs],
     }
     atomic_write(path, json.dumps(payload, indent=1))
@@ -189,6 +193,7 @@ def read_plan(base: str) -> Optional[Plan]:
         unit=length.get("unit"),
         setup=data.get("setup"),
         dataset=data.get("dataset"),
+        evaluation=data.get("evaluation"),
     )
 
 

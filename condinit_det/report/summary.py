@@ -129,7 +129,8 @@ class StageReport:
     stage: StageDescriptor
     groups: List[ArmSummary]
     scale: float  # learning-rate scale of the main comparison (1 unless there is no such run)
-    dataset: Optional[str] = None
+    dataset: Optional[str] = None  # the training data
+    evaluation: Optional[str] = None  # the data the metrics are measured on
     label: str = ""  # the setup, when one stage has several sections: "train.max_iter = 400"
     prefix: str = ""  # of the section's file names, when one stage has several sections
     target: Dict[str, Tuple[Optional[int], float]] = field(default_factory=dict)  # default's final (x, value)
@@ -143,8 +144,12 @@ class StageReport:
 
     @property
     def title(self) -> str:
-        """``"Detection on coco_2017_train"`` (and the setup, when the stage has several)."""
-        data = f"on {self.dataset}" if self.dataset else "(dataset not recorded)"
+        """``"Detection on coco_2017_val (trained on coco_2017_train)"``: the data the metrics are measured on, and
+        the training data beside it (only one of them in older plans); and the setup, when the stage has several."""
+        if self.evaluation and self.evaluation != self.dataset:
+            data = f"on {self.evaluation} (trained on {self.dataset or 'data not recorded'})"
+        else:
+            data = f"on {self.dataset}" if self.dataset else "(dataset not recorded)"
         return f"{self.stage.title.split(':')[0]} {data}" + (f", {self.label}" if self.label else "")
 
     @property
@@ -431,7 +436,9 @@ def summarize_runs(
                 cache_dir=cache_dir,
             )
             sr.dataset, sr.label, sr.prefix = dataset, label, f"setup{k + 1}_" if k else ""
-            sr.has_plan = any(item.plan is not None for item in [*section_runs, *section_missing])
+            plans = [item.plan for item in [*section_runs, *section_missing] if item.plan is not None]
+            sr.has_plan = bool(plans)
+            sr.evaluation = next((plan.evaluation for plan in plans if plan.evaluation), None)
             sections.append(sr)
     if not any(s.groups or s.failed for s in sections):
         raise ValueError("No finished runs to compare: " + "; ".join([m.describe() for m in missing] + list(skipped)))

@@ -125,6 +125,10 @@ class Stage(abc.ABC):
         """The name of the training data (a registered dataset, a folder), for the plan and the report."""
         return None
 
+    def evaluation_data(self, cfg) -> Optional[str]:
+        """The name of the data the headline metrics are measured on, for the plan and the report's titles."""
+        return None
+
     def setup(self, cfg) -> Dict[str, str]:
         """What every run of an experiment shares: the loaded config without :attr:`run_keys`, as text
         (:func:`flat_config`); runs pool into one arm only when their setups match."""
