@@ -366,7 +366,9 @@ def _apply_scale_matched(site: AttentionSite, *, gain_qk: float, gain_v: float, 
     return site.parameter_names(["q", "k", "v"], biases=False), note
 
 
-def _apply_structured(site: AttentionSite, generator: torch.Generator, *, gain_qk, gain_v, value_mode, norm):
+def _apply_structured(
+    site: AttentionSite, generator: torch.Generator, *, gain_qk: float, gain_v: float, value_mode: str, norm: str
+):
     """The conditioned arm's blocks (the same draws for the same seed), each head block of W_Q, W_K and W_V rescaled
     to the norm the block it replaces has: the default init's, measured on the weights present."""
     targets = conditioned_head_norms(site, gain_qk=gain_qk, gain_v=gain_v, value_mode=value_mode, norm=norm)
