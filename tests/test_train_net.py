@@ -325,6 +325,24 @@ def test_demo_console_is_quiet_with_loader_workers(tmp_path):
     assert "Warning" not in proc.stderr, proc.stderr
 
 
+def test_a_run_of_either_stage_keeps_third_party_notices_off_its_console():
+    """Both stages start a run with run_logging: its filters hold in the process and the loader workers it forks."""
+    import warnings
+
+    from condinit_det.utils.logs import run_logging
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_logging(None, rank=0)
+        for text, category in (
+            ("`torch.jit.script` is deprecated. Please switch to `torch.compile`", FutureWarning),
+            ("The given NumPy array is not writable, and PyTorch does not support", UserWarning),
+            ("a notice of our own", UserWarning),
+        ):
+            warnings.warn(text, category, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["a notice of our own"]
+
+
 def test_a_config_without_condinit_node_gets_its_defaults(tmp_path):
     config = os.path.join(ROOT, "tests", "tiny_no_condinit_config.py")
     cfg = load_config(config, [])

@@ -12,7 +12,6 @@ import functools
 import logging
 import os
 import time
-import warnings
 from typing import Dict, Mapping, Optional, Set
 
 import numpy as np
@@ -55,15 +54,6 @@ def _setup(cfg, options: RunOptions) -> dict:
     """detectron2's ``default_setup`` without colours and environment dump in log.txt: the logs, ``config.yaml``, the
     RNGs seeded from ``train.seed`` + the rank; returns the ``"environment"`` record, named in the log."""
     output_dir, rank = cfg.train.output_dir, comm.get_rank()
-    # Notices of third-party code about its own coming changes, on every run: detectron2 calls torch.meshgrid without
-    # indexing and torch.fx's is_fx_tracing, it and pycocotools convert tensors with numpy 1's copy semantics, torch
-    # scripts its forward-mode rules when the kappa hook first differentiates; and fvcore's flips, which only read the
-    # image array, warn that it is read-only. The data loader's workers fork from this process: the filters hold there.
-    warnings.filterwarnings("ignore", message="torch.meshgrid: in an upcoming release", category=UserWarning)
-    warnings.filterwarnings("ignore", message="__array__ implementation doesn't", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     if comm.is_main_process():
         os.makedirs(output_dir, exist_ok=True)
         LazyConfig.save(cfg, os.path.join(output_dir, "config.yaml"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import logging
 import sys
+import warnings
 from typing import Callable, Optional
 
 from detectron2.utils.events import CommonMetricPrinter
@@ -19,8 +20,19 @@ LOGGER_NAMES = ("detectron2", "fvcore", "condinit_det")
 def run_logging(output_dir: Optional[str], *, rank: int) -> None:
     """Log to the console (rank 0) and to ``<output_dir>/log.txt`` (``log.txt.rank<k>`` on other ranks; no file
     when ``output_dir`` is None: the launcher between runs), dropping the handlers of an earlier run in the same
-    process so that each run logs into its own folder."""
+    process so that each run logs into its own folder; and keep third-party notices off the run's console."""
     from detectron2.utils.logger import setup_logger
+
+    # Notices of third-party code about its own coming changes, on every run of either stage: detectron2 calls
+    # torch.meshgrid without indexing and torch.fx's is_fx_tracing, it and pycocotools convert tensors with numpy 1's
+    # copy semantics, torch scripts its forward-mode rules when the kappa hook first differentiates; and fvcore's
+    # flips, which only read the image array, warn that it is read-only. The data loader's workers fork from this
+    # process: the filters hold there.
+    warnings.filterwarnings("ignore", message="torch.meshgrid: in an upcoming release", category=UserWarning)
+    warnings.filterwarnings("ignore", message="__array__ implementation doesn't", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
     setup_logger.cache_clear()
     color = sys.stdout.isatty()  # log.txt is always plain; a piped console too
