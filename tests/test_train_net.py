@@ -309,9 +309,11 @@ def test_lazy_run_console_and_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_console_is_quiet_with_loader_workers(tmp_path):
+def test_demo_console_is_quiet_with_loader_workers(tmp_path, monkeypatch):
     """The demo command prints no third-party notice on stderr: neither its own process (the kappa hook's first
     forward-mode derivative) nor its data-loader workers (fvcore's flips)."""
+    # conftest gives each pytest-xdist worker's processes one CPU, which would leave the run no loader worker
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     proc = _train_net(
         tmp_path,
         f"train.output_dir={tmp_path / 'demo'}",
