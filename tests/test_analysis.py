@@ -278,6 +278,20 @@ def test_conditioned_arm_terms_and_bound():
         assert m.kappa <= m.bound
 
 
+@pytest.mark.parametrize("kdim", [8, 6])
+def test_bound_covers_self_attention_only(kdim):
+    # Theorem 3.1 is about one X feeding queries and keys: cross-attention gets kappa(J) and no bound.
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(8, 2, kdim=kdim, vdim=kdim)
+    site = find_attention(m)[0]
+    queries, memory = torch.randn(5, 1, 8), torch.randn(12, 1, kdim)
+    cross = measure_site(site, {"query": queries, "key": memory, "value": memory}, method="exact")
+    assert math.isfinite(cross.kappa) and math.isnan(cross.bound)
+    if kdim == 8:
+        own = measure_site(site, {"query": queries, "key": queries, "value": queries}, method="exact")
+        assert own.kappa <= own.bound < math.inf
+
+
 def test_lambda_softmax_condition_matches_eigenvalues():
     a = torch.softmax(torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 2, -1)
     tops, bottoms = [], []

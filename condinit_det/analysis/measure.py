@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Union
 
+import torch
 from tabulate import tabulate
 from torch import nn
 
@@ -141,7 +142,8 @@ def measure_site(
             (the route :func:`choose_method` picks).
         include_output_proj: keep the output projection W_O (default: the identity in its place, the paper's f).
         tol, max_iter, block_size: the matrix-free route's, see :func:`.spectrum.matrix_free_spectrum`.
-        bound: also compute the Theorem 3.1 terms (NaN otherwise, and for a site whose queries are a single token).
+        bound: also compute the Theorem 3.1 terms (NaN otherwise, for a site whose queries are a single token, and
+            for cross-attention, whose keys are other tokens than its queries: the theorem is about self-attention).
         reduction: how ``inputs`` were reduced, recorded as given.
     Returns:
         The :class:`SiteMeasurement` of the site.
@@ -174,11 +176,12 @@ def _measured(result) -> dict:
 
 def _theorem_terms(fn: AttentionFunction):
     """Theorem 3.1 terms on the tokens entering the q projection; None for a single query token (class attention's
-    class token), which has no softmax Jacobian to bound."""
+    class token), which has no softmax Jacobian to bound, and for cross-attention (keys from other tokens), which the
+    theorem does not cover."""
     tokens = fn.projection_inputs()
     if tokens is None:
         raise RuntimeError(f"site {fn.site.name!r}: cannot find the tokens entering the query projection")
-    if tokens["q"].shape[0] < 2:
+    if tokens["q"].shape[0] < 2 or not torch.equal(tokens["q"], tokens["k"]):
         return None
     return theorem_terms(tokens["q"], *fn.weights, num_heads=fn.site.num_heads)
 
