@@ -317,6 +317,10 @@ def test_bad_input_gives_one_line_and_status_2(tmp_path, capsys):
     (tmp_path / "experiment.json").write_text("{not json")
     assert main([str(tmp_path)]) == 2
     assert "is not valid JSON" in capsys.readouterr().err
+    (tmp_path / "experiment.json").write_text('{"runs": [{"arm": "default", "seed": 0}, {"seed": 1}]}')
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "a run entry is not valid (KeyError: 'arm')" in err and "'seed'" in err
     assert main([str(tmp_path), "--stale-after", "0"]) == 2
     assert "expected a positive number of seconds" in capsys.readouterr().err
 

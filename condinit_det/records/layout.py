@@ -182,10 +182,17 @@ def read_plan(base: str) -> Optional[Plan]:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise ValueError(f"{path} is not an experiment plan: expected an object with a 'runs' list")
+    try:
+        runs = tuple(RunSpec(str(r["arm"]), int(r["seed"]), float(r.get("lr_scale", 1.0))) for r in data["runs"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(
+            f"{path}: a run entry is not valid ({type(err).__name__}: {err}); each run is an object with an 'arm' "
+            f"(a name), a 'seed' (an integer) and optionally an 'lr_scale' (a number)"
+        ) from None
     length = data.get("length") or {}
     return Plan(
         base=base,
-        runs=tuple(RunSpec(r["arm"], int(r["seed"]), float(r.get("lr_scale", 1.0))) for r in data["runs"]),
+        runs=runs,
         stage=data.get("stage"),
         stage_description=data.get("stage_description"),
         config=data.get("config"),
