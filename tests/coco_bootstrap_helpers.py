@@ -8,7 +8,8 @@ from typing import Dict, Mapping, Sequence, Union
 import numpy as np
 from faster_coco_eval import COCO, COCOeval_faster
 
-from condinit_det.evaluation.bootstrap import AP_METRICS, load_json, match_images, resampled_ap
+from condinit_det.evaluation.bootstrap import AP_METRICS, match_images, resampled_ap
+from condinit_det.utils.fileio import read_json
 
 IOU_TYPES = ("bbox", "segm")
 
@@ -17,7 +18,7 @@ def coco_ap(
     ground_truth: Union[str, dict], predictions: Sequence[dict], iou_types: Sequence[str] = IOU_TYPES
 ) -> Dict[str, float]:
     """Box / mask AP (percent, NaN where COCO gives -1) of COCO results on a COCO annotation json (path or dict)."""
-    dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
+    dataset = read_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
     dataset = {
         **dataset,
         "images": [dict(im) for im in dataset["images"]],

@@ -13,6 +13,7 @@ from detectron2.utils import comm
 from condinit_det.records.per_image import detection_eval_path
 from condinit_det.records.results import ResultsFile
 from condinit_det.stage import DETECTION
+from condinit_det.utils.fileio import read_json
 from condinit_det.utils.preemption import PreemptionWatch
 
 __all__ = ["AP_RECORD_METRICS", "APHook", "ap_record", "build_best_checkpointer"]
@@ -151,13 +152,13 @@ class APHook(hooks.EvalHook):
     def _save_matches(self, record: Dict[str, Any]) -> None:
         """Match this evaluation's predictions once, save them and name the file in ``record`` (a failure is
         logged)."""
-        from condinit_det.evaluation.bootstrap import load_json, match_predictions, save_matches
+        from condinit_det.evaluation.bootstrap import match_predictions, save_matches
 
         iteration, tasks = record["iteration"], [t for t in _TASKS if record[t] is not None]
         path = detection_eval_path(self._results_file.output_dir, iteration)
         started = time.perf_counter()
         try:
-            ground_truth, predictions = load_json(self._ground_truth), load_json(self._predictions_file)
+            ground_truth, predictions = read_json(self._ground_truth), read_json(self._predictions_file)
             matches = match_predictions(ground_truth, predictions, iou_types=tasks)
             size = save_matches(path, matches)
         except Exception as e:  # the run must not stop for a report aid

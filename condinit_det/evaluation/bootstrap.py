@@ -16,14 +16,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
-import os
 from dataclasses import dataclass
 from typing import Dict, Mapping, Sequence, Union
 
 import numpy as np
 
-from ..utils.fileio import atomic_write
+from ..utils.fileio import atomic_write, read_json
 
 __all__ = [
     "AP_METRICS",
@@ -34,7 +32,6 @@ __all__ = [
     "image_counts",
     "image_draws",
     "image_ids_digest",
-    "load_json",
     "load_matches",
     "match_images",
     "match_predictions",
@@ -49,12 +46,6 @@ AP_METRICS = ("AP", "AP50", "AP75")  # COCO names; AP50 / AP75 are the IoU-0.5 /
 # Elements of the largest work array of one category ([resamples, detections], or [resamples, IoU
 # thresholds, slots] for its equal scores): ~200 MB in float64.
 _CHUNK_ELEMENTS = 25_000_000
-
-
-def load_json(path: Union[str, os.PathLike]):
-    """A JSON file (COCO annotations or a COCO results list)."""
-    with open(path) as f:
-        return json.load(f)
 
 
 def _quiet(*_args, **_kwargs):
@@ -205,7 +196,7 @@ def match_predictions(
     ground_truth: Union[str, dict], predictions: Sequence[dict], iou_types: Sequence[str] = IOU_TYPES
 ) -> Dict[str, CocoMatches]:
     """:func:`match_images` for several iou types; a mask type is skipped when no prediction has a mask."""
-    dataset = load_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
+    dataset = read_json(ground_truth) if not isinstance(ground_truth, Mapping) else ground_truth
     has_masks = all("segmentation" in p for p in predictions)
     return {t: match_images(dataset, predictions, t) for t in iou_types if t != "segm" or has_masks}
 
