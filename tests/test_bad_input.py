@@ -197,6 +197,9 @@ def test_a_value_of_the_wrong_type_names_the_override_and_the_type_it_takes():
         assert str(e.value) == message
     accepted = ["train.max_iter=10", "train.lr=1", "train.amp.enabled=true", "train.name=3", "train.seed=2"]
     check_override_keys(cfg, [*accepted, "train.max_iter=null", "train.max_iter=${train.seed}"], optional=optional)
+    # a rate the config writes as 0 takes a fraction; a key added with + or ++ is not checked
+    cfg.train.weight_decay = 0
+    check_override_keys(cfg, ["train.weight_decay=0.05", "+train.extra=1", "++train.other=abc"])
 
 
 @pytest.mark.slow

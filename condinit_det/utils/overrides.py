@@ -83,8 +83,10 @@ def check_override_keys(cfg, opts: Sequence[str], *, optional: Mapping[str, Any]
 
     Args:
         cfg: the loaded lazy config (an OmegaConf ``DictConfig``), before the overrides are applied.
-        opts: the overrides, as hydra's parser reads them; ``+key=value`` (add a key) and ``~key`` (delete one) are
-            not checked, nor is anything hydra's parser refuses (applying the overrides reports it).
+        opts: the overrides, as hydra's parser reads them; ``+key=value`` and ``++key=value`` (add a key) and
+            ``~key`` (delete one) are not checked, nor is anything hydra's parser refuses (applying the overrides
+            reports it). A number with a fraction fits an integer value (a config may write a rate as 0); ``1e3``
+            over an integer does not.
         optional: dotted keys (and the keys below them) the stage reads though a config may lack them, with their
             defaults.
     """
@@ -98,7 +100,7 @@ def check_override_keys(cfg, opts: Sequence[str], *, optional: Mapping[str, Any]
     values, arguments, open_nodes = _config_keys(cfg)
     for override in overrides:
         key, value = override.key_or_group, override.value()
-        if override.is_add() or override.is_delete():
+        if override.is_add() or override.is_force_add() or override.is_delete():
             continue
         if not (
             key in values
@@ -112,6 +114,8 @@ def check_override_keys(cfg, opts: Sequence[str], *, optional: Mapping[str, Any]
         replaced = values.get(key, optional.get(key))
         if type(replaced) in _EXPECTED and value is not None and not str(value).startswith("${"):
             expected, fits = _EXPECTED[type(replaced)]
-            if type(value) not in fits:
+            # a fraction where the config wrote an integer is a rate written as 0 (weight_decay=0), not a count
+            fraction = type(replaced) is int and isinstance(value, float) and not value.is_integer()
+            if type(value) not in fits and not fraction:
                 where = "the config's value" if key in values else "its default"
                 raise UsageError(f"{override.input_line}: expected {expected} ({where} is {replaced!r})")
