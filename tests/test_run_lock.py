@@ -292,6 +292,22 @@ def test_live_owner_on_this_host_is_refused_even_without_its_flock(tmp_path):
         sleeper.wait()
 
 
+def test_another_users_live_process_is_refused_where_proc_hides_it(tmp_path, monkeypatch):
+    # /proc mounted hidepid=2: another user's process answers kill(pid, 0) with EPERM and has no readable /proc entry.
+    run_dir = tmp_path / "run"
+    pid, kill = dead_pid(), os.kill
+
+    def hidden(target, sig):
+        if target == pid:
+            raise PermissionError(1, "Operation not permitted")
+        return kill(target, sig)
+
+    monkeypatch.setattr(os, "kill", hidden)
+    write_record(run_dir, pid=pid, pid_start=12345)
+    with pytest.raises(RunInUse, match=f"in use by pid {pid} "):
+        RunLock(str(run_dir)).acquire()
+
+
 def test_children_neither_hold_nor_release_the_lock(helper, tmp_path):
     run_dir = tmp_path / "run"
     # A forked child calling release() leaves the parent's lock in place.

@@ -107,7 +107,13 @@ def _same_machine(record: dict) -> bool:
 def _process_alive(record: dict) -> bool:
     """Whether the record's process (on this machine) still runs: its pid exists and started when recorded."""
     pid, recorded = record["pid"], record.get("pid_start")
-    return psutil.pid_exists(pid) and (recorded is None or _process_start(pid) in (None, recorded))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists (psutil cannot see it where /proc hides pids)
+        pass
+    return recorded is None or _process_start(pid) in (None, recorded)
 
 
 def _job_alive(job_id: str) -> Tuple[bool, str]:
