@@ -87,7 +87,7 @@ setup(
         "test": ["pytest>=7,<9.2", "pytest-xdist>=3", "ruff==0.17.6"],
         # Experiment trackers (condinit_det.tracking), optional: offline W&B runs and MLflow's SQLite store.
         "wandb": ["wandb>=0.19"],
-        "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=1.4,<3", "alembic<2,!=1.10.0"],
+        "mlflow": ["mlflow-skinny>=2.11", "sqlalchemy>=1.4,<3", "alembic<2,!=1.10.0"],
     },
     cmdclass={"build_py": build_py_with_configs},
     # The same programs as tools/*.py, for installs without a checkout.
