@@ -424,6 +424,16 @@ def test_flags_may_follow_the_overrides(tmp_path, capsys, command, config):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_yacs_value_in_scientific_notation_is_a_value_not_a_flag():
+    from condinit_det.launch.arguments import build_parser, parse_arguments
+
+    argv = ["--config-file", "c.yaml", "SOLVER.BASE_LR", "-1e-3", "--resume", "A.B", "-inf", "C", "-1", "--dry-run"]
+    args = parse_arguments(build_parser(), argv)
+    assert args.opts == ["SOLVER.BASE_LR", "-1e-3", "A.B", "-inf", "C", "-1"] and args.resume and args.dry_run
+    with pytest.raises(SystemExit):  # a misspelt flag is still one
+        parse_arguments(build_parser(), ["--config-file", "c.yaml", "--dry-rn"])
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end, both stages
 # ---------------------------------------------------------------------------------------------

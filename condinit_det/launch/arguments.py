@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from typing import Callable, Tuple
 
 from ..init.options import ARMS, FACTORIAL_ARMS, PAPER_ARMS
@@ -19,6 +20,7 @@ __all__ = [
     "add_experiment_arguments",
     "add_slurm_arguments",
     "build_parser",
+    "parse_arguments",
     "parse_time_minutes",
 ]
 
@@ -229,11 +231,25 @@ def add_slurm_arguments(parser: argparse.ArgumentParser, *, switch: bool = True)
     return parser
 
 
+# A number argparse takes for a flag (it knows "-1" and "-0.5" only): a yacs override's value ("SOLVER.BASE_LR -1e-3").
+_FLAG_LIKE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)e[+-]?\d+|-(inf|infinity|nan)", re.IGNORECASE)
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """``parser.parse_intermixed_args(argv)`` (flags before or after the overrides), reading a negative number in
+    scientific notation or ``-inf`` as a value, as a yacs override gives it (``SOLVER.BASE_LR -1e-3``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # argparse reads a token holding a space as a value, never as a flag; the space goes again below
+    args = parser.parse_intermixed_args([f"{a} " if _FLAG_LIKE_NUMBER.fullmatch(a) else a for a in argv])
+    args.opts = [o[:-1] if o.endswith(" ") and _FLAG_LIKE_NUMBER.fullmatch(o[:-1]) else o for o in args.opts]
+    return args
+
+
 def build_parser(*, description: str = "", examples: str = "", config_help: str = "") -> argparse.ArgumentParser:
     """detectron2's command line (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``,
     ``--num-machines``, ``--machine-rank``, ``--dist-url``, ``key=value`` overrides; the flags and defaults of
     ``detectron2.engine.default_argument_parser``) with the experiment and Slurm flags. Parse it with
-    ``parse_intermixed_args``: flags may come after the overrides too."""
+    :func:`parse_arguments`: flags may come after the overrides too."""
     parser = argparse.ArgumentParser(
         description=description or None, epilog=examples or None, formatter_class=argparse.RawDescriptionHelpFormatter
     )

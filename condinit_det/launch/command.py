@@ -7,7 +7,7 @@ from typing import Callable, List, Optional
 
 from ..stage import Stage
 from ..utils.errors import UsageError
-from .arguments import build_parser
+from .arguments import build_parser, parse_arguments
 
 __all__ = ["run_command"]
 
@@ -31,7 +31,7 @@ def run_command(
     plan; ``--slurm`` submits the runs as a job array and returns 0; otherwise the runs train here, one after
     another, and a run that failed or diverged makes the status 1 (the others go on)."""
     parser = build_parser(description=description, examples=examples, config_help=config_help)
-    args = parser.parse_intermixed_args(argv)
+    args = parse_arguments(parser, argv)
     from ..records.lock import RunInUse
     from .plan import describe_plan, plan_experiment
 
