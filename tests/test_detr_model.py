@@ -253,6 +253,8 @@ def test_bad_configuration_errors():
             pixel_std=[1, 1, 1],
             position_embedding=PositionEmbeddingSine(num_pos_feats=8),
         )
+    with pytest.raises(ValueError, match=r"^d_model \(32\) must be divisible by nhead \(5\)$"):
+        Transformer(d_model=32, nhead=5)
 
 
 def test_inference_output_format():

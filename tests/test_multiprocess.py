@@ -1,4 +1,5 @@
-"""Several processes on the CPU: the gloo path forced, BatchNorm statistics per rank, --eval-only over 2 processes."""
+"""Several processes on the CPU: the gloo path forced, BatchNorm statistics per rank, --eval-only over 2 processes
+(one model in every process, also from a checkpoint that lacks some weights)."""
 
 import json
 import os
@@ -145,3 +146,11 @@ def test_xcit_batchnorm_two_processes_and_eval_only(tmp_path):
         )
         assert p["score"] == pytest.approx(q["score"], abs=1e-5) and r["score"] == pytest.approx(q["score"], abs=1e-5)
         assert p["bbox"] == pytest.approx(q["bbox"], abs=1e-3) and r["bbox"] == pytest.approx(q["bbox"], abs=1e-3)
+    # A checkpoint without the box predictor (each process draws it from its own seed): still one model for all.
+    partial = tmp_path / "partial.pth"
+    torch.save({"model": {k: v for k, v in state.items() if "box_predictor" not in k}}, partial)
+    out = tmp_path / "eval_partial"
+    log = _run(
+        tmp_path, "--num-gpus", "2", "--eval-only", f"train.init_checkpoint={partial}", f"train.output_dir={out}"
+    )
+    assert "Replica check before evaluation: all 2 processes hold identical weights" in log

@@ -159,6 +159,8 @@ class APHook(hooks.EvalHook):
         started = time.perf_counter()
         try:
             ground_truth, predictions = read_json(self._ground_truth), read_json(self._predictions_file)
+            if ground_truth is None or predictions is None:
+                raise FileNotFoundError(f"{self._ground_truth} or {self._predictions_file} does not exist")
             matches = match_predictions(ground_truth, predictions, iou_types=tasks)
             size = save_matches(path, matches)
         except Exception as e:  # the run must not stop for a report aid

@@ -187,10 +187,7 @@ def do_train(options: RunOptions, cfg, environment: dict):
     optim = instantiate(cfg.optimizer)
     train_loader = instantiate(cfg.dataloader.train)
 
-    ddp = dict(cfg.train.ddp)
-    if str(cfg.train.device).startswith("cpu"):
-        ddp["device_ids"] = None  # DDP over CPU modules (gloo)
-    ddp_model = create_ddp_model(model, **ddp)
+    ddp_model = _distributed(model, cfg)
     trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, train_loader, optim)
     checkpointer = RunCheckpointer(
         ddp_model,
@@ -269,15 +266,27 @@ def do_train(options: RunOptions, cfg, environment: dict):
     return ap_hook.last_results
 
 
+def _distributed(model, cfg):
+    """``model`` wrapped as ``cfg.train.ddp`` says (over CPU modules: gloo) when there are several processes; the
+    wrapping broadcasts rank 0's weights, so every process holds the same ones."""
+    ddp = dict(cfg.train.ddp)
+    if str(cfg.train.device).startswith("cpu"):
+        ddp["device_ids"] = None
+    return create_ddp_model(model, **ddp)
+
+
 def do_eval_only(options: RunOptions, cfg):
     """Evaluate ``train.init_checkpoint`` (with --resume: the run's last checkpoint) and add an ``"eval"`` record
     under the checkpoint's own arm and stage (the config's arm when the checkpoint names none)."""
-    model = instantiate(cfg.model).to(cfg.train.device)  # each process evaluates its share of the test set
+    # Each process evaluates its share of the test set, with the same weights: rank 0's where the checkpoint has none
+    # (the detection heads of a pretraining checkpoint), which every process draws from its own seed.
+    model = _distributed(instantiate(cfg.model).to(cfg.train.device), cfg)
     checkpointer = RunCheckpointer(model, cfg.train.output_dir, trust_pickle=options.trust_pickle)
     path = cfg.train.init_checkpoint
     if options.resume and checkpointer.has_checkpoint():
         path = checkpointer.get_checkpoint_file()
     extra = checkpointer.load(path)
+    check_replicas(model, "before evaluation")
     results = do_test(cfg, model)
     if comm.is_main_process() and results:
         metadata = _metadata(cfg, options.config_file)

@@ -128,6 +128,8 @@ class Transformer(nn.Module):
                 f"need num_decoder_layers >= 1 and num_encoder_layers >= 0, got "
                 f"{num_decoder_layers} and {num_encoder_layers}"
             )
+        if d_model % nhead:
+            raise ValueError(f"d_model ({d_model}) must be divisible by nhead ({nhead})")
         layer = (d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
         self.encoder = _Stack(
             TransformerLayer(*layer, cross_attention=False),
