@@ -311,6 +311,16 @@ def test_a_third_stage_appears_in_status_and_in_the_report(tmp_path):
     assert (exp / "report" / "score.png").is_file()
 
 
+def test_a_stage_description_no_stage_could_have_is_refused():
+    from condinit_det.stage import DETECTION, StageDescriptor
+
+    described = DETECTION.to_dict()
+    assert StageDescriptor.from_dict(described) == DETECTION
+    for change in ({"unit": "step"}, {"headline": []}, {"per_image": "pixels"}, {"headline": ["nope"]}):
+        with pytest.raises(ValueError, match="^not a stage description"):
+            StageDescriptor.from_dict({**described, **change})
+
+
 # ---------------------------------------------------------------------------------------------
 # One owner per run
 # ---------------------------------------------------------------------------------------------

@@ -90,9 +90,16 @@ class StageDescriptor:
             values["table"] = table
             values["headline"] = tuple(by_key[k] for k in data["headline"])
             values["plots"] = tuple((by_key[p["metric"]], p["file"]) for p in data.get("plots", ()))
-            return cls(**values)
+            stage = cls(**values)
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a stage description ({type(e).__name__}: {e})") from None
+        if stage.unit not in UNITS or not stage.headline or stage.per_image not in (None, "coco", "labels"):
+            raise ValueError(
+                f"not a stage description: unit {stage.unit!r} (one of {', '.join(UNITS)}), headline "
+                f"{[m.key for m in stage.headline]} (at least one metric), per_image {stage.per_image!r} (None, "
+                "coco or labels)"
+            )
+        return stage
 
 
 _BOX = Metric("bbox", "AP^b", "box AP (%)", "AP", "bbox", short="box")
