@@ -198,7 +198,7 @@ def test_without_all_four_arms_there_is_no_section_and_one_seed_says_so(tmp_path
     one = {arm: values[:1] for arm, values in SCALE_ONLY.items()}
     report, text = compare_arms([_experiment(tmp_path / "one", one)], bootstrap=0)
     assert report.primary.effects("bbox")["scale"].verdict == TOO_FEW_SEEDS
-    assert "**AP^b**: one seed per cell, so no factor can be shown" in text
+    assert "**AP^b**: one seed common to the four cells, so no factor can be shown" in text
 
 
 @pytest.mark.parametrize(
@@ -300,10 +300,18 @@ def test_the_sentence_says_why_an_interval_clear_of_zero_is_no_claim():
 
     rows = {"structure": row(-0.6, -4.2, 3.0, 1.0), "scale": row(29.5, 17.8, 41.2, 0.052)}
     rows["interaction"] = row(-4.0, -35.5, 27.5, 1.0)
+    rows.update({e.name: row(0.5, -1.0, 2.0, 1.0) for e in EFFECTS if e.pair})
     text = reading("top-1", rows, 3)
     assert text.startswith("neither factor is shown to change it over 3 seeds (structure -0.6 [-4.2, +3.0], scale")
     assert "the scale's 95% interval excludes zero, but its Holm-adjusted p (0.052)" in text
     assert "structure's 95% interval" not in text and "interaction's 95% interval" not in text
+    # a simple effect shown where no main effect is: the sentence names it rather than saying "neither"
+    rows["scale_at_random_structure"] = SimpleNamespace(**{**vars(row(2.0, 1.9, 2.1, 0.003)), "verdict": BETTER})
+    text = reading("top-1", rows, 3)
+    assert text.startswith("no main effect or interaction is shown over 3 seeds (structure -0.6 [-4.2, +3.0], scale")
+    assert "), only simple effects: scale at the random structure +2.0 [+1.9, +2.1]; the scale's 95%" in text
+    unpaired = SimpleNamespace(mean_difference=float("nan"), interval=None, verdict=TOO_FEW_SEEDS, p_holm=1.0)
+    assert reading("top-1", dict.fromkeys(rows, unpaired), 0).startswith("no seed is common to the four cells")
 
 
 def test_a_factorial_whose_controls_match_different_norms_is_refused_before_any_run(tmp_path):

@@ -194,7 +194,8 @@ def compare_arms(
         bootstrap: image resamples B (0: intervals over seeds only); ``seed``: of the resampling generators.
         delta, std: the difference the seed plans are for and the std of the per-seed paired differences they
             assume: a number, or metric key (``"bbox"``) -> number; default: the paper's gain, the measured std.
-        contrasts: (A, B) arm pairs compared as A minus B, beside conditioned vs scale_matched / mimetic.
+        contrasts: (A, B) arm pairs compared as A minus B, beside conditioned vs scale_matched / structured /
+            mimetic.
         group_by_config: one section per setup of a stage, instead of a ValueError naming the keys that differ.
     """
     found = find_runs(paths)

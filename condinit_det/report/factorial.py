@@ -145,10 +145,12 @@ def reading(metric: str, rows: Dict[str, object], seeds: int) -> str:
     verdicts = [rows[name].verdict for name in ("structure", "scale", "interaction")]
     carried = carried_by(*verdicts)
     main = f"structure {quote('structure')}, scale {quote('scale')}"
+    if carried == TOO_FEW_SEEDS and seeds == 0:
+        return "no seed is common to the four cells, so no effect can be measured: run the same seeds in every arm."
     if carried == TOO_FEW_SEEDS:
         return (
-            f"one seed per cell, so no factor can be shown ({main}, interaction {quote('interaction')}); "
-            "run ≥ 3 seeds per arm."
+            f"one seed common to the four cells, so no factor can be shown ({main}, interaction "
+            f"{quote('interaction')}); run ≥ 3 seeds per arm."
         )
     if carried == "interaction":
         return (
@@ -165,11 +167,13 @@ def reading(metric: str, rows: Dict[str, object], seeds: int) -> str:
             for name in ("structure", "scale", "interaction")
             if rows[name].interval is not None and (rows[name].interval.low > 0 or rows[name].interval.high < 0)
         ]
-        return (
-            f"neither factor is shown to change it over {seeds} seeds ({main}, interaction {quote('interaction')})"
-            + "".join(f"; {text}" for text in near)
-            + "."
-        )
+        # a simple effect can be shown where neither main effect is: then the factors' effect is not "none"
+        simple = [f"{e.label} {quote(e.name)}" for e in EFFECTS if e.pair and rows[e.name].verdict in (BETTER, WORSE)]
+        over = f"{seeds} seeds ({main}, interaction {quote('interaction')})"
+        opening = f"neither factor is shown to change it over {over}"
+        if simple:
+            opening = f"no main effect or interaction is shown over {over}, only simple effects: {', '.join(simple)}"
+        return opening + "".join(f"; {t}" for t in near) + "."
     if carried == "both":
         return f"both factors change it ({main}); their interaction is not shown."
     other = "scale" if carried == "structure" else "structure"
