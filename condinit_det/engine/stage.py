@@ -64,7 +64,7 @@ class DetectionStage(Stage):
         return next(iter(dataset_names(cfg)), None)
 
     def evaluation_data(self, cfg) -> Optional[str]:
-        return dataset_names(cfg)[-1] if dataset_names(cfg) else None  # the evaluator's
+        return next(reversed(dataset_names(cfg)), None)  # the evaluator's
 
     def check(self, options: RunOptions, runs: List[Tuple[RunSpec, object]], *, upstream: Optional[str] = None) -> None:
         if options.eval_only and len(runs) > 1:
