@@ -1,15 +1,7 @@
-"""Apply an arm to the attention sites of a model, in place (:func:`apply_init`).
+"""Apply an arm to the attention sites of a model, in place (:func:`apply_init`); the math is in :mod:`.arms`.
 
-The arms (:data:`ARMS`): ``default`` (nothing changes), ``mimetic`` (Trockman & Kolter), ``conditioned``
-(Haar Q/K head blocks, identity V) and its two controls, ``scale_matched`` (the default init at the conditioned
-arm's per-head norms) and ``structured`` (the conditioned blocks at the default init's per-head norms); the math is
-in :mod:`condinit_det.init.arms`, definitions in docs/arms.md.
-
-Each site draws from its own CPU generator (:func:`site_generator`), so the global RNG never advances
-and a site's weights do not depend on which other sites are included. The sites are computed in order,
-on one thread (torch's and the BLAS libraries' thread counts are set to one meanwhile and restored
-after): MKL's and OpenBLAS's factorizations round by their thread count, so a seed gives the same
-weights on any machine.
+Each site draws from its own CPU generator (:func:`site_generator`) and the sites are computed in order on one thread,
+so a seed gives the same weights on any machine and the global RNG never advances (docs/arms.md: randomness).
 """
 
 from __future__ import annotations
@@ -122,11 +114,8 @@ def apply_init(
 
 @contextlib.contextmanager
 def _one_thread():
-    """torch's intra-op threads and every loaded BLAS library on one thread inside the block, restored after.
-
-    BLAS libraries loaded later (scipy's, on the first import of ``scipy.linalg``) are not limited:
-    import them before entering.
-    """
+    """torch's intra-op threads and every BLAS library loaded so far on one thread inside the block, restored
+    after."""
     torch_before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -155,16 +144,9 @@ def _compute_device(site: AttentionSite) -> torch.device:
     return device if device.type == "cuda" else torch.device("cpu")
 
 
-# Blocks are computed in the working precision and written with ``copy_``, which rounds them once to the
-# parameter's dtype.
-
-
 def _write_heads(target: torch.Tensor, blocks: torch.Tensor, gain=1.0) -> None:
-    """Write ``[H, dh, D]`` head blocks into the ``[H * dh, D]`` rows they form (head h: rows h*dh...).
-
-    ``gain``: a number, or ``[H]`` per head. It is applied in the working precision, before the single rounding to
-    the parameter's dtype.
-    """
+    """Write ``[H, dh, D]`` head blocks, times ``gain`` (a number or ``[H]``) in the working precision, into the
+    ``[H * dh, D]`` rows they form, rounded once to the parameter's dtype."""
     if isinstance(gain, torch.Tensor):
         blocks = blocks * gain.to(device=blocks.device, dtype=blocks.dtype)[:, None, None]
     elif gain != 1.0:
@@ -213,20 +195,16 @@ def _apply_conditioned(
         diagonal.copy_(per_head[rows][None, :] if value_mode == "identity" else per_head[:, None].expand_as(diagonal))
     else:
         diagonal.fill_(gain_v)
-    roles = ["q", "k", "v"]
-    for role in roles:
+    for role in ("q", "k", "v"):
         bias = site.bias(role)
         if bias is not None:
             bias.zero_()
+    changed = site.parameter_names(["q", "k", "v"])
     if condition_output:
         out = site.weight("o")
-        out.copy_(
-            haar_semi_orthogonal_batch(
-                1, out.shape[0], out.shape[1], generator=generator, device=device, dtype=working_dtype(out.dtype)
-            )[0]
-        )
-        roles.append("o")
-    changed = site.parameter_names(roles[:3]) + (site.parameter_names(["o"], biases=False) if condition_output else [])
+        work["dtype"] = working_dtype(out.dtype)
+        out.copy_(haar_semi_orthogonal_batch(1, *out.shape, **work)[0])
+        changed += site.parameter_names(["o"], biases=False)
     return changed, ""
 
 
@@ -271,16 +249,13 @@ def _apply_mimetic(
     )
     site.weight("v").copy_(w_v)
     site.weight("o").copy_(w_o)
-    note = (
-        ""
-        if exact
-        else (
+    note = ""
+    if not exact:
+        note = (
             f"value width {site.dim_v} < min(D_v_in, D_out): W_v^T W_o^T is the best rank-{site.dim_v} "
             "approximation of the mimetic target"
         )
-    )
-    changed = site.parameter_names(["q", "k", "v", "o"], biases=False)
-    return changed, note
+    return site.parameter_names(["q", "k", "v", "o"], biases=False), note
 
 
 def conditioned_head_norms(
@@ -355,14 +330,12 @@ def _apply_scale_matched(site: AttentionSite, *, gain_qk: float, gain_v: float, 
     for role, blocks in rescaled.items():
         site.weight(role).copy_(blocks.flatten(0, 1))
     zeroed = [f"{role}{h}" for role in ("q", "k", "v") for h in range(heads) if targets[role][h] == 0]
-    note = (
-        ""
-        if not zeroed
-        else (
+    note = ""
+    if zeroed:
+        note = (
             f"zero target, block set to zero: {', '.join(zeroed)} (the conditioned arm gives these head blocks no "
             "non-zero entry)"
         )
-    )
     return site.parameter_names(["q", "k", "v"], biases=False), note
 
 
@@ -382,12 +355,10 @@ def _apply_structured(
     changed, _ = _apply_conditioned(
         site, generator, gain_qk=gain_qk, gain_v=gain_v, value_mode=value_mode, head_scales=scales
     )
-    note = (
-        ""
-        if not zeroed
-        else (
+    note = ""
+    if zeroed:
+        note = (
             f"block set to zero: {', '.join(zeroed)} (zero in the weights present, or no non-zero entry in the "
             "conditioned arm's)"
         )
-    )
     return changed, note

@@ -1,10 +1,6 @@
-"""The arms' math: weight blocks drawn on the CPU from a caller's generator.
-
-Blocks follow PyTorch ``Linear`` (``[out, in]``); batched functions return ``[count, out, in]``, one
-block per head. Draws are float32 on the CPU, so a seed gives the same values on every device and
-for every dtype; factorizations run in the working precision (:func:`working_dtype`) on the device
-of their input, and singular vectors are signed by :func:`sign_convention` on every solver path.
-Definitions, precision and solvers: docs/arms.md.
+"""The arms' math: weight blocks ``[out, in]`` (batched: ``[count, out, in]``, one per head) drawn in float32 on the
+CPU from a caller's generator, factorized in the working precision on the input's device. Definitions, precision and
+solvers: docs/arms.md.
 """
 
 from __future__ import annotations
@@ -39,17 +35,14 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _working(z: torch.Tensor) -> torch.Tensor:
-    """z in a working precision: float32 and float64 as they are, other dtypes in float64."""
+    """float32 and float64 as they are, other dtypes in float64."""
     return z if z.dtype in (_F32, _F64) else z.to(_F64)
 
 
 @contextlib.contextmanager
 def _full_fp32(device: torch.device):
-    """CUDA float32 matrix products in IEEE float32 (no TF32) inside the block, restored after.
-
-    TF32 would leave the conditioned arm's CholeskyQR orthogonal only to about 1e-3. The backend's
-    own setting is saved, so that a setting made through either of torch's TF32 interfaces reads back.
-    """
+    """CUDA float32 matrix products without TF32 inside the block (TF32 would leave CholeskyQR orthogonal only to
+    about 1e-3); the backend's own setting is restored, so either of torch's TF32 interfaces reads back."""
     if device.type != "cuda":
         yield
         return
@@ -63,24 +56,16 @@ def _full_fp32(device: torch.device):
 
 
 def sign_convention(u: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Signed singular vectors: column j of ``u`` and of ``v`` (``[..., p, k]``, ``[..., q, k]``) flipped
-    together so that the largest-magnitude entry of ``u[..., :, j]`` is positive (the first one on a tie).
-
-    ``u diag(s) v^T`` is unchanged; applied on every solver path, it makes their vectors agree.
-    """
+    """Column j of ``u`` ``[..., p, k]`` and of ``v`` ``[..., q, k]`` flipped together so that the largest-magnitude
+    entry of ``u[..., :, j]`` is positive (the first one on a tie); ``u diag(s) v^T`` is unchanged."""
     idx = u.abs().argmax(dim=-2, keepdim=True)
     signs = torch.where(torch.gather(u, -2, idx) < 0, -1.0, 1.0).to(u.dtype)
     return u * signs, v * signs
 
 
 def standard_normal(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """float32 samples of N(0, 1) with the given shape, drawn on the CPU from ``generator``.
-
-    The stream is ``torch.randn(shape, generator=generator, dtype=torch.float32)`` (row-major),
-    whatever the parameters' dtype or device.
-    """
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
-        shape = tuple(shape[0])
+    """float32 N(0, 1) samples of ``shape`` drawn on the CPU from ``generator``, whatever the parameters' dtype or
+    device."""
     return torch.randn(shape, generator=generator, dtype=_F32)
 
 
@@ -91,12 +76,8 @@ _CHOLESKY_MIN_ASPECT = 4
 
 
 def _orthonormal_rows(h: torch.Tensor) -> torch.Tensor:
-    """``Q^T`` of the reduced QR ``h^T = Q R`` with diag(R) >= 0 (batched, h: ``[..., n, m]``, n <= m).
-
-    That QR is unique, so both routes give the same rows up to rounding: CholeskyQR (``h h^T =
-    L L^T``, rows ``L^-1 h``) for wide blocks whose Gram matrix is numerically positive definite,
-    else Householder with the signs of diag(R) moved into Q.
-    """
+    """``Q^T`` of the reduced QR ``h^T = Q R`` with diag(R) >= 0 (``h [..., n, m]``, n <= m): CholeskyQR for wide
+    blocks whose Gram matrix is numerically positive definite, else Householder; that QR is unique, so both agree."""
     n, m = h.shape[-2:]
     if m >= _CHOLESKY_MIN_ASPECT * n:
         with _full_fp32(h.device):
@@ -119,12 +100,9 @@ def haar_semi_orthogonal_batch(
     device: Optional[torch.device] = None,
     dtype: torch.dtype = _F64,
 ) -> torch.Tensor:
-    """``[count, rows, cols]`` independent Haar blocks with orthonormal rows (rows <= cols) or columns.
-
-    One draw H of shape ``[count, min(rows, cols), max(rows, cols)]`` (:func:`standard_normal`);
-    with G = H^T, the reduced QR ``G = Q R`` with diag(R) > 0, in ``dtype`` (float32 or float64)
-    on ``device`` (default: the CPU). Block i is ``Q[i]^T`` when rows <= cols, else ``Q[i]``.
-    """
+    """``[count, rows, cols]`` independent Haar blocks with orthonormal rows (rows <= cols) or columns: the Q of the
+    reduced QR (diag(R) > 0) of one draw ``[count, min(rows, cols), max(rows, cols)]``, transposed, in ``dtype`` on
+    ``device`` (default: the CPU)."""
     short, tall = min(rows, cols), max(rows, cols)
     h = standard_normal(count, short, tall, generator=generator).to(device=device, dtype=dtype)
     q_t = _orthonormal_rows(h)
@@ -134,22 +112,14 @@ def haar_semi_orthogonal_batch(
 def mimetic_noise_batch(
     count: int, rows: int, cols: int, *, std: float, noise: str, generator: torch.Generator, dtype: torch.dtype = _F64
 ) -> torch.Tensor:
-    """``[count, rows, cols]`` zero-mean noise with standard deviation ``std`` (one draw, CPU).
-
-    noise: ``"normal"`` (:func:`standard_normal`) or ``"uniform"`` (uniform on [-sqrt(3) std,
-    sqrt(3) std], from float32 ``torch.Tensor.uniform_``). The float32 draw is converted to
-    ``dtype`` before it is scaled.
-    """
+    """``[count, rows, cols]`` zero-mean noise of standard deviation ``std``, ``"normal"`` or ``"uniform"`` (on
+    [-sqrt(3) std, sqrt(3) std]): one float32 draw on the CPU, converted to ``dtype`` before it is scaled."""
     if noise == "normal":
         return standard_normal(count, rows, cols, generator=generator).to(dtype).mul_(std)
     if noise == "uniform":
         u = torch.empty(count, rows, cols, dtype=_F32).uniform_(0.0, 1.0, generator=generator).to(dtype)
         return u.mul_(2.0).sub_(1.0).mul_((3.0**0.5) * std)
     raise ValueError(f"noise must be 'normal' or 'uniform', got {noise!r}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Top singular triplets
 
 
 # "auto" takes the subspace solver on the CPU from this size on (below it the dense SVD is as
@@ -159,13 +129,9 @@ _SUBSPACE_MIN_DIM = 192
 
 @dataclass
 class TopSingular:
-    """``m ≈ u diag(s) v^T`` restricted to the top k triplets of each matrix of a batch.
-
-    u: ``[B, p, k]``; s: ``[B, k]`` (descending); v: ``[B, q, k]``; in m's dtype, on m's device.
-    solver: the solver used ("auto" resolved). fallback: ``[B]`` bool, True where the subspace
-    solver's check failed and the dense SVD was used instead. estimate: ``[B]`` the check's bound
-    on the relative Frobenius error of the rank-k product (0 for dense results).
-    """
+    """The top k triplets ``m ≈ u diag(s) v^T`` of each matrix of a batch: u ``[B, p, k]``, s ``[B, k]`` (descending),
+    v ``[B, q, k]``; ``solver`` the one used, ``fallback`` ``[B]`` True where the subspace check failed and the dense
+    SVD was used, ``estimate`` ``[B]`` the check's bound on the rank-k product's relative error (0 when dense)."""
 
     u: torch.Tensor
     s: torch.Tensor
@@ -196,17 +162,12 @@ def _dense_top(m: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor, tor
 def top_singular(
     m: torch.Tensor, k: int, *, solver: str = "auto", oversample: Optional[int] = None, tol: float = 1e-4
 ) -> TopSingular:
-    """The top-k singular triplets of each matrix of ``m`` (``[B, p, q]``, float32 or float64).
-
-    Results are in m's dtype, signed by :func:`sign_convention` whatever the solver.
+    """The top-k singular triplets of each matrix of ``m`` (``[B, p, q]``, float32 or float64), in m's dtype, signed by
+    :func:`sign_convention` whatever the solver (the solvers: docs/arms.md#how-the-arms-are-computed).
 
     Args:
-        solver: ``"dense"``: ``torch.linalg.svd`` in float64 (the reference). ``"subspace"`` (CPU):
-            scipy's subset eigensolver (``?syevr``) on the float32 Gram matrix of the smaller side
-            for its top ``k + oversample`` eigenvectors, then a Rayleigh–Ritz step in m's dtype; a
-            matrix whose error bound exceeds ``tol`` (or whose block missed a top vector) is
-            recomputed densely. ``"auto"``: ``"subspace"`` on the CPU for matrices of at least 192
-            rows and columns when ``k + oversample`` is at most half of that, else ``"dense"``.
+        solver: ``"dense"`` (float64 SVD, the reference), ``"subspace"`` (CPU: subset eigensolver on the float32 Gram
+            matrix and a Rayleigh–Ritz step; a matrix failing its check is recomputed densely) or ``"auto"``.
         oversample: extra eigenvectors in the subspace block (default ``max(16, k // 4)``).
         tol: bound on the relative Frobenius error of the rank-k product (subspace solver).
     """
@@ -286,10 +247,6 @@ def _subspace_top(m: torch.Tensor, k: int, oversample: int, tol: float):
     return u, s, v, fallback, estimate
 
 
-# ----------------------------------------------------------------------------------------------
-# Mimetic
-
-
 def _add_rect_identity_(m: torch.Tensor, value: float) -> torch.Tensor:
     torch.diagonal(m, dim1=-2, dim2=-1).add_(value)
     return m
@@ -298,13 +255,9 @@ def _add_rect_identity_(m: torch.Tensor, value: float) -> torch.Tensor:
 def mimetic_qk_batch(
     z: torch.Tensor, *, alpha: float, beta: float, head_dim: int, solver: str = "auto"
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Query and key blocks of several heads from their noises ``z`` (``[H, D_in, D_k_in]``).
-
-    Per head, target M = alpha * z + beta * I (rectangular identity when D_in != D_k_in). With
-    the top-dh singular triplets M ≈ U S V^T (:func:`top_singular` with ``solver``), returns
-    ``W_q = (U sqrt(S))^T`` (``[H, dh, D_in]``) and ``W_k = (V sqrt(S))^T`` (``[H, dh, D_k_in]``),
-    so ``W_q^T W_k`` is the best rank-dh approximation of M; in z's working precision, on z's device.
-    """
+    """Query and key blocks ``W_q = (U sqrt(S))^T`` ``[H, dh, D_in]`` and ``W_k = (V sqrt(S))^T`` ``[H, dh, D_k_in]``
+    from the top-dh triplets of each head's target ``M = alpha z + beta I`` (``z [H, D_in, D_k_in]``; rectangular
+    identity), so ``W_q^T W_k`` is M's best rank-dh approximation; in z's working precision, on z's device."""
     if head_dim > min(z.shape[-2:]):
         raise ValueError(
             f"mimetic Q/K needs head_dim <= min(D_in, D_k_in); got head_dim={head_dim} for a "
@@ -317,11 +270,8 @@ def mimetic_qk_batch(
 
 
 def _gram_eigenvectors(side: torch.Tensor) -> torch.Tensor:
-    """Eigenvectors of ``side^T side`` (float32 or float64) by descending eigenvalue, all of them.
-
-    On the CPU: NumPy's ``?syrk`` and scipy's ``?syevd`` (the roundings the arm's values are made
-    with); on other devices ``torch.linalg.eigh``.
-    """
+    """Every eigenvector of ``side^T side`` by descending eigenvalue: on the CPU by NumPy's ``?syrk`` and scipy's
+    ``?syevd`` (the roundings the arm's values are made with), elsewhere ``torch.linalg.eigh``."""
     if side.device.type != "cpu":
         return torch.linalg.eigh(side.mT @ side)[1].flip(-1)
     import numpy as np
@@ -335,18 +285,13 @@ def _gram_eigenvectors(side: torch.Tensor) -> torch.Tensor:
 def mimetic_vo(
     z: torch.Tensor, *, alpha: float, beta: float, dim_v: int, w_v_default: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor, bool]:
-    """Value and output blocks from the noise ``z`` (``[D_v_in, D_out]``), in z's dtype on z's device.
+    """Value and output blocks from the noise ``z`` ``[D_v_in, D_out]``, in z's dtype on z's device.
 
-    Target M = alpha * z - beta * I (rectangular identity when non-square). With the SVD
-    M = U S V^T and r = min(D_v_in, D_out, dim_v), value rows j < r are ``sqrt(s_j) U[:, j]^T`` and
-    output columns j < r are ``sqrt(s_j) V[:, j]``. Extra value rows (dim_v above the rank) keep
-    ``w_v_default`` and their output columns are zero, so ``W_v^T W_o^T = M`` exactly when
-    dim_v >= min(D_v_in, D_out), else the best rank-dim_v approximation of M.
-
-    The SVD comes from the eigen-decomposition of the smaller Gram matrix (``M V = U S``), so the
-    product is ``M V V^T = M`` to z's precision however small a singular value is.
-
-    Returns ``(W_v [dim_v, D_v_in], W_o [D_out, dim_v], exact)``.
+    With the SVD of the target ``M = alpha z - beta I`` = U S V^T (from the smaller Gram matrix, so that
+    ``M V V^T = M`` however small a singular value is) and r = min(D_v_in, D_out, dim_v), value rows j < r are
+    ``sqrt(s_j) U[:, j]^T`` and output columns j < r ``sqrt(s_j) V[:, j]``; further value rows keep ``w_v_default``
+    and their output columns are zero. Returns ``(W_v [dim_v, D_v_in], W_o [D_out, dim_v], exact)``, exact when
+    ``W_v^T W_o^T = M`` (dim_v >= min(D_v_in, D_out); else it is M's best rank-dim_v approximation).
     """
     d_v_in, d_out = z.shape
     m = _add_rect_identity_(_working(z) * alpha, -beta)

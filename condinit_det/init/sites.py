@@ -1,15 +1,7 @@
-"""Attention sites: where the query, key, value and output projections of an attention layer live.
-
-An attention *site* is one attention module in a model tree together with the location of its four
-projections. Every projection is a PyTorch ``Linear``-style weight of shape ``[out, in]``
-(``y = x W^T + b``). Fused layouts keep Q, K and V as row blocks ``[0, D)``, ``[D, 2D)``,
-``[2D, 3D)`` of one ``[3D, D_in]`` weight; inside each block head ``h`` owns rows
-``h*dh ... (h+1)*dh - 1``. Roles are what a block does in the forward, not what the code calls it
-(DaViT's channel attention uses its fused blocks in another order; see its adapter).
-
-Layouts are recognised by class through adapters. Built-in adapters match classes by their
-qualified name, so this module never imports detectron2 or timm. Register your own with
-:func:`register_attention_adapter`; the built-in layouts are listed in docs/arms.md.
+"""Attention sites: one attention module of a model and where its query, key, value and output projections live,
+each a ``Linear``-style ``[out, in]`` weight (fused layouts: row blocks of one ``[3D, D_in]`` weight; head h owns rows
+``h*dh ... (h+1)*dh - 1`` of each role's block). Roles are what a block does in the forward. Layouts are recognised by
+class, the built-in ones by qualified name (no detectron2 or timm import; docs/arms.md#attention-layouts-recognized).
 """
 
 from __future__ import annotations
@@ -39,13 +31,8 @@ ROLES = ("q", "k", "v", "o")
 
 @dataclass(frozen=True)
 class Projection:
-    """Where one projection lives, relative to the attention module.
-
-    weight: dotted parameter name of the weight (``[out, in]``).
-    rows: the role's row block inside that weight (``slice(None)`` when the weight is its alone).
-    bias: dotted parameter name of the bias, or None.
-    bias_rows: the role's block inside the bias; None means the same as ``rows``.
-    """
+    """Where one projection lives in the attention module: the dotted names of its weight and bias (or None), and the
+    role's rows of each (``bias_rows`` None: the same as ``rows``)."""
 
     weight: str
     rows: slice = field(default_factory=lambda: slice(None))
@@ -83,13 +70,9 @@ def _get_param(module: nn.Module, dotted: str) -> torch.Tensor:
 
 @dataclass
 class AttentionSite:
-    """One attention module and the location of its projections.
-
-    Dimensions: ``dim_in`` is the query input width D_in, ``dim`` the query/key width
-    D = num_heads * head_dim, ``dim_k_in`` / ``dim_v_in`` the key / value input widths (they
-    differ from ``dim_in`` only for cross-attention with other key/value widths), ``dim_v`` the
-    value width and ``dim_out`` the output projection's width.
-    """
+    """One attention module and the location of its projections. Widths: ``dim_in`` / ``dim_k_in`` / ``dim_v_in`` the
+    query / key / value inputs', ``dim`` the query/key width D = num_heads * head_dim, ``dim_v`` the value width and
+    ``dim_out`` the output projection's."""
 
     name: str
     kind: str
@@ -255,10 +238,7 @@ def register_attention_adapter(kind: str, cls: Union[type, str], adapter: Adapte
 
 def supported_layouts() -> List[str]:
     """``"kind (class)"`` for every registered adapter, for error messages and docs."""
-    return [
-        f"{kind} ({cls if isinstance(cls, str) else cls.__module__ + '.' + cls.__qualname__})"
-        for kind, cls, _ in _ADAPTERS
-    ]
+    return [f"{kind} ({cls if isinstance(cls, str) else _qualname(cls)})" for kind, cls, _ in _ADAPTERS]
 
 
 def _qualname(cls: type) -> str:
@@ -275,11 +255,8 @@ def _match_adapter(module: nn.Module) -> Optional[Tuple[str, AdapterFn]]:
 
 
 def find_attention(module: nn.Module) -> List[AttentionSite]:
-    """Every attention site in ``module``'s tree, in module order.
-
-    A matched attention module is not searched further (its children are its projections).
-    Raises ValueError when a site's shapes are inconsistent (e.g. heads not dividing the width).
-    """
+    """Every attention site in ``module``'s tree, in module order (a matched module is not searched further). Raises
+    ValueError when a site's shapes are inconsistent (e.g. heads not dividing the width)."""
     sites: List[AttentionSite] = []
     skip_prefixes: List[str] = []
     for name, sub in module.named_modules():
@@ -304,11 +281,8 @@ def select_sites(
     include: Optional[Sequence[str]] = None,
     exclude: Optional[Sequence[str]] = None,
 ) -> List[AttentionSite]:
-    """Filter sites by fnmatch patterns on their names.
-
-    include: keep sites matching any pattern (None keeps all). exclude: then drop matching sites.
-    Raises ValueError for a pattern that matches no site, listing the site names available.
-    """
+    """The sites whose names match any ``include`` pattern (fnmatch; None: all), less those matching ``exclude``.
+    Raises ValueError for a pattern that matches no site, listing the site names available."""
     include = _as_patterns(include, "include")
     exclude = _as_patterns(exclude, "exclude")
     names = [s.name for s in sites]
@@ -353,15 +327,9 @@ register_attention_adapter(
 
 
 def _davit_channel_layout(module: nn.Module) -> AttentionLayout:
-    """DaViT's channel attention (``timm.models.davit.ChannelAttention``), roles by what they do.
-
-    Its forward splits the fused ``qkv`` output into chunks named q, k, v (rows [0, D), [D, 2D),
-    [2D, 3D), heads h*dh... inside each) but uses them out of the usual order, as the original
-    DaViT code does: the head's dh x dh map is ``softmax(scale * k^T v)`` over the last index and
-    the output is ``map @ q^T``. So the value role (what the map mixes) is rows [0, D), the query
-    role (the map's rows, one per output channel) is rows [D, 2D) and the key role (the channels
-    compared against, the softmax axis) is rows [2D, 3D).
-    """
+    """DaViT's channel attention: its head's dh x dh map is ``softmax(scale * k^T v)`` and its output ``map @ q^T``,
+    so the chunk it calls q is the value role (what the map mixes), k the query role (the map's rows) and v the key
+    role (the softmax axis)."""
     fused = fused_qkv_layout(module, num_heads=module.num_heads)
     p = fused.projections
     return AttentionLayout(num_heads=module.num_heads, projections={"q": p["k"], "k": p["v"], "v": p["q"], "o": p["o"]})

@@ -1,19 +1,6 @@
-"""The arm as a config carries it, for both training stages (pure PyTorch; no detectron2 import).
-
-A config's arm node (``configs/common/condinit.py``)::
-
-    condinit = dict(arm="default", seed=0, include=None, exclude=None,
-                    options={"mimetic": {"alpha1": 0.5}, "conditioned": {"gain_v": 0.5}})
-
-- ``arm``: ``"default"``, ``"mimetic"``, ``"conditioned"``, ``"scale_matched"`` or ``"structured"``
-  (:data:`condinit_det.init.ARMS`).
-- ``seed``: seed of the arm's own generators; ``None`` or negative means 0.
-- ``include`` / ``exclude``: fnmatch patterns on attention-site names (None: every site).
-- ``options``: per arm, that arm's keyword options (:data:`condinit_det.init.ARM_OPTIONS`). Every
-  arm's entry is validated whichever arm runs, so ``--arm all`` fails before the first run, not
-  after two. Only the running arm's entry is used, and the conditioned arm's :data:`~condinit_det.init.SHARED_OPTIONS`
-  by its controls (scale_matched, structured), which refuse them in their own entries. The arms and their options:
-  docs/arms.md.
+"""The arm node a config of either stage carries (``configs/common/condinit.py``: ``arm``, ``seed`` (None or negative:
+0), ``include`` / ``exclude`` fnmatch patterns, per-arm ``options``), validated into an :class:`ArmSpec` and applied.
+Every arm's options are validated whichever arm runs, so ``--arm all`` fails before a run (docs/arms.md#options).
 """
 
 from __future__ import annotations
@@ -38,10 +25,8 @@ class ArmError(ValueError):
 
 def plain(value):
     """OmegaConf containers -> plain Python (lists/dicts), resolving interpolations; anything else unchanged."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        return value
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True)
     return value
@@ -59,8 +44,7 @@ class ArmSpec:
 
     @property
     def arm_options(self) -> Dict[str, object]:
-        """The running arm's options as given (defaults not filled in); a control of the conditioned arm also gets the
-        conditioned arm's shared options."""
+        """The running arm's options as given, a control's with the conditioned arm's shared options."""
         options = dict(self.options.get(self.arm, {}))
         if self.arm in CONTROLS:
             conditioned = self.options.get("conditioned", {})
