@@ -1,9 +1,6 @@
-"""The arm inside the model node of a lazy config, so that whatever calls ``instantiate(cfg.model)`` gets it.
-
-The arm lives in the top-level ``condinit`` node (``configs/common/condinit.py``) and :func:`armed` swaps the model
-node's ``_target_`` for :func:`build_armed` (the original kept in ``_arm_target_``; other keys keep their paths).
-Instantiating it builds the model as before, then applies the arm in place before any checkpoint is loaded; the
-report is kept on ``model.condinit_report``. One arm per model, set in one place (anything else is an error).
+"""The arm inside the model node of a lazy config, so that whatever calls ``instantiate(cfg.model)`` gets it:
+:func:`armed` swaps the node's ``_target_`` for :func:`build_armed`, which builds the model as before, then applies the
+config's ``condinit`` arm in place before any checkpoint is loaded (report: ``model.condinit_report``).
 """
 
 from __future__ import annotations
@@ -46,16 +43,14 @@ def _building(mode: str):
 
 
 def rank0_computes_arm():
-    """Context: inside it, ranks other than 0 of an initialized process group leave the arm's
-    weights to DDP's broadcast from rank 0 (the report then notes it). Use only around a build
-    whose model is wrapped in DistributedDataParallel before its first step."""
+    """Context: inside it, ranks other than 0 leave the arm's weights to DDP's broadcast from rank 0; only around a
+    build whose model is wrapped in DistributedDataParallel before its first step."""
     return _building("broadcast")
 
 
 def sites_only():
-    """Context: inside it, armed nodes check the arm's attention sites (a model without attention, an
-    include/exclude pattern that matches nothing, a head count that does not divide the width) as
-    the default arm does, and change no weight: a cheap check of a configuration before a launch."""
+    """Context: inside it, armed nodes check the arm's attention sites as the default arm does and change no weight,
+    a cheap check of a configuration before a launch."""
     return _building("sites")
 
 
@@ -73,11 +68,8 @@ def is_armed(node) -> bool:
 
 
 def armed(node, *, condinit=_ARM_NODE_REF, site_prefix: str = ""):
-    """Make a LazyCall node apply the arm when instantiated; returns the node (changed in place).
-
-    condinit: the arm node, by default an interpolation of the config's top-level ``condinit``.
-    site_prefix: prepended to site names (``"backbone."`` when arming ``model.backbone``).
-    """
+    """Make a LazyCall node apply the arm node ``condinit`` (default: the config's top-level one) when instantiated,
+    with ``site_prefix`` before site names (``"backbone."`` when arming ``model.backbone``); returns the node."""
     if is_armed(node):
         raise ValueError("this config node is armed already; arm a model once")
     if "_target_" not in node:

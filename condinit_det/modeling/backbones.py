@@ -14,6 +14,7 @@ from detectron2.modeling import BACKBONE_REGISTRY, FPN, Backbone, SimpleFeatureP
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
 from ..init import apply_init
+from ..init.spec import prefixed
 from .xcit import XCiT
 from .yacs_config import condinit_options
 
@@ -42,11 +43,8 @@ def _apply_condinit_cfg(cfg, backbone: Backbone) -> Backbone:
     node = cfg.MODEL.CONDINIT
     if not node.ENABLED:
         return backbone
-    # Wrap so that site names carry the "backbone." prefix they have in the built model.
-    holder = nn.Module()
-    holder.backbone = backbone
     report = apply_init(
-        holder,
+        prefixed(backbone, "backbone."),
         node.ARM,
         seed=node.SEED,
         include=list(node.INCLUDE) or None,
@@ -59,13 +57,9 @@ def _apply_condinit_cfg(cfg, backbone: Backbone) -> Backbone:
 
 
 class PaddedSimpleFeaturePyramid(SimpleFeaturePyramid):
-    """detectron2's ``SimpleFeaturePyramid`` that asks for its inputs to be padded to its coarsest stride.
-
-    detectron2's class reports ``size_divisibility`` 0 and misspells the key of its
-    ``padding_constraints``, so batches are padded only when ``square_pad`` gives a square canvas
-    (ViTDet's 1024). Without one (multi-scale inputs), an image whose sides are not multiples of the
-    patch size reached the trunk unpadded: XCiT refuses it, ViT silently drops the border.
-    """
+    """detectron2's ``SimpleFeaturePyramid`` that asks for its inputs to be padded to its coarsest stride: detectron2's
+    reports ``size_divisibility`` 0 and misspells a key of its ``padding_constraints``, so multi-scale images whose
+    sides are not multiples of the patch size reached the trunk unpadded (XCiT refuses them, ViT drops the border)."""
 
     @property
     def size_divisibility(self) -> int:

@@ -38,17 +38,9 @@ _BUFFERS = ("relative_position_index", "attn_mask")
 
 
 class ConvertedCheckpoint(dict):
-    """A converted state dict (keys of the target model) that also says what the conversion did.
-
-    Attributes:
-        source: the checkpoint (its timm model and size when it records the name).
-        target: the trunk's architecture and size, and where it sits in the model.
-        prefix: prepended to the trunk's keys (``"backbone.net."``).
-        missing: the model's keys the checkpoint does not provide (neck, heads, detection-only trunk
-            parts): they keep their init. ``trunk_missing``: the trunk's keys among them.
-        dropped: checkpoint keys not used (classifier parts, buffers).
-        notes: what was mapped, interpolated or left alone, one line each.
-    """
+    """A converted state dict (keys of the target model) that says what the conversion did: ``source`` and
+    ``target`` described, the trunk's key ``prefix``, the model's keys it does not provide (``missing``; the trunk's
+    among them: ``trunk_missing``), the checkpoint keys not used (``dropped``) and ``notes``, one line each."""
 
     def __init__(
         self,
@@ -105,8 +97,7 @@ _VIT_CLASSIFIER = ("cls_token", "dist_token", "norm.", "fc_norm.", "head.", "hea
 
 
 def _convert_vit(sd: Tensors, trunk: ViT) -> Conversion:
-    """timm ViT / DeiT (distilled too) -> detectron2 ViT: same names, classifier parts dropped,
-    ``pos_embed`` adapted by :func:`_vit_pos_embed`."""
+    """timm ViT / DeiT -> detectron2 ViT: same names, classifier parts dropped, ``pos_embed`` adapted."""
     out, dropped = _split(sd, _VIT_CLASSIFIER)
     notes: List[str] = []
     pos = out.pop("pos_embed", None)
@@ -126,8 +117,8 @@ def _convert_vit(sd: Tensors, trunk: ViT) -> Conversion:
 
 
 def _vit_pos_embed(pos: torch.Tensor, sd: Tensors, trunk: ViT, notes: List[str]) -> torch.Tensor:
-    """The checkpoint's patch-grid table (after its prefix slots), resized bicubically to the trunk's
-    pretraining grid, with a class slot (the checkpoint's, or zeros) when the trunk's table has one."""
+    """The checkpoint's patch grid resized bicubically to the trunk's, with a class slot (the checkpoint's, or zeros)
+    when the trunk's table has one."""
     tokens = int("cls_token" in sd) + int("dist_token" in sd)
     # Tables without slots for the prefix tokens (timm's no_embed_class, e.g. DeiT-3) are the grid alone.
     n_prefix = tokens if tokens and _square_side(pos.shape[1] - tokens) else 0
@@ -153,8 +144,8 @@ def _vit_pos_embed(pos: torch.Tensor, sd: Tensors, trunk: ViT, notes: List[str])
 
 
 def _convert_swin(sd: Tensors, trunk: SwinTransformer) -> Conversion:
-    """timm (>= 0.9) or official-layout Swin -> detectron2 SwinTransformer: timm's PatchMerging keys move one stage
-    down, its final norm becomes ``norm{last}`` when the last stage is an output; head and buffers are dropped."""
+    """timm or official-layout Swin -> detectron2 SwinTransformer: timm's PatchMerging moves one stage down, its
+    final norm becomes ``norm{last}`` when the last stage is an output; head and buffers are dropped."""
     last = len(trunk.layers) - 1
     has_last_norm = hasattr(trunk, f"norm{last}")
     timm_layout = not any(key.startswith("layers.0.downsample.") for key in sd)
@@ -191,8 +182,7 @@ _XCIT_CLASSIFIER = ("cls_token", "cls_attn_blocks.", "norm.", "head.", "head_dro
 
 
 def _convert_xcit(sd: Tensors, trunk: XCiT) -> Conversion:
-    """timm or official XCiT -> this project's XCiT: timm's names (timm's own filter renames the
-    official file's ``pos_embeder``), classifier parts dropped."""
+    """timm or official XCiT -> this project's XCiT (timm's filter renames the official names), classifier dropped."""
     out, dropped = _split(xcit_checkpoint_filter(dict(sd), trunk), _XCIT_CLASSIFIER)
     return out, dropped, []
 
@@ -229,8 +219,7 @@ _ARCHITECTURES = (
 
 
 def _read(checkpoint: Checkpoint, trust_pickle: bool) -> Tuple[Tensors, Mapping[str, Any]]:
-    """The tensors of a checkpoint (or of the file at that path), unwrapped (``{"model": ...}``, ``{"state_dict":
-    ...}``, a ``module.`` prefix), and its top-level metadata."""
+    """The tensors of a checkpoint (or of the file at that path), unwrapped, and its top-level metadata."""
     if isinstance(checkpoint, (str, os.PathLike)):
         checkpoint = load_checkpoint(checkpoint, trust_pickle=trust_pickle)
     sd: Mapping[str, Any] = checkpoint
@@ -268,8 +257,7 @@ def _find_trunk(model: nn.Module) -> Tuple[str, nn.Module, _Architecture]:
 
 
 def _attention_size(module: nn.Module) -> Tuple[int, int, Tuple[int, ...]]:
-    """(width, number of attention blocks, head counts) from the fused-qkv attention modules of a trunk
-    or a timm model (timm, detectron2 and this project give them ``qkv`` and ``num_heads``)."""
+    """(width, number of attention blocks, head counts) of a trunk or a timm model, from its fused-qkv attention."""
     attns = [m for m in module.modules() if isinstance(getattr(m, "qkv", None), nn.Linear) and hasattr(m, "num_heads")]
     return attns[0].qkv.in_features, len(attns), tuple(dict.fromkeys(m.num_heads for m in attns))
 
@@ -288,8 +276,8 @@ def _mismatch(source: str, target: str, detail: str, arch: _Architecture) -> Val
 def _check_timm_model(
     name: str, kwargs: Optional[Mapping[str, Any]], sd: Tensors, trunk: nn.Module, arch: _Architecture, target: str
 ) -> str:
-    """Check ``sd`` and the trunk against timm model ``name`` (built with ``kwargs`` on the meta device);
-    returns the checkpoint's description. Classifier and position table are not compared."""
+    """Check ``sd`` and the trunk against timm model ``name`` built on the meta device, classifier and position table
+    aside; returns the checkpoint's description."""
     with torch.device("meta"):
         ref = timm.create_model(name, pretrained=False, **dict(kwargs or {}))
     source = _describe(ref, f"the timm {name!r} checkpoint")
@@ -312,8 +300,7 @@ def _check_timm_model(
 
 
 def _check_fit(out: Tensors, trunk: nn.Module, arch: _Architecture, source: str, target: str) -> None:
-    """One ValueError when the converted tensors are not exactly the trunk's (keys and shapes), detection-only
-    parts (``arch.init_only``) aside."""
+    """One ValueError when the converted tensors are not exactly the trunk's, detection-only parts aside."""
     shapes = {k: v.shape for k, v in trunk.state_dict().items()}
     extra = [k for k in out if k not in shapes]
     wrong = [
@@ -345,33 +332,20 @@ def convert_timm_checkpoint(
     timm_model_kwargs: Optional[Mapping[str, Any]] = None,
     trust_pickle: bool = False,
 ) -> ConvertedCheckpoint:
-    """Convert a timm ImageNet checkpoint for the transformer trunk inside a built detectron2 model.
-
-    Finds the one detectron2 ViT, SwinTransformer or XCiT in ``model`` (e.g. ``backbone.net``, ``backbone.bottom_up``
-    or ``backbone.bottom_up.net``) and maps the checkpoint's keys to it under the trunk's path (what each architecture
-    drops, remaps and leaves at its init: docs/checkpoints.md). A checkpoint of another architecture, width, depth,
-    head count, window or patch size raises one ValueError that says what the checkpoint is and what the model expects.
+    """Convert a timm ImageNet checkpoint for the one ViT, SwinTransformer or XCiT trunk in a built detectron2 model,
+    under the trunk's path; a checkpoint that does not fit raises one ValueError naming both (docs/checkpoints.md).
 
     Args:
-        checkpoint: a timm state dict, a checkpoint wrapping one (``{"model": ...}``, ``{"state_dict": ...}``,
-            ``module.`` prefixes; from timm's training script, pass ``ckpt["state_dict_ema"]`` for the EMA weights),
-            or the path of a ``.safetensors`` / ``.pth`` file (a pretraining run's ``model_final`` file also gives
-            ``timm_model_name`` and ``timm_model_kwargs`` when they are not passed).
-        model: the built model, before or after the arm (the converted weights replace its own where they exist),
-            or the trunk itself.
-        timm_model_name: the timm model the checkpoint was trained as, if known (e.g. ``"vit_base_patch16_224"``):
-            checkpoint and trunk are checked against it (classifier and position table aside), head count included,
-            which a state dict does not record.
-        timm_model_kwargs: the ``timm.create_model(name, **kwargs)`` arguments it was created with, when they change
-            its architecture (e.g. a tiny ViT from a ViT name).
-        trust_pickle: also load a ``.pkl`` file or a ``.pth`` that needs full unpickling (either can run code stored
-            in it); refused with :class:`~condinit_det.utils.checkpoint_io.UnsafeCheckpointError` otherwise.
+        checkpoint: a timm state dict, a checkpoint wrapping one, or the path of a ``.safetensors`` / ``.pth`` file (a
+            pretraining run's ``model_final`` also gives ``timm_model_name`` and ``timm_model_kwargs``).
+        model: the built model, before or after the arm, or the trunk itself.
+        timm_model_name, timm_model_kwargs: the ``timm.create_model`` call the checkpoint was trained as, if known:
+            checkpoint and trunk are checked against it, head count included (a state dict does not record it).
+        trust_pickle: also load a ``.pkl`` or a ``.pth`` that needs full unpickling (either can run code in it).
 
     Returns:
         :class:`ConvertedCheckpoint` with keys of ``model.state_dict()``, for ``model.load_state_dict(converted,
-        strict=False)``: ``missing`` lists the model's keys it does not provide (they keep their init;
-        ``trunk_missing`` the trunk's among them), ``dropped`` the checkpoint keys not used, ``notes`` what was
-        interpolated or left alone. Its summary is logged at INFO.
+        strict=False)``; its summary is logged at INFO.
     """
     sd, meta = _read(checkpoint, trust_pickle)
     timm_model_name = timm_model_name or meta.get("timm_model")

@@ -1,6 +1,5 @@
-"""XCiT (Cross-Covariance Image Transformer) as a detectron2 backbone: timm's trunk without the classification parts,
-under timm's parameter names (so converted timm / official checkpoints load), and the neck of XCiT's detection code.
-"""
+"""XCiT as a detectron2 backbone (timm's trunk and parameter names, no classification parts) and the neck of XCiT's
+detection code (docs/configs.md#coco-configs)."""
 
 from functools import partial
 from typing import Dict, Optional, Sequence
@@ -19,14 +18,8 @@ _DEFAULT_NORM_LAYER = partial(nn.LayerNorm, eps=1e-6)
 
 
 class XCiT(Backbone):
-    """XCiT trunk as a detectron2 backbone.
-
-    Input: images (B, 3, H, W) with H and W multiples of ``patch_size``.
-    Output: ``{out_feature: (B, embed_dim, H / patch_size, W / patch_size)}`` (the last block), or
-    with ``out_indices`` one such map per listed block, named ``block{i}``.
-    XCA attends across channels (a dh x dh map per head), so cost is linear in H*W and any
-    input size works without interpolating position embeddings.
-    """
+    """XCiT trunk: images (B, 3, H, W), H and W multiples of ``patch_size`` -> (B, embed_dim, H / patch_size,
+    W / patch_size) maps. Its attention is across channels, so any input size works without interpolation."""
 
     def __init__(
         self,
@@ -53,14 +46,11 @@ class XCiT(Backbone):
             patch_size: 16 or 8 (the strides timm's ConvPatchEmbed supports).
             embed_dim: token width D, divisible by 8 (patch-embed stem widths) and by ``num_heads``.
             drop_path_rate: stochastic depth, the same rate in every block (XCiT's rule).
-            eta: LayerScale init value (gamma1/2/3). XCiT-S12 uses 1.0, deeper models 1e-5.
-            sync_bn: SyncBatchNorm in the patch embedding and LPI (detection batches are ~2 images
-                per GPU); parameter names are unchanged.
-            use_act_checkpoint: recompute block activations in the backward pass to save memory.
-            out_feature: name of the output feature when ``out_indices`` is None.
-            out_indices: blocks (0-based; negative counts from the end) whose outputs are returned as
-                ``block{i}`` maps, e.g. ``(3, 5, 7, 11)`` for :class:`XCiTDeconvPyramid`. None: the last
-                block only, named ``out_feature``. Blocks after the last listed one are not run.
+            eta: LayerScale init value (XCiT-S12 uses 1.0, deeper models 1e-5).
+            sync_bn: SyncBatchNorm in the patch embedding and LPI, under the same parameter names.
+            out_feature: name of the output when ``out_indices`` is None (the last block's).
+            out_indices: blocks (negative: from the end) whose outputs are returned as ``block{i}`` maps, e.g.
+                ``(3, 5, 7, 11)`` for :class:`XCiTDeconvPyramid`; blocks after the last one listed are not run.
         """
         super().__init__()
         if patch_size not in (8, 16):
@@ -128,13 +118,6 @@ class XCiT(Backbone):
         return self.patch_size
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """
-        Args:
-            x: (B, in_chans, H, W), H and W multiples of ``patch_size``.
-        Returns:
-            dict of (B, embed_dim, H / patch_size, W / patch_size) maps: ``out_feature`` (last block)
-            or ``block{i}`` for each of ``out_indices``.
-        """
         B, _, H, W = x.shape
         if H % self.patch_size or W % self.patch_size:
             raise ValueError(
@@ -158,32 +141,17 @@ class XCiT(Backbone):
 
 
 class XCiTDeconvPyramid(Backbone):
-    """XCiT's own detection neck: four block outputs at the patch stride -> maps at strides 4, 8, 16, 32.
-
-    As in XCiT's detection code (facebookresearch/xcit ``detection/backbone/xcit.py``, modules
-    ``fpn1``..``fpn4``; XCiT-S12 uses blocks 3, 5, 7, 11), for patch size 16:
-
-    - stride 4:  ConvTranspose2d(D, D, 2, stride 2) -> BatchNorm2d -> GELU -> ConvTranspose2d(D, D, 2, stride 2)
-    - stride 8:  ConvTranspose2d(D, D, 2, stride 2)
-    - stride 16: identity
-    - stride 32: MaxPool2d(2, stride 2)
-
-    and for patch size 8: ConvTranspose2d(D, D, 2, stride 2) (stride 4), identity (8), MaxPool2d(2) (16),
-    MaxPool2d(4) (32). The i-th listed block feeds the i-th level (shallowest block -> finest map). Every output
-    keeps the trunk width D; a :class:`detectron2.modeling.FPN` on top (``in_features=out_features``) projects
-    them to its width and adds p6, as the mmdetection FPN of XCiT's recipe does. Deconvolutions and the
-    BatchNorm keep PyTorch's default init, as in XCiT's code (which initializes only Linear and LayerNorm layers).
-
-    Module names (``fpn1.0``, ``fpn1.1``, ``fpn1.3``, ``fpn2.0``) follow XCiT's code, and the trunk sits under
-    ``net``: in a detectron2 FPN model the attention sites are ``backbone.bottom_up.net.blocks.{i}.attn``.
+    """XCiT's own detection neck (facebookresearch/xcit ``detection/backbone/xcit.py``: its modules ``fpn1``..``fpn4``
+    and their default init): four block outputs at the patch stride, shallowest first, -> maps of the trunk width at
+    strides 4, 8, 16, 32, for a :class:`detectron2.modeling.FPN` on top. The trunk sits under ``net``, so the attention
+    sites of an FPN model are ``backbone.bottom_up.net.blocks.{i}.attn``.
     """
 
     def __init__(self, net: XCiT, *, sync_bn: bool = False, out_features: Sequence[str] = ("s4", "s8", "s16", "s32")):
         """
         Args:
             net: an :class:`XCiT` built with four ``out_indices`` (e.g. ``(3, 5, 7, 11)``).
-            sync_bn: SyncBatchNorm instead of BatchNorm2d after the first deconvolution (XCiT's
-                code uses SyncBatchNorm; detection batches are ~2 images per GPU).
+            sync_bn: SyncBatchNorm instead of BatchNorm2d after the first deconvolution (as XCiT's code).
             out_features: names of the stride 4, 8, 16, 32 outputs, for ``FPN(in_features=...)``.
         """
         super().__init__()
@@ -226,12 +194,6 @@ class XCiTDeconvPyramid(Backbone):
         return 32
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """
-        Args:
-            x: (B, C, H, W) images, H and W multiples of 32 (detectron2 pads to ``size_divisibility``).
-        Returns:
-            dict ``out_features[k]``: (B, embed_dim, H / s, W / s) for s = 4, 8, 16, 32.
-        """
         feats = self.net(x)
         ops = (self.fpn1, self.fpn2, self.fpn3, self.fpn4)
         return {name: op(feats[src]) for name, op, src in zip(self._out_features, ops, self.in_features)}

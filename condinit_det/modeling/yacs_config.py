@@ -7,32 +7,19 @@ import torch
 from detectron2.config import CfgNode as CN
 from detectron2.solver.build import get_default_optimizer_params, maybe_add_gradient_clipping
 
+from ..init.options import ARM_OPTIONS, arm_keywords
 from ..tracking.settings import DEFAULTS as TRACKER_DEFAULTS
 
 __all__ = ["add_condinit_config", "build_optimizer", "condinit_options"]
 
 OPTIMIZERS = ("SGD", "ADAMW")
 
-# The arms' options under MODEL.CONDINIT: apply_init's keywords in upper case.
-_OPTION_KEYS = (
-    "GAIN_QK",
-    "GAIN_V",
-    "VALUE_MODE",
-    "CONDITION_OUTPUT",
-    "ALPHA1",
-    "BETA1",
-    "ALPHA2",
-    "BETA2",
-    "NOISE",
-    "NORM",
-)
+# The arms' options under MODEL.CONDINIT: apply_init's keywords in upper case (mimetic's solver has no key).
+_OPTION_KEYS = tuple(dict.fromkeys(key.upper() for arm in ARM_OPTIONS.values() for key in arm if key != "solver"))
 
 
 def add_condinit_config(cfg: CN) -> CN:
-    """Add condinit-det's keys to a detectron2 yacs config in place; returns ``cfg``.
-
-    Calling it twice is harmless (existing values are kept).
-    """
+    """Add condinit-det's keys to a detectron2 yacs config in place, once (existing values are kept); returns it."""
     _C = cfg
     if "CONDINIT" in _C.MODEL:
         return cfg
@@ -157,7 +144,5 @@ def condinit_options(node: CN) -> dict:
     """``apply_init`` keyword options of ``node.ARM`` from a ``MODEL.CONDINIT`` node: the keys that are set and that
     arm accepts, so that ``--arm all`` runs leave the other arms' options alone (conditioned and its controls share
     GAIN_QK, GAIN_V and VALUE_MODE)."""
-    from ..init import arm_keywords
-
     accepted = arm_keywords(node.ARM)
     return {key.lower(): node[key] for key in _OPTION_KEYS if node.get(key) is not None and key.lower() in accepted}

@@ -39,15 +39,10 @@ def flat_indices(indices: Indices) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 class SetCriterion(nn.Module):
-    """Matches predictions to targets and computes the weighted losses.
-
-    Classification: cross-entropy over C+1 classes where the "no object" class (index C) is
-    down-weighted by ``eos_coef``. Boxes: L1 and GIoU on matched pairs. Masks: sigmoid focal and
-    Dice on matched pairs. Box and mask losses are summed over matched pairs and divided by the
-    number of target boxes (at least 1); cross-entropy is a weighted mean over all queries.
-
-    Returned dict values are already multiplied by their weights, so a detectron2 trainer can
-    sum them. Auxiliary decoder layers get the same class/box losses with suffix ``_{layer}``.
+    """Matches predictions to targets and computes the losses, already weighted: cross-entropy over C+1 classes (the
+    "no object" class C weighted by ``eos_coef``; a weighted mean over all queries), L1 and GIoU of the boxes and
+    sigmoid focal and Dice of the masks (matched pairs, divided by the number of target boxes). Auxiliary decoder
+    layers get the class/box losses with suffix ``_{layer}``.
     """
 
     def __init__(

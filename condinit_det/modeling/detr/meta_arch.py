@@ -42,14 +42,8 @@ class MLP(nn.Module):
 
 @META_ARCH_REGISTRY.register()
 class DETRInstanceSeg(nn.Module):
-    """End-to-end set prediction: backbone -> 1x1 projection -> transformer -> per-query class,
-    box and (optionally) mask.
-
-    Module names (what ``condinit`` include/exclude patterns match):
-    ``backbone.*``, ``input_proj``, ``transformer.encoder.layers.N.self_attn``,
-    ``transformer.decoder.layers.N.self_attn``, ``transformer.decoder.layers.N.cross_attn``,
-    ``query_embed`` (or ``reference_points``), ``class_head``, ``box_head``, ``mask_head`` (its
-    attention maps are not an arm site, see :mod:`.segmentation`).
+    """End-to-end set prediction: backbone -> 1x1 projection -> transformer -> per-query class, box and (optionally)
+    mask (docs/detr.md; its attention sites: docs/detr.md#attention-sites).
 
     Args:
         backbone: any detectron2 Backbone.
@@ -60,19 +54,14 @@ class DETRInstanceSeg(nn.Module):
         criterion: :class:`SetCriterion` (matcher and loss weights).
         pixel_mean, pixel_std: per-channel normalization of the input image.
         mask_head: :class:`MaskHead`, or None for boxes only.
-        mask_in_features: backbone outputs feeding the mask head's upsampling stages, coarsest
-            first; must match ``mask_head.fpn_channels``.
-        mask_train: "joint" trains everything together; "masks_only" freezes the detector and
-            trains only the mask head (DETR's two-stage recipe).
+        mask_in_features: backbone outputs feeding the mask head's upsampling stages, coarsest first, one per
+            ``mask_head.fpn_channels`` entry.
+        mask_train: "joint" trains everything together; "masks_only" only the mask head (DETR's two-stage recipe).
         aux_loss: class/box losses after every decoder layer.
         mask_threshold: probability threshold that turns mask probabilities into binary masks.
         size_divisibility: pad batched images to a multiple of this; None uses the backbone's.
-        position_embedding: :class:`PositionEmbeddingSine` with ``2 * num_pos_feats == D``;
-            None is DETR's (normalized, temperature 10000).
-        reference_points: True gives each query a learned anchor point, its positional query and box centre
-            (Anchor DETR / DAB-DETR; docs/detr.md); False is DETR.
-        query_groups: K > 1 trains K independently matched groups of ``num_queries`` queries (Group DETR;
-            docs/detr.md); inference runs group 0 alone. K = 1 is DETR.
+        position_embedding: :class:`PositionEmbeddingSine` with ``2 * num_pos_feats == D``; None is DETR's.
+        reference_points, query_groups: training aids (docs/detr.md#three-training-aids); False and 1 are DETR.
     """
 
     def __init__(
@@ -166,8 +155,7 @@ class DETRInstanceSeg(nn.Module):
         return self.pixel_mean.device
 
     def preprocess_image(self, batched_inputs: List[Dict]) -> Tuple[ImageList, torch.Tensor]:
-        """Normalize and pad; returns the ImageList and the padding mask (bool [B, Hp, Wp],
-        True on padded pixels)."""
+        """Normalize and pad; returns the ImageList and the padding mask (bool [B, Hp, Wp], True on padding)."""
         images = [(x["image"].to(self.device) - self.pixel_mean) / self.pixel_std for x in batched_inputs]
         div = self.size_divisibility if self.size_divisibility is not None else self.backbone.size_divisibility
         images = ImageList.from_tensors(images, div, padding_constraints=self.backbone.padding_constraints)
@@ -178,8 +166,8 @@ class DETRInstanceSeg(nn.Module):
         return images, mask
 
     def prepare_targets(self, batched_inputs: List[Dict], images: ImageList) -> List[Dict[str, torch.Tensor]]:
-        """Ground truth per image: labels, boxes as (cx, cy, w, h) normalized by the unpadded
-        image size and, when masks are trained, bool masks on the padded canvas [T, Hp, Wp]."""
+        """Ground truth per image: labels, boxes as (cx, cy, w, h) normalized by the unpadded image size and, when
+        masks are trained, bool masks on the padded canvas [T, Hp, Wp]."""
         targets = []
         hp, wp = images.tensor.shape[-2:]
         for x, (h, w) in zip(batched_inputs, images.image_sizes):
@@ -229,15 +217,8 @@ class DETRInstanceSeg(nn.Module):
         )
 
     def forward(self, batched_inputs: List[Dict]):
-        """
-        Args:
-            batched_inputs: detectron2 format; each dict has "image" (C, H, W in the input format),
-                and for training "instances" (gt_boxes, gt_classes, gt_masks); optionally
-                "height"/"width" for the output resolution.
-        Returns:
-            training: dict of weighted losses; inference: list of {"instances": Instances} with
-            pred_boxes (XYXY, output resolution), scores, pred_classes, pred_masks (bool [N, H, W]).
-        """
+        """detectron2's inputs -> training: dict of weighted losses; inference: list of {"instances": Instances}
+        (pred_boxes XYXY at the output resolution, scores, pred_classes, pred_masks bool [N, H, W])."""
         images, pad_mask = self.preprocess_image(batched_inputs)
         if not self.training:
             return self.inference(batched_inputs, images, pad_mask)
@@ -295,8 +276,8 @@ class DETRInstanceSeg(nn.Module):
         return results
 
     def _paste_masks(self, logits, padded_size, image_size, output_size, chunk: int = 32) -> torch.Tensor:
-        """Mask logits on the padded canvas [N, h', w'] -> bool masks [N, out_h, out_w] of the
-        valid image region, resized to the output resolution in one interpolation."""
+        """Mask logits on the padded canvas [N, h', w'] -> bool masks [N, out_h, out_w] of the valid image region,
+        resized to the output resolution in one interpolation."""
         (hp, wp), (h, w), (oh, ow) = padded_size, image_size, output_size
         full = (max(round(hp * oh / h), oh), max(round(wp * ow / w), ow))
         out = torch.zeros((len(logits), oh, ow), dtype=torch.bool, device=logits.device)

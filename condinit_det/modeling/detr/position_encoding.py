@@ -9,14 +9,9 @@ __all__ = ["PositionEmbeddingSine"]
 
 
 class PositionEmbeddingSine(nn.Module):
-    """Fixed sine/cosine encoding of the (y, x) position of every valid feature-map cell.
-
-    Positions are counted over valid (non-padded) cells only, so an image padded inside a batch
-    gets the same encoding as the same image alone. With ``normalize=True`` they are rescaled
-    to (0, scale] per image, which makes the encoding independent of the image size.
-
-    Output channels: ``2 * num_pos_feats`` — the first half encodes y, the second half x; within
-    each half even channels hold sines and odd channels cosines of geometrically spaced frequencies.
+    """Fixed sine/cosine encoding of the (y, x) position of every valid feature-map cell, counted over the valid cells
+    only (a padded image is encoded as alone) and, with ``normalize``, rescaled to (0, scale] per image. Channels:
+    y's half, then x's, each sines (even) and cosines (odd) of geometrically spaced frequencies.
     """
 
     def __init__(
@@ -31,12 +26,7 @@ class PositionEmbeddingSine(nn.Module):
         self.scale = scale
 
     def forward(self, mask: torch.Tensor) -> torch.Tensor:
-        """
-        Args:
-            mask: bool [B, H, W], True on padded cells.
-        Returns:
-            float [B, 2 * num_pos_feats, H, W].
-        """
+        """mask: bool [B, H, W], True on padded cells -> float [B, 2 * num_pos_feats, H, W]."""
         valid = (~mask).float()
         y = valid.cumsum(1)
         x = valid.cumsum(2)
@@ -49,15 +39,8 @@ class PositionEmbeddingSine(nn.Module):
         return self._encode(y, x).permute(0, 3, 1, 2).contiguous()
 
     def encode_points(self, points: torch.Tensor) -> torch.Tensor:
-        """Encoding of continuous points, in the channel layout of :meth:`forward`.
-
-        Args:
-            points: [..., 2] as (x, y) in [0, 1], fractions of the valid image width and height.
-        Returns:
-            [..., 2 * num_pos_feats]. With ``normalize=True`` the point (x, y) is encoded as the
-            feature-map cell whose normalized position is (x, y) (the last valid row and column
-            sit at 1), so points and the memory's positions share one space.
-        """
+        """points [..., 2] as (x, y) fractions of the valid image in [0, 1] -> [..., 2 * num_pos_feats], encoded as
+        the cell at that normalized position (with ``normalize``), so that points and the memory share one space."""
         scale = self.scale if self.normalize else 1.0
         return self._encode(points[..., 1] * scale, points[..., 0] * scale)
 

@@ -45,13 +45,8 @@ class MaskAttentionMap(nn.Module):
     def forward(
         self, queries: torch.Tensor, batch_idx: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """
-        Args:
-            queries: [N, dim]; batch_idx: int64 [N], image of each query;
-            memory: [B, dim, H, W]; mask: bool [B, H, W], True on padding.
-        Returns:
-            [N, num_heads, H, W] attention weights (each head's map sums to 1 over valid cells).
-        """
+        """queries [N, dim], batch_idx int64 [N] (each one's image), memory [B, dim, H, W], mask bool [B, H, W] (True on
+        padding) -> [N, num_heads, H, W] attention weights summing to 1 over the valid cells."""
         h, w = memory.shape[-2:]
         q = self.query_proj(queries).unflatten(-1, (self.num_heads, -1)) * self.scale
         k = self.key_proj(memory.flatten(2).transpose(1, 2)).unflatten(-1, (self.num_heads, -1))
@@ -69,13 +64,9 @@ class MaskHead(nn.Module):
     Args:
         hidden_dim: width D of decoder outputs, encoder memory and projected features.
         num_heads: attention maps per query.
-        fpn_channels: channels of the higher-resolution backbone features fed at each upsampling
-            stage, coarsest first (e.g. strides 16, 8, 4 under a stride-32 transformer input).
-            Empty: no skip features.
-        num_upsample: number of x2 upsampling stages when ``fpn_channels`` is empty
-            (ignored otherwise; one stage per FPN feature).
-        conv_dims: channel widths of the decoder, length ``2 + num_stages``; None halves D per
-            stage (at least 8 channels).
+        fpn_channels: channels of the backbone features fed at each upsampling stage, coarsest first (empty: none).
+        num_upsample: x2 upsampling stages without ``fpn_channels`` (with them: one stage per feature).
+        conv_dims: the decoder's widths, ``2 + stages`` of them; None halves D per stage (at least 8 channels).
     """
 
     def __init__(
@@ -131,8 +122,7 @@ class MaskHead(nn.Module):
             features: [B, D, H, W] projected backbone features (transformer input).
             fpn_features: one [B, C_i, H_i, W_i] map per entry of ``fpn_channels``.
         Returns:
-            [N, H_out, W_out] mask logits; H_out = H * 2**num_stages without FPN features, else the
-            size of the last FPN feature.
+            [N, H_out, W_out] mask logits at the last FPN feature's size, else H * 2**stages.
         """
         attn = self.attention(queries, batch_idx, memory, mask)
         x = self.stem(torch.cat([features[batch_idx], attn], dim=1))

@@ -61,10 +61,9 @@ class TransformerLayer(nn.Module):
         """
         Args:
             x, pos: [B, L, D] tokens and their positional encoding.
-            key_padding_mask: bool [B, L], True on padding. attn_mask: bool [L, L], True where token i may not
-                attend to token j.
-            memory, memory_pos: [B, HW, D] encoder output and its positional encoding, for the cross-attention;
-                memory_key_padding_mask: bool [B, HW], True on padding.
+            key_padding_mask: bool [B, L], True on padding. attn_mask: bool [L, L], True where i may not attend to j.
+            memory, memory_pos, memory_key_padding_mask: [B, HW, D] encoder output, its positional encoding and
+                bool [B, HW] padding, for the cross-attention.
         """
 
         def self_attention(y):
@@ -98,17 +97,8 @@ class _Stack(nn.Module):
 
 
 class Transformer(nn.Module):
-    """DETR encoder-decoder.
-
-    Args:
-        d_model: hidden width D.
-        nhead: attention heads (D must be divisible by it).
-        num_encoder_layers, num_decoder_layers: depths (the encoder may have 0 layers).
-        dim_feedforward: FFN hidden width.
-        dropout: dropout inside attention and FFN.
-        activation: "relu" or "gelu".
-        normalize_before: pre-norm layers (DETR's default is post-norm).
-    """
+    """DETR encoder-decoder: width ``d_model``, ``nhead`` heads, FFN width ``dim_feedforward``, ``activation`` "relu"
+    or "gelu", pre-norm layers with ``normalize_before`` (DETR's are post-norm); the encoder may have 0 layers."""
 
     def __init__(
         self,
@@ -155,13 +145,11 @@ class Transformer(nn.Module):
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """
         Args:
-            src: [B, D, H, W] projected features; mask: bool [B, H, W], True on padding;
-            query_embed: [Q, D] learned object queries; pos: [B, D, H, W] positional encoding;
-            query_attn_mask: optional bool [Q, Q] for the decoder self-attention, True where
-                query i may not attend to query j.
+            src, pos: [B, D, H, W] projected features and their positional encoding; mask: bool [B, H, W], True on
+                padding; query_embed: [Q, D] object queries; query_attn_mask: bool [Q, Q] or None, True where query i
+                may not attend to query j.
         Returns:
-            hs: [num_decoder_layers, B, Q, D] decoder outputs;
-            memory: [B, D, H, W] encoder output.
+            hs [num_decoder_layers, B, Q, D] decoder outputs and memory [B, D, H, W] encoder output.
         """
         b, d, h, w = src.shape
         memory = src.flatten(2).transpose(1, 2)
