@@ -54,11 +54,9 @@ def _secular_root(d: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, iters: in
 
 
 def lambda_softmax_condition(attn: torch.Tensor) -> float:
-    """kappa of the row-softmax Jacobian diag_i(Lambda(a_i)) of ``attn [N, N]`` on the complement of the ones.
-
-    The eigenvalues of Lambda(a) = Diag(a) - a a^T interlace the sorted a; the extreme nonzero ones are roots of
-    the secular equation 1 = sum_j a_j^2 / (a_j - lam) inside [a_2, a_1] and [a_N, a_{N-1}].
-    """
+    """kappa of the row-softmax Jacobian diag_i(Lambda(a_i)) of ``attn [N, N]`` on the complement of the ones: the
+    extreme nonzero eigenvalues of Lambda(a) = Diag(a) - a a^T are roots of the secular equation
+    1 = sum_j a_j^2 / (a_j - lam) inside [a_2, a_1] and [a_N, a_{N-1}] (they interlace the sorted a)."""
     a = attn.to(torch.float64)
     n = a.shape[-1]
     if bool((a <= 0).any()):

@@ -56,9 +56,8 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
 
 class AttentionFunction:
     """``f(W_Q, W_K, W_V) -> vec(output)`` of an ``AttentionSite`` at fixed ``inputs`` (the forward's arguments by
-    name), in ``dtype``; a tuple output's first element is f. Attributes: ``weights`` (W_Q [D, D_in], W_K [D, D_k_in],
-    W_V [D_v, D_v_in]), ``rows`` (output size), ``cols`` (weight count), ``output_shape``, ``output_proj``
-    ("identity", "kept" or "absent")."""
+    name), in float64; a tuple output's first element is f. ``weights``: W_Q [D, D_in], W_K [D, D_k_in], W_V [D_v,
+    D_v_in]; ``rows``: output size; ``cols``: weight count; ``output_proj``: "identity", "kept" or "absent"."""
 
     def __init__(self, site, inputs: Dict[str, object], *, include_output_proj: bool = False):
         self.site = site
@@ -122,8 +121,8 @@ class AttentionFunction:
         return torch.cat([w.reshape(-1) for w in self.weights])
 
     def projection_inputs(self) -> Optional[Dict[str, torch.Tensor]]:
-        """Tokens entering each of the q/k/v projections, ``{role: [M, D_in]}`` (every call stacked), or None when
-        a projection weight is not owned by an ``nn.Linear``."""
+        """``{role: [M, D_in]}`` tokens entering each q/k/v projection (every call stacked), or None when a projection
+        weight is not owned by an ``nn.Linear``."""
         if isinstance(self.module, nn.MultiheadAttention):
             return {
                 r: self.inputs[name].reshape(-1, self.inputs[name].shape[-1])

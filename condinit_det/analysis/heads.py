@@ -242,9 +242,9 @@ def _check(fn: AttentionFunction, factors, bases, token_index, w_out) -> float:
 def head_factors(
     fn: AttentionFunction, *, max_entries: Optional[int] = None
 ) -> Tuple[List[torch.Tensor], str, Optional[torch.Tensor]]:
-    """(factors, structure, W_O): the per-head factors ``F_h [tokens * dh_v, cols_h]`` with ``F_h F_h^T = J_h J_h^T``
-    (rows ordered token, channel), "closed_form" or "autodiff", and W_O (None unless the output projection is kept).
-    Raises ValueError when the largest matrix formed would exceed ``max_entries``."""
+    """(factors, structure, W_O): per head ``F_h [tokens * dh_v, cols_h]`` with ``F_h F_h^T = J_h J_h^T`` (rows ordered
+    token, channel), "closed_form" or "autodiff", and W_O (None unless kept). Raises ValueError when the largest
+    matrix formed would exceed ``max_entries``."""
     name = fn.site.name
     heads = fn.site.num_heads
     pre = fn
@@ -298,10 +298,9 @@ def exact_conditioning(
     include_output_proj: bool = False,
     max_entries: Optional[int] = DEFAULT_MAX_ENTRIES,
 ) -> SpectrumResult:
-    """Exact kappa(J) of an ``AttentionSite`` at ``inputs`` (or of an ``AttentionFunction``) from its per-head
-    factors: rank deficient when fewer than min(rows, cols) singular values exceed ``max(rows, cols) * eps *
-    sigma_max``; each head's values too without W_O. ``max_entries``: see :func:`head_factors` (None: no limit).
-    """
+    """Exact kappa(J) of an ``AttentionSite`` at ``inputs`` (or of an ``AttentionFunction``) from its per-head factors
+    (:func:`head_factors`; ``max_entries`` None: no limit), with each head's values without W_O; rank deficient when
+    fewer than min(rows, cols) singular values exceed ``max(rows, cols) * eps * sigma_max``."""
     fn = as_function(site, inputs, include_output_proj=include_output_proj)
     factors, structure, w_out = head_factors(fn, max_entries=max_entries)
     heads = len(factors)

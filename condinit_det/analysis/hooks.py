@@ -21,21 +21,16 @@ _logger = logging.getLogger(__name__)
 
 
 class ConditioningHook(HookBase):
-    """Measure kappa(J) of attention sites on a fixed batch during detectron2 training: at the start (the
-    initialization, or the resumed iteration), every ``period`` iterations and after the last one; main process only.
-
-    Each measurement writes the event storage scalars ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}`` and
-    one ``"conditioning"`` record per site (:func:`.training.conditioning_records`).
+    """Measure kappa(J) of attention sites on a fixed batch at the start (the initialization, or the resumed
+    iteration), every ``period`` iterations and after the last one, into the event storage and ``"conditioning"``
+    records (:func:`.training.measure_conditioning`); main process only.
 
     Args:
         batch: detectron2 input dicts (what the model's forward takes), kept fixed.
-        period: measure every ``period`` iterations (and at the start and end); must be positive.
-        output_dir: where ``results.json`` lives (None: storage only).
-        results: an object with ``add(record)`` replacing the default ``ResultsFile(output_dir)``.
+        output_dir: where ``results.json`` lives (None: storage only); ``results``: an object with ``add(record)``
+            in place of ``ResultsFile(output_dir)``.
         arm, seed, config: copied into every record.
-        options: the measurement keys of ``ANALYSIS_DEFAULTS`` (``sites``: fnmatch patterns on site names, None for
-            the first, middle and last site; ``method``, ``max_batch``, ``max_tokens``, ...); an unknown key raises
-            a ValueError.
+        options: the measurement keys of ``ANALYSIS_DEFAULTS``; an unknown key raises a ValueError.
     """
 
     def __init__(
@@ -83,8 +78,8 @@ class ConditioningHook(HookBase):
 
 
 def fixed_batch(cfg, num_images: int, *, split: str = "test") -> list:
-    """The first ``num_images`` inputs of ``cfg.dataloader[split]``: read by index from its dataset where it has
-    one (no sampler, no RNG), else from its first batches. Raises KeyError without that loader."""
+    """The first ``num_images`` inputs of ``cfg.dataloader[split]``, by index from its dataset where it has one (no
+    sampler, no RNG), else from its first batches."""
     from detectron2.config import instantiate
 
     if "dataloader" not in cfg or split not in cfg.dataloader:
@@ -104,17 +99,9 @@ def fixed_batch(cfg, num_images: int, *, split: str = "test") -> list:
 
 
 def build_conditioning_hook(cfg, batch=None, *, config_name: Optional[str] = None) -> Optional[ConditioningHook]:
-    """The hook that ``cfg.condinit_analysis`` describes (keys: ``ANALYSIS_DEFAULTS``), or None when the node is
-    missing or its ``period <= 0``.
-
-    Args:
-        cfg: a LazyConfig; the records carry ``cfg.condinit.arm`` and ``cfg.condinit.seed`` and go to
-            ``cfg.train.output_dir``.
-        batch: the fixed inputs; default: the first ``num_images`` inputs of ``cfg.dataloader.test``
-            (:func:`fixed_batch`: the training loader is not touched, so data order and RNG state are unchanged).
-        config_name: copied into every record as ``config``.
-    Raises ValueError on an unknown key of the node.
-    """
+    """The hook that ``cfg.condinit_analysis`` describes, or None when the node is missing or its ``period <= 0``; its
+    records carry ``cfg.condinit``'s arm and seed and ``config_name``, and go to ``cfg.train.output_dir``. ``batch``
+    defaults to :func:`fixed_batch` of the test loader (the training loader is not touched)."""
     opts = analysis_options(cfg.get("condinit_analysis"))
     if int(opts["period"] or 0) <= 0:
         return None

@@ -52,11 +52,8 @@ class JacobianOperator:
 def estimate_conditioning(
     site, inputs: Optional[Dict[str, object]] = None, *, include_output_proj: bool = False, **options
 ) -> SpectrumResult:
-    """Matrix-free kappa(J) of an ``AttentionSite`` at ``inputs`` (or of an ``AttentionFunction``); ``converged``
-    False means sigma_min is an upper bound and kappa a lower one. ``options``: ``tol``, ``max_iter``,
-    ``block_size``, ``rank_tol`` and ``seed`` of :func:`.spectrum.matrix_free_spectrum` (``max_iter`` steps of
-    ``block_size`` vjp and jvp products each).
-    """
+    """Matrix-free kappa(J) of an ``AttentionSite`` at ``inputs`` (or of an ``AttentionFunction``); ``options``: those
+    of :func:`.spectrum.matrix_free_spectrum`. Unconverged, sigma_min is an upper bound and kappa a lower one."""
     fn = as_function(site, inputs, include_output_proj=include_output_proj)
     op = JacobianOperator(fn)
     return matrix_free_spectrum(op.matvec, op.rmatvec, op.shape, device=fn.theta().device, **options)

@@ -137,16 +137,11 @@ def measure_site(
 
     Args:
         site: an ``AttentionSite``; inputs: its forward's arguments by name (:func:`.capture.capture_site_inputs`).
-        method: "exact" (per-head factors, :mod:`.heads`; refuses when one head's factor exceeds ``max_entries``
-            float64 entries), "matrix_free" (block Lanczos on jvp/vjp products, :mod:`.matrix_free`) or "auto"
-            (the route :func:`choose_method` picks).
-        include_output_proj: keep the output projection W_O (default: the identity in its place, the paper's f).
+        method: "exact" (:mod:`.heads`), "matrix_free" (:mod:`.matrix_free`) or "auto" (:func:`choose_method`).
+        include_output_proj: keep W_O (default: the identity in its place, the paper's f).
         tol, max_iter, block_size: the matrix-free route's, see :func:`.spectrum.matrix_free_spectrum`.
-        bound: also compute the Theorem 3.1 terms (NaN otherwise, for a site whose queries are a single token, and
-            for cross-attention, whose keys are other tokens than its queries: the theorem is about self-attention).
+        bound: also compute the Theorem 3.1 terms (NaN where the theorem does not apply, docs/conditioning.md).
         reduction: how ``inputs`` were reduced, recorded as given.
-    Returns:
-        The :class:`SiteMeasurement` of the site.
     """
     fn = AttentionFunction(site, inputs, include_output_proj=include_output_proj)
     if choose_method(fn, method, max_entries=max_entries) == "exact":
@@ -175,9 +170,8 @@ def _measured(result) -> dict:
 
 
 def _theorem_terms(fn: AttentionFunction):
-    """Theorem 3.1 terms on the tokens entering the q projection; None for a single query token (class attention's
-    class token), which has no softmax Jacobian to bound, and for cross-attention (keys from other tokens), which the
-    theorem does not cover."""
+    """Theorem 3.1 terms on the tokens entering the q projection; None for a single query token or cross-attention,
+    which the theorem does not cover."""
     tokens = fn.projection_inputs()
     if tokens is None:
         raise RuntimeError(f"site {fn.site.name!r}: cannot find the tokens entering the query projection")

@@ -19,22 +19,14 @@ MatVec = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(kw_only=True)
 class SpectrumResult:
-    """Extreme singular values of a linear map and how they were obtained.
+    """Extreme singular values of a linear map (over its min(rows, cols) singular values) and how they were obtained.
 
-    kappa: sigma_max / sigma_min, ``inf`` when ``rank_deficient``.
-    sigma_min: the smallest of the min(rows, cols) singular values (reported even when ~0).
-    rank_deficient: fewer than min(rows, cols) singular values above the tolerance (exact method), or
-        ``sigma_min <= rank_tol * sigma_max`` (matrix-free).
-    numerical_rank: the number of singular values above the tolerance (exact method only, else None).
-    converged / iterations / products / residual_max / residual_min: matrix-free convergence (iterations: block
-        steps; products: Gram-operator applications, i.e. pairs of J and J^T products; residuals: the Ritz
-        residual norms of the extreme Gram eigenpairs relative to the largest Gram eigenvalue); the exact method
-        reports converged, 0 iterations and 0 residuals.
-    method: "exact" or "lanczos". shape: (rows, cols) of the map.
-    structure: how an exact result's per-head factors were formed, "closed_form" or "autodiff"
-        (:mod:`.heads`); "" for matrix-free.
-    sigma_max_heads / sigma_min_heads / kappa_heads: per attention head, when J is block diagonal by heads (exact
-        method without W_O; the map's sigma_max / sigma_min are their max / min); empty otherwise.
+    kappa: sigma_max / sigma_min, ``inf`` when ``rank_deficient`` (exact: fewer singular values than min(rows, cols)
+        above the tolerance, counted in ``numerical_rank``; matrix-free: ``sigma_min <= rank_tol * sigma_max``).
+    converged / iterations / products / residual_max / residual_min: matrix-free convergence (block steps, Gram
+        operator applications, Ritz residuals relative to the largest Gram eigenvalue).
+    method: "exact" or "lanczos"; structure: "closed_form" or "autodiff" for exact results (:mod:`.heads`).
+    sigma_max_heads / sigma_min_heads / kappa_heads: per head, when J is block diagonal by heads (exact, no W_O).
     """
 
     kappa: float
@@ -76,18 +68,9 @@ _FULL_SVD_SIZE = 256
 
 
 def extreme_singular_values(matrix: torch.Tensor) -> Tuple[float, float]:
-    """sigma_max and sigma_min of a 2-D matrix over its min(rows, cols) singular values (float64).
-
-    R from the QR of the tall orientation has the matrix's singular values. Above ``_FULL_SVD_SIZE`` of them, the
-    extreme eigenvalues of ``R^T R`` come from ARPACK (Lanczos, relative accuracy 1e-12): the largest from products
-    with R, the smallest as the largest of ``(R^T R)^{-1}`` through triangular solves with R (nothing squared
-    beyond what an SVD of R sees: sigma_min accurate to about ``eps * sigma_max``). That skips the SVD's
-    bidiagonalization, most of its cost (BENCHMARKS.md §5). A singular R, or one ARPACK does not settle, gets the
-    full SVD, as does a matrix with fewer singular values. The global RNG is not advanced.
-
-    Returns:
-        (sigma_max, sigma_min) as floats.
-    """
+    """(sigma_max, sigma_min) of a 2-D matrix over its min(rows, cols) singular values (float64): above
+    ``_FULL_SVD_SIZE`` of them, ARPACK's extreme eigenvalues of ``R^T R`` and of its inverse (triangular solves, nothing
+    squared) for R of the tall orientation's QR, else (or where ARPACK fails) the full SVD."""
     m = matrix.detach().to(torch.float64)
     m = m.T if m.shape[0] < m.shape[1] else m
     if m.shape[1] > _FULL_SVD_SIZE:
@@ -170,9 +153,9 @@ def matrix_free_spectrum(
     device=None,
 ) -> SpectrumResult:
     """sigma_max, sigma_min and kappa of ``J`` from ``matvec: V [b, cols] -> [b, rows]`` and ``rmatvec: U [b, rows]
-    -> [b, cols]`` only: block Lanczos on the smaller Gram operator from a private random start. tol: relative
-    accuracy asked of the extreme sigma^2 (an unconverged run over-estimates sigma_min); at most ``max_iter`` steps of
-    ``block_size`` products; rank_tol: sigma_min <= rank_tol * sigma_max is rank deficient (float64 resolves ~1e-7).
+    -> [b, cols]`` only: block Lanczos on the smaller Gram operator from a private random start, at most ``max_iter``
+    steps of ``block_size`` products until the extreme sigma^2 are within ``tol`` (else sigma_min is over-estimated);
+    rank deficient when sigma_min <= rank_tol * sigma_max.
     """
     rows, cols = int(shape[0]), int(shape[1])
     if max_iter <= 0 or block_size <= 0:

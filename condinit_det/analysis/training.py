@@ -54,9 +54,8 @@ def measurement_options(opts: Mapping[str, Any]) -> Dict[str, Any]:
 def conditioning_records(
     measurements: Sequence[SiteMeasurement], *, iteration: int, arm=None, seed=None, config=None, **fields
 ) -> List[dict]:
-    """One results record per measurement: ``{"kind": "conditioning", "iteration": <completed optimizer steps>,
-    "site", "kappa", "sigma_max", "sigma_min", "bound", ..., "kappa_heads", "site_kind", "iterations_lanczos",
-    "arm", "seed", "config"}`` and ``fields`` (e.g. ``epoch=3, stage="pretrain"``)."""
+    """One ``"conditioning"`` results record per measurement at ``iteration`` (completed optimizer steps), with
+    ``arm``, ``seed``, ``config`` and ``fields`` (e.g. ``epoch=3, stage="pretrain"``)."""
     return [
         {
             "kind": "conditioning",
@@ -86,19 +85,17 @@ def measure_conditioning(
     max_tokens: Optional[int] = 16,
     **kwargs,
 ) -> List[SiteMeasurement]:
-    """Measure kappa(J) of ``model``'s sites on ``batch`` (what ``model``'s forward takes) with its current weights.
+    """Measure kappa(J) of ``model``'s sites on ``batch`` (what its forward takes) with its current weights, which are
+    only read (no global RNG advances); one :class:`.measure.SiteMeasurement` per site, in model order.
 
     Args:
-        sites: fnmatch patterns on site names (one or several), or None for the first, middle and last site.
-        storage: an event storage (``put_scalar``) receiving ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}``
-            at its current iteration (non-finite values are left out), or None.
-        at, logger: where in training (e.g. ``"iteration 500"``) and the logger (default: this module's), for the
-            warning about an unconverged estimate.
+        sites: fnmatch patterns on site names, or None for the first, middle and last site.
+        storage: an event storage receiving ``conditioning/<site>/{kappa,sigma_max,sigma_min,bound}`` (the finite
+            ones), or None.
+        at, logger: where in training (e.g. ``"iteration 500"``) and the logger, for the warning about an
+            unconverged estimate.
         max_batch, max_tokens: how the captured inputs are reduced (:func:`.capture.capture_site_inputs`).
         kwargs: the other keywords of :func:`.measure.measure_site`.
-    Returns:
-        One :class:`.measure.SiteMeasurement` per site, in model order. No global RNG is advanced and parameters
-        and their gradients are only read.
     """
     chosen = resolve_sites(model, sites, default="ends")
     rows = measure_sites(model, batch, chosen, max_batch=max_batch, max_tokens=max_tokens, **kwargs)
