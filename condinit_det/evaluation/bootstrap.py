@@ -1,14 +1,8 @@
-"""Paired bootstrap over evaluation images, without detectron2.
-
-Two models evaluated on the same images are compared on resamples of those images, both scored on the *same*
-resample (an image drawn k times counts k times). Classification resamples the per-image correctness. For COCO, a
-resample is scored as if it were a new COCO dataset whose j-th image is the j-th draw: COCO's per-image matching does
-not depend on the resample, only its accumulation does, so each model and task is matched once (faster-coco-eval's
-per-image results, in the versions ``setup.py`` declares) and every resample's AP, AP50 and AP75 is COCO's
-accumulation with per-image multiplicities (101-point interpolated precision, -1 for a category without ground truth
-in the resample; equal scores keep COCO's order, so it equals re-evaluating the resample to ~1e-15). Area "all",
-100 detections per image. A run saves the matches of every evaluation (:func:`save_matches`, named by
-:mod:`condinit_det.records.per_image`), so the report resamples any evaluation without the predictions.
+"""The image bootstrap without detectron2: two models scored on the same resamples of their evaluation images (an
+image drawn k times counts k times). COCO's per-image matching does not depend on the resample, so each model and task
+is matched once (:func:`match_images`, saved by :func:`save_matches`) and each resample's AP, AP50 and AP75 is COCO's
+accumulation with per-image multiplicities (area "all", 100 detections; equal to re-evaluating the resample to
+~1e-15). docs/statistics.md#per-image-data-of-every-evaluation.
 """
 
 from __future__ import annotations
@@ -60,8 +54,7 @@ def coco_ground_truth(dataset: dict):
 
 
 def coco_evaluator(coco_gt, predictions: Sequence[dict], iou_type: str):
-    """faster-coco-eval's COCOeval of ``predictions`` (COCO result dicts, copied: loadRes sets "id" and "area") on
-    ``coco_gt``, keeping the per-image results (``separate_eval``) that the matching reads."""
+    """faster-coco-eval's COCOeval of (copies of) ``predictions`` on ``coco_gt``, keeping the per-image results."""
     from faster_coco_eval import COCOeval_faster
 
     # For masks drop "bbox" so the instance area is the mask area, as detectron2's evaluator does.
@@ -72,14 +65,9 @@ def coco_evaluator(coco_gt, predictions: Sequence[dict], iou_type: str):
 
 @dataclass
 class CocoMatches:
-    """
-    One model's COCO matching on one evaluation set for one iou type (area range "all", the 100
-    highest-scoring detections per image and category), in the layout the accumulation needs.
-
-    Detections (D of them) are ordered by category, then descending score, then image, then rank
-    in the image (COCO's stable per-image order). Images are positions in ``dataset["images"]``;
-    categories are positions in the sorted category ids.
-    """
+    """One model's COCO matching on one evaluation set for one iou type. Detections (D) are ordered by category, then
+    descending score, then image, then rank in the image (COCO's order); images are positions in
+    ``dataset["images"]``, categories positions in the sorted category ids."""
 
     iou_type: str
     iou_thresholds: np.ndarray  # [T]
@@ -105,12 +93,8 @@ def image_ids_digest(dataset: Mapping) -> str:
 
 
 def _per_image(ev, num_t: int):
-    """(n, scores, matched [T, D], dt_ignore [T, D], gt_ignore) per non-empty evaluation, n in [K, A=1, I] order.
-
-    faster-coco-eval has no public per-image results: they are ``_evalImgs_cpp``, whose elements'
-    pickled state is (dt matches [T*D], gt matches [T*G], dt scores [D], gt ignore [G], dt ignore
-    [T*D], matched pairs), as its own distributed merge uses them (versions 1.6.5 to 1.8).
-    """
+    """(n, scores, matched [T, D], dt_ignore [T, D], gt_ignore) per non-empty evaluation, n in [K, A=1, I] order,
+    from the pickled state of faster-coco-eval's private ``_evalImgs_cpp`` (as its own distributed merge reads it)."""
     from faster_coco_eval import __version__
 
     for n, e in enumerate(ev._evalImgs_cpp):
@@ -210,13 +194,8 @@ def _smallest_uint(a: np.ndarray) -> np.ndarray:
 
 
 def save_matches(path: str, matches: Mapping[str, CocoMatches]) -> int:
-    """
-    Save the matches of one evaluation (iou type -> :class:`CocoMatches`) compactly into one ``.npz``,
-    written atomically. Per iou type: true / false positives as bits, categories as counts per category
-    (detections are sorted by category), images and ground-truth counts in the smallest unsigned type,
-    scores as float32 (they only order the detections, which the stored order and ``group`` already
-    record). Returns the bytes written.
-    """
+    """Save the matches of one evaluation (iou type -> :class:`CocoMatches`) compactly into one ``.npz``, atomically
+    (float32 scores suffice: the stored order and ``group`` already record the order); returns the bytes written."""
     arrays = {"format": np.int64(MATCHES_FORMAT), "iou_types": np.asarray(sorted(matches), dtype=np.str_)}
     for t, m in matches.items():
         num_k = m.gt_count.shape[0]
@@ -294,11 +273,8 @@ class _Ties:
         self.start = np.concatenate([[0], np.cumsum(self.per_image)[:-1]])
 
     def expand(self, m: CocoMatches, draws: np.ndarray):
-        """
-        Every resample's tied detections, one entry per drawn copy, sorted by (group, resample, draw
-        position, rank): COCO's order inside a group. Returns (group, resample, det, position in its
-        (group, resample) run, slots per group = longest run over the resamples).
-        """
+        """Every resample's tied detections, one entry per drawn copy, in COCO's order inside a group: (group,
+        resample, det, position in its (group, resample) run, slots per group = longest run over the resamples)."""
         rc = draws.shape[0]
         per_draw = self.per_image[draws].ravel()
         total = int(per_draw.sum())
@@ -318,12 +294,9 @@ class _Ties:
 
 
 def _interpolated_sum(tps: np.ndarray, fps: np.ndarray, reach: np.ndarray) -> np.ndarray:
-    """
-    [rows] sum over the recall thresholds of COCO's interpolated precision, from cumulative true /
-    false positive counts [rows, P] at the points of a precision-recall curve (in COCO's order; any
-    subset that holds every point where a true positive was added) and ``reach`` [rows, R], the
-    true-positive count each recall threshold needs. A threshold no point reaches adds 0.
-    """
+    """[rows] sum over the recall thresholds of COCO's interpolated precision, from cumulative true / false positive
+    counts [rows, P] at the points of a precision-recall curve (any subset that holds every point where a true positive
+    was added) and ``reach`` [rows, R], the true-positive count each threshold needs (0 where none reaches it)."""
     rows, s = tps.shape
     if s == 0:
         return np.zeros(rows)
@@ -347,17 +320,12 @@ def _cumsum0(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 class _Category:
-    """
-    One category's detections in COCO's order, as points of its precision-recall curve.
+    """One category's detections in COCO's order, as points of its precision-recall curve.
 
-    Detections without an equal score in their category keep one order in every resample, each
-    weighted by its image's multiplicity (an image's copies of such a detection are consecutive).
-    A group of equal scores becomes, per resample, a run of unit slots holding the drawn copies in
-    COCO's order (``_Ties.expand``); slots a resample leaves empty repeat the previous point.
-    Only points where a true positive can be added matter to the interpolated precision (any
-    other point repeats the true-positive count of an earlier one with more false positives): per
-    IoU threshold, the untied true positives and every group slot. At each point the false
-    positives so far are the non-ignored weight so far minus the true positives so far.
+    Untied detections keep one order in every resample, weighted by their image's multiplicity; a group of equal
+    scores becomes, per resample, a run of unit slots holding the drawn copies in COCO's order (empty slots repeat the
+    previous point). Only points where a true positive can be added matter: per IoU threshold, the untied true
+    positives and every group slot; false positives so far = non-ignored weight so far - true positives so far.
     """
 
     def __init__(self, m: CocoMatches, lo: int, hi: int):
@@ -416,11 +384,8 @@ class _Category:
 
 
 def resampled_ap(matches: CocoMatches, draws: np.ndarray) -> Dict[str, np.ndarray]:
-    """
-    COCO AP, AP50 and AP75 (percent) on each resample of the images: ``draws`` [B, n] holds image
-    positions (repeats allowed), row b the images of resample b in draw order. Returns metric ->
-    [B]; NaN for a resample without any non-ignored ground truth.
-    """
+    """COCO AP, AP50 and AP75 (percent, [B] each; NaN without any non-ignored ground truth) on each resample of the
+    images: row b of ``draws`` [B, n] holds the image positions of resample b in draw order."""
     m = matches
     draws = np.asarray(draws, dtype=np.int64)
     counts = image_counts(draws, m.num_images).astype(np.int32)
@@ -473,15 +438,12 @@ def image_counts(draws: np.ndarray, num_images: int) -> np.ndarray:
 
 
 def resampled_mean(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """
-    Mean of per-image values on each resample of the images (an image drawn k times counts k times).
+    """[..., B] mean of per-image values on each resample of the images.
 
     Args:
         values: [..., N] one value per evaluation image (e.g. 100 x top-1 correctness).
-        draws: [..., B, n] image positions in [0, N) per resample; leading dimensions broadcast with
-            those of ``values`` (e.g. values [S, seeds, N] with draws [S, 1, B, n]).
-
-    Returns [..., B].
+        draws: [..., B, n] image positions in [0, N) per resample; leading dimensions broadcast with those of
+            ``values`` (e.g. values [S, seeds, N] with draws [S, 1, B, n]).
     """
     values = np.asarray(values, dtype=np.float64)
     counts = image_counts(draws, values.shape[-1]).astype(np.float64)

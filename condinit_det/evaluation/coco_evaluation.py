@@ -1,11 +1,5 @@
-"""
-COCO evaluation with faster-coco-eval behind detectron2's ``COCOEvaluator`` interface.
-
-``FastCOCOEvaluator`` takes ``COCOEvaluator``'s arguments (less ``use_fast_impl``), gathers to rank 0 the same way
-and returns the same result dict (``{"bbox": {"AP", "AP50", ..., "AP-<class>"}, "segm": {...}}``, percent, NaN
-where COCO reports -1). Only box and mask AP differ in how they are computed: faster-coco-eval's C++
-``COCOeval_faster``, which reproduces pycocotools' numbers. Keypoints and box proposals use detectron2's own paths.
-"""
+"""detectron2's ``COCOEvaluator`` with box and mask AP from faster-coco-eval's ``COCOeval_faster``, which reproduces
+pycocotools' numbers several times faster; keypoints and box proposals take detectron2's own paths."""
 
 from __future__ import annotations
 
@@ -32,8 +26,8 @@ logger = logging.getLogger(__name__)
 
 
 def _evaluate_fast(coco_gt, coco_results, iou_type, *, max_dets_per_image, img_ids=None):
-    """Box or mask COCOeval with faster-coco-eval, as detectron2's ``_evaluate_predictions_on_coco``. (It summarizes
-    AP at ``maxDets[-1]`` for any maxDets, as detectron2's ``COCOevalMaxDets`` does for a custom one.)"""
+    """Box or mask COCOeval with faster-coco-eval, as detectron2's ``_evaluate_predictions_on_coco`` (AP at
+    ``maxDets[-1]`` for any maxDets, as detectron2's ``COCOevalMaxDets``)."""
     if iou_type == "segm":
         # Without "bbox", loadRes takes the mask area as the instance area (small / medium / large as in
         # detectron2). A shallow copy suffices: detectron2's deepcopy of every RLE costs about the evaluation itself.
@@ -49,19 +43,9 @@ def _evaluate_fast(coco_gt, coco_results, iou_type, *, max_dets_per_image, img_i
 
 
 class FastCOCOEvaluator(COCOEvaluator):
-    """
-    detectron2 ``COCOEvaluator`` whose box and mask AP come from faster-coco-eval: identical results to
+    """``COCOEvaluator`` (its arguments less ``use_fast_impl``, its result dict) with the results of
     ``COCOEvaluator(..., use_fast_impl=False)``, several times faster. In a lazy config:
     ``L(FastCOCOEvaluator)(dataset_name="${..test.dataset.names}")``.
-
-    Args:
-        dataset_name (str): a dataset registered in detectron2's DatasetCatalog / MetadataCatalog.
-        tasks (tuple[str] or None): subset of ("bbox", "segm", "keypoints"); None: from the predictions.
-        distributed (bool): gather predictions from all ranks and evaluate on rank 0.
-        output_dir (str or None): where to save ``instances_predictions.pth`` and ``coco_instances_results.json``.
-        max_dets_per_image (int or None): detections per image used for AP (COCO default 100).
-        kpt_oks_sigmas (tuple[float]): keypoint OKS sigmas (keypoints only).
-        allow_cached_coco (bool): reuse a cached COCO-format json of a non-COCO dataset.
     """
 
     def __init__(
@@ -142,11 +126,8 @@ class FastCOCOEvaluator(COCOEvaluator):
 
 
 def to_fast_evaluator(evaluator_cfg):
-    """
-    Turn a lazy ``L(COCOEvaluator)(...)`` config node (e.g. from detectron2's model zoo) into
-    ``L(FastCOCOEvaluator)(...)`` with the same arguments (interpolations kept unresolved; ``use_fast_impl`` dropped):
-    ``cfg.dataloader.evaluator = to_fast_evaluator(cfg.dataloader.evaluator)``.
-    """
+    """A lazy ``L(COCOEvaluator)(...)`` node as ``L(FastCOCOEvaluator)(...)`` with the same arguments (unresolved;
+    ``use_fast_impl`` dropped): ``cfg.dataloader.evaluator = to_fast_evaluator(cfg.dataloader.evaluator)``."""
     target = evaluator_cfg.get("_target_") if isinstance(evaluator_cfg, (dict, DictConfig)) else None
     if isinstance(target, str):
         target = locate(target)
