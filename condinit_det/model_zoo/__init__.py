@@ -58,11 +58,8 @@ def get_config_file(config_path: str) -> str:
 
 
 def get_config(config_path: str):
-    """The model-zoo config named ``config_path`` (its path under ``configs/``, e.g.
-    ``"demo/mask_rcnn_vit_tiny.py"``), loaded without overrides: a lazy ``.py`` config as a ``DictConfig``
-    (``LazyConfig.load``), a yacs ``.yaml`` one as a ``CfgNode`` from ``get_cfg()`` with the project's keys
-    (:func:`condinit_det.modeling.yacs_config.add_condinit_config`). Raises FileNotFoundError naming the closest
-    names for an unknown one."""
+    """The model-zoo config named ``config_path`` (its path under ``configs/``, e.g. ``"demo/mask_rcnn_vit_tiny.py"``),
+    loaded by :func:`load_config` without overrides; FileNotFoundError naming the closest names for an unknown one."""
     return load_config(get_config_file(config_path))
 
 

@@ -1,6 +1,5 @@
-"""The ``trackers`` node of a config, its defaults and the checks made before training: ``train.trackers`` in lazy
-configs of both stages (``configs/common/trackers.py``; a yacs config's ``TRACKERS.WANDB.*`` / ``TRACKERS.MLFLOW.*``
-become it when the config is converted at load); a config without it gets :data:`DEFAULTS` (every tracker off)."""
+"""The ``train.trackers`` node of a config of either stage (``configs/common/trackers.py``; yacs: ``TRACKERS.*``), its
+:data:`DEFAULTS` (every tracker off) and the checks made before training."""
 
 from __future__ import annotations
 
@@ -107,9 +106,8 @@ def check_trackers(settings: Mapping, experiment_dir: str) -> None:
 
 
 def _reach_mlflow(uri: str) -> None:
-    """Ask MLflow's store at ``uri`` for one experiment. A server gets one try of at most 10 s (MLflow's defaults
-    would retry for minutes), unless ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``MLFLOW_HTTP_REQUEST_TIMEOUT`` say
-    otherwise."""
+    """Ask MLflow's store at ``uri`` for one experiment; a server gets one try of at most 10 s (MLflow's defaults
+    would retry for minutes) unless MLflow's environment variables say otherwise."""
     if not uri.startswith(("http://", "https://")):
         from mlflow.tracking import MlflowClient
 

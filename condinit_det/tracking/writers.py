@@ -1,6 +1,5 @@
-"""The trackers (W&B, MLflow) as detectron2 event writers, one tracker run per training run: opened at the first
-thing sent under :func:`tracker_run_id` (so a resumed run continues it), ended when the writer closes. A tracker
-that fails is logged once and dropped, its tracker run ended as failed: tracking never stops a training."""
+"""The trackers (W&B, MLflow) as detectron2 event writers, one tracker run per training run, continued on resume; a
+tracker that fails is logged once and dropped, never stopping a training (docs/training.md: experiment trackers)."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ logger = logging.getLogger("condinit_det.tracking")
 
 
 def tracker_run_id(run_dir: str) -> str:
-    """The id of ``run_dir``'s tracker runs (16 hex digits): a hash of its absolute path (a run directory holds one
-    run: a fresh run never starts over an earlier one's files) and of how many earlier runs ``--retry-failed`` set
-    aside as ``<run_dir>.failed<n>/``. A resumed run or a requeued Slurm element gets the same id."""
+    """The id of ``run_dir``'s tracker runs (16 hex digits) from its absolute path and the number of earlier runs
+    ``--retry-failed`` set aside as ``<run_dir>.failed<n>/``: a resumed run or a requeued Slurm element keeps it."""
     path = os.path.abspath(run_dir)
     retried = len(glob.glob(glob.escape(path) + ".failed*"))
     return hashlib.sha1(f"{path}:{retried}".encode()).hexdigest()[:16]
@@ -56,8 +54,7 @@ class TrackerWriter(EventWriter):
         run_dir, experiment_dir: the run's directory (the id comes from it) and its experiment's (the group).
         name, stage: the tracker run's name (``<arm>/seed<k>[-lr<s>]``, or ``report``) and the stage's name.
         params: the run's parameters (a dict value such as ``identity`` becomes ``identity.<key>`` entries).
-        step_offset, max_step: the step is the storage's iteration + ``step_offset`` (1 for detectron2's trainers,
-            whose storage counts from 0), at most ``max_step``.
+        step_offset, max_step: the step is the storage's iteration + ``step_offset``, at most ``max_step``.
         exclude: prefixes of scalars left out (pretraining's ``eval/``, sent per epoch with :meth:`log`).
     """
 
@@ -95,9 +92,8 @@ class TrackerWriter(EventWriter):
         self.state = "new"  # then "open", and "closed" or "dropped"
 
     def _send(self, what: str, call, *, ending: bool = False) -> None:
-        """Open the tracker run if needed, then ``call()``. A failure drops this tracker for the rest of the run and
-        ends its open tracker run as failed (unless ``call`` was the ending itself), so that it does not stay
-        running in the tracker."""
+        """Open the tracker run if needed, then ``call()``; a failure drops this tracker for the rest of the run and
+        ends its open tracker run as failed, so that it does not stay running in the tracker."""
         if self.state in ("closed", "dropped"):
             return
         try:
@@ -129,8 +125,8 @@ class TrackerWriter(EventWriter):
             self._last = max(by_iteration)
 
     def close(self) -> None:
-        """End the tracker run: failed when the training is raising (detectron2 closes its writers on the way out of
-        an exception too), killed when it stops for a requeue or an interrupt, else finished."""
+        """End the tracker run: failed when the training is raising, killed when it stops for a requeue or an
+        interrupt, else finished."""
         error = sys.exc_info()[1]
         how = "killed" if isinstance(error, (Preempted, KeyboardInterrupt)) else "failed" if error else "finished"
         self._send("ending the tracker run", lambda: self._end(how), ending=True)
@@ -138,9 +134,8 @@ class TrackerWriter(EventWriter):
 
 
 class WandbWriter(TrackerWriter):
-    """A W&B run (settings: ``project``, ``entity``, ``mode``, ``group``). Offline, its files go to
-    ``<run_dir>/wandb/offline-run-<time>-<id>/`` for ``wandb sync``; a resumed run adds one such folder of the same
-    run. Metrics are plotted against their own step, ``iteration`` or ``epoch``."""
+    """A W&B run (settings: ``project``, ``entity``, ``mode``, ``group``), its files in ``<run_dir>/wandb/``; metrics
+    are plotted against their own step, ``iteration`` or ``epoch``."""
 
     tracker = "wandb"
 
@@ -182,9 +177,9 @@ class WandbWriter(TrackerWriter):
 
 
 class MlflowWriter(TrackerWriter):
-    """An MLflow run (settings: ``tracking_uri``, ``experiment``) in the MLflow experiment named after the
-    experiment directory, found again by its tag :data:`MLFLOW_RUN_ID_TAG` (created when there is none). With a
-    SQLite store, the experiment's artifacts go to ``mlartifacts/`` beside the database."""
+    """An MLflow run (settings: ``tracking_uri``, ``experiment``) in the experiment named after the experiment
+    directory, found again by its tag :data:`MLFLOW_RUN_ID_TAG`; a SQLite store keeps artifacts in ``mlartifacts/``
+    beside the database."""
 
     tracker = "mlflow"
 
@@ -243,15 +238,9 @@ _WRITERS = {"wandb": WandbWriter, "mlflow": MlflowWriter}
 
 
 def tracker_writers(cfg, run_dir: str, **options) -> List[TrackerWriter]:
-    """The writers of the trackers ``cfg`` enables for the run in ``run_dir`` (``<experiment>/<arm>/seed<k>...``,
-    which names it), to add to the stage's writers; ``[]`` when none is enabled or this is not the main process.
-
-    Args:
-        cfg: the run's lazy config, whose ``train.trackers`` node is read (:func:`.settings.tracker_settings`).
-        run_dir: the run directory; its experiment is two levels up.
-        options: the other :class:`TrackerWriter` keywords: ``stage`` and ``params`` (the run's arm, seed,
-            lr_scale, config and identity), optionally ``step_offset``, ``max_step`` and ``exclude``.
-    """
+    """The writers of the trackers ``cfg.train.trackers`` enables for the run in ``run_dir``
+    (``<experiment>/<arm>/seed<k>...``, which names it); ``[]`` when none is or this is not the main process.
+    ``options``: the other :class:`TrackerWriter` keywords (``stage``, ``params``, ...)."""
     settings = tracker_settings(cfg)
     if not comm.is_main_process():
         return []
@@ -264,15 +253,9 @@ def tracker_writers(cfg, run_dir: str, **options) -> List[TrackerWriter]:
 
 
 def attach_report(settings: Optional[Mapping], experiment_dir: str, report_dir: str) -> None:
-    """Attach an experiment's report (the files of ``report_dir``: its tables and figures; not W&B's ``wandb/``) to
-    a tracker run of its own, ``report``, in the experiment's group; writing the report again updates the same
-    tracker run. A failure is logged, never raised.
-
-    Args:
-        settings: the ``trackers`` node (:func:`.settings.tracker_settings`); None: no tracker.
-        experiment_dir: the experiment the report compares (its folder's name is the group).
-        report_dir: the report's folder, ``<experiment>/report/``.
-    """
+    """Attach the files of an experiment's ``report_dir`` to a tracker run of its own, ``report``, in the experiment's
+    group (again on each write of the report) for each tracker ``settings`` (None: none) enables; a failure is logged,
+    never raised."""
     files = sorted(f for f in os.listdir(report_dir) if os.path.isfile(f"{report_dir}/{f}") and f[0] != ".")
     for name in enabled_trackers(settings):
         writer = _WRITERS[name](
