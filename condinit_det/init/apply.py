@@ -114,8 +114,7 @@ def apply_init(
 
 @contextlib.contextmanager
 def _one_thread():
-    """torch's intra-op threads and every BLAS library loaded so far on one thread inside the block, restored
-    after."""
+    """torch's intra-op threads and every BLAS library loaded so far on one thread inside the block."""
     torch_before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

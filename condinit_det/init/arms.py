@@ -100,9 +100,9 @@ def haar_semi_orthogonal_batch(
     device: Optional[torch.device] = None,
     dtype: torch.dtype = _F64,
 ) -> torch.Tensor:
-    """``[count, rows, cols]`` independent Haar blocks with orthonormal rows (rows <= cols) or columns: the Q of the
-    reduced QR (diag(R) > 0) of one draw ``[count, min(rows, cols), max(rows, cols)]``, transposed, in ``dtype`` on
-    ``device`` (default: the CPU)."""
+    """``[count, rows, cols]`` independent Haar blocks with orthonormal rows (rows <= cols) or columns: with one draw H
+    ``[count, min(rows, cols), max(rows, cols)]``, the Q of the reduced QR ``H^T = Q R`` (diag(R) > 0), transposed when
+    rows <= cols; in ``dtype`` on ``device`` (default: the CPU)."""
     short, tall = min(rows, cols), max(rows, cols)
     h = standard_normal(count, short, tall, generator=generator).to(device=device, dtype=dtype)
     q_t = _orthonormal_rows(h)

@@ -20,93 +20,90 @@ _OPTION_KEYS = tuple(dict.fromkeys(key.upper() for arm in ARM_OPTIONS.values() f
 
 def add_condinit_config(cfg: CN) -> CN:
     """Add condinit-det's keys to a detectron2 yacs config in place, once (existing values are kept); returns it."""
-    _C = cfg
-    if "CONDINIT" in _C.MODEL:
+    if "CONDINIT" in cfg.MODEL:
         return cfg
 
-    _C.MODEL.CONDINIT = CN()
+    cfg.MODEL.CONDINIT = CN()
     # False: the builders do not call apply_init at all (the stock constructor init).
-    _C.MODEL.CONDINIT.ENABLED = True
+    cfg.MODEL.CONDINIT.ENABLED = True
     # "default" | "mimetic" | "conditioned" | "scale_matched" | "structured" (condinit_det.init.ARMS)
-    _C.MODEL.CONDINIT.ARM = "default"
+    cfg.MODEL.CONDINIT.ARM = "default"
     # Seed of the arm's own generator; the global RNG is never advanced.
-    _C.MODEL.CONDINIT.SEED = 0
+    cfg.MODEL.CONDINIT.SEED = 0
     # fnmatch patterns on site names as they appear in the full model (e.g. "backbone.net.*");
     # empty list: every attention site of the backbone.
-    _C.MODEL.CONDINIT.INCLUDE = []
-    _C.MODEL.CONDINIT.EXCLUDE = []
-    # conditioned: GAIN_QK, GAIN_V (floats), VALUE_MODE ("identity" | "shared_block"),
-    # CONDITION_OUTPUT (bool). mimetic: ALPHA1, BETA1, ALPHA2, BETA2 (floats), NOISE
-    # ("normal" | "uniform"). scale_matched and structured: GAIN_QK, GAIN_V, VALUE_MODE (the
-    # conditioned arm's, which they control for) and NORM ("frobenius" | "spectral"). None: the arm's default.
+    cfg.MODEL.CONDINIT.INCLUDE = []
+    cfg.MODEL.CONDINIT.EXCLUDE = []
+    # The arms' options (docs/arms.md#options; scale_matched and structured take GAIN_QK, GAIN_V and VALUE_MODE
+    # from the conditioned arm, which they control for). None: the arm's default.
     for key in _OPTION_KEYS:
-        setattr(_C.MODEL.CONDINIT, key, None)
+        setattr(cfg.MODEL.CONDINIT, key, None)
 
     # The backbone nodes' keys are their constructors' keyword arguments, in upper case.
     # Plain ViT (detectron2.modeling.ViT) for build_condinit_vit_backbone.
-    _C.MODEL.VIT = CN()
-    _C.MODEL.VIT.IMG_SIZE = 1024  # input size; sizes the relative-position tables of global blocks
-    _C.MODEL.VIT.PRETRAIN_IMG_SIZE = 224  # grid of the absolute position embedding (interpolated)
-    _C.MODEL.VIT.PATCH_SIZE = 16
-    _C.MODEL.VIT.EMBED_DIM = 768
-    _C.MODEL.VIT.DEPTH = 12
-    _C.MODEL.VIT.NUM_HEADS = 12
-    _C.MODEL.VIT.MLP_RATIO = 4.0
-    _C.MODEL.VIT.QKV_BIAS = True
-    _C.MODEL.VIT.DROP_PATH_RATE = 0.1
-    _C.MODEL.VIT.WINDOW_SIZE = 14
-    _C.MODEL.VIT.WINDOW_BLOCK_INDEXES = [0, 1, 3, 4, 6, 7, 9, 10]
-    _C.MODEL.VIT.USE_REL_POS = True
-    _C.MODEL.VIT.USE_ACT_CHECKPOINT = False
+    cfg.MODEL.VIT = CN()
+    cfg.MODEL.VIT.IMG_SIZE = 1024  # input size; sizes the relative-position tables of global blocks
+    cfg.MODEL.VIT.PRETRAIN_IMG_SIZE = 224  # grid of the absolute position embedding (interpolated)
+    cfg.MODEL.VIT.PATCH_SIZE = 16
+    cfg.MODEL.VIT.EMBED_DIM = 768
+    cfg.MODEL.VIT.DEPTH = 12
+    cfg.MODEL.VIT.NUM_HEADS = 12
+    cfg.MODEL.VIT.MLP_RATIO = 4.0
+    cfg.MODEL.VIT.QKV_BIAS = True
+    cfg.MODEL.VIT.DROP_PATH_RATE = 0.1
+    cfg.MODEL.VIT.WINDOW_SIZE = 14
+    cfg.MODEL.VIT.WINDOW_BLOCK_INDEXES = [0, 1, 3, 4, 6, 7, 9, 10]
+    cfg.MODEL.VIT.USE_REL_POS = True
+    cfg.MODEL.VIT.USE_ACT_CHECKPOINT = False
 
     # Swin (detectron2.modeling.SwinTransformer) + FPN for build_condinit_swin_fpn_backbone.
-    _C.MODEL.SWIN = CN()
-    _C.MODEL.SWIN.EMBED_DIM = 96
-    _C.MODEL.SWIN.DEPTHS = [2, 2, 6, 2]
-    _C.MODEL.SWIN.NUM_HEADS = [3, 6, 12, 24]
-    _C.MODEL.SWIN.WINDOW_SIZE = 7
-    _C.MODEL.SWIN.MLP_RATIO = 4.0
-    _C.MODEL.SWIN.QKV_BIAS = True
-    _C.MODEL.SWIN.DROP_PATH_RATE = 0.2
-    _C.MODEL.SWIN.APE = False
-    _C.MODEL.SWIN.PATCH_NORM = True
-    _C.MODEL.SWIN.OUT_FEATURES = ["p0", "p1", "p2", "p3"]  # stages p0..p3 = strides 4..32
-    _C.MODEL.SWIN.USE_CHECKPOINT = False
+    cfg.MODEL.SWIN = CN()
+    cfg.MODEL.SWIN.EMBED_DIM = 96
+    cfg.MODEL.SWIN.DEPTHS = [2, 2, 6, 2]
+    cfg.MODEL.SWIN.NUM_HEADS = [3, 6, 12, 24]
+    cfg.MODEL.SWIN.WINDOW_SIZE = 7
+    cfg.MODEL.SWIN.MLP_RATIO = 4.0
+    cfg.MODEL.SWIN.QKV_BIAS = True
+    cfg.MODEL.SWIN.DROP_PATH_RATE = 0.2
+    cfg.MODEL.SWIN.APE = False
+    cfg.MODEL.SWIN.PATCH_NORM = True
+    cfg.MODEL.SWIN.OUT_FEATURES = ["p0", "p1", "p2", "p3"]  # stages p0..p3 = strides 4..32
+    cfg.MODEL.SWIN.USE_CHECKPOINT = False
 
     # XCiT (condinit_det.modeling.xcit.XCiT) for build_condinit_xcit_backbone; XCiT-S12/16 here.
-    _C.MODEL.XCIT = CN()
-    _C.MODEL.XCIT.PATCH_SIZE = 16
-    _C.MODEL.XCIT.EMBED_DIM = 384
-    _C.MODEL.XCIT.DEPTH = 12
-    _C.MODEL.XCIT.NUM_HEADS = 8
-    _C.MODEL.XCIT.MLP_RATIO = 4.0
-    _C.MODEL.XCIT.QKV_BIAS = True
-    _C.MODEL.XCIT.ETA = 1.0
-    _C.MODEL.XCIT.DROP_PATH_RATE = 0.05
-    _C.MODEL.XCIT.SYNC_BN = False
-    _C.MODEL.XCIT.USE_ACT_CHECKPOINT = False
+    cfg.MODEL.XCIT = CN()
+    cfg.MODEL.XCIT.PATCH_SIZE = 16
+    cfg.MODEL.XCIT.EMBED_DIM = 384
+    cfg.MODEL.XCIT.DEPTH = 12
+    cfg.MODEL.XCIT.NUM_HEADS = 8
+    cfg.MODEL.XCIT.MLP_RATIO = 4.0
+    cfg.MODEL.XCIT.QKV_BIAS = True
+    cfg.MODEL.XCIT.ETA = 1.0
+    cfg.MODEL.XCIT.DROP_PATH_RATE = 0.05
+    cfg.MODEL.XCIT.SYNC_BN = False
+    cfg.MODEL.XCIT.USE_ACT_CHECKPOINT = False
 
     # Simple feature pyramid on single-scale (ViT / XCiT) outputs; channels: MODEL.FPN.OUT_CHANNELS.
-    _C.MODEL.SIMPLE_FPN = CN()
-    _C.MODEL.SIMPLE_FPN.SCALE_FACTORS = [4.0, 2.0, 1.0, 0.5]
-    _C.MODEL.SIMPLE_FPN.NORM = "LN"
-    _C.MODEL.SIMPLE_FPN.SQUARE_PAD = 0  # > 0: pad inputs to this square size (ViTDet LSJ: 1024)
-    _C.MODEL.SIMPLE_FPN.TOP_BLOCK = True  # add a max-pooled level after the coarsest one
+    cfg.MODEL.SIMPLE_FPN = CN()
+    cfg.MODEL.SIMPLE_FPN.SCALE_FACTORS = [4.0, 2.0, 1.0, 0.5]
+    cfg.MODEL.SIMPLE_FPN.NORM = "LN"
+    cfg.MODEL.SIMPLE_FPN.SQUARE_PAD = 0  # > 0: pad inputs to this square size (ViTDet LSJ: 1024)
+    cfg.MODEL.SIMPLE_FPN.TOP_BLOCK = True  # add a max-pooled level after the coarsest one
 
     # Multiplier already applied to BASE_LR by tools/train_net.py --lr-scale (recorded with the results).
-    _C.SOLVER.LR_SCALE = 1.0
-    _C.SOLVER.OPTIMIZER = "SGD"
-    _C.SOLVER.BETAS = (0.9, 0.999)  # ADAMW only
+    cfg.SOLVER.LR_SCALE = 1.0
+    cfg.SOLVER.OPTIMIZER = "SGD"
+    cfg.SOLVER.BETAS = (0.9, 0.999)  # ADAMW only
     # Parameter names (last component, e.g. "relative_position_bias_table") without weight decay.
-    _C.SOLVER.NO_WEIGHT_DECAY_KEYS = []
+    cfg.SOLVER.NO_WEIGHT_DECAY_KEYS = []
 
     # W&B and MLflow (condinit_det.tracking; the lazy configs' train.trackers), off by default.
-    _C.TRACKERS = CN()
+    cfg.TRACKERS = CN()
     for name, defaults in TRACKER_DEFAULTS.items():
         node = CN()
         for key, value in defaults.items():
             setattr(node, key.upper(), value)
-        setattr(_C.TRACKERS, name.upper(), node)
+        setattr(cfg.TRACKERS, name.upper(), node)
     return cfg
 
 
