@@ -17,6 +17,7 @@ import os
 import shlex
 import socket
 import sys
+import threading
 import time
 import weakref
 from typing import Optional, Tuple
@@ -37,6 +38,8 @@ _BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 # Locks held by this process: a forked child closes its inherited descriptors, so it never releases the parent's.
 _HELD: "weakref.WeakSet[RunLock]" = weakref.WeakSet()
+# Held by a fork and by the end of a release: a child sees a lock held, with its descriptor, or released and closed.
+_FORK_GUARD = threading.Lock()
 
 
 class RunInUse(ValueError):
@@ -183,11 +186,14 @@ def describe_owner(record: Optional[dict]) -> str:
 
 
 def _close_inherited_locks() -> None:
+    _FORK_GUARD.release()
     for lock in list(_HELD):
         lock._forget()
 
 
-os.register_at_fork(after_in_child=_close_inherited_locks)
+os.register_at_fork(
+    before=_FORK_GUARD.acquire, after_in_parent=_FORK_GUARD.release, after_in_child=_close_inherited_locks
+)
 
 
 class RunLock:
@@ -297,11 +303,10 @@ class RunLock:
     def release(self) -> None:
         """Give the run up: empty the record (when it is still ours), drop the lock, close the file. Idempotent;
         a no-op in a forked child (which closed its copy of the descriptor at the fork)."""
-        fd, self._fd = self._fd, None
+        fd = self._fd
         if fd is None:
             return
-        _HELD.discard(self)
-        try:
+        try:  # still held: a child forked meanwhile closes its copy of fd
             current = _read_record(fd, wait_s=0.5)
             if current == self._record:
                 os.ftruncate(fd, 0)
@@ -315,7 +320,10 @@ class RunLock:
             with contextlib.suppress(OSError):  # nothing to unlock where the file system refuses flock
                 fcntl.flock(fd, fcntl.LOCK_UN)  # for every copy of the descriptor, closed or not
         finally:
-            os.close(fd)
+            with _FORK_GUARD:
+                self._fd = None
+                _HELD.discard(self)
+                os.close(fd)
 
     def _forget(self) -> None:
         """In a forked child: close the inherited descriptor without unlocking the parent's lock."""
