@@ -25,7 +25,7 @@ from ..records.environment import environment_record
 from ..records.failures import note_failure
 from ..records.identity import write_arm_report
 from ..records.per_image import write_classification_eval
-from ..records.results import METRICS_FILENAME, ResultsFile
+from ..records.results import METRICS_FILENAME, ResultsFile, truncate_metrics
 from ..stage import PRETRAIN
 from ..tracking import tracker_writers
 from ..utils.checkpoint_io import PRETRAIN_FORMAT, load_checkpoint
@@ -80,22 +80,6 @@ def run_finished(run_dir: str, epochs: int) -> bool:
     rf = ResultsFile(run_dir)
     done = rf.exists() and any(r.get("epoch", 0) >= epochs for r in rf.records("cls"))
     return done and os.path.isfile(os.path.join(run_dir, FINAL_FILENAME))
-
-
-def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
-    """Drop ``metrics.json`` lines past ``max_iteration`` (what a killed run wrote after its last checkpoint)."""
-    path = os.path.join(run_dir, METRICS_FILENAME)
-    if not os.path.isfile(path):
-        return
-    kept = []
-    with open(path) as f:
-        for line in f:
-            try:
-                if json.loads(line).get("iteration", 0) <= max_iteration:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill
-    atomic_write(path, "".join(kept))
 
 
 def rng_state() -> Dict[str, torch.Tensor]:

@@ -14,11 +14,32 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from ..utils.fileio import atomic_write, read_json
 
-__all__ = ["FAILED_KIND", "METRICS_FILENAME", "ResultsFile", "RESULTS_FILENAME"]
+__all__ = ["FAILED_KIND", "METRICS_FILENAME", "ResultsFile", "RESULTS_FILENAME", "truncate_metrics"]
 
 RESULTS_FILENAME = "results.json"
 METRICS_FILENAME = "metrics.json"  # detectron2's JSONWriter: both stages' training scalars, one line per write
 FAILED_KIND = "failed"
+
+
+def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
+    """Drop the ``metrics.json`` lines past ``max_iteration``: what a killed run wrote after its last checkpoint.
+
+    Args:
+        run_dir: the run directory; nothing happens without a ``metrics.json``.
+        max_iteration: the last ``"iteration"`` kept; lines torn by a kill go too. The file is replaced atomically.
+    """
+    path = os.path.join(run_dir, METRICS_FILENAME)
+    if not os.path.isfile(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line).get("iteration", 0) <= max_iteration:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill
+    atomic_write(path, "".join(kept))
 
 
 def _is_main_process() -> bool:
