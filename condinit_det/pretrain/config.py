@@ -139,8 +139,7 @@ def _filled(where: str, defaults: Dict[str, Any], given: Dict[str, Any]) -> Dict
 
 
 def resolve_lr(optimizer: Dict[str, Any], batch_size: int, lr_scale: float = 1.0) -> float:
-    """The learning rate: ``optimizer.lr``, or ``lr_base`` scaled from ``lr_base_size`` to ``batch_size``;
-    times ``lr_scale``."""
+    """``optimizer.lr``, or ``lr_base`` scaled from ``lr_base_size`` to ``batch_size``; times ``lr_scale``."""
     if optimizer.get("lr") is not None:
         lr = float(optimizer["lr"])
     else:
@@ -153,8 +152,7 @@ def resolve_lr(optimizer: Dict[str, Any], batch_size: int, lr_scale: float = 1.0
 
 
 def arm_spec(cfg, train_seed: int) -> ArmSpec:
-    """The validated arm node (a ValueError says what is accepted); ``condinit.seed: None`` follows the training
-    seed."""
+    """The validated arm node; ``condinit.seed: None`` follows the training seed."""
     raw = dict(plain(cfg.get("condinit")) or {"arm": "default"})
     if raw.get("seed") is None:
         raw["seed"] = int(train_seed)

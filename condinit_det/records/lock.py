@@ -1,8 +1,6 @@
-"""One owner per run directory: ``flock`` on ``<run>/.owner.lock`` plus the owner's record in it.
-
-A second process gets :class:`RunInUse`. Where ``flock`` cannot decide (per node or a no-op), the record does: a live
-process here or a live foreign Slurm job owns the run; a dead owner or an ended job is taken over with a log line; a
-requeued job takes its own run back. The rules per file system: docs/run_ownership.md.
+"""One owner per run directory: ``flock`` on ``<run>/.owner.lock`` plus the owner's record in it, which decides where
+``flock`` cannot (a live process here or a live Slurm job owns the run; a dead one is taken over; a requeued job takes
+its run back). The rules per file system: docs/run_ownership.md.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ class RunInUse(ValueError):
 
 
 def slurm_job_id() -> Optional[str]:
-    """This process's Slurm job: ``"<array job>_<task>"`` for an array element, else ``SLURM_JOB_ID``; None outside
-    Slurm. A requeued job keeps it."""
+    """This process's Slurm job (``"<array job>_<task>"`` for an array element), kept by a requeue; None outside."""
     array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     if array_job and task:
         return f"{array_job}_{task}"
@@ -197,13 +194,11 @@ os.register_at_fork(
 
 
 class RunLock:
-    """Exclusive ownership of one run directory by this process: ``with RunLock(run_dir, log=logger): ...`` or
-    :meth:`acquire` / :meth:`release`. :meth:`acquire` creates the directory if needed and raises :class:`RunInUse`
-    when another process owns the run; it takes a stale lock over (a dead owner, an ended Slurm job, this Slurm job
-    requeued) with a log line naming the former owner, whose record is kept in :attr:`previous_owner`.
+    """Exclusive ownership of one run directory by this process (``with RunLock(run_dir): ...``): :meth:`acquire`
+    raises :class:`RunInUse` when another process owns the run and takes a stale lock over with a log line naming
+    the former owner (kept in :attr:`previous_owner`).
 
     Args:
-        run_dir: the run directory; the lock file is ``<run_dir>/.owner.lock``.
         log: where take-overs are logged (default: this module's logger).
     """
 
@@ -266,9 +261,8 @@ class RunLock:
             return True
 
     def _judge(self, record: Optional[dict], fd: int, *, lock_free: bool) -> Tuple[Optional[str], Optional[dict]]:
-        """``(why the recorded owner is gone, its record)`` to take over; ``(None, None)`` when nobody owned the
-        run; raises RunInUse otherwise. ``fd``: the lock file; ``lock_free``: whether no other process holds the
-        flock."""
+        """``(why the recorded owner is gone, its record)`` to take over, ``(None, None)`` when nobody owned the run;
+        else raises RunInUse. ``lock_free``: whether no other process holds the flock."""
         if not lock_free and (record is None or (_same_machine(record) and not _process_alive(record))):
             # Another process holds the flock under no record or a dead owner's: it has just taken the lock and
             # writes its record within milliseconds.
@@ -301,8 +295,8 @@ class RunLock:
         return why, record
 
     def release(self) -> None:
-        """Give the run up: empty the record (when it is still ours), drop the lock, close the file. Idempotent;
-        a no-op in a forked child (which closed its copy of the descriptor at the fork)."""
+        """Give the run up: empty the record (when it is still ours), drop the lock, close the file. Idempotent; a
+        no-op in a forked child."""
         fd = self._fd
         if fd is None:
             return
