@@ -53,8 +53,7 @@ class ShapesClsSpec:
     min_visible_fraction: float = 0.8  # of the target, after distractors and blobs
     noise_std: Tuple[float, float] = (2.0, 8.0)
     background_saturation: float = 0.35
-    # With this probability the target takes its class's hue (jittered by hue_jitter degrees), else any
-    # colour: colour is a cue that gets a model off the ground quickly, the outline decides the rest.
+    # The target takes its class's hue this often, else any colour: a cue to start with, the outline decides the rest.
     class_color_prob: float = 0.5
     hue_jitter: float = 12.0
 

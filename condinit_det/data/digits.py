@@ -46,9 +46,8 @@ DET_VERSION = "digits-det-v2"
 CLASSES = tuple(str(d) for d in range(10))
 DEFAULT_VAL_FRACTION = 0.2
 
-# The data the datasets are made from, as load_digits returns it: the sha256 of its pixels (uint8, 1797x8x8)
-# followed by its labels (uint8), and the digits per class. Generation checks the first; the second gives the
-# split sizes a manifest must record without importing scikit-learn.
+# load_digits' data: the sha256 of its pixels then labels (uint8), which generation checks, and the digits per class,
+# which give the split sizes a manifest records without importing scikit-learn.
 _SOURCE_SHA256 = "87ff0c9e40dc7e2c0e34e7257799c2e3f3aec1a016363bb11cad869ec428a826"
 _SOURCE_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
 
@@ -102,9 +101,8 @@ class DigitsDetSpec:
     place_attempts: int = 20
     plain_prob: float = 0.3  # else one of the shapes backgrounds (gradient, blotches, stripes)
     background_saturation: float = 0.35
-    # Light ink on a dark canvas, the polarity of the source digits (and of digits-cls): the canvas is scaled to
-    # this brightness range, the ink drawn in a light colour of this value (HSV) and at most this saturation,
-    # at least min_contrast (L1 over BGR) from the canvas under it.
+    # Light ink on a dark canvas, as in the source digits: the canvas scaled to this brightness, the ink of this HSV
+    # value and at most this saturation, at least min_contrast (L1 over BGR) from the canvas under it.
     canvas_brightness: Tuple[float, float] = (0.1, 0.45)
     ink_value: Tuple[float, float] = (0.75, 1.0)
     ink_saturation: float = 0.7

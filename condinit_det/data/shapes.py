@@ -36,8 +36,7 @@ class ShapesSpec:
     noise_std: Tuple[float, float] = (2.0, 8.0)
     # Backgrounds keep this fraction of their saturation, so objects stand out by colour.
     background_saturation: float = 0.35
-    # Each class has its own hue; an instance's hue is jittered by this std (degrees), and with
-    # probability ``random_color_prob`` it gets an arbitrary colour, so colour is a cue, not the answer.
+    # Each class has its own hue (jitter std in degrees), random_color_prob of the instances any: a cue, not the answer.
     hue_jitter: float = 14.0
     random_color_prob: float = 0.2
 
@@ -79,7 +78,6 @@ def desaturate(img: np.ndarray, keep: float) -> np.ndarray:
 
 
 def polar(t: np.ndarray) -> np.ndarray:
-    """The unit vectors at angles ``t``, ``[len(t), 2]``."""
     return np.stack([np.cos(t), np.sin(t)], 1)
 
 

@@ -55,8 +55,7 @@ class EpochConditioning:
         return epoch != self.last_epoch and (epoch % self.period == 0 or epoch == self.num_epochs)
 
     def start(self, model: nn.Module, *, epoch: int, step: int, storage=None, results=None) -> List[dict]:
-        """The measurement at the start of training (epoch ``epoch``, ``step`` steps done), unless ``results``
-        holds one of that epoch and step already (a resumed run whose predecessor measured it)."""
+        """The first measurement, unless ``results`` holds one of this epoch and step (a resumed run's predecessor)."""
         if results is not None and any(
             r.get("epoch") == epoch and r["iteration"] == step for r in results.records("conditioning")
         ):

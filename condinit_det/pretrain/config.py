@@ -1,7 +1,5 @@
-"""Pretraining configs: lazy ``.py`` files with the nodes ``model`` (``timm.create_model``), ``data``, ``augment``,
-``optimizer``, ``scheduler``, ``train``, ``condinit`` (the arm) and the optional ``condinit_analysis`` (see
-``configs/ImageNet/*.py``). :func:`node` reads a node with :data:`DEFAULTS` filled in and refuses unknown keys, so a
-misspelt override (``augment.mixpu=0``) is an error, not a silent no-op. Detail: docs/pretraining.md.
+"""Pretraining configs: lazy ``.py`` files whose nodes :func:`node` reads with :data:`DEFAULTS` filled in, refusing
+unknown keys (``augment.mixpu=0`` is an error, not a silent no-op). Detail: docs/pretraining.md#a-pretraining-config.
 """
 
 from __future__ import annotations
@@ -96,8 +94,7 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
     },
 }
 _NESTED = {("train", "ema")}
-# Every key the stage reads, whether the config sets it or not, with its default (model.kwargs: timm.create_model's,
-# judged by it).
+# Every key the stage reads, set or not, with its default (model.kwargs: timm.create_model's, judged by it).
 OPTIONAL_KEYS = {
     **{
         f"{name}.{key}": value

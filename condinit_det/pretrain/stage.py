@@ -150,8 +150,7 @@ class PretrainStage(Stage):
             cfg.train.workers = int(workers)
 
     def finished(self, run_dir: str, length: int) -> bool:
-        results = ResultsFile(run_dir)
-        evaluated = results.exists() and any(r.get("epoch", 0) >= length for r in results.records("cls"))
+        evaluated = any(r.get("epoch", 0) >= length for r in ResultsFile(run_dir).records("cls"))
         return evaluated and os.path.isfile(os.path.join(run_dir, FINAL_FILENAME))
 
     def train(self, options: RunOptions, cfg, run_dir: str) -> None:

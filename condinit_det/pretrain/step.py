@@ -1,5 +1,4 @@
-"""One optimizer step of a pretraining recipe with timm's parts (optimizer, scheduler, loss scaling, mixup, loss,
-gradient clipping, EMA): what the run's epoch loop and the step bench (``bench/bench_gpu_step.py``) both execute."""
+"""One optimizer step of a pretraining recipe with timm's parts, as the epoch loop and the step bench run it."""
 
 from __future__ import annotations
 

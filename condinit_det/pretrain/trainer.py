@@ -1,7 +1,6 @@
 """One pretraining run (:class:`PretrainRun`): the armed classifier trained epoch by epoch, evaluated, checkpointed
-(the commit point of an epoch's records) and exported. Every RNG is seeded with the training seed before the model is
-built and re-seeded from (seed, epoch, rank) every epoch, so a run resumed at an epoch boundary continues exactly as
-an uninterrupted one, whatever the arm. Detail: docs/pretraining.md.
+and exported. Every RNG is re-seeded from (seed, epoch, rank) every epoch, so a run resumed at an epoch boundary
+continues exactly as an uninterrupted one. Detail: docs/pretraining.md#a-pretraining-run.
 """
 
 from __future__ import annotations
@@ -355,8 +354,7 @@ class PretrainRun:
         self.eval_seconds.append(time.perf_counter() - started)
 
     def export(self) -> None:
-        """Check the replicas (BatchNorm statistics may differ: rank 0's are saved), then write the final weights (the
-        EMA's when the recipe keeps an EMA)."""
+        """Check the replicas (not their BatchNorm statistics: rank 0's are saved), then write the final weights."""
         check_replicas(self.model, "at the end")
         if self.ema is not None:
             check_replicas(self.ema.module, "at the end (EMA weights)")

@@ -27,8 +27,7 @@ from ..utils.squeue import query_jobs, still_runs
 __all__ = ["LOCK_FILENAME", "RunInUse", "RunLock", "describe_owner", "owner_record", "slurm_job_id"]
 
 LOCK_FILENAME = ".owner.lock"
-# How long a reader waits for a record being written, and a locker for the record of an owner that has just taken
-# the flock (its record follows within milliseconds).
+# How long to wait for a record being written (an owner that has just taken the flock writes it within milliseconds).
 _RECORD_WAIT_S = 2.0
 _MAX_RECORD_BYTES = 1 << 16
 _UNREADABLE = "unreadable"
@@ -156,15 +155,6 @@ def _read_record(fd: int, wait_s: float = _RECORD_WAIT_S) -> Optional[dict]:
         time.sleep(0.05)
 
 
-def _wait_for_new_record(fd: int, old: Optional[dict]) -> Optional[dict]:
-    deadline = time.monotonic() + _RECORD_WAIT_S
-    record = old
-    while record == old and time.monotonic() < deadline:
-        time.sleep(0.05)
-        record = _read_record(fd)
-    return record
-
-
 def describe_owner(record: Optional[dict]) -> str:
     """``"pid 1234 on host h (Slurm job 5_0) since 12:03:04"`` (the date too when not today, in local time)."""
     if not record:
@@ -246,8 +236,7 @@ class RunLock:
         return self
 
     def _try_flock(self, fd: int) -> bool:
-        """Take the flock; returns whether nobody else holds it. Where the file system refuses flock altogether
-        (Lustre's ``noflock``) that is unknown: True, and the record alone decides."""
+        """Take the flock; whether nobody else holds it (True where the file system refuses flock: records decide)."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
@@ -266,7 +255,10 @@ class RunLock:
         if not lock_free and (record is None or (_same_machine(record) and not _process_alive(record))):
             # Another process holds the flock under no record or a dead owner's: it has just taken the lock and
             # writes its record within milliseconds.
-            record = _wait_for_new_record(fd, record)
+            old, deadline = record, time.monotonic() + _RECORD_WAIT_S
+            while record == old and time.monotonic() < deadline:
+                time.sleep(0.05)
+                record = _read_record(fd)
             if record is not None and _same_machine(record) and not _process_alive(record):
                 record = None  # still the dead owner's record: the holder is not the recorded process
         if record is None or _UNREADABLE in record:

@@ -1,7 +1,6 @@
-"""Per-image data of every evaluation of a run, one file each, which the report's bootstrap resamples: a detection
-evaluation's COCO matches (``per_image/ap_iter<7 digits>.npz``) or a classification evaluation's top-1 / top-5
-correctness (``per_image/cls_epoch<4 digits>.npz``), named by the record's ``"per_image"``. Formats:
-docs/statistics.md. No detectron2, timm or torch import.
+"""Per-image data of each evaluation of a run, which the report's bootstrap resamples: COCO matches
+(``per_image/ap_iter<7 digits>.npz``) or top-1 / top-5 correctness (``per_image/cls_epoch<4 digits>.npz``), named by
+the record's ``"per_image"``. Formats: docs/statistics.md. No detectron2, timm or torch import.
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ FAILED_KIND = "failed"
 
 
 def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
-    """Drop the ``metrics.json`` lines past ``max_iteration``: what a killed run wrote after its last checkpoint.
+    """Drop the ``metrics.json`` lines past ``max_iteration`` (what a killed run wrote after its last checkpoint) and
+    those torn by a kill, replacing the file atomically; nothing happens without one.
 
     Args:
-        run_dir: the run directory; nothing happens without a ``metrics.json``.
-        max_iteration: the last ``"iteration"`` kept; lines torn by a kill go too. The file is replaced atomically.
+        max_iteration: the last ``"iteration"`` kept.
     """
     path = os.path.join(run_dir, METRICS_FILENAME)
     if not os.path.isfile(path):

@@ -59,8 +59,7 @@ def _text(value) -> str:
 
 
 def flat_config(cfg, prefix: str = "") -> Dict[str, str]:
-    """Every leaf of a config (an OmegaConf config or nested dicts and lists) as ``{dotted key: value as text}``,
-    interpolations unresolved."""
+    """Every leaf of a config (OmegaConf, or nested dicts and lists) as ``{dotted key: text}``, interpolations kept."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     if isinstance(cfg, (DictConfig, ListConfig)):

@@ -104,8 +104,7 @@ def _decode(text: str) -> Any:
 def save_safetensors(
     tensors: Mapping[str, torch.Tensor], path: str, metadata: Optional[Mapping[str, Any]] = None
 ) -> None:
-    """Write ``tensors`` (a state dict; tensors sharing storage as copies) and ``metadata`` (JSON-able values) as
-    safetensors, atomically."""
+    """Write a state dict (tensors sharing storage as copies) and JSON-able ``metadata`` as safetensors, atomically."""
     import torch
     from safetensors.torch import save
 

@@ -45,10 +45,9 @@ def launch(main_func, num_processes: int, *, device: str, args: tuple = (), **op
 
 
 def _leaving_group(main_func, *args):
-    # A spawned worker can abort while the interpreter tears down ("terminate called without an active
-    # exception" from a C++ thread of the process group), which would turn a finished run into a failed
-    # one. So after a run every worker waits for the others, leaves the group, flushes its logs and exits
-    # at once; a failing worker leaves the group and raises, as spawn expects.
+    # A spawned worker can abort while the interpreter tears down ("terminate called without an active exception"
+    # from a C++ thread of the process group), failing a finished run. So after a run every worker waits for the
+    # others, leaves the group, flushes its logs and exits at once; a failing one leaves the group and raises.
     grouped = dist.is_available() and dist.is_initialized()
     try:
         result = main_func(*args)

@@ -1,7 +1,5 @@
-"""The one check of command-line config overrides both stages make before anything is built
-(:func:`check_override_keys`): ``LazyConfig.apply_overrides`` adds a key the config lacks silently (``train.max_itr=10``
-would train the full schedule) and stores any value (``train.max_iter=abc`` would fail late, without its key), so
-both are refused here in one line that names what was typed.
+"""The one check of command-line config overrides, before anything is built: ``LazyConfig.apply_overrides`` would
+add a misspelt key silently (``train.max_itr=10``) and store a value of any type (``train.max_iter=abc``).
 """
 
 from __future__ import annotations

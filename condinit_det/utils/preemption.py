@@ -29,9 +29,8 @@ def requeue_flag() -> threading.Event:
 
 
 class PreemptionWatch:
-    """In a training process: whether to stop for a requeue, agreed by every process of the run. Active only inside a
-    Slurm element; create it in the main thread. :meth:`requested` is collective: every process calls it at the same
-    step boundary."""
+    """Whether to stop for a requeue, agreed by every process of a run inside a Slurm element; create it in the main
+    thread. :meth:`requested` is collective: every process calls it at the same step boundary."""
 
     def __init__(self):
         self._flag: Optional[threading.Event] = requeue_flag() if os.environ.get(PREEMPTIBLE_ENV) else None

@@ -11,8 +11,7 @@ from typing import Dict, List, Optional, Sequence
 
 __all__ = ["ENDED_STATES", "JobStates", "is_pending", "query_jobs", "squeue_command", "still_runs"]
 
-# squeue's final states: a job in any other state (pending, running, completing, suspended, requeued, held, ...)
-# may still run.
+# squeue's final states; a job in any other state (pending, running, suspended, requeued, held, ...) may still run.
 ENDED_STATES = frozenset(
     {
         "BOOT_FAIL",
