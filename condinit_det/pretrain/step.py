@@ -1,4 +1,4 @@
-"""One optimizer step of a pretraining recipe with timm's parts, as the epoch loop and the step bench run it."""
+"""One optimizer step of a pretraining recipe with timm's parts, as the epoch loop and bench_gpu_step.py run it."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ PREEMPTIBLE_ENV = "CONDINIT_PREEMPTIBLE"
 
 
 class Preempted(Exception):
-    """A run stopped at a step boundary to be requeued; it resumes from its last checkpoint."""
+    """A run stopped at a step boundary to be requeued (its processes leave ``<run_dir>/preempted``); it resumes from
+    its last checkpoint."""
 
 
 def requeue_flag() -> threading.Event:
