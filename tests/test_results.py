@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from condinit_det.records.results import RESULTS_FILENAME, ResultsFile
+from condinit_det.records.results import METRICS_FILENAME, RESULTS_FILENAME, ResultsFile, truncate_metrics
 
 
 def _ap(iteration, ap, kind="ap", **extra):
@@ -115,3 +115,15 @@ def test_corrupt_file_is_not_overwritten(tmp_path):
     (tmp_path / RESULTS_FILENAME).write_text("[]")
     with pytest.raises(ValueError, match="'records' list"):
         rf.records()
+
+
+def test_truncate_metrics_keeps_the_lines_up_to_the_checkpoint(tmp_path):
+    truncate_metrics(str(tmp_path), max_iteration=5)  # no metrics.json: nothing to do
+    assert os.listdir(tmp_path) == []
+    lines = [json.dumps({"iteration": i, "total_loss": 1.0 / (i + 1)}) for i in (0, 4, 5, 6, 9)]
+    (tmp_path / METRICS_FILENAME).write_text("\n".join(lines[:3]) + "\n" + "\n".join(lines[3:]) + '\n{"iteration": 1')
+    truncate_metrics(str(tmp_path), max_iteration=5)
+    assert (tmp_path / METRICS_FILENAME).read_text() == "\n".join(lines[:3]) + "\n"  # the torn last line goes too
+    assert sorted(os.listdir(tmp_path)) == [METRICS_FILENAME]  # replaced through a temporary file, none left
+    truncate_metrics(str(tmp_path), max_iteration=4)
+    assert (tmp_path / METRICS_FILENAME).read_text() == "\n".join(lines[:2]) + "\n"

@@ -12,9 +12,12 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
+import condinit_det.records.lock as run_lock
 from condinit_det.records.lock import (
     LOCK_FILENAME,
     RunInUse,
@@ -331,6 +334,45 @@ def test_children_neither_hold_nor_release_the_lock(helper, tmp_path):
         assert try_acquire(helper, run_dir) == (0, "acquired")
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
+
+
+def test_a_child_forked_while_another_thread_releases_keeps_no_descriptor(tmp_path, monkeypatch):
+    # release() in one thread, os.fork() in another: whenever the fork lands, the child holds no copy of the lock
+    # file's descriptor (such a copy would keep the flock after the parent is gone) and its fork hook does not fail.
+    run_dir = tmp_path / "run"
+    lock_file = os.path.realpath(run_dir) + os.sep + LOCK_FILENAME
+    releasing = threading.Event()
+    read_record = run_lock._read_record
+
+    def slow_read_record(fd, *args, **kwargs):  # widens release() so that the fork lands inside it
+        releasing.set()
+        time.sleep(0.01)
+        return read_record(fd, *args, **kwargs)
+
+    for attempt in range(20):
+        lock = RunLock(str(run_dir)).acquire()
+        monkeypatch.setattr(run_lock, "_read_record", slow_read_record)
+        releasing.clear()
+        releaser = threading.Thread(target=lock.release)
+        releaser.start()
+        releasing.wait(10)
+        time.sleep(attempt * 0.001)  # from early in release() to after it
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(read_end)
+            fds = os.listdir("/proc/self/fd")
+            kept = [fd for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}") == lock_file]
+            os.write(write_end, json.dumps(kept).encode())
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end) as f:
+            kept = json.loads(f.read())
+        _, status = os.waitpid(child, 0)
+        releaser.join(10)
+        monkeypatch.setattr(run_lock, "_read_record", read_record)
+        assert kept == [] and status == 0, f"attempt {attempt}: the child kept descriptor(s) {kept} of {lock_file}"
+        assert flock_free(run_dir) and read_owner(str(run_dir)) is None
 
 
 def test_flock_held_with_no_record_yet_is_refused(tmp_path):

@@ -1,7 +1,5 @@
-"""``condinit-pretrain`` (``tools/pretrain_net.py``): classification pretraining of a timm model with an arm.
-
-The same command line as ``condinit-train`` (:mod:`condinit_det.launch.arguments`) with lazy ``.py`` pretraining
-configs; the same exit statuses. The stage lives in :mod:`condinit_det.pretrain`.
+"""``condinit-pretrain`` (``tools/pretrain_net.py``): classification pretraining of a timm model with an arm; the
+command line and exit statuses of ``condinit-train`` (:mod:`condinit_det.launch.arguments`), lazy ``.py`` configs.
 """
 
 import sys

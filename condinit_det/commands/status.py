@@ -1,8 +1,5 @@
-"""``condinit-status`` (``tools/experiment_status.py``): one line per run of an experiment (both stages).
-
-    condinit-status DIR [--json] [--stale-after S]
-
-The states and what is read are described in :mod:`condinit_det.launch.status`.
+"""``condinit-status`` (``tools/experiment_status.py``): one line per run of an experiment (both stages); the states:
+:mod:`condinit_det.launch.status`.
 """
 
 import argparse

@@ -1,8 +1,5 @@
-"""``condinit-train`` (``tools/train_net.py``): train / evaluate a detector with an attention-initialization arm.
-
-Lazy (.py) and yacs (.yaml) configs, as a path or a model-zoo name (``zoo:demo/...``); detectron2's command line plus
-the experiment and Slurm flags (:mod:`condinit_det.launch.arguments`). A bad input ends with one error line and exit
-status 2; a run that fails or diverges is recorded, the others go on, and the exit status is 1.
+"""``condinit-train`` (``tools/train_net.py``): train / evaluate a detector with an attention-initialization arm from
+a lazy or yacs config; the command line: :mod:`condinit_det.launch.arguments`, docs/training.md.
 """
 
 import sys

@@ -1,9 +1,6 @@
-"""The embedded datasets, generated on first use so that demos and tests need no download.
-
-Owns the synthetic ``shapes`` (detection, :mod:`.shapes`) and ``shapes-cls`` (classification,
-:mod:`.classification`), the real handwritten digits that scikit-learn ships as ``digits-det`` and ``digits-cls``
-(:mod:`.digits`), the versioned, atomic cache under ``$CONDINIT_DATA`` they share (:mod:`.cache`), and the one
-registry of them all with detectron2's catalog and ``data.root="embedded:<name>"`` (:mod:`.embedded`).
+"""The embedded datasets, generated on first use so that demos and tests need no download: the synthetic ``shapes``
+and ``shapes-cls``, the real digits ``digits-det`` and ``digits-cls``, their cache (:mod:`.cache`) and their one
+registry (:mod:`.embedded`).
 """
 
 from .digits import CLASSES as DIGIT_CLASSES

@@ -1,10 +1,6 @@
-"""How every embedded dataset is stored: a folder per version, generated atomically, in PNG, ImageFolder and COCO.
-
-A dataset ``<version>`` lives in ``$CONDINIT_DATA/<version>`` (default ``~/.cache/condinit_det/<version>``,
-:func:`cache_root`) unless a root is passed. A root holds the dataset's files and ``manifest.json`` (the
-generator's parameters, written last). It is built in a temporary sibling folder ``.<root name>.tmp-<host>-<pid>-*``
-and renamed into place, so readers never see half a dataset and concurrent first uses are safe; a temporary folder
-whose process is gone is removed by the next generation on that host.
+"""How every embedded dataset is stored: a folder per version (:func:`cache_root`) holding PNG images in the
+ImageFolder or COCO layout and ``manifest.json`` (the generator's parameters), built in a temporary sibling folder and
+renamed into place, so readers never see half a dataset (docs/configs.md#embedded-datasets).
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ __all__ = [
     "read_manifest",
     "write_coco",
     "write_image_folder",
-    "write_png",
 ]
 
 logger = logging.getLogger(__name__)
@@ -66,8 +61,7 @@ def read_manifest(root: Path) -> Optional[dict]:
 
 
 def expected_manifest(version: str, seed: int, num_images: Dict[str, int], spec, classes: Sequence[str]) -> dict:
-    """The generator's entries of a manifest, as the manifest on disk holds them (tuples as lists); ``spec`` is the
-    generator's dataclass of knobs."""
+    """The generator's entries of a manifest (``spec``: its dataclass of knobs) as the file holds them."""
     entries = {
         "version": version,
         "seed": int(seed),
@@ -85,19 +79,15 @@ def check_counts(minimum: int, **counts) -> None:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {n!r}")
 
 
-def generate_atomically(
-    root: Optional[PathLike], expected: dict, write: Callable[[Path], dict], *, replace_stale: Optional[bool] = None
-) -> Path:
+def generate_atomically(root: Optional[PathLike], expected: dict, write: Callable[[Path], dict]) -> Path:
     """Make sure ``root`` holds the dataset that ``expected`` (:func:`expected_manifest`) describes; return the root.
 
     Args:
-        root: the dataset's folder; None for its cache folder, :func:`cache_root` of ``expected["version"]``.
+        root: the dataset's folder; None for its cache folder, where a dataset made with other parameters (or a folder
+            without a manifest) is replaced; elsewhere such a root raises a ValueError saying what was found.
         write: fills a temporary folder with the dataset and returns the manifest's other entries.
-        replace_stale: replace a dataset made with other parameters, or a folder without a manifest (default: only
-            in the cache folder); otherwise such a root raises a ValueError saying what was found.
     """
-    if replace_stale is None:
-        replace_stale = root is None
+    replace_stale = root is None
     root = cache_root(expected["version"]) if root is None else Path(root).expanduser()
 
     def complete() -> bool:
@@ -161,12 +151,8 @@ class Instance(NamedTuple):
 
 
 def write_image_folder(root: Path, expected: dict, image: Callable[[str, int], Tuple[str, int, np.ndarray]]) -> None:
-    """Write every split of ``expected`` (:func:`expected_manifest`) in the ImageFolder layout,
-    ``<root>/<split>/<class>/<stem>.png``; every class gets its folder, even an empty one.
-
-    image: ``(split, index) -> (file stem, label, image)`` for each index below the split's ``num_images``; the label
-    is an index into ``expected["classes"]``.
-    """
+    """Write every split of ``expected`` (:func:`expected_manifest`) as ``<root>/<split>/<class>/<stem>.png``, a
+    folder for every class; ``image(split, index)`` gives ``(file stem, index into the classes, image)``."""
     classes = expected["classes"]
     for split, num in expected["num_images"].items():
         for name in classes:
@@ -183,13 +169,9 @@ def write_coco(
     *,
     supercategory: str,
 ) -> Dict[str, int]:
-    """Write every split of ``expected`` (:func:`expected_manifest`): its images (``<root>/<split>/000000.png``, ...)
-    and their COCO json (``<root>/annotations/instances_<split>.json``); returns the number of instances per split.
-
-    scene: ``(split, index) -> (HxWx3 image, its instances)`` for each index below the split's ``num_images``. Each
-    instance's box is tight around its mask (``x + w`` one past the last column), its area the mask's pixel count, its
-    segmentation the mask as COCO RLE; category ids are 1-based indices into ``expected["classes"]``.
-    """
+    """Write every split of ``expected`` (:func:`expected_manifest`) as ``<root>/<split>/000000.png``, ... and
+    ``<root>/annotations/instances_<split>.json``; returns the instances per split. ``scene(split, index)`` gives
+    ``(HxWx3 image, its instances)``; a box is tight around its mask, the segmentation the mask as COCO RLE."""
     version = expected["version"]
     categories = [{"id": i + 1, "name": n, "supercategory": supercategory} for i, n in enumerate(expected["classes"])]
     (root / "annotations").mkdir()

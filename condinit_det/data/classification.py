@@ -1,9 +1,6 @@
-"""The embedded classification dataset ``shapes-cls-v1``: one shape per image, in the ImageFolder layout.
-
-``<root>/{train,val}/<class>/<index>.png`` (timm's ``create_dataset`` and torchvision's ``ImageFolder`` read it),
-64x64 BGR, 8 classes. Image ``i`` of a split shows one large shape of class ``CLASSES[i % len(CLASSES)]`` (balanced
-splits) on the detection dataset's cluttered backgrounds (:mod:`.shapes`), with distractors and occluders, drawn
-from its own generator seeded by ``(seed, split, i)``: the same bytes on every machine. Details: docs/pretraining.md.
+"""The embedded classification dataset ``shapes-cls-v1``: ``<root>/{train,val}/<class>/<index>.png``, 64x64, 8
+classes. Image ``i`` shows one large shape of class ``CLASSES[i % len(CLASSES)]`` on the clutter of :mod:`.shapes`,
+drawn from its own generator seeded by ``(seed, split, i)``. Details: docs/pretraining.md.
 """
 
 from __future__ import annotations
@@ -56,8 +53,7 @@ class ShapesClsSpec:
     min_visible_fraction: float = 0.8  # of the target, after distractors and blobs
     noise_std: Tuple[float, float] = (2.0, 8.0)
     background_saturation: float = 0.35
-    # With this probability the target takes its class's hue (jittered by hue_jitter degrees), else any
-    # colour: colour is a cue that gets a model off the ground quickly, the outline decides the rest.
+    # The target takes its class's hue this often, else any colour: a cue to start with, the outline decides the rest.
     class_color_prob: float = 0.5
     hue_jitter: float = 12.0
 
@@ -109,10 +105,9 @@ def generate_classification_dataset(
     num_train: int = 5000,
     num_val: int = 1000,
     spec: ShapesClsSpec = ShapesClsSpec(),
-    replace_stale: Optional[bool] = None,
 ) -> Path:
     """Make sure ``shapes-cls-v1`` made with these parameters (at least one image per class) exists at ``root``
-    (default: its cache folder); return the root. ``replace_stale``: as in :func:`.cache.generate_atomically`."""
+    (None: its cache folder, :func:`.cache.generate_atomically`); return the root."""
     check_counts(len(CLASSES), num_train=num_train, num_val=num_val)
     expected = expected_manifest(DATASET_VERSION, seed, {"train": num_train, "val": num_val}, spec, CLASSES)
 
@@ -124,4 +119,4 @@ def generate_classification_dataset(
         write_image_folder(tmp, expected, image)
         return {"image_size": spec.image_size}
 
-    return generate_atomically(root, expected, write, replace_stale=replace_stale)
+    return generate_atomically(root, expected, write)

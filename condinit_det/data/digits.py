@@ -1,11 +1,7 @@
-"""The embedded datasets of real handwritten digits: ``digits-cls-v1`` (classification) and ``digits-det-v2``.
-
-Source: the 1,797 digits (8x8 counts 0..16) of UCI's "Optical Recognition of Handwritten Digits" (Alpaydin and
-Kaynak, 1998; CC BY 4.0) that scikit-learn ships (imported only to generate; a changed checksum stops generation),
-split once per class into train and val (:func:`split_digits`), as both manifests record. ``digits-cls``: each digit
-as a 64x64 grey image, ImageFolder ``<split>/<digit>/<source index>.png``. ``digits-det``: 128x128 COCO scenes of
-1 to 5 of the split's digits, a mask each (masks never touch), category id = digit + 1, each annotation naming its
-``digit_index``. Details: docs/configs.md.
+"""The embedded datasets of real handwritten digits: ``digits-cls-v1`` (classification, each digit as a 64x64 grey
+image) and ``digits-det-v2`` (128x128 COCO scenes of 1 to 5 digits, a mask each, category id = digit + 1). Source:
+the 1,797 digits of UCI's optdigits that scikit-learn ships, split once per class (:func:`split_digits`); a changed
+checksum stops generation. Details: docs/configs.md#embedded-datasets.
 """
 
 from __future__ import annotations
@@ -37,8 +33,6 @@ __all__ = [
     "DET_VERSION",
     "DigitsClsSpec",
     "DigitsDetSpec",
-    "SOURCE",
-    "digit_ink",
     "generate_digits_cls_dataset",
     "generate_digits_det_dataset",
     "load_source_digits",
@@ -52,9 +46,8 @@ DET_VERSION = "digits-det-v2"
 CLASSES = tuple(str(d) for d in range(10))
 DEFAULT_VAL_FRACTION = 0.2
 
-# The data the datasets are made from, as load_digits returns it: the sha256 of its pixels (uint8, 1797x8x8)
-# followed by its labels (uint8), and the digits per class. Generation checks the first; the second gives the
-# split sizes a manifest must record without importing scikit-learn.
+# load_digits' data: the sha256 of its pixels then labels (uint8), which generation checks, and the digits per class,
+# which give the split sizes a manifest records without importing scikit-learn.
 _SOURCE_SHA256 = "87ff0c9e40dc7e2c0e34e7257799c2e3f3aec1a016363bb11cad869ec428a826"
 _SOURCE_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
 
@@ -108,9 +101,8 @@ class DigitsDetSpec:
     place_attempts: int = 20
     plain_prob: float = 0.3  # else one of the shapes backgrounds (gradient, blotches, stripes)
     background_saturation: float = 0.35
-    # Light ink on a dark canvas, the polarity of the source digits (and of digits-cls): the canvas is scaled to
-    # this brightness range, the ink drawn in a light colour of this value (HSV) and at most this saturation,
-    # at least min_contrast (L1 over BGR) from the canvas under it.
+    # Light ink on a dark canvas, as in the source digits: the canvas scaled to this brightness, the ink of this HSV
+    # value and at most this saturation, at least min_contrast (L1 over BGR) from the canvas under it.
     canvas_brightness: Tuple[float, float] = (0.1, 0.45)
     ink_value: Tuple[float, float] = (0.75, 1.0)
     ink_saturation: float = 0.7
@@ -122,10 +114,8 @@ class DigitsDetSpec:
 
 @functools.lru_cache(maxsize=1)
 def load_source_digits() -> Tuple[np.ndarray, np.ndarray]:
-    """The 1,797 source digits: (pixels uint8 [N, 8, 8] in 0..16, labels int64 [N]), read-only.
-
-    Raises RuntimeError when scikit-learn's copy is not the one the datasets were made from (checksum).
-    """
+    """The 1,797 source digits, read-only: (pixels uint8 [N, 8, 8] in 0..16, labels int64 [N]); RuntimeError when
+    scikit-learn's copy is not the one the datasets were made from."""
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -269,12 +259,9 @@ def generate_digits_cls_dataset(
     *,
     seed: int = DEFAULT_SEED,
     spec: DigitsClsSpec = DigitsClsSpec(),
-    replace_stale: Optional[bool] = None,
 ) -> Path:
-    """Make sure ``digits-cls`` made with ``seed`` (the split's) and ``spec`` exists at ``root`` (default: its cache
-    folder); return the root. The manifest records the source, the split sizes (``num_images``) and the
-    source indices of each split (``split``). ``replace_stale``: as in :func:`.cache.generate_atomically`.
-    """
+    """Make sure ``digits-cls`` made with ``seed`` (the split's) and ``spec`` exists at ``root`` (None: its cache
+    folder); return the root. The manifest records the source and the source indices of each split (``split``)."""
     _check_val_fraction(spec.val_fraction)
     expected = expected_manifest(CLS_VERSION, seed, _split_sizes(spec.val_fraction), spec, CLASSES)
 
@@ -289,7 +276,7 @@ def generate_digits_cls_dataset(
         write_image_folder(tmp, expected, image)
         return {"image_size": spec.image_size, "source": SOURCE, "split": {k: v.tolist() for k, v in split.items()}}
 
-    return generate_atomically(root, expected, write, replace_stale=replace_stale)
+    return generate_atomically(root, expected, write)
 
 
 def generate_digits_det_dataset(
@@ -299,13 +286,9 @@ def generate_digits_det_dataset(
     num_train: int = 512,
     num_val: int = 64,
     spec: DigitsDetSpec = DigitsDetSpec(),
-    replace_stale: Optional[bool] = None,
 ) -> Path:
-    """Make sure ``digits-det`` with these parameters exists at ``root`` (default: its cache folder); return the root.
-
-    ``seed`` draws the scenes; ``spec.split_seed`` and ``spec.val_fraction`` choose the digits each split may use
-    (recorded as ``split`` in the manifest). ``replace_stale``: as in :func:`.cache.generate_atomically`.
-    """
+    """Make sure ``digits-det`` with these parameters exists at ``root`` (None: its cache folder); return the root.
+    ``seed`` draws the scenes; ``spec.split_seed`` and ``spec.val_fraction`` choose the digits each split may use."""
     _check_val_fraction(spec.val_fraction)
     check_counts(1, num_train=num_train, num_val=num_val)
     if not 1 <= spec.min_objects <= spec.max_objects:
@@ -329,4 +312,4 @@ def generate_digits_det_dataset(
             "split": {k: v.tolist() for k, v in split.items()},
         }
 
-    return generate_atomically(root, expected, write, replace_stale=replace_stale)
+    return generate_atomically(root, expected, write)

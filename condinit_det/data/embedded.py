@@ -1,9 +1,6 @@
-"""Every embedded dataset by name, and the two ways in: detectron2's catalog and a pretraining ``data.root``.
-
-:data:`EMBEDDED_DATASETS` is the one registry: ``shapes`` and ``digits-det`` (detection, registered with
-detectron2 under their two names by :func:`register_embedded_datasets`) and ``shapes-cls`` and ``digits-cls``
-(classification, named ``"embedded:<name>"`` as a ``data.root``, :func:`resolve_classification_root`). Each is
-generated on first use into its cache folder (:mod:`.cache`). The datasets: docs/configs.md.
+"""Every embedded dataset by name (:data:`EMBEDDED_DATASETS`), and the two ways in: detectron2's catalog for the
+detection ones (:func:`register_embedded_datasets`) and ``data.root="embedded:<name>"`` for the classification ones
+(:func:`resolve_classification_root`). The datasets: docs/configs.md#embedded-datasets.
 """
 
 import logging
@@ -18,7 +15,6 @@ __all__ = [
     "DATASET_NAMES",
     "DIGITS_DATASET_NAMES",
     "EMBEDDED_DATASETS",
-    "EMBEDDED_PREFIX",
     "EmbeddedDataset",
     "embedded_dataset_info",
     "get_embedded_dataset_dicts",
@@ -30,14 +26,12 @@ logger = logging.getLogger(__name__)
 
 # Embedded datasets are named "embedded:<name>" where a path is expected (e.g. a pretraining data.root).
 EMBEDDED_PREFIX = "embedded:"
-# The detectron2 names (train, val) of the detection datasets.
 DATASET_NAMES = ("condinit_shapes_train", "condinit_shapes_val")
 DIGITS_DATASET_NAMES = ("condinit_digits_train", "condinit_digits_val")
 
 
 class EmbeddedDataset(NamedTuple):
-    """One embedded dataset. ``generate(root)`` makes sure it is at ``root`` (None: its cache folder, regenerated
-    when stale) and returns that root."""
+    """One embedded dataset; ``generate(root)`` makes sure it is at ``root`` (None: its cache folder) and returns it."""
 
     name: str
     version: str  # the name of its cache folder, and its manifest's "version"
@@ -101,10 +95,9 @@ def _existing_or_generated(found: EmbeddedDataset, root: Optional[PathLike]) -> 
 def register_embedded_datasets(root: Optional[PathLike] = None, *, dataset: str = "shapes") -> Tuple[str, str]:
     """Generate (if needed) and register an embedded detection dataset with detectron2; return its (train, val) names.
 
-    dataset: ``"shapes"`` (``condinit_shapes_train`` / ``condinit_shapes_val``) or ``"digits-det"``
-    (``condinit_digits_train`` / ``condinit_digits_val``), with or without the ``embedded:`` prefix.
-    root: default the dataset's cache folder; a folder holding that dataset made with any parameters, or none (the
-    default one is generated there). Idempotent; another root re-points both names at it.
+    Args:
+        root: None for its cache folder, else a folder holding it (any parameters) or nothing (generated there).
+        dataset: ``"shapes"`` or ``"digits-det"``, with or without the ``embedded:`` prefix.
     """
     from detectron2.data import DatasetCatalog, MetadataCatalog
     from detectron2.data.datasets import register_coco_instances
@@ -125,12 +118,8 @@ def register_embedded_datasets(root: Optional[PathLike] = None, *, dataset: str 
 
 
 def get_embedded_dataset_dicts(names, *, filter_empty: bool = True, root: Optional[PathLike] = None):
-    """``detectron2.data.get_detection_dataset_dicts`` that first registers the embedded dataset(s) of ``names``.
-
-    A LazyCall-able dataset builder: a config that references it works even when it was reloaded from YAML and its
-    registration side effect did not run. ``root`` applies to the one embedded dataset the names belong to; names
-    of no embedded dataset are left to detectron2's catalog.
-    """
+    """``detectron2.data.get_detection_dataset_dicts`` that first registers the embedded dataset(s) of ``names`` (so a
+    config reloaded from YAML still finds them); ``root`` applies to the one embedded dataset the names belong to."""
     from detectron2.data import get_detection_dataset_dicts
 
     wanted = {names} if isinstance(names, str) else set(names)
@@ -146,12 +135,9 @@ def get_embedded_dataset_dicts(names, *, filter_empty: bool = True, root: Option
 
 
 def embedded_dataset_info(root: Optional[PathLike] = None, *, dataset: str = "shapes") -> dict:
-    """What an embedded dataset at ``root`` holds (default: its cache folder; generated if missing).
-
-    Returns a dict with keys ``root``, ``version``, ``classes``, ``num_classes``, ``image_size``, ``num_images``
-    (``{"train": int, "val": int}``); for a detection dataset also ``names`` (detectron2's, train and val) and
-    ``num_instances``; for real data ``source`` (its provenance and citation).
-    """
+    """What an embedded dataset at ``root`` (None: its cache folder) holds, generated if missing: ``root``,
+    ``version``, ``classes``, ``num_classes``, ``image_size``, ``num_images`` per split; for detection also ``names``
+    (detectron2's) and ``num_instances``; for real data ``source`` (provenance and citation)."""
     found = _find(dataset, detection=None, argument="dataset")
     root = _existing_or_generated(found, root)
     manifest = read_manifest(root)
@@ -171,8 +157,7 @@ def embedded_dataset_info(root: Optional[PathLike] = None, *, dataset: str = "sh
 
 
 def resolve_classification_root(root: PathLike) -> str:
-    """An ImageFolder path as given (``~`` expanded), or the cache folder of an ``"embedded:<name>"`` classification
-    dataset (generated, or regenerated when stale)."""
+    """An ImageFolder path (``~`` expanded), or the cache folder of an ``"embedded:<name>"`` classification dataset."""
     text = os.fspath(root)
     if not text.startswith(EMBEDDED_PREFIX):
         return os.path.expanduser(text)

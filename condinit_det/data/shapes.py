@@ -1,10 +1,6 @@
-"""The embedded "shapes" instance-segmentation dataset (``shapes-v1``): its renderer and its generator.
-
-Every image is drawn from its own ``numpy.random.Generator`` seeded by ``(seed, split, index)``, so an image does
-not depend on how many were drawn before it and the dataset is the same, byte for byte, everywhere. Images are
-HxWx3 uint8 BGR; an instance's mask is the HxW bool of its *visible* pixels (later objects and clutter are
-subtracted from earlier ones); COCO layout as :func:`.cache.write_coco` writes it. The drawing helpers
-(backgrounds, shapes, colours) are shared by the other embedded datasets. Details: docs/demos.md.
+"""The embedded "shapes" instance-segmentation dataset (``shapes-v1``) and the drawing helpers the other embedded
+datasets share. Image ``i`` of a split is drawn from its own generator seeded by ``(seed, split, i)``: the same bytes
+everywhere. An instance's mask holds its *visible* pixels. Details: docs/demos.md#the-embedded-datasets.
 """
 
 import functools
@@ -40,8 +36,7 @@ class ShapesSpec:
     noise_std: Tuple[float, float] = (2.0, 8.0)
     # Backgrounds keep this fraction of their saturation, so objects stand out by colour.
     background_saturation: float = 0.35
-    # Each class has its own hue; an instance's hue is jittered by this std (degrees), and with
-    # probability ``random_color_prob`` it gets an arbitrary colour, so colour is a cue, not the answer.
+    # Each class has its own hue (jitter std in degrees), random_color_prob of the instances any: a cue, not the answer.
     hue_jitter: float = 14.0
     random_color_prob: float = 0.2
 
@@ -83,7 +78,6 @@ def desaturate(img: np.ndarray, keep: float) -> np.ndarray:
 
 
 def polar(t: np.ndarray) -> np.ndarray:
-    """The unit vectors at angles ``t``, ``[len(t), 2]``."""
     return np.stack([np.cos(t), np.sin(t)], 1)
 
 
@@ -152,8 +146,7 @@ def random_color(rng: np.random.Generator, avoid: np.ndarray) -> np.ndarray:
 
 
 def class_color(rng: np.random.Generator, label: int, num_classes: int, hue_jitter: float) -> np.ndarray:
-    """The colour (BGR, 0..255) of class ``label``: its own hue, evenly spaced around the colour wheel, jittered by
-    ``hue_jitter`` degrees (std), at a random saturation and value."""
+    """Class ``label``'s BGR colour: its own hue jittered by ``hue_jitter`` degrees, at random saturation and value."""
     hue = (label * 360.0 / num_classes + rng.normal(0.0, hue_jitter)) % 360.0
     hsv = np.array([[[hue, rng.uniform(0.55, 1.0), rng.uniform(0.55, 1.0)]]], np.float32)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0] * 255.0
@@ -259,21 +252,13 @@ def generate_shapes_dataset(
     num_train: int = 512,
     num_val: int = 64,
     spec: ShapesSpec = ShapesSpec(),
-    replace_stale: Optional[bool] = None,
 ) -> Path:
     """Make sure ``shapes-v1`` made with these parameters exists at ``root``; return the root.
 
-    Generates it if missing, atomically (:func:`.cache.generate_atomically`); a complete dataset made with the same
-    parameters is reused as is.
-
     Args:
-        root: the dataset's folder; None for its cache folder (``$CONDINIT_DATA/shapes-v1``, :func:`.cache.cache_root`).
-        seed: draws every image (image ``i`` of a split from its own generator seeded by ``(seed, split, i)``).
-        num_train, num_val: images per split, at least 1 each.
-        spec: the generator's knobs (:class:`ShapesSpec`), recorded in the manifest.
-        replace_stale: regenerate in place a dataset made with other parameters (e.g. by an older version of the
-            generator), or a folder without a manifest (default: True for the cache folder, else False); otherwise
-            such a root raises a ValueError.
+        root: the dataset's folder; None for its cache folder (:func:`.cache.generate_atomically`).
+        seed: draws every image; num_train, num_val: images per split, at least 1 each.
+        spec: the generator's knobs, recorded in the manifest.
     """
     check_counts(1, num_train=num_train, num_val=num_val)
     expected = expected_manifest(DATASET_VERSION, seed, {"train": num_train, "val": num_val}, spec, SHAPE_CLASSES)
@@ -282,4 +267,4 @@ def generate_shapes_dataset(
     def write(tmp: Path) -> dict:
         return {"num_instances": write_coco(tmp, expected, scene, supercategory="shape"), "image_size": spec.image_size}
 
-    return generate_atomically(root, expected, write, replace_stale=replace_stale)
+    return generate_atomically(root, expected, write)

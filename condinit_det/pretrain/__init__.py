@@ -1,9 +1,5 @@
-"""The pretraining stage: classification pretraining of timm models with an arm (``condinit-pretrain``).
-
-The arm acts on the randomly initialized classifier before its first step; each arm's ``model_final.safetensors`` is
-the backbone a detector fine-tunes from. :mod:`.stage` (the launcher's :class:`PretrainStage`), :mod:`.config`,
-:mod:`.data`, :mod:`.model`, :mod:`.trainer` (one run), :mod:`.step` (one optimizer step), :mod:`.evaluate`,
-:mod:`.conditioning` (kappa along training), :mod:`.checkpoint`. No import of :mod:`condinit_det.engine`.
+"""The pretraining stage (:class:`PretrainStage`, ``condinit-pretrain``): timm classifiers trained from their arm's
+random init; each arm's final weights are the backbone a detector fine-tunes from (docs/pretraining.md).
 """
 
 from .config import load_config, node, resolve_lr

@@ -1,7 +1,6 @@
 """Checkpoints of a pretraining run, written atomically and loadable weights-only: ``checkpoint_epoch<NNNN>.pth``
-(the training state after NNNN epochs; the newest ``keep`` are kept), and the final weights ``model_final.safetensors``
-(to share; the rest as metadata) and ``model_final.pth`` (format ``PRETRAIN_FORMAT``, what detection fine-tunes
-from)."""
+(the training state after NNNN epochs) and the final weights, ``model_final.safetensors`` (to share) and
+``model_final.pth`` (what detection fine-tunes from). Details: docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -32,10 +31,8 @@ def last_checkpoint(run_dir: str) -> Optional[str]:
 
 
 class EpochCheckpointer(Checkpointer):
-    """fvcore's ``Checkpointer`` for epoch checkpoints: ``save("checkpoint_epoch_<index>")`` (the name fvcore's
-    ``PeriodicCheckpointer`` gives epoch ``index``, 0-based) writes ``checkpoint_epoch<index + 1:04d>.pth``
-    atomically (the main process calls it); the newest such file is the last checkpoint (no tag file); files load
-    weights-only unless ``trust_pickle``."""
+    """fvcore's ``Checkpointer`` for epoch checkpoints: ``save("checkpoint_epoch_<index>")`` (0-based) writes
+    ``checkpoint_epoch<index + 1:04d>.pth`` atomically; the newest is the last; loads are weights-only by default."""
 
     def __init__(
         self, model, run_dir: str, *, trust_pickle: bool = False, save_to_disk: bool = True, **checkpointables
@@ -60,9 +57,7 @@ class EpochCheckpointer(Checkpointer):
 
 
 def periodic_checkpointer(checkpointer: EpochCheckpointer, *, keep: int) -> PeriodicCheckpointer:
-    """fvcore's ``PeriodicCheckpointer`` saving after every epoch (``step(epoch index)``) and keeping the ``keep``
-    newest epoch checkpoints, the ones an earlier (resumed) run left included: a run killed between a save and the
-    deletion it makes left one too many, which goes now (fvcore deletes one file per save)."""
+    """fvcore's ``PeriodicCheckpointer`` saving every epoch and keeping the ``keep`` newest, an earlier run's too."""
     periodic = PeriodicCheckpointer(checkpointer, period=1, max_to_keep=keep, file_prefix="checkpoint_epoch")
     existing = [path for _, path in sorted(find_checkpoints(checkpointer.save_dir).items())]
     if checkpointer.save_to_disk:

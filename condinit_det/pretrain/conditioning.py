@@ -1,8 +1,6 @@
-"""kappa of the attention Jacobian along pretraining: the ``condinit_analysis`` node with its period in epochs.
-
-The main process measures on a fixed batch of evaluation images at the start, after every ``period``-th epoch and
-after the last one (never twice at one epoch), adding ``"conditioning"`` records with ``epoch`` and ``stage`` to
-``results.json``; no RNG advances. See docs/pretraining.md#κ-of-the-attention-jacobian-along-pretraining.
+"""kappa of the attention Jacobian along pretraining (the ``condinit_analysis`` node, its period in epochs): the main
+process measures a fixed batch of evaluation images at the start, after every ``period``-th epoch and after the last,
+into ``"conditioning"`` records; no RNG advances. See docs/pretraining.md#κ-of-the-attention-jacobian-along-pretraining.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ logger = logging.getLogger("condinit_det.pretrain")
 
 
 def conditioning_options(cfg) -> Optional[Dict]:
-    """``cfg.condinit_analysis`` with the defaults filled in, or None when it is absent or ``period <= 0``.
-    Raises ValueError on an unknown key (the message names the accepted ones) or ``num_images < 1``."""
+    """``cfg.condinit_analysis`` with its defaults, or None when absent or ``period <= 0``; bad keys or values raise."""
     opts = analysis_options(plain(cfg.get("condinit_analysis")))
     if int(opts["period"] or 0) <= 0:
         return None
@@ -33,16 +30,16 @@ def conditioning_options(cfg) -> Optional[Dict]:
 
 
 def fixed_batch(dataset, num_images: int) -> torch.Tensor:
-    """The first ``num_images`` images of ``dataset`` (fewer if it is smaller) stacked as ``[N, 3, H, W]``: items
-    read by index through the dataset's own (evaluation) transform, so no sampler or random draw is involved."""
+    """The first ``num_images`` images of ``dataset``, read by index (no random draw), as ``[N, 3, H, W]``."""
     return torch.stack([dataset[i][0] for i in range(min(int(num_images), len(dataset)))])
 
 
 class EpochConditioning:
-    """Measures kappa(J) at the start of training and after due epochs (see the module doc); main process only.
+    """Measures kappa(J) at the start of training and after due epochs; main process only.
 
-    ``batch``: the fixed input ``[N, 3, H, W]`` on the model's device; ``opts``: :func:`conditioning_options`;
-    ``meta``: fields copied into every record (``stage``, ``arm``, ``seed``, ``lr_scale``, ``config``).
+    Args:
+        batch: the fixed input on the model's device; opts: :func:`conditioning_options`.
+        meta: fields copied into every record (``stage``, ``arm``, ``seed``, ``lr_scale``, ``config``).
     """
 
     def __init__(self, batch: torch.Tensor, opts: Dict, *, num_epochs: int, meta: Dict):
@@ -58,8 +55,7 @@ class EpochConditioning:
         return epoch != self.last_epoch and (epoch % self.period == 0 or epoch == self.num_epochs)
 
     def start(self, model: nn.Module, *, epoch: int, step: int, storage=None, results=None) -> List[dict]:
-        """The measurement at the start of training (epoch ``epoch``, ``step`` steps done), unless ``results``
-        holds one of that epoch and step already (a resumed run whose predecessor measured it)."""
+        """The first measurement, unless ``results`` holds one of this epoch and step (a resumed run's predecessor)."""
         if results is not None and any(
             r.get("epoch") == epoch and r["iteration"] == step for r in results.records("conditioning")
         ):

@@ -1,7 +1,5 @@
-"""Pretraining configs: lazy ``.py`` files with the nodes ``model`` (``timm.create_model``), ``data``, ``augment``,
-``optimizer``, ``scheduler``, ``train``, ``condinit`` (the arm) and the optional ``condinit_analysis`` (see
-``configs/ImageNet/*.py``). :func:`node` reads a node with :data:`DEFAULTS` filled in and refuses unknown keys, so a
-misspelt override (``augment.mixpu=0``) is an error, not a silent no-op. Detail: docs/pretraining.md.
+"""Pretraining configs: lazy ``.py`` files whose nodes :func:`node` reads with :data:`DEFAULTS` filled in, refusing
+unknown keys (``augment.mixpu=0`` is an error, not a silent no-op). Detail: docs/pretraining.md#a-pretraining-config.
 """
 
 from __future__ import annotations
@@ -96,8 +94,7 @@ DEFAULTS: Dict[str, Dict[str, Any]] = {
     },
 }
 _NESTED = {("train", "ema")}
-# Every key the stage reads, whether the config sets it or not, with its default (model.kwargs: timm.create_model's,
-# judged by it).
+# Every key the stage reads, set or not, with its default (model.kwargs: timm.create_model's, judged by it).
 OPTIONAL_KEYS = {
     **{
         f"{name}.{key}": value
@@ -139,8 +136,7 @@ def _filled(where: str, defaults: Dict[str, Any], given: Dict[str, Any]) -> Dict
 
 
 def resolve_lr(optimizer: Dict[str, Any], batch_size: int, lr_scale: float = 1.0) -> float:
-    """The learning rate: ``optimizer.lr``, or ``lr_base`` scaled from ``lr_base_size`` to ``batch_size``;
-    times ``lr_scale``."""
+    """``optimizer.lr``, or ``lr_base`` scaled from ``lr_base_size`` to ``batch_size``; times ``lr_scale``."""
     if optimizer.get("lr") is not None:
         lr = float(optimizer["lr"])
     else:
@@ -153,8 +149,7 @@ def resolve_lr(optimizer: Dict[str, Any], batch_size: int, lr_scale: float = 1.0
 
 
 def arm_spec(cfg, train_seed: int) -> ArmSpec:
-    """The validated arm node (a ValueError says what is accepted); ``condinit.seed: None`` follows the training
-    seed."""
+    """The validated arm node; ``condinit.seed: None`` follows the training seed."""
     raw = dict(plain(cfg.get("condinit")) or {"arm": "default"})
     if raw.get("seed") is None:
         raw["seed"] = int(train_seed)

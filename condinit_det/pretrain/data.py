@@ -1,6 +1,5 @@
-"""Data for classification pretraining, from timm's parts: ``create_dataset`` on ``<root>/<split>/<class>/<image>``
-(the evaluation split reads the training split's class map), ``create_transform``, ``Mixup``, and the training
-samplers (the run sets their order from (seed, epoch) only, the same for every arm of a seed)."""
+"""Data for classification pretraining from timm's parts: ``create_dataset`` on ``<root>/<split>/<class>/<image>``,
+``create_transform``, ``Mixup`` and the training samplers."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ class Datasets:
 
 
 def _class_folders(root: str, split: str) -> Tuple[str, List[str]]:
-    """The folder of ``split`` and its class folders that hold at least one image, in label order; raises UsageError
-    when the folder is missing or no class folder holds an image."""
+    """The folder of ``split`` and its class folders holding an image, in label order; UsageError when none does."""
     split_dir = os.path.join(root, split)
     if not os.path.isdir(split_dir):
         found = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
@@ -55,9 +53,8 @@ def _class_folders(root: str, split: str) -> Tuple[str, List[str]]:
 
 
 def check_dataset_folders(data: Dict, *, check_num_classes: bool = True) -> Tuple[str, List[str]]:
-    """Check (without reading every file) that both splits hold images in class folders, the evaluation classes are
-    training classes and (``check_num_classes``) ``data.num_classes`` of them; returns (root, class names in label
-    order). Raises ValueError saying what was found and what is expected."""
+    """Check, without reading every file, that both splits hold images in class folders, the evaluation classes are
+    training classes and (``check_num_classes``) ``data.num_classes`` of them; returns (root, class names)."""
     if not data.get("root"):
         raise UsageError("data.root is not set; pass data.root=/path/to/imagenet or data.root=embedded:shapes-cls")
     root = resolve_classification_root(data["root"])
@@ -150,8 +147,7 @@ def build_mixup(augment: Dict, num_classes: int):
 
 
 def build_train_sampler(dataset, augment: Dict, *, world_size: int, rank: int) -> Sampler:
-    """``DistributedSampler`` (also for one process), or timm's ``RepeatAugSampler`` when
-    ``augment.repeated_aug > 0``."""
+    """``DistributedSampler`` (also for one process), or timm's ``RepeatAugSampler`` for ``augment.repeated_aug``."""
     repeats = augment.get("repeated_aug") or 0
     if repeats:
         from timm.data.distributed_sampler import RepeatAugSampler

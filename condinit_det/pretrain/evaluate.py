@@ -1,6 +1,5 @@
-"""Top-1 / top-5 evaluation; each process evaluates a contiguous shard of the images (detectron2's
-``InferenceSampler``) and the per-image results are gathered back in dataset order, so a distributed evaluation
-equals a single process's (up to float rounding)."""
+"""Top-1 / top-5 evaluation: each process evaluates a contiguous shard of the images, gathered back in dataset order,
+so a distributed evaluation equals a single process's (up to float rounding)."""
 
 from __future__ import annotations
 

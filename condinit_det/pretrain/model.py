@@ -34,10 +34,7 @@ def create_classifier(model: Dict, num_classes: int) -> nn.Module:
 
 
 def build_armed_model(model: Dict, num_classes: int, spec: ArmSpec) -> Tuple[nn.Module, InitReport]:
-    """Build the classifier and apply the arm in place (its own generators: the global RNG does not move).
-
-    Call it with the global RNG seeded by the training seed, identically on every process: every
-    parameter outside the targeted projections then matches across arms and across processes.
-    """
+    """Build the classifier and apply the arm in place (the global RNG does not move): seeded alike, every parameter
+    outside the targeted projections matches across arms and processes."""
     net = create_classifier(model, num_classes)
     return net, apply_arm_spec(net, spec)  # a model without attention or a pattern that matches nothing: ArmError

@@ -1,4 +1,4 @@
-"""The pretraining stage: timm classifiers trained with an arm from random weights, top-1 / top-5 recorded."""
+"""The pretraining stage's implementation of :class:`condinit_det.stage.Stage`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from omegaconf import OmegaConf, open_dict
 
 from ..init.spec import apply_arm_spec, plain
 from ..records.layout import RunSpec
+from ..records.results import ResultsFile
 from ..stage import PRETRAIN, ConfigDefaults, RunOptions, Stage
 from ..utils.checkpoint_io import check_loadable, final_weights_file
 from ..utils.errors import UsageError
@@ -20,7 +21,7 @@ from .conditioning import conditioning_options
 from .config import arm_spec, load_config, node, run_identity
 from .data import build_mixup, check_dataset_folders, count_images
 from .model import create_classifier
-from .trainer import evaluate_checkpoint, run_finished, total_epochs, train_run
+from .trainer import evaluate_checkpoint, train_run
 
 logger = logging.getLogger("condinit_det.pretrain")
 # ImageNet-1k's training split: what a dry run prices a 1000-class config with when the data is elsewhere.
@@ -28,15 +29,13 @@ IMAGENET_CLASSES, IMAGENET_TRAIN_IMAGES = 1000, 1_281_167
 
 
 def eval_checkpoint(train: dict, run_dir: str) -> str:
-    """What --eval-only evaluates: ``train.init_checkpoint``, else the run's ``model_final.safetensors`` (else
-    ``model_final.pth``)."""
+    """What --eval-only evaluates: ``train.init_checkpoint``, else the run's final weights."""
     return train.get("init_checkpoint") or final_weights_file(run_dir) or os.path.join(run_dir, FINAL_FILENAME)
 
 
 class PretrainStage(Stage):
-    """Classification pretraining with timm: lazy ``.py`` configs (``configs/ImageNet``, ``configs/demo``); the
-    length is the epochs timm's scheduler runs; each evaluated epoch adds a ``"cls"`` record; a finished run
-    leaves ``model_final.{safetensors,pth}``, the backbone a detector fine-tunes from."""
+    """Classification pretraining with timm from lazy ``.py`` configs; the length is in epochs; each evaluated epoch
+    adds a ``"cls"`` record; a finished run leaves ``model_final.{safetensors,pth}``."""
 
     descriptor = PRETRAIN
     run_keys = ("condinit.arm", "condinit.seed", "train.seed", "train.output_dir", "train.trackers")
@@ -62,12 +61,14 @@ class PretrainStage(Stage):
         return cfg
 
     def length(self, cfg) -> int:
-        return total_epochs(cfg)
+        """``train.epochs`` + cooldown (+ warmup when it is a prefix), as timm's scheduler counts."""
+        train, sched = node(cfg, "train"), node(cfg, "scheduler")
+        extra = int(sched["cooldown_epochs"]) + (int(sched["warmup_epochs"]) if sched["warmup_prefix"] else 0)
+        return int(train["epochs"]) + extra
 
     def steps(self, cfg) -> int:
-        """Epochs x full batches per epoch of the training split: ``data.num_train_images``, else its images counted
-        on disk, else (ImageNet-1k's 1000 classes, not on this machine) ImageNet-1k's training images, said in a
-        warning."""
+        """Epochs x full batches of ``data.num_train_images``, else of the images on disk, else (1000 classes not on
+        this machine) of ImageNet-1k's, with a warning."""
         train, data = node(cfg, "train"), node(cfg, "data")
         images = data.get("num_train_images")
         if images is None:
@@ -149,7 +150,8 @@ class PretrainStage(Stage):
             cfg.train.workers = int(workers)
 
     def finished(self, run_dir: str, length: int) -> bool:
-        return run_finished(run_dir, length)
+        evaluated = any(r.get("epoch", 0) >= length for r in ResultsFile(run_dir).records("cls"))
+        return evaluated and os.path.isfile(os.path.join(run_dir, FINAL_FILENAME))
 
     def train(self, options: RunOptions, cfg, run_dir: str) -> None:
         train_run(

@@ -1,5 +1,4 @@
-"""One optimizer step of a pretraining recipe with timm's parts (optimizer, scheduler, loss scaling, mixup, loss,
-gradient clipping, EMA): what the run's epoch loop and the step bench (``bench/bench_gpu_step.py``) both execute."""
+"""One optimizer step of a pretraining recipe with timm's parts, as the epoch loop and bench_gpu_step.py run it."""
 
 from __future__ import annotations
 
@@ -28,16 +27,12 @@ def _criterion(augment: Dict, mixup) -> nn.Module:
 
 
 class PretrainStep:
-    """The training machinery of one run for ``model`` (already on its device).
+    """The training machinery of one run for ``model`` (already on its device): ``optimizer``, ``scheduler``,
+    ``num_epochs`` (timm's count), ``loss_scaler`` (float16 only), ``mixup``, ``ema`` (or None), ``lr``.
 
     Args:
-        nodes: the config's nodes (:func:`condinit_det.pretrain.config.node`): ``augment``, ``optimizer``,
-            ``scheduler``, ``train``.
+        nodes: the config's nodes (:func:`condinit_det.pretrain.config.node`).
         amp_dtype: ``torch.float16`` / ``torch.bfloat16`` under autocast, or None (float32).
-        steps_per_epoch: optimizer steps per epoch (the scheduler updates after every step).
-
-    Attributes: ``optimizer``, ``scheduler`` (or None), ``num_epochs`` (timm's count: warm-up and cool-down
-    included), ``loss_scaler`` (float16 only), ``mixup``, ``ema`` (or None), ``lr``.
     """
 
     def __init__(
@@ -90,9 +85,8 @@ class PretrainStep:
         return {name: obj for name, obj in found.items() if obj is not None}
 
     def __call__(self, forward: nn.Module, images: torch.Tensor, targets: torch.Tensor, *, step: int) -> float:
-        """One step on a batch: mixup, ``forward`` (the model or its DDP wrapper) under autocast, loss, backward,
-        clipping, optimizer step, then the scheduler and the EMA at ``step`` (the count of steps done, this one
-        included). Returns the loss (a device synchronization, as every step reads it)."""
+        """One step: mixup, ``forward`` (the model or its DDP wrapper), loss, backward, clipping, optimizer step, then
+        the scheduler and the EMA at ``step`` (steps done, this one included). Returns the loss."""
         from timm.utils import dispatch_clip_grad
 
         if self.mixup is not None:

@@ -1,7 +1,6 @@
 """One pretraining run (:class:`PretrainRun`): the armed classifier trained epoch by epoch, evaluated, checkpointed
-(the commit point of an epoch's records) and exported. Every RNG is seeded with the training seed before the model is
-built and re-seeded from (seed, epoch, rank) every epoch, so a run resumed at an epoch boundary continues exactly as
-an uninterrupted one, whatever the arm. Detail: docs/pretraining.md.
+and exported. Every RNG is re-seeded from (seed, epoch, rank) every epoch, so a run resumed at an epoch boundary
+continues exactly as an uninterrupted one. Detail: docs/pretraining.md#a-pretraining-run.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from ..records.environment import environment_record
 from ..records.failures import note_failure
 from ..records.identity import write_arm_report
 from ..records.per_image import write_classification_eval
-from ..records.results import METRICS_FILENAME, ResultsFile
+from ..records.results import METRICS_FILENAME, ResultsFile, truncate_metrics
 from ..stage import PRETRAIN
 from ..tracking import tracker_writers
 from ..utils.checkpoint_io import PRETRAIN_FORMAT, load_checkpoint
@@ -68,44 +67,9 @@ def _device(train: Dict) -> Tuple[torch.device, Optional[torch.dtype]]:
     return torch.device("cuda", comm.get_local_rank()), dtypes[train["amp_dtype"]] if train["amp"] else None
 
 
-def total_epochs(cfg) -> int:
-    """Epochs the run trains: ``train.epochs`` + cooldown (+ warmup when it is a prefix), as timm's scheduler counts."""
-    train, sched = node(cfg, "train"), node(cfg, "scheduler")
-    extra = int(sched["cooldown_epochs"]) + (int(sched["warmup_epochs"]) if sched["warmup_prefix"] else 0)
-    return int(train["epochs"]) + extra
-
-
-def run_finished(run_dir: str, epochs: int) -> bool:
-    """True when the final evaluation is recorded and ``model_final.pth`` exists."""
-    rf = ResultsFile(run_dir)
-    done = rf.exists() and any(r.get("epoch", 0) >= epochs for r in rf.records("cls"))
-    return done and os.path.isfile(os.path.join(run_dir, FINAL_FILENAME))
-
-
-def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
-    """Drop ``metrics.json`` lines past ``max_iteration`` (what a killed run wrote after its last checkpoint)."""
-    path = os.path.join(run_dir, METRICS_FILENAME)
-    if not os.path.isfile(path):
-        return
-    kept = []
-    with open(path) as f:
-        for line in f:
-            try:
-                if json.loads(line).get("iteration", 0) <= max_iteration:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill
-    atomic_write(path, "".join(kept))
-
-
 def rng_state() -> Dict[str, torch.Tensor]:
-    """The global RNG states as tensors, so that an epoch checkpoint loads with ``weights_only=True``.
-
-    Returns:
-        ``{"python": int64 [625], "numpy": int64 [625], "torch": uint8 [N]}``: python's and numpy's Mersenne Twister
-        words (624) with the position in them last, torch's CPU generator state (``torch.get_rng_state()``). A record
-        only: every epoch re-seeds every RNG from ``(seed, epoch, rank)``, so a resumed run needs none of them.
-    """
+    """The global RNG states as tensors, so that an epoch checkpoint loads weights-only: python's and numpy's words
+    (with numpy's position last) and torch's CPU state. A record only: every epoch re-seeds every RNG."""
     _, words, _ = random.getstate()
     _, keys, pos, _, _ = np.random.get_state()
     return {
@@ -116,13 +80,11 @@ def rng_state() -> Dict[str, torch.Tensor]:
 
 
 class PretrainRun:
-    """One pretraining run in this process (every process of the run builds one): :meth:`setup`, then :meth:`resume`
-    to continue from an epoch checkpoint, then :meth:`train`, which ends with :meth:`export`.
+    """One pretraining run in this process (every process of the run builds one): :meth:`setup`, :meth:`resume` from
+    an epoch checkpoint, then :meth:`train`, which ends with :meth:`export`.
 
     Args:
-        cfg: the run's config (arm, seed, lr scale and output directory set, as the stage's ``configure_run`` does).
-        run_dir: the run directory: checkpoints, ``results.json``, ``metrics.json``, logs and the final weights.
-        config_file: the config's path or ``zoo:`` name, recorded in every record (``"config"``).
+        config_file: the config's path or ``zoo:`` name, recorded in every record.
         trust_pickle: let :meth:`resume` load an epoch checkpoint that needs full unpickling.
     """
 
@@ -224,8 +186,8 @@ class PretrainRun:
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         logger.info(f"Resumed from {path}: {self.epoch} epoch(s), {self.step} step(s) done")
 
-    def train(self) -> Optional[dict]:
-        """Train the remaining epochs, then :meth:`export`. Returns the last ``"cls"`` record."""
+    def train(self) -> None:
+        """Train the remaining epochs, then :meth:`export`."""
         from detectron2.utils.events import EventStorage, JSONWriter, TensorboardXWriter
 
         if self.optimization.scheduler is not None:
@@ -257,7 +219,6 @@ class PretrainRun:
         )
         self.results.add(environment)  # by the main process, as every ResultsFile write
         self.watch = PreemptionWatch()
-        last_record = None
         try:
             with EventStorage(start_iter=self.step) as self.storage:
                 if self.conditioning is not None:
@@ -272,7 +233,7 @@ class PretrainRun:
                             self.model, epoch=done, step=self.step, storage=self.storage, results=self.results
                         )
                     if done == self.num_epochs or done % max(int(self.train_node["eval_period"]), 1) == 0:
-                        last_record = self.evaluate(done)
+                        self.evaluate(done)
                     self._write()  # the epoch's last step (and its evaluation) on one line
                     if self.main:  # the epoch checkpoint: the model, the checkpointables and the training state
                         self.periodic.step(
@@ -290,7 +251,6 @@ class PretrainRun:
             for writer in self.writers:
                 writer.close()
         self.export()
-        return last_record
 
     def _evaluations_left(self, step: int) -> float:
         """Seconds the evaluations after ``step`` completed steps will take, at the mean of those made so far."""
@@ -347,8 +307,8 @@ class PretrainRun:
         parts = comm.all_gather((total, count))  # the mean over the processes
         self.train_loss = sum(t for t, _ in parts) / sum(c for _, c in parts)
 
-    def evaluate(self, done: int) -> dict:
-        """The ``"cls"`` record of ``done`` epochs (top-1 / top-5, also of the EMA weights); the main one adds it."""
+    def evaluate(self, done: int) -> None:
+        """Evaluate after ``done`` epochs (also the EMA weights); the main process adds the ``"cls"`` record."""
         train, started = self.train_node, time.perf_counter()
         eval_batch = int(train["eval_batch_size"] or max(1, int(1.5 * self.batch)))
         kwargs = dict(
@@ -392,11 +352,9 @@ class PretrainRun:
                 }
                 atomic_write(os.path.join(self.run_dir, PREDICTIONS_FILENAME), json.dumps(predictions))
         self.eval_seconds.append(time.perf_counter() - started)
-        return record
 
     def export(self) -> None:
-        """Check the replicas (BatchNorm statistics may differ: rank 0's are saved), then write the final weights (the
-        EMA's when the recipe keeps an EMA)."""
+        """Check the replicas (not their BatchNorm statistics: rank 0's are saved), then write the final weights."""
         check_replicas(self.model, "at the end")
         if self.ema is not None:
             check_replicas(self.ema.module, "at the end (EMA weights)")
@@ -429,11 +387,9 @@ class PretrainRun:
         comm.synchronize()
 
 
-def train_run(
-    cfg, *, run_dir: str, config_file: Optional[str], resume: bool, trust_pickle: bool = False
-) -> Optional[dict]:
-    """Train one run into ``run_dir`` in every process (``resume``: from its last epoch checkpoint); returns the last
-    ``"cls"`` record. A failure leaves a note for the launcher and is re-raised."""
+def train_run(cfg, *, run_dir: str, config_file: Optional[str], resume: bool, trust_pickle: bool = False) -> None:
+    """Train one run into ``run_dir`` in every process (``resume``: from its last epoch checkpoint); a failure leaves
+    a note for the launcher and is re-raised."""
     run_logging(run_dir, rank=comm.get_rank())
     run = PretrainRun(cfg, run_dir, config_file=config_file, trust_pickle=trust_pickle)
     run.setup()
@@ -441,7 +397,7 @@ def train_run(
     if path:
         run.resume(path)
     try:
-        record = run.train()
+        run.train()
     except Preempted:
         raise
     except Exception as e:
@@ -449,7 +405,6 @@ def train_run(
             logger.exception(f"Run {run_dir} failed:")  # the traceback, in the run's log
         raise
     _log_end(run_dir)
-    return record
 
 
 def _log_end(run_dir: str) -> None:
@@ -459,8 +414,7 @@ def _log_end(run_dir: str) -> None:
 def evaluate_checkpoint(
     cfg, *, run_dir: str, checkpoint: str, config_file: Optional[str], trust_pickle: bool = False
 ) -> dict:
-    """Evaluate the weights of a ``model_final.{safetensors,pth}`` or epoch checkpoint; adds a ``"cls_eval"``
-    record to ``run_dir``."""
+    """Evaluate the weights of a final or epoch checkpoint into a ``"cls_eval"`` record of ``run_dir``."""
     run_logging(run_dir, rank=comm.get_rank())
     data, train = node(cfg, "data"), node(cfg, "train")
     device, amp_dtype = _device(train)

@@ -1,7 +1,5 @@
-"""What a run ran on: the ``"environment"`` record each start of training adds to ``results.json``.
-
-The fields are :data:`ENVIRONMENT_FIELDS` (None where unreadable); the report names those in which pooled runs
-differ (docs/comparing_arms.md).
+"""What a run ran on: the ``"environment"`` record of :data:`ENVIRONMENT_FIELDS` (None where unreadable) each start of
+training adds to ``results.json``; the report names those in which pooled runs differ (docs/comparing_arms.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Failure records: a run that raises is a result. Each training process leaves a note (:func:`note_failure`); the
-launching process turns them into one ``"failed"`` record in ``results.json`` (:func:`record_failure`).
-"""
+"""Failure records: a run that raises is a result. Each training process leaves a note (:func:`note_failure`) that
+the launching process turns into one ``"failed"`` record in ``results.json`` (:func:`record_failure`)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ _NOTE_PREFIX = "failure.rank"
 
 
 def failure_reason(exc: BaseException) -> str:
-    """``"diverged"`` for a non-finite loss or prediction (``FloatingPointError``, as detectron2 and the
-    pretraining loop raise it), ``"error"`` for anything else."""
+    """``"diverged"`` for a ``FloatingPointError`` (a non-finite loss or prediction), ``"error"`` for the rest."""
     return "diverged" if isinstance(exc, FloatingPointError) else "error"
 
 
@@ -42,9 +40,8 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 def note_failure(
     run_dir: str, exc: BaseException, *, rank: int, iteration: Optional[int] = None, epoch: Optional[int] = None
 ) -> bool:
-    """In a training process whose run raised: leave ``<run_dir>/failure.rank<k>.json`` for the launching
-    process, which turns the notes into one ``"failed"`` record. The first note of a process wins (the
-    innermost handler knows the iteration); returns whether this call wrote it."""
+    """Leave ``<run_dir>/failure.rank<k>.json`` for the launching process; the first note of a process wins (the
+    innermost handler knows the iteration). Returns whether this call wrote it."""
     path = os.path.join(run_dir, f"{_NOTE_PREFIX}{rank}.json")
     if os.path.exists(path):
         return False
@@ -70,9 +67,8 @@ def discard_notes(run_dir: str) -> List[dict]:
 
 
 def record_failure(run_dir: str, exc: BaseException, metadata: Mapping) -> dict:
-    """In the launching process, after a run raised: add one ``"failed"`` record built from the processes'
-    notes (a divergence first, else the earliest note: the other processes usually fail because that one
-    stopped), or from ``exc`` when no process left a note (it was killed). Returns the record."""
+    """Add the ``"failed"`` record of a run that raised, from its processes' notes (a divergence first, else the
+    earliest: the others usually fail because that one stopped), or from ``exc`` without a note (a kill); returns it."""
     notes = discard_notes(run_dir)
     diverged = [n for n in notes if n.get("reason") == "diverged"]
     note = (

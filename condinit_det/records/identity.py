@@ -30,11 +30,8 @@ def write_arm_report(run_dir: str, report: Mapping, identity: Mapping) -> str:
 
 
 def check_resume_identity(run_dir: str, identity: Mapping, *, allow_change: bool = False) -> None:
-    """Refuse to resume ``run_dir`` with another arm, seed, patterns, options or lr scale.
-
-    Compares ``identity`` with the ``run`` section of the run's arm report (when there is one); raises ValueError
-    naming both unless ``allow_change``.
-    """
+    """Raise ValueError naming both when ``identity`` differs from the run identity in ``run_dir``'s arm report
+    (arm, seed, patterns, options or lr scale), unless ``allow_change``."""
     previous = (read_arm_report(run_dir) or {}).get("run") or {}
     differing = [k for k in IDENTITY_KEYS if k in previous and previous[k] != identity.get(k)]
     if differing and not allow_change:

@@ -1,8 +1,5 @@
-"""Which Slurm jobs an experiment's runs had: ``<base>/slurm.json``.
-
-    {"runs": {"<arm>/seed<k>": ["805_0", "811_2"], ...}, "report": ["806", "812"]}
-
-Every job each run directory ever had, oldest first (the last one is the current one), and the report jobs.
+"""Which Slurm jobs an experiment's runs had, oldest first (the last is the current one), and its report jobs:
+``<base>/slurm.json``, ``{"runs": {"<arm>/seed<k>": ["805_0", "811_2"], ...}, "report": ["806", "812"]}``.
 """
 
 from __future__ import annotations

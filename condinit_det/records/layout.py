@@ -1,6 +1,6 @@
-"""Where the runs of an experiment live, for both stages: ``<base>/experiment.json`` (the plan),
-``<base>/<arm>/seed<k>[-lr<s>]/`` (one run), ``<base>/<arm>/seed<k>.failed<n>/`` (set aside by ``--retry-failed``),
-``<base>/report/``. docs/training.md ("Where runs go"). No detectron2 or timm import.
+"""Where the runs of an experiment live: ``<base>/experiment.json`` (the plan), ``<base>/<arm>/seed<k>[-lr<s>]/`` (a
+run), ``<base>/<arm>/seed<k>.failed<n>/`` (set aside by ``--retry-failed``), ``<base>/report/``
+(docs/training.md#where-runs-go). No detectron2 or timm import.
 """
 
 from __future__ import annotations
@@ -105,9 +105,8 @@ class RunSpec:
 
 
 def plan_runs(arms: Sequence[str], seeds: Sequence[int], lr_scales: Sequence[float] = (1.0,)) -> List[RunSpec]:
-    """Every run of an experiment, in training order: all arms at the config's learning rate, seed by seed (so an
-    interrupted experiment holds complete paired sets), then the learning-rate scan: the other ``lr_scales`` for
-    every arm on the first seed."""
+    """Every run in training order: all arms at the config's learning rate, seed by seed (an interrupted experiment
+    holds complete paired sets), then the other ``lr_scales`` for every arm on the first seed."""
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
         raise ValueError(f"unknown arm(s) {unknown}; accepted: {', '.join(ARMS)} (or 'all')")
@@ -120,12 +119,9 @@ def plan_runs(arms: Sequence[str], seeds: Sequence[int], lr_scales: Sequence[flo
 
 @dataclass(frozen=True)
 class Plan:
-    """An experiment plan ``<base>/experiment.json``: the stage, the config and every run the report expects.
-
-    ``stage_description``: :meth:`condinit_det.stage.StageDescriptor.to_dict`; ``length``: each run's, in
-    ``unit``; ``setup``: the config every run shares (dotted key -> text, without the keys a run sets);
-    ``dataset``: the training data's name; ``evaluation``: the name of the data the runs' metrics are measured on.
-    ``setup``, ``dataset`` and ``evaluation`` are None in older plans."""
+    """An experiment plan ``<base>/experiment.json``: the stage (its name and description), the config, each run's
+    length in ``unit``, every run the report expects, and (None in older plans) the ``setup`` every run shares
+    (dotted key -> text), the training ``dataset`` and the ``evaluation`` data's names."""
 
     base: str
     runs: Tuple[RunSpec, ...]
@@ -150,13 +146,8 @@ def write_plan(
     dataset: Optional[str] = None,
     evaluation: Optional[str] = None,
 ) -> str:
-    """Write ``<base>/experiment.json``; returns its path.
-
-    Args:
-        stage: the stage's :class:`condinit_det.stage.StageDescriptor`, stored so that status and the report read
-            any stage's runs.
-        config, length, setup, dataset, evaluation: as in :class:`Plan`.
-    """
+    """Write ``<base>/experiment.json`` (``stage``: the :class:`condinit_det.stage.StageDescriptor`, stored whole; the
+    rest as in :class:`Plan`); returns its path."""
     path = os.path.join(base, PLAN_FILENAME)
     payload = {
         "version": 1,
@@ -174,8 +165,7 @@ def write_plan(
 
 
 def read_plan(base: str) -> Optional[Plan]:
-    """The plan in ``<base>/experiment.json``, or None when there is none; raises ValueError for a file that is not
-    a plan."""
+    """The plan in ``<base>/experiment.json`` or None; a file that is not a plan raises ValueError."""
     path = os.path.join(base, PLAN_FILENAME)
     data = read_json(path)
     if data is None:
@@ -205,8 +195,8 @@ def read_plan(base: str) -> Optional[Plan]:
 
 
 def find_plans(path: str) -> List[str]:
-    """The experiment directories (holding a plan) that ``path`` belongs to: the nearest one at ``path`` or up to
-    two levels above it (``path`` is a run directory ``<base>/<arm>/seed<k>``), then every one below it."""
+    """The experiment directories (holding a plan) of ``path``: the nearest at or up to two levels above it (from a
+    run directory), then every one below it."""
     bases = []
     up = os.path.abspath(path)
     for _ in range(3):

@@ -1,8 +1,6 @@
-"""One owner per run directory: ``flock`` on ``<run>/.owner.lock`` plus the owner's record in it.
-
-A second process gets :class:`RunInUse`. Where ``flock`` cannot decide (per node or a no-op), the record does: a live
-process here or a live foreign Slurm job owns the run; a dead owner or an ended job is taken over with a log line; a
-requeued job takes its own run back. The rules per file system: docs/run_ownership.md.
+"""One owner per run directory: ``flock`` on ``<run>/.owner.lock`` plus the owner's record in it, which decides where
+``flock`` cannot (a live process here or a live Slurm job owns the run; a dead one is taken over; a requeued job takes
+its run back). The rules per file system: docs/run_ownership.md.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import os
 import shlex
 import socket
 import sys
+import threading
 import time
 import weakref
 from typing import Optional, Tuple
@@ -28,8 +27,7 @@ from ..utils.squeue import query_jobs, still_runs
 __all__ = ["LOCK_FILENAME", "RunInUse", "RunLock", "describe_owner", "owner_record", "slurm_job_id"]
 
 LOCK_FILENAME = ".owner.lock"
-# How long a reader waits for a record being written, and a locker for the record of an owner that has just taken
-# the flock (its record follows within milliseconds).
+# How long to wait for a record being written (an owner that has just taken the flock writes it within milliseconds).
 _RECORD_WAIT_S = 2.0
 _MAX_RECORD_BYTES = 1 << 16
 _UNREADABLE = "unreadable"
@@ -37,6 +35,8 @@ _BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 # Locks held by this process: a forked child closes its inherited descriptors, so it never releases the parent's.
 _HELD: "weakref.WeakSet[RunLock]" = weakref.WeakSet()
+# Held by a fork and by the end of a release: a child sees a lock held, with its descriptor, or released and closed.
+_FORK_GUARD = threading.Lock()
 
 
 class RunInUse(ValueError):
@@ -48,8 +48,7 @@ class RunInUse(ValueError):
 
 
 def slurm_job_id() -> Optional[str]:
-    """This process's Slurm job: ``"<array job>_<task>"`` for an array element, else ``SLURM_JOB_ID``; None outside
-    Slurm. A requeued job keeps it."""
+    """This process's Slurm job (``"<array job>_<task>"`` for an array element), kept by a requeue; None outside."""
     array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     if array_job and task:
         return f"{array_job}_{task}"
@@ -156,15 +155,6 @@ def _read_record(fd: int, wait_s: float = _RECORD_WAIT_S) -> Optional[dict]:
         time.sleep(0.05)
 
 
-def _wait_for_new_record(fd: int, old: Optional[dict]) -> Optional[dict]:
-    deadline = time.monotonic() + _RECORD_WAIT_S
-    record = old
-    while record == old and time.monotonic() < deadline:
-        time.sleep(0.05)
-        record = _read_record(fd)
-    return record
-
-
 def describe_owner(record: Optional[dict]) -> str:
     """``"pid 1234 on host h (Slurm job 5_0) since 12:03:04"`` (the date too when not today, in local time)."""
     if not record:
@@ -183,21 +173,22 @@ def describe_owner(record: Optional[dict]) -> str:
 
 
 def _close_inherited_locks() -> None:
+    _FORK_GUARD.release()
     for lock in list(_HELD):
         lock._forget()
 
 
-os.register_at_fork(after_in_child=_close_inherited_locks)
+os.register_at_fork(
+    before=_FORK_GUARD.acquire, after_in_parent=_FORK_GUARD.release, after_in_child=_close_inherited_locks
+)
 
 
 class RunLock:
-    """Exclusive ownership of one run directory by this process: ``with RunLock(run_dir, log=logger): ...`` or
-    :meth:`acquire` / :meth:`release`. :meth:`acquire` creates the directory if needed and raises :class:`RunInUse`
-    when another process owns the run; it takes a stale lock over (a dead owner, an ended Slurm job, this Slurm job
-    requeued) with a log line naming the former owner, whose record is kept in :attr:`previous_owner`.
+    """Exclusive ownership of one run directory by this process (``with RunLock(run_dir): ...``): :meth:`acquire`
+    raises :class:`RunInUse` when another process owns the run and takes a stale lock over with a log line naming
+    the former owner (kept in :attr:`previous_owner`).
 
     Args:
-        run_dir: the run directory; the lock file is ``<run_dir>/.owner.lock``.
         log: where take-overs are logged (default: this module's logger).
     """
 
@@ -245,8 +236,7 @@ class RunLock:
         return self
 
     def _try_flock(self, fd: int) -> bool:
-        """Take the flock; returns whether nobody else holds it. Where the file system refuses flock altogether
-        (Lustre's ``noflock``) that is unknown: True, and the record alone decides."""
+        """Take the flock; whether nobody else holds it (True where the file system refuses flock: records decide)."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
@@ -260,13 +250,15 @@ class RunLock:
             return True
 
     def _judge(self, record: Optional[dict], fd: int, *, lock_free: bool) -> Tuple[Optional[str], Optional[dict]]:
-        """``(why the recorded owner is gone, its record)`` to take over; ``(None, None)`` when nobody owned the
-        run; raises RunInUse otherwise. ``fd``: the lock file; ``lock_free``: whether no other process holds the
-        flock."""
+        """``(why the recorded owner is gone, its record)`` to take over, ``(None, None)`` when nobody owned the run;
+        else raises RunInUse. ``lock_free``: whether no other process holds the flock."""
         if not lock_free and (record is None or (_same_machine(record) and not _process_alive(record))):
             # Another process holds the flock under no record or a dead owner's: it has just taken the lock and
             # writes its record within milliseconds.
-            record = _wait_for_new_record(fd, record)
+            old, deadline = record, time.monotonic() + _RECORD_WAIT_S
+            while record == old and time.monotonic() < deadline:
+                time.sleep(0.05)
+                record = _read_record(fd)
             if record is not None and _same_machine(record) and not _process_alive(record):
                 record = None  # still the dead owner's record: the holder is not the recorded process
         if record is None or _UNREADABLE in record:
@@ -295,13 +287,12 @@ class RunLock:
         return why, record
 
     def release(self) -> None:
-        """Give the run up: empty the record (when it is still ours), drop the lock, close the file. Idempotent;
-        a no-op in a forked child (which closed its copy of the descriptor at the fork)."""
-        fd, self._fd = self._fd, None
+        """Give the run up: empty the record (when it is still ours), drop the lock, close the file. Idempotent; a
+        no-op in a forked child."""
+        fd = self._fd
         if fd is None:
             return
-        _HELD.discard(self)
-        try:
+        try:  # still held: a child forked meanwhile closes its copy of fd
             current = _read_record(fd, wait_s=0.5)
             if current == self._record:
                 os.ftruncate(fd, 0)
@@ -315,7 +306,10 @@ class RunLock:
             with contextlib.suppress(OSError):  # nothing to unlock where the file system refuses flock
                 fcntl.flock(fd, fcntl.LOCK_UN)  # for every copy of the descriptor, closed or not
         finally:
-            os.close(fd)
+            with _FORK_GUARD:
+                self._fd = None
+                _HELD.discard(self)
+                os.close(fd)
 
     def _forget(self) -> None:
         """In a forked child: close the inherited descriptor without unlocking the parent's lock."""

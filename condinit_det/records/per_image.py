@@ -1,9 +1,6 @@
-"""Per-image data of every evaluation of a run, one file each, which the report's bootstrap resamples.
-
-``<run>/per_image/ap_iter<7 digits>.npz`` holds a detection evaluation's COCO matches
-(:func:`condinit_det.evaluation.bootstrap.save_matches`), ``<run>/per_image/cls_epoch<4 digits>.npz`` a
-classification evaluation's per-image top-1 / top-5 correctness (:func:`write_classification_eval`). An evaluation
-record names its file (``"per_image"``). Formats: docs/statistics.md. No detectron2, timm or torch import.
+"""Per-image data of each evaluation of a run, which the report's bootstrap resamples: COCO matches
+(``per_image/ap_iter<7 digits>.npz``) or top-1 / top-5 correctness (``per_image/cls_epoch<4 digits>.npz``), named by
+the record's ``"per_image"``. Formats: docs/statistics.md. No detectron2, timm or torch import.
 """
 
 from __future__ import annotations
@@ -31,12 +28,10 @@ PER_IMAGE_DIRNAME = "per_image"
 
 
 def detection_eval_path(run_dir: str, iteration: int) -> str:
-    """``<run_dir>/per_image/ap_iter<iteration, 7 digits>.npz``."""
     return os.path.join(run_dir, PER_IMAGE_DIRNAME, f"ap_iter{int(iteration):07d}.npz")
 
 
 def classification_eval_path(run_dir: str, epoch: int) -> str:
-    """``<run_dir>/per_image/cls_epoch<epoch, 4 digits>.npz``."""
     return os.path.join(run_dir, PER_IMAGE_DIRNAME, f"cls_epoch{int(epoch):04d}.npz")
 
 
@@ -56,17 +51,12 @@ class ClassificationEval:
 
 
 def write_classification_eval(run_dir: str, epoch: int, *, labels, top1, top5_hit) -> str:
-    """Save one evaluated epoch's per-image correctness (on the main process, after each evaluation): ``top1`` and
-    ``top5`` as ``np.packbits`` of N bits each, ``num_images``, ``epoch`` and ``labels_sha1`` (:func:`labels_digest`).
+    """Save one evaluated epoch's per-image correctness as packed bits with ``labels_sha1``; returns the path.
 
     Args:
-        run_dir: the run directory (holding ``results.json``).
-        epoch: completed epochs when the model was evaluated (the "cls" record's ``"epoch"``).
-        labels: [N] true class per evaluation image, in dataset order.
-        top1: [N] predicted class per image.
-        top5_hit: [N] 1 when the true class is among the top-5 predictions (0/1 or bool).
-
-    Returns the path written (:func:`classification_eval_path`).
+        epoch: completed epochs at the evaluation (the "cls" record's ``"epoch"``).
+        labels, top1: [N] true and predicted class per evaluation image, in dataset order.
+        top5_hit: [N] whether the true class is among the top-5 predictions (0/1 or bool).
     """
     labels = np.asarray(labels, dtype=np.int64)
     buf = io.BytesIO()

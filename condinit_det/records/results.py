@@ -1,9 +1,6 @@
-"""The run's results file ``<output_dir>/results.json``, shared by both training stages and the report.
-
-``{"version": 1, "records": [record, ...]}``; a record is a JSON object with at least ``"kind"`` and ``"iteration"``
-(completed optimizer steps) and is identified by ``(kind, iteration, site)``: adding one with an existing key replaces
-it, so a resumed run never duplicates a point. Non-finite floats are stored as null. The kinds, field by field:
-docs/training.md (detection) and docs/pretraining.md.
+"""A run's ``results.json``: ``{"version": 1, "records": [...]}``, each record an object with at least ``"kind"`` and
+``"iteration"`` (completed steps), identified by ``(kind, iteration, site)`` so that a resumed run replaces a point
+instead of duplicating it; non-finite floats are null. The kinds: docs/training.md and docs/pretraining.md.
 """
 
 import json
@@ -14,11 +11,32 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from ..utils.fileio import atomic_write, read_json
 
-__all__ = ["FAILED_KIND", "METRICS_FILENAME", "ResultsFile", "RESULTS_FILENAME"]
+__all__ = ["FAILED_KIND", "METRICS_FILENAME", "ResultsFile", "RESULTS_FILENAME", "truncate_metrics"]
 
 RESULTS_FILENAME = "results.json"
 METRICS_FILENAME = "metrics.json"  # detectron2's JSONWriter: both stages' training scalars, one line per write
 FAILED_KIND = "failed"
+
+
+def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
+    """Drop the ``metrics.json`` lines past ``max_iteration`` (what a killed run wrote after its last checkpoint) and
+    those torn by a kill, replacing the file atomically; nothing happens without one.
+
+    Args:
+        max_iteration: the last ``"iteration"`` kept.
+    """
+    path = os.path.join(run_dir, METRICS_FILENAME)
+    if not os.path.isfile(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line).get("iteration", 0) <= max_iteration:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill
+    atomic_write(path, "".join(kept))
 
 
 def _is_main_process() -> bool:
@@ -57,11 +75,8 @@ def _validate(record: Any) -> Dict[str, Any]:
 
 
 class ResultsFile:
-    """Reader/writer of ``<output_dir>/results.json``.
-
-    Every write re-reads the file and replaces it atomically (a temporary file beside it, then ``os.replace``), so
-    several writers in one process (the AP hook, an analysis hook) and a crash at any point never leave a torn file.
-    Only the main process of a distributed run writes; on the other processes writes do nothing."""
+    """Reader/writer of ``<output_dir>/results.json``. Every write re-reads the file and replaces it atomically, so
+    several writers in one process and a crash never leave a torn file; only the main process writes."""
 
     _lock = threading.Lock()
 
@@ -109,13 +124,12 @@ class ResultsFile:
             recs = [r for r in recs if r["kind"] == kind]
         return sorted(recs, key=_key)
 
-    def remove(self, kind: str) -> List[Dict[str, Any]]:
-        """Drop every record of ``kind`` (one rewrite); returns the dropped records."""
+    def remove(self, kind: str) -> None:
+        """Drop every record of ``kind`` (one rewrite, if any)."""
         if not _is_main_process():
-            return []
+            return
         with self._lock:
             records = self._load()
-            dropped = [r for r in records if r["kind"] == kind]
-            if dropped:
-                self._write([r for r in records if r["kind"] != kind])
-        return dropped
+            kept = [r for r in records if r["kind"] != kind]
+            if len(kept) < len(records):
+                self._write(kept)

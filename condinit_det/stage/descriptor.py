@@ -53,8 +53,7 @@ class StageDescriptor:
         metrics_step_offset: added to a ``metrics.json`` line's ``"iteration"`` to count steps done (detectron2's: 1).
         eta_key: a ``metrics.json`` field holding the writer's own estimate of the seconds left, or None.
         final_file: a file a run writes once training ended (a run in no plan is finished with it and an evaluation).
-        per_image: what an evaluation's per-image file holds: ``"coco"`` (COCO matches), ``"labels"`` (per-image
-            top-1 / top-5 correctness) or None (no file).
+        per_image: an evaluation's per-image file: ``"coco"`` (COCO matches), ``"labels"`` (correctness) or None.
     """
 
     name: str
@@ -148,8 +147,8 @@ _REGISTRY: Dict[str, StageDescriptor] = {}
 
 
 def register_stage(descriptor: StageDescriptor) -> StageDescriptor:
-    """Make ``descriptor`` known by its name to runs whose plan does not describe them; returns it. A second,
-    different descriptor under a known name raises ValueError."""
+    """Make ``descriptor`` known by its name to runs whose plan does not describe them; returns it. Another descriptor
+    under a known name raises ValueError."""
     if _REGISTRY.get(descriptor.name, descriptor) != descriptor:
         raise ValueError(f"a different stage named {descriptor.name!r} is registered already")
     _REGISTRY[descriptor.name] = descriptor
@@ -162,8 +161,7 @@ def known_stages() -> Tuple[StageDescriptor, ...]:
 
 
 def stage_of(name: Optional[str], described: Optional[Mapping] = None) -> Optional[StageDescriptor]:
-    """The stage named ``name``: the plan's own description ``described`` when given, else the registered stage
-    of that name; None when neither knows it."""
+    """The stage named ``name``: the plan's own description ``described``, else the registered stage, else None."""
     if described:
         return StageDescriptor.from_dict(described)
     return _REGISTRY.get(name) if name else None

@@ -1,7 +1,7 @@
 """The interface a training stage implements, so that one launcher plans, runs, resumes and submits its runs
-(docs/development.md). A stage object holds no state: it is pickled into every training process and Slurm element,
-which load the config again. Bad input raises :class:`~condinit_det.utils.errors.UsageError` (or ``ValueError`` /
-``FileNotFoundError``).
+(docs/development.md#adding-a-third-stage). A stage object holds no state: it is pickled into every training process
+and Slurm element. Bad input raises :class:`~condinit_det.utils.errors.UsageError`, ``ValueError`` or
+``FileNotFoundError``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,10 @@ class RunOptions:
 
     Args:
         config_file: the config as given (a path or ``zoo:<name>``), recorded with the results.
-        resume, eval_only, trust_pickle, allow_shared_checkpoint: the command's ``--resume``, ``--eval-only``,
-            ``--trust-pickle`` and ``--allow-shared-checkpoint`` (detection: several arms from the same weights).
+        resume, eval_only, trust_pickle, allow_shared_checkpoint: the command's flags of these names.
         processes: training processes of one run, on all its machines together.
         submitted: the runs go to a cluster (the devices are checked where they run, not here).
-        dry_run: only planned and priced: data or devices this machine lacks, and the weights of earlier runs not
-            trained yet (:meth:`Stage.waits_for`), are no error.
+        dry_run: only planned and priced: missing data, devices and earlier runs' weights are no error.
     """
 
     config_file: str = ""
@@ -50,7 +48,7 @@ class RunOptions:
 
 
 def _text(value) -> str:
-    """A config value as stable text: objects by their qualified name (never by their address)."""
+    """A config value as stable text: objects by their qualified name, never by their address."""
     func = getattr(value, "func", None)
     if func is not None and hasattr(value, "keywords"):  # functools.partial
         args = ", ".join([_text(a) for a in value.args] + [f"{k}={_text(v)}" for k, v in value.keywords.items()])
@@ -61,8 +59,7 @@ def _text(value) -> str:
 
 
 def flat_config(cfg, prefix: str = "") -> Dict[str, str]:
-    """Every leaf of a config (an OmegaConf config or nested dicts and lists) as ``{dotted key: value as text}``,
-    interpolations unresolved."""
+    """Every leaf of a config (OmegaConf, or nested dicts and lists) as ``{dotted key: text}``, interpolations kept."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     if isinstance(cfg, (DictConfig, ListConfig)):
@@ -77,13 +74,8 @@ def flat_config(cfg, prefix: str = "") -> Dict[str, str]:
 
 
 class Stage(abc.ABC):
-    """One training stage. Subclasses set the attributes and implement the methods.
-
-    Attributes:
-        descriptor: what the stage's runs record and how they are read (its name and unit among them).
-        run_keys: the config keys a run sets for itself (arm, seeds, output directory, trackers), left out of
-            :meth:`setup`.
-    """
+    """One training stage: subclasses set ``descriptor`` (what its runs record and how they are read) and ``run_keys``
+    (the config keys a run sets for itself, left out of :meth:`setup`), and implement the methods."""
 
     descriptor: StageDescriptor
     run_keys: Tuple[str, ...] = ()
@@ -149,8 +141,7 @@ class Stage(abc.ABC):
 
     @abc.abstractmethod
     def train(self, options: RunOptions, cfg, run_dir: str) -> None:
-        """Train (or resume, with ``options.resume``) one run; called in every process of the run. A failure
-        raises; a requeue raises :class:`~condinit_det.utils.preemption.Preempted`."""
+        """Train (or resume) one run, in every process of the run; a requeue raises :class:`Preempted`."""
 
     @abc.abstractmethod
     def evaluate(self, options: RunOptions, cfg, run_dir: str) -> None:

@@ -1,7 +1,5 @@
-"""Reading checkpoints without running code from them, and writing shareable safetensors weights.
-
-``.safetensors`` and weights-only ``.pth`` files are read; a ``.pth`` that needs full unpickling and a ``.pkl`` are
-refused (:class:`UnsafeCheckpointError`) unless the caller trusts the file (``--trust-pickle``): docs/checkpoints.md.
+"""Reading checkpoints without running code from them (a ``.pkl`` or a ``.pth`` that needs full unpickling is refused
+unless trusted, ``--trust-pickle``), and writing shareable safetensors weights: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -106,10 +104,7 @@ def _decode(text: str) -> Any:
 def save_safetensors(
     tensors: Mapping[str, torch.Tensor], path: str, metadata: Optional[Mapping[str, Any]] = None
 ) -> None:
-    """Write ``tensors`` (a state dict) and ``metadata`` (JSON-able values) as safetensors, atomically.
-
-    Each tensor is saved from a contiguous copy on the CPU, so tensors that share storage are saved as copies
-    (safetensors stores no aliasing)."""
+    """Write a state dict (tensors sharing storage as copies) and JSON-able ``metadata`` as safetensors, atomically."""
     import torch
     from safetensors.torch import save
 
@@ -136,8 +131,7 @@ def read_safetensors_metadata(path: str) -> Dict[str, Any]:
 
 def load_checkpoint(path, *, trust_pickle: bool = False) -> Any:
     """Load any checkpoint file the project takes, without running code from it unless ``trust_pickle``;
-    ``.safetensors`` gives ``{**metadata, "model": tensors}`` (decoded metadata, tensors on the CPU), anything else
-    but ``.pkl`` goes through :func:`torch_load`."""
+    ``.safetensors`` gives ``{**metadata, "model": tensors on the CPU}``."""
     path = os.fspath(path)
     if path.endswith(SAFETENSORS_SUFFIX):
         from safetensors.torch import load_file

@@ -1,7 +1,5 @@
-"""Several processes, for both stages: launching on the CPU or on GPUs, comparing replicas, rank 0's buffers.
-
-Replicas hold bitwise equal parameters and synchronized buffers (:func:`check_replicas`); an unsynchronized
-``BatchNorm*d``'s running statistics are each process's own (:func:`local_buffers`) until :func:`sync_buffers`.
+"""Several processes, for both stages: launching on the CPU or on GPUs, checking that replicas hold bitwise equal
+weights (not an unsynchronized BatchNorm's statistics, :func:`local_buffers`), broadcasting rank 0's buffers.
 """
 
 from __future__ import annotations
@@ -36,12 +34,9 @@ def _cuda_hidden():
 
 
 def launch(main_func, num_processes: int, *, device: str, args: tuple = (), **options) -> None:
-    """``detectron2.engine.launch`` for a run on ``device``: ``main_func(*args)`` in ``num_processes`` processes per
-    machine; ``options``: detectron2's ``num_machines``, ``machine_rank`` and ``dist_url``.
-
-    The workers of a several-process CPU run see no CUDA device, so that they join a gloo group (detectron2 picks
-    NCCL whenever CUDA is available). Each worker leaves its process group when ``main_func`` returns or raises.
-    """
+    """``detectron2.engine.launch`` of ``main_func(*args)`` in ``num_processes`` processes per machine (``options``:
+    detectron2's); the workers of a several-process CPU run see no CUDA device, so that they join a gloo group
+    (detectron2 picks NCCL whenever CUDA is available), and each leaves its process group when ``main_func`` ends."""
     from detectron2.engine import launch as d2_launch
 
     hide = int(num_processes) * int(options.get("num_machines", 1)) > 1 and str(device).startswith("cpu")
@@ -50,10 +45,9 @@ def launch(main_func, num_processes: int, *, device: str, args: tuple = (), **op
 
 
 def _leaving_group(main_func, *args):
-    # A spawned worker can abort while the interpreter tears down ("terminate called without an active
-    # exception" from a C++ thread of the process group), which would turn a finished run into a failed
-    # one. So after a run every worker waits for the others, leaves the group, flushes its logs and exits
-    # at once; a failing worker leaves the group and raises, as spawn expects.
+    # A spawned worker can abort while the interpreter tears down ("terminate called without an active exception"
+    # from a C++ thread of the process group), failing a finished run. So after a run every worker waits for the
+    # others, leaves the group, flushes its logs and exits at once; a failing one leaves the group and raises.
     grouped = dist.is_available() and dist.is_initialized()
     try:
         result = main_func(*args)

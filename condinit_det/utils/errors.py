@@ -4,6 +4,5 @@ __all__ = ["UsageError"]
 
 
 class UsageError(ValueError):
-    """Bad input from the command line or a config (a flag, a value, a path, a config key): the commands
-    report it as one line naming what was wrong and what is accepted, with exit status 2, before anything is
-    written."""
+    """Bad input from the command line or a config: the commands report it as one line naming what was wrong and
+    what is accepted, with exit status 2, before anything is written."""

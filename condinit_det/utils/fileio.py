@@ -50,9 +50,8 @@ def atomic_write(path: str, data: Union[str, bytes], *, fsync: bool = False) -> 
 
 
 def read_json(path: str, advice: str = "") -> Any:
-    """The JSON value in ``path``, or None when there is no such file. A file that is not JSON raises ValueError:
-    ``"<path> is not valid JSON (<why>)"`` followed by ``advice`` (what the user can do, such as ``"; move it
-    aside"``)."""
+    """The JSON value in ``path``, or None without such a file; a file that is not JSON raises ValueError saying so,
+    followed by ``advice`` (what the user can do, such as ``"; move it aside"``)."""
     if not os.path.isfile(path):
         return None
     with open(path) as f:

@@ -18,16 +18,13 @@ LOGGER_NAMES = ("detectron2", "fvcore", "condinit_det")
 
 
 def run_logging(output_dir: Optional[str], *, rank: int) -> None:
-    """Log to the console (rank 0) and to ``<output_dir>/log.txt`` (``log.txt.rank<k>`` on other ranks; no file
-    when ``output_dir`` is None: the launcher between runs), dropping the handlers of an earlier run in the same
-    process so that each run logs into its own folder; and keep third-party notices off the run's console."""
+    """Log to the console (rank 0) and to ``<output_dir>/log.txt`` (``.rank<k>`` on other ranks; None: no file),
+    instead of an earlier run's folder; and keep third-party notices off the run's console."""
     from detectron2.utils.logger import setup_logger
 
-    # Notices of third-party code about its own coming changes, on every run of either stage: detectron2 calls
-    # torch.meshgrid without indexing and torch.fx's is_fx_tracing, it and pycocotools convert tensors with numpy 1's
-    # copy semantics, torch scripts its forward-mode rules when the kappa hook first differentiates; and fvcore's
-    # flips, which only read the image array, warn that it is read-only. The data loader's workers fork from this
-    # process: the filters hold there.
+    # Notices of third-party code about its own coming changes (detectron2's torch.meshgrid and is_fx_tracing calls,
+    # numpy 1 copy semantics, torch scripting forward-mode rules) or about a read-only array fvcore's flips only read,
+    # on every run of either stage; the data loader's workers fork from this process and keep the filters.
     warnings.filterwarnings("ignore", message="torch.meshgrid: in an upcoming release", category=UserWarning)
     warnings.filterwarnings("ignore", message="__array__ implementation doesn't", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)

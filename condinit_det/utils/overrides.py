@@ -1,7 +1,5 @@
-"""The one check of command-line config overrides both stages make before anything is built
-(:func:`check_override_keys`): ``LazyConfig.apply_overrides`` adds a key the config lacks silently (``train.max_itr=10``
-would train the full schedule) and stores any value (``train.max_iter=abc`` would fail late, without its key), so
-both are refused here in one line that names what was typed.
+"""The one check of command-line config overrides, before anything is built: ``LazyConfig.apply_overrides`` would
+add a misspelt key silently (``train.max_itr=10``) and store a value of any type (``train.max_iter=abc``).
 """
 
 from __future__ import annotations
@@ -20,13 +18,8 @@ _EXPECTED = {bool: ("true or false", (bool,)), int: ("an integer", (int,)), floa
 
 
 def target_arguments(target) -> Tuple[List[str], bool]:
-    """The keyword arguments ``target`` (a callable or its dotted name) takes, and whether it takes any keyword.
-
-    Returns:
-        ``(names, takes_any)``: a function's keyword arguments; a class's, those of its ``__init__``, then of each
-        base's ``__init__`` along the MRO while the one before passes ``**kwargs`` upward. ``takes_any``: ``target``
-        is a function that takes ``**kwargs``, whose names cannot be known.
-    """
+    """``(names, takes_any)``: the keyword arguments ``target`` (a callable or its dotted name) takes (a class's along
+    its MRO while each ``__init__`` passes ``**kwargs`` upward), and whether it is a function taking ``**kwargs``."""
     target = pydoc.locate(target) if isinstance(target, str) else target
     if inspect.isclass(target):  # object.__init__ takes no keyword
         functions = [vars(cls)["__init__"] for cls in target.__mro__[:-1] if "__init__" in vars(cls)]
@@ -46,10 +39,9 @@ def target_arguments(target) -> Tuple[List[str], bool]:
 
 
 def _config_keys(cfg) -> Tuple[Dict[str, Any], List[str], List[str]]:
-    """The dotted keys an override may set in an OmegaConf (lazy) config, interpolations unresolved: ``(values,
-    arguments, open_nodes)``: every key of the config (nested ones and list indices, ``augmentations.1.…``) with its
-    value; the keyword arguments of each ``_target_`` the config does not set; the nodes whose target takes any
-    keyword."""
+    """``(values, arguments, open_nodes)``: every dotted key of a lazy config (list indices too) with its value,
+    interpolations unresolved; the keyword arguments of each ``_target_`` the config does not set; the nodes whose
+    target takes any keyword."""
     from omegaconf import OmegaConf
 
     values, arguments, open_nodes = {}, [], []
@@ -82,13 +74,9 @@ def check_override_keys(cfg, opts: Sequence[str], *, optional: Mapping[str, Any]
     fit the type of the value it replaces (a bool, an integer, a number; ``null`` and ``${...}`` always fit).
 
     Args:
-        cfg: the loaded lazy config (an OmegaConf ``DictConfig``), before the overrides are applied.
-        opts: the overrides, as hydra's parser reads them; ``+key=value`` and ``++key=value`` (add a key) and
-            ``~key`` (delete one) are not checked, nor is anything hydra's parser refuses (applying the overrides
-            reports it). A number with a fraction fits an integer value (a config may write a rate as 0); ``1e3``
-            over an integer does not.
-        optional: dotted keys (and the keys below them) the stage reads though a config may lack them, with their
-            defaults.
+        cfg: the loaded lazy config, before the overrides are applied.
+        opts: the overrides; ``+key=value``, ``++key=value``, ``~key`` and what hydra's parser refuses are not checked.
+        optional: dotted keys (and the keys below them) a config may lack, with their defaults.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException

@@ -1,8 +1,6 @@
-"""Stopping a run for a requeue: the time-limit signal, the agreement of every process, the marker file.
-
-Inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set) USR2 comes ``--signal-delay`` seconds before the time limit;
-the processes agree at a step boundary, save what they resume from and raise :class:`Preempted`, neither a failure
-nor a finish (docs/slurm.md).
+"""Stopping a run for a requeue: inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set) USR2 comes before the time
+limit; the processes agree at a step boundary, save what they resume from and raise :class:`Preempted`, neither a
+failure nor a finish (docs/slurm.md).
 """
 
 from __future__ import annotations
@@ -19,26 +17,21 @@ PREEMPTIBLE_ENV = "CONDINIT_PREEMPTIBLE"
 
 
 class Preempted(Exception):
-    """A run stopped at a step boundary to be requeued (the scheduler's time-limit signal); it resumes from
-    its last checkpoint. Its processes leave ``<run_dir>/preempted``."""
+    """A run stopped at a step boundary to be requeued (its processes leave ``<run_dir>/preempted``); it resumes from
+    its last checkpoint."""
 
 
 def requeue_flag() -> threading.Event:
-    """An event set when this process receives USR2, the time-limit signal, instead of being terminated.
-
-    Call it once in each training process's main thread (signal handlers can only be installed there); the
-    training loop checks ``is_set()`` at step boundaries to write a checkpoint and stop."""
+    """An event set when this process receives USR2, the time-limit signal, instead of being terminated; call it in
+    the main thread (signal handlers can only be installed there)."""
     event = threading.Event()
     signal.signal(signal.SIGUSR2, lambda *_: event.set())
     return event
 
 
 class PreemptionWatch:
-    """In a training process: whether to stop for a requeue, agreed by every process of the run.
-
-    Active only inside a Slurm element (``CONDINIT_PREEMPTIBLE`` set); create it in the process's main thread (it
-    installs the USR2 handler). :meth:`requested` is collective under torch.distributed: every process calls it at
-    the same step boundary."""
+    """Whether to stop for a requeue, agreed by every process of a run inside a Slurm element; create it in the main
+    thread. :meth:`requested` is collective: every process calls it at the same step boundary."""
 
     def __init__(self):
         self._flag: Optional[threading.Event] = requeue_flag() if os.environ.get(PREEMPTIBLE_ENV) else None

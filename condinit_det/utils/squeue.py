@@ -1,7 +1,5 @@
-"""What Slurm says of some jobs: one ``squeue`` query for the run lock, the submission and the status command.
-
-Array elements are listed one per line (``--array``; else pending ones fold into ``123_[4-7]``). Jobs that ended more
-than ``MinJobAge`` ago are no longer listed.
+"""What Slurm says of some jobs: one ``squeue`` query (array elements one per line, ``--array``; else pending ones
+fold into ``123_[4-7]``) for the run lock, the submission and the status command.
 """
 
 from __future__ import annotations
@@ -13,8 +11,7 @@ from typing import Dict, List, Optional, Sequence
 
 __all__ = ["ENDED_STATES", "JobStates", "is_pending", "query_jobs", "squeue_command", "still_runs"]
 
-# squeue's final states: a job in any other state (pending, running, completing, suspended, requeued, held, ...)
-# may still run.
+# squeue's final states; a job in any other state (pending, running, suspended, requeued, held, ...) may still run.
 ENDED_STATES = frozenset(
     {
         "BOOT_FAIL",
@@ -35,8 +32,7 @@ _PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD
 
 @dataclass
 class JobStates:
-    """The answer to :func:`query_jobs`: job id -> state of each job squeue lists, or ``error`` (why there is no
-    answer: no squeue on PATH, a failure, a time-out) with no states."""
+    """The answer to :func:`query_jobs`: job id -> state of each job squeue lists, or why there is no answer."""
 
     states: Dict[str, str] = field(default_factory=dict)
     error: Optional[str] = None

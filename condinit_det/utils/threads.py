@@ -42,9 +42,8 @@ def _allocation() -> Tuple[Optional[int], str]:
 
 
 def allocated_cpus() -> Optional[int]:
-    """The CPUs this process may use: ``SLURM_CPUS_PER_TASK`` (or the CPU affinity's size when smaller), else the
-    affinity's size when smaller than the machine's CPU count, else None (nothing restricts it). A
-    ``SLURM_CPUS_PER_TASK`` that is not a positive integer raises ValueError."""
+    """The CPUs this process may use: ``SLURM_CPUS_PER_TASK`` or the CPU affinity, whichever is smaller; None when
+    nothing restricts it. A ``SLURM_CPUS_PER_TASK`` that is not a positive integer raises ValueError."""
     return _allocation()[0]
 
 
@@ -54,11 +53,9 @@ def threads_for_process(
     """Divide the allocation among the training processes of one node (the rule in the module docstring).
 
     Args:
-        processes_per_node: training processes of the run on this node (GPUs, or CPU processes), >= 1.
+        processes_per_node: training processes of the run on this node, >= 1.
         allocated: the CPUs of this node's task (:func:`allocated_cpus`); None: ``os.cpu_count()``.
-        max_workers: the most data-loader workers the config asks for (>= 0), or None.
-
-    Returns a :class:`ThreadPlan` ``(intra_op_threads, loader_workers)`` per process.
+        max_workers: the most data-loader workers the config asks for, or None.
     """
     cpus = allocated if allocated is not None else (os.cpu_count() or 1)
     share = max(1, cpus // processes_per_node)
@@ -73,18 +70,13 @@ def apply_thread_settings(
     max_workers: Optional[int] = None,
     log: Optional[logging.Logger] = None,
 ) -> ThreadPlan:
-    """Size this process's thread pools from the allocation; returns the plan (the caller sets its data loaders'
-    worker counts to ``plan.loader_workers``). Call it in every training process before the model and the data
-    loaders are built.
+    """Size this process's thread pools (and ``OMP_NUM_THREADS`` for what loads or starts later) from the allocation,
+    before the model and the data loaders are built; returns the plan, whose ``loader_workers`` the caller applies.
 
     Args:
         processes_per_node, max_workers: as in :func:`threads_for_process`.
-        allocated: the CPUs of this node's task when the environment does not say (``--cpus-per-task`` outside
-            Slurm); the environment's allocation wins.
+        allocated: the CPUs when the environment does not say (``--cpus-per-task`` outside Slurm).
         log: where the one line goes (default: this module's logger).
-
-    ``OMP_NUM_THREADS`` (and ``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` where set) is set in ``os.environ`` for
-    the libraries loaded later and the processes started later.
     """
     import threadpoolctl
     import torch
