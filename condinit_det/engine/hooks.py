@@ -1,5 +1,5 @@
 """Training hooks: COCO AP records (and the time the evaluations to come will take), the best and requeue
-checkpoints."""
+checkpoints, the history the metric writers smooth over."""
 
 import logging
 import math
@@ -16,7 +16,7 @@ from condinit_det.stage import DETECTION
 from condinit_det.utils.fileio import read_json
 from condinit_det.utils.preemption import PreemptionWatch
 
-__all__ = ["AP_RECORD_METRICS", "APHook", "ap_record", "build_best_checkpointer"]
+__all__ = ["AP_RECORD_METRICS", "APHook", "PreemptionHook", "WriterHistory", "ap_record", "build_best_checkpointer"]
 
 AP_RECORD_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")  # what an "ap" record holds per task
 _TASKS = ("bbox", "segm")
@@ -77,8 +77,8 @@ class APHook(hooks.EvalHook):
             run directory) and ``"ground_truth"``, so that the report can resample evaluation images.
         ground_truth: the evaluation dataset's COCO json, or None.
 
-    A run killed during an evaluation makes that evaluation first when it resumes. :attr:`last_results` holds the
-    last evaluation's metrics; :meth:`seconds_left` the time the evaluations to come will take (for the ETA).
+    :attr:`last_results` holds the last evaluation's metrics; :meth:`seconds_left` the time the evaluations to come
+    will take (for the ETA).
     """
 
     def __init__(
@@ -106,21 +106,6 @@ class APHook(hooks.EvalHook):
         done, end, period = iteration + 1, self.trainer.max_iter, self._period
         count = ((end - 1) // period - done // period if period > 0 else 0) + (done < end)
         return count * sum(self._durations) / len(self._durations) if self._durations else 0.0
-
-    def before_train(self):
-        # A run killed during an evaluation resumes from the checkpoint saved just before it: that evaluation is owed.
-        done = self.trainer.iter
-        if not (self._period > 0 and 0 < done < self.trainer.max_iter and done % self._period == 0):
-            return
-        recorded = comm.is_main_process() and any(r["iteration"] == done for r in self._results_file.records("ap"))
-        if not comm.all_gather(recorded)[0]:
-            # Stored as the uninterrupted run would have: by the last finished iteration.
-            storage, self._iteration = self.trainer.storage, done
-            storage.iter = done - 1
-            try:
-                self._do_eval()
-            finally:
-                storage.iter, self._iteration = done, None
 
     def after_train(self):
         # detectron2 calls after_train on the way out of an exception too: evaluate only a training that ran to its end
@@ -181,21 +166,12 @@ def _fmt_ap(task: Optional[Mapping[str, Any]]) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-class _BestCheckpointer(hooks.BestCheckpointer):
-    """Also considers the evaluation an :class:`APHook` owes at the start of a resumed run."""
-
-    def before_train(self):
-        latest = self.trainer.storage.latest().get(self._val_metric)
-        if latest is not None and latest[1] == self.trainer.iter - 1:
-            self._best_checking()
-
-
 def build_best_checkpointer(
     eval_period: int, checkpointer, *, results_file: ResultsFile, val_metric: str = "bbox/AP"
 ) -> hooks.BestCheckpointer:
     """detectron2's ``BestCheckpointer`` keeping ``model_best.pth`` by ``val_metric`` (NaN is never "best"), with the
     best so far of a resumed run restored from its results file. Register it after the :class:`APHook`."""
-    best = _BestCheckpointer(eval_period, checkpointer, val_metric, mode="max")
+    best = hooks.BestCheckpointer(eval_period, checkpointer, val_metric, mode="max")
     task, _, metric = val_metric.partition("/")
     for r in results_file.records("ap"):
         value = (r.get(task) or {}).get(metric)
@@ -221,3 +197,29 @@ class PreemptionHook(hooks.HookBase):
             self._checkpointer.save(f"model_{done:07d}")
         comm.synchronize()
         self._watch.stop(self._run_dir, f"checkpoint model_{done:07d}.pth")
+
+
+class WriterHistory(hooks.HookBase):
+    """The last ``window`` values of every scalar, which detectron2's writers smooth over (the median of 20), kept in
+    the checkpoint: a resumed run writes the ``metrics.json`` lines of the uninterrupted one. Resuming a checkpoint
+    without them (an earlier version's) says in one line that the run does not continue as it would have."""
+
+    def __init__(self, window: int = 20):
+        self._window, self._loaded = window, None
+
+    def state_dict(self):
+        histories = self.trainer.storage.histories().items()
+        return {"history": {name: buffer.values()[-self._window :] for name, buffer in histories}}
+
+    def load_state_dict(self, state):
+        self._loaded = state["history"]
+
+    def before_train(self):
+        if self._loaded is None and self.trainer.start_iter > 0:
+            logger.warning(
+                f"The checkpoint of iteration {self.trainer.start_iter} was written by an earlier version: training "
+                "continues, but with another data order and other random draws than the interrupted run's"
+            )
+        for name, values in (self._loaded or {}).items():
+            for value, iteration in values:  # histories() is the storage's own table: it creates the buffer
+                self.trainer.storage.histories()[name].update(value, iteration)

@@ -32,7 +32,7 @@ from ..modeling.arm import rank0_computes_arm
 from ..records.environment import environment_record
 from ..records.failures import note_failure
 from ..records.identity import write_arm_report
-from ..records.results import METRICS_FILENAME, ResultsFile
+from ..records.results import METRICS_FILENAME, ResultsFile, truncate_metrics
 from ..stage import DETECTION, PRETRAIN, RunOptions
 from ..tracking import tracker_writers
 from ..utils.distributed import check_replicas, sync_buffers
@@ -40,7 +40,8 @@ from ..utils.logs import ETAPrinter
 from ..utils.preemption import Preempted
 from .checkpoint import RunCheckpointer, pretrain_checkpoint_file
 from .config import arm_spec, dataset_names, run_identity
-from .hooks import APHook, PreemptionHook, ap_record, build_best_checkpointer
+from .data import StepSeeds, instantiate_train_loader
+from .hooks import APHook, PreemptionHook, WriterHistory, ap_record, build_best_checkpointer
 
 __all__ = ["PREDICTIONS_FIGURE", "do_test", "final_recorded", "run", "save_predictions_figure", "weights_from"]
 
@@ -185,10 +186,10 @@ def do_train(options: RunOptions, cfg, environment: dict):
 
     cfg.optimizer.params.model = model
     optim = instantiate(cfg.optimizer)
-    train_loader = instantiate(cfg.dataloader.train)
 
     ddp_model = _distributed(model, cfg)
-    trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, train_loader, optim)
+    # The data loader comes once the iteration it starts from is known.
+    trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(ddp_model, None, optim)
     checkpointer = RunCheckpointer(
         ddp_model,
         output_dir,
@@ -197,36 +198,15 @@ def do_train(options: RunOptions, cfg, environment: dict):
         trust_pickle=options.trust_pickle,
         metadata={**metadata, "stage": DETECTION.name},
     )
-    eval_period = int(cfg.train.eval_period)
-    out = OmegaConf.select(cfg, "dataloader.evaluator.output_dir", default=None)  # where it saves its predictions
-    ap_hook = APHook(
-        eval_period,
-        functools.partial(do_test, cfg, ddp_model),
-        results_file=results_file,
-        metadata=metadata,
-        predictions_file=os.path.join(out, "coco_instances_results.json") if out else None,
-        ground_truth=MetadataCatalog.get(dataset_names(cfg)[-1]).get("json_file") if out else None,
-    )
-    hook_list = [
-        hooks.IterationTimer(),
-        hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
-        hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main_process else None,
-        ap_hook,
-        build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main_process else None,
-        PreemptionHook(checkpointer, output_dir),
-        build_conditioning_hook(cfg, config_name=options.config_file or None),
-    ]
-    if main_process:  # detectron2's default writers, with an ETA that counts the evaluations to come
-        params = {**metadata, "identity": identity}
-        writers = [
-            ETAPrinter(max_iter, ap_hook.seconds_left),
-            JSONWriter(os.path.join(output_dir, METRICS_FILENAME)),
-            TensorboardXWriter(output_dir),
-            # + W&B / MLflow (the storage counts from iteration 0)
-            *tracker_writers(cfg, output_dir, stage=DETECTION.name, params=params, step_offset=1, max_step=max_iter),
+    # The hooks whose state the checkpoint holds, registered before it loads.
+    trainer.register_hooks(
+        [
+            hooks.IterationTimer(),
+            hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
+            StepSeeds(int(cfg.train.seed)),
+            WriterHistory(),
         ]
-        hook_list.append(hooks.PeriodicWriter(writers, period=cfg.train.log_period))
-    trainer.register_hooks(hook_list)
+    )
 
     init = pretrain_checkpoint_file(cfg.train.init_checkpoint) if cfg.train.init_checkpoint else ""
     will_resume = options.resume and checkpointer.has_checkpoint()
@@ -246,11 +226,47 @@ def do_train(options: RunOptions, cfg, environment: dict):
         results_file.add({**environment, "iteration": start_iter})
     if start_iter >= max_iter:
         logger.info(f"{output_dir}: training already finished ({max_iter} iterations).")
+        results = {}
         if not final_recorded(output_dir, max_iter):
-            ap_hook.last_results = do_test(cfg, ddp_model)
+            results = do_test(cfg, ddp_model)
             if main_process:
-                results_file.add(ap_record(ap_hook.last_results, iteration=max_iter, **metadata))
-        return ap_hook.last_results
+                results_file.add(ap_record(results, iteration=max_iter, **metadata))
+        return results
+
+    trainer.reset_data_loader(functools.partial(instantiate_train_loader, cfg, start=start_iter))
+    eval_period = int(cfg.train.eval_period)
+    out = OmegaConf.select(cfg, "dataloader.evaluator.output_dir", default=None)  # where it saves its predictions
+    ap_hook = APHook(
+        eval_period,
+        functools.partial(do_test, cfg, ddp_model),
+        results_file=results_file,
+        metadata=metadata,
+        predictions_file=os.path.join(out, "coco_instances_results.json") if out else None,
+        ground_truth=MetadataCatalog.get(dataset_names(cfg)[-1]).get("json_file") if out else None,
+    )
+    writer = None
+    if main_process:  # detectron2's default writers, with an ETA that counts the evaluations to come
+        truncate_metrics(output_dir, max_iteration=start_iter - 1)  # what a killed run wrote after its checkpoint
+        params = {**metadata, "identity": identity}
+        writers = [
+            ETAPrinter(max_iter, ap_hook.seconds_left),
+            JSONWriter(os.path.join(output_dir, METRICS_FILENAME)),
+            TensorboardXWriter(output_dir),
+            # + W&B / MLflow (the storage counts from iteration 0)
+            *tracker_writers(cfg, output_dir, stage=DETECTION.name, params=params, step_offset=1, max_step=max_iter),
+        ]
+        writer = hooks.PeriodicWriter(writers, period=cfg.train.log_period)
+    # An iteration's evaluation and metrics are written before its checkpoint, which thus covers them.
+    trainer.register_hooks(
+        [
+            ap_hook,
+            build_best_checkpointer(eval_period, checkpointer, results_file=results_file) if main_process else None,
+            build_conditioning_hook(cfg, config_name=options.config_file or None),
+            writer,
+            hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main_process else None,
+            PreemptionHook(checkpointer, output_dir),
+        ]
+    )
     try:
         trainer.train(start_iter, max_iter)
     except Exception as e:
