@@ -272,6 +272,50 @@ def test_dry_run_describes_every_run_and_writes_nothing(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# A Slurm element carries plain data: queued by one version, started by the next
+# ---------------------------------------------------------------------------------------------
+def test_a_queued_slurm_element_starts_after_a_class_of_the_plan_changed(tmp_path, monkeypatch):
+    import dataclasses
+    import io
+    import pickle
+
+    from submitit.helpers import DelayedSubmission
+
+    from condinit_det.launch import plan, slurm
+
+    command = "condinit-train --config-file fake.cfg --arm all --lr-scale 0.5,1 --slurm"
+    experiment = plan_experiment(FakeStage(), _args(tmp_path, "--arm", "all", "--lr-scale", "0.5,1", command=command))
+    spec = RunSpec("mimetic", 0, 0.5)
+    element = slurm.RunElement(slurm.element_description(experiment, spec))
+    DelayedSubmission(element).dump(tmp_path / "queued.pkl")  # what submitit keeps for the element
+
+    class OnlyTheElement(pickle.Unpickler):  # every other class of the package (Experiment, the stage) is refused
+        def find_class(self, module, name):
+            assert (module, name) == ("condinit_det.launch.slurm", "RunElement"), (module, name)
+            return super().find_class(module, name)
+
+    assert OnlyTheElement(io.BytesIO(pickle.dumps(element))).load().description == element.description
+
+    @dataclasses.dataclass
+    class Changed(plan.Experiment):  # the next version's plan, with a field the queued version did not have
+        retries: int = 0
+
+    monkeypatch.setattr(plan, "Experiment", Changed)
+    queued = DelayedSubmission.load(tmp_path / "queued.pkl").function
+    started = slurm.element_experiment(queued.description)
+    assert isinstance(started, Changed) and started.retries == 0
+    assert started.runs == [spec] and started.element and started.args.resume and not started.args.slurm
+    assert started.run_dir(spec) == experiment.run_dir(spec) == queued.run_dir
+
+    older = slurm.RunElement({**queued.description, "format": 0, "version": "0.0.1"})
+    with pytest.raises(RuntimeError) as error:
+        older()
+    message = str(error.value)
+    assert "\n" not in message and "queued by condinit-det 0.0.1 (element format 0)" in message
+    assert f"(element format {slurm.ELEMENT_FORMAT}); submit it again with: {command}" in message
+
+
+# ---------------------------------------------------------------------------------------------
 # A third stage: status and report read it through its descriptor alone
 # ---------------------------------------------------------------------------------------------
 def test_a_third_stage_appears_in_status_and_in_the_report(tmp_path):

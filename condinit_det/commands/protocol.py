@@ -3,6 +3,7 @@
 :mod:`condinit_det.launch.protocol`.
 """
 
+import shlex
 import sys
 from typing import List, Optional
 
@@ -13,6 +14,7 @@ from condinit_det.utils.errors import UsageError
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_protocol_parser()
     args = parser.parse_args(argv)
+    args.command = shlex.join([parser.prog, *(sys.argv[1:] if argv is None else argv)])  # what submits it again
     from condinit_det.engine import DetectionStage
     from condinit_det.pretrain import PretrainStage
 

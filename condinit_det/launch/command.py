@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Callable, List, Optional
 
@@ -32,6 +33,7 @@ def run_command(
     another, and a run that failed or diverged makes the status 1 (the others go on)."""
     parser = build_parser(description=description, examples=examples, config_help=config_help)
     args = parse_arguments(parser, argv)
+    args.command = shlex.join([parser.prog, *(sys.argv[1:] if argv is None else argv)])  # what submits it again
     from ..records.lock import RunInUse
     from .plan import describe_plan, plan_experiment
 

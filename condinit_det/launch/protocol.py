@@ -81,6 +81,7 @@ def _stage_args(
     stage_args = build_parser().parse_args([])
     shared = {key: value for key, value in vars(args).items() if key in vars(stage_args)}
     vars(stage_args).update(shared, config_file=config_file, opts=list(opts), step_time=step_time, slurm=True)
+    stage_args.command = getattr(args, "command", None)
     return stage_args
 
 

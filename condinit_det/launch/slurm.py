@@ -14,24 +14,28 @@ What a job sees on the time-limit signal, ``scancel`` and ``scontrol requeue``: 
 
 import argparse
 import copy
+import dataclasses
+import importlib
+import json
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import submitit
 from submitit.helpers import Checkpointable, DelayedSubmission
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJobEnvironment
 
+from .. import __version__
 from ..records.failures import failure_of
 from ..records.jobs import read_report_jobs, record_jobs
 from ..records.layout import REPORT_DIRNAME, RunSpec
 from ..utils.preemption import PREEMPTED_FILENAME, PREEMPTIBLE_ENV, Preempted
 from ..utils.squeue import is_pending, query_jobs, squeue_command
-from .plan import Experiment, in_flight, run_actions
+from .plan import Experiment, in_flight, plan_experiment, run_actions
 from .run import ReportJob, execute
 
 __all__ = [
@@ -148,18 +152,47 @@ def slurm_rendezvous(cpu_processes_per_machine: int = 1) -> Tuple[int, int, int,
 
 
 _PREEMPTED_EXIT = 75
+ELEMENT_FORMAT = 1  # what an element carries (element_description): a change of meaning takes a new number
 
 
-def _element_main(experiment: Experiment, spec: RunSpec) -> None:
-    """The supervising process of an element on one node: the experiment reduced to ``spec``."""
+def element_description(experiment: Experiment, spec: RunSpec) -> Dict[str, Any]:
+    """What a Slurm element carries of its run: plain data (the command's flags, the stage, the experiment and run
+    directories), never a pickled object of the package's classes, so that an element queued by one version of the
+    package starts under the next."""
+    stage = type(experiment.stage)
+    return {
+        "format": ELEMENT_FORMAT,
+        "version": __version__,
+        "stage": f"{stage.__module__}.{stage.__qualname__}",
+        "flags": json.loads(json.dumps(vars(experiment.args))),
+        "output_dir": experiment.base,
+        "upstream": experiment.upstream,
+        "run": dataclasses.asdict(spec),
+        "run_dir": experiment.run_dir(spec),
+    }
+
+
+def element_experiment(description: Mapping[str, Any]) -> Experiment:
+    """The experiment of one element's run, planned again from its description (``--resume`` semantics)."""
+    spec = RunSpec(**description["run"])
+    args = argparse.Namespace(**description["flags"])
+    args.arm, args.seeds, args.lr_scale = spec.arm, str(spec.seed), repr(spec.lr_scale)
+    args.slurm, args.dry_run, args.resume = False, False, True
+    module, _, name = description["stage"].rpartition(".")
+    stage = getattr(importlib.import_module(module), name)()
+    experiment = plan_experiment(stage, args, output_dir=description["output_dir"], upstream=description["upstream"])
+    return experiment.only(spec)
+
+
+def _element_main(description: Dict[str, Any]) -> None:
+    """The supervising process of an element on one node: the run of ``description``."""
     os.environ[PREEMPTIBLE_ENV] = "1"
     signal.signal(signal.SIGUSR2, lambda *_: None)  # the training processes act on it, this one must not die
-    experiment = experiment.only(spec)
-    args = experiment.args = copy.copy(experiment.args)
+    experiment = element_experiment(description)
+    args = experiment.args
     args.num_machines, args.machine_rank, args.num_gpus, args.dist_url = slurm_rendezvous(
         cpu_processes_per_machine=max(int(args.num_gpus), 1)
     )
-    args.resume = True
     try:
         code = execute(experiment)
     except Preempted:
@@ -168,23 +201,39 @@ def _element_main(experiment: Experiment, spec: RunSpec) -> None:
 
 
 class RunElement(Checkpointable):
-    """One planned run as a submitit callable (a job-array element); requeues itself on the time-limit signal."""
+    """One planned run as a submitit callable (a job-array element); requeues itself on the time-limit signal.
+    It is pickled as a call of this class with its description (:func:`element_description`): an element queued
+    with another :data:`ELEMENT_FORMAT` stops with one line that says how to submit it again."""
 
-    def __init__(self, experiment: Experiment, spec: RunSpec):
-        self.experiment, self.spec = experiment, spec
+    def __init__(self, description: Dict[str, Any]):
+        self.description = description
+
+    def __reduce__(self):
+        return RunElement, (self.description,)
 
     @property
     def run_dir(self) -> str:
-        return self.experiment.run_dir(self.spec)
+        return self.description["run_dir"]
+
+    def _check_format(self) -> None:
+        found = self.description.get("format")
+        if found != ELEMENT_FORMAT:
+            command = self.description.get("flags", {}).get("command") or "the command that submitted it"
+            raise RuntimeError(
+                f"{self.run_dir}: queued by condinit-det {self.description.get('version', '?')} (element format "
+                f"{found}), started under condinit-det {__version__} (element format {ELEMENT_FORMAT}); submit it "
+                f"again with: {command}"
+            )
 
     def __call__(self) -> str:
-        process = multiprocessing.get_context("spawn").Process(target=_element_main, args=(self.experiment, self.spec))
+        self._check_format()
+        process = multiprocessing.get_context("spawn").Process(target=_element_main, args=(self.description,))
         process.start()
         process.join()
         if process.exitcode == 0:
             return f"{self.run_dir}: finished"
         if process.exitcode == _PREEMPTED_EXIT:  # checkpoint() is requeueing this job
-            time.sleep(max(int(self.experiment.args.signal_delay), 1))
+            time.sleep(max(int(self.description["flags"]["signal_delay"]), 1))
         failure = failure_of(self.run_dir)
         why = failure.get("message") if failure else f"exit status {process.exitcode}"
         raise RuntimeError(f"{self.run_dir} did not finish: {why}")
@@ -192,10 +241,10 @@ class RunElement(Checkpointable):
     def checkpoint(self, *args, **kwargs):
         """USR2 (time limit): the training processes stop at their next step boundary and leave
         ``<run>/preempted``; wait for it (within the signal delay), then requeue this element."""
-        deadline = time.time() + 0.75 * max(int(self.experiment.args.signal_delay), 10)
+        deadline = time.time() + 0.75 * max(int(self.description["flags"]["signal_delay"]), 10)
         while not os.path.exists(os.path.join(self.run_dir, PREEMPTED_FILENAME)) and time.time() < deadline:
             time.sleep(0.5)
-        return DelayedSubmission(RunElement(self.experiment, self.spec))
+        return DelayedSubmission(RunElement(self.description))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +275,8 @@ def submit_runs(
     if not specs:
         return []
     executor = make_executor(experiment.args, slurm_folder(experiment.args, experiment.base), name)
-    jobs = submit(executor, [RunElement(experiment, spec) for spec in specs], dependency=dependency)
+    elements = [RunElement(element_description(experiment, spec)) for spec in specs]
+    jobs = submit(executor, elements, dependency=dependency)
     record_jobs(experiment.base, {s.dir: str(j.job_id) for s, j in zip(specs, jobs)})
     what = f"job array {str(jobs[0].job_id).split('_')[0]}" if len(jobs) > 1 else f"job {jobs[0].job_id}"
     log(f"Submitted {len(jobs)} run(s) of {experiment.base} as {what}" + (f" after {dependency}" if dependency else ""))
