@@ -318,18 +318,25 @@ def test_another_arms_pretraining_checkpoint_is_refused(tmp_path):
 
 def test_a_dry_run_prices_a_fine_tuning_before_its_pretraining(tmp_path):
     from condinit_det.launch.plan import describe_plan
+    from condinit_det.records.layout import plan_runs, write_plan
+    from condinit_det.stage import PRETRAIN
 
     pretrain = tmp_path / "pretrain"
+    write_plan(str(pretrain), plan_runs(["default", "mimetic"], [0]), stage=PRETRAIN, config="c.py", length=1)
     (pretrain / "mimetic" / "seed0").mkdir(parents=True)  # started, without its final weights yet
     template = f"train.init_checkpoint='{pretrain / '{arm}' / 'seed{seed}'}'"
     argv = ["--arm", "default,mimetic", template, f"train.output_dir={tmp_path / 'exp'}"]
     lines = describe_plan(_check(*argv, "--dry-run", "--step-time", "1")).splitlines()
-    assert f"waits for {pretrain / 'default' / 'seed0'} (not trained yet)" in lines
+    assert f"waits for {pretrain / 'default' / 'seed0'} (not trained yet)" in lines  # planned, not started
     assert f"waits for {pretrain / 'mimetic' / 'seed0'} (not finished yet)" in lines
     assert any(line.startswith("| total (2 runs)") for line in lines)  # priced all the same
     # a real start still refuses
     with pytest.raises(UsageError, match=f"checkpoint {pretrain / 'default' / 'seed0'} does not exist"):
         _check(*argv)
+    # a path that no plan lists (a typo) is missing, for a dry run as for a real start
+    typo = f"train.init_checkpoint='{tmp_path / 'pretrian' / '{arm}' / 'seed{seed}'}'"
+    with pytest.raises(UsageError, match=f"checkpoint {tmp_path / 'pretrian' / 'default' / 'seed0'} does not exist"):
+        _check("--arm", "default,mimetic", typo, f"train.output_dir={tmp_path / 'exp'}", "--dry-run")
 
 
 def test_a_missing_step_bench_file_or_sbatch_is_one_error_line_and_nothing_is_written(tmp_path, capsys, monkeypatch):

@@ -272,6 +272,20 @@ def test_runs_without_plan_and_set_aside_runs(tmp_path):
     )
 
 
+@pytest.mark.parametrize("report", ['{"run": "conditioned", "arm": "conditioned"}', "[1, 2]", "{not json"])
+def test_a_run_whose_arm_report_is_not_one_is_unreadable_and_the_others_shown(tmp_path, report):
+    base = str(tmp_path / "exp")
+    det_run(base, RunSpec("default", 0), evals=[(6, 1.0, 1.0)], lines=[(5, 0.5, 3.0)])
+    det_run(base, RunSpec("mimetic", 0), evals=[(6, 1.0, 1.0)], lines=[(5, 0.5, 3.0)])
+    with open(os.path.join(RunSpec("mimetic", 0).path(base), "condinit_arm_report.json"), "w") as f:
+        f.write(report)
+    statuses = {s.path: s for s in experiment_status(base, now=NOW)}
+    bad = statuses[RunSpec("mimetic", 0).path(base)]
+    assert bad.state == "unreadable" and "condinit_arm_report.json" in bad.problem
+    assert statuses[RunSpec("default", 0).path(base)].state == "stopped"
+    assert "unreadable" in format_table(list(statuses.values()))
+
+
 def test_json_output(half_finished, capsys):
     # --stale-after as the fixture's clock would have it (its files are dated from the module's import)
     assert main([half_finished, "--json", "--stale-after", str(time.time() - NOW + 600)]) == 0

@@ -5,7 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..records.layout import RunSpec
+from ..records.layout import RunSpec, find_plans, read_plan
 from ..stage import DETECTION, ConfigDefaults, RunOptions, Stage
 from ..utils.errors import UsageError
 from .checkpoint import pretrain_checkpoint_file
@@ -80,7 +80,7 @@ class DetectionStage(Stage):
         check_arm_sites(runs[0][1])  # the runs differ in arm, seed and lr only: the same sites
         for _, cfg in runs:
             # A dry run prices a fine-tuning whose pretraining is not trained yet: its folder counts as the upstream.
-            waits = self.waits_for(cfg) if options.dry_run else None
+            waits = self.waits_for(cfg, upstream) if options.dry_run else None
             check_run(
                 cfg,
                 resume=options.resume,
@@ -92,14 +92,21 @@ class DetectionStage(Stage):
             )
         check_shared_checkpoints(runs, allow_shared_checkpoint=options.allow_shared_checkpoint)
 
-    def waits_for(self, cfg) -> Optional[str]:
+    def waits_for(self, cfg, upstream: Optional[str] = None) -> Optional[str]:
         init = cfg.train.get("init_checkpoint") or ""
         if not init or "://" in init:
             return None
         try:
-            return None if os.path.isfile(pretrain_checkpoint_file(init)) else init
+            if os.path.isfile(pretrain_checkpoint_file(init)):
+                return None
         except FileNotFoundError:  # a pretraining run directory without its final weights yet
             return init
+        # Not there yet: a run of the upstream experiment, or one that a plan lists, else a path that is missing.
+        if upstream and os.path.abspath(init).startswith(os.path.join(os.path.abspath(upstream), "")):
+            return init
+        plans = [read_plan(base) for base in find_plans(init)]
+        listed = [os.path.abspath(s.path(p.base)) for p in plans if p for s in p.runs]
+        return init if os.path.abspath(init) in listed else None
 
     def loader_workers(self, cfg) -> Optional[int]:
         return cfg.dataloader.train.get("num_workers")

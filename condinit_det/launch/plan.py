@@ -218,7 +218,7 @@ def _plan(stage: Stage, args, *, output_dir, upstream) -> Experiment:
             "condinit.options.scale_matched.norm and condinit.options.structured.norm alike"
         )
     if args.dry_run:
-        waits = {spec: stage.waits_for(run_cfg) for spec, run_cfg in configured}
+        waits = {spec: stage.waits_for(run_cfg, upstream) for spec, run_cfg in configured}
         experiment.waiting = {spec: path for spec, path in waits.items() if path}
     if args.eval_only:
         return experiment

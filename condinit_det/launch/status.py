@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from tabulate import tabulate
 
 from ..records.failures import describe_failure
-from ..records.identity import read_arm_report
+from ..records.identity import ARM_REPORT_FILENAME, read_arm_report
 from ..records.jobs import read_jobs
 from ..records.layout import find_plans, is_set_aside, read_plan
 from ..records.results import FAILED_KIND, METRICS_FILENAME, RESULTS_FILENAME, ResultsFile
@@ -110,11 +110,12 @@ def _number(value) -> Optional[float]:
 
 
 def _identity(path: str, records: Sequence[dict]) -> Tuple[str, Optional[int], float]:
-    """(arm, seed, lr scale) of a run found on disk: its arm report's run section, then its records."""
-    try:
-        run = (read_arm_report(path) or {}).get("run") or {}
-    except (ValueError, AttributeError):  # an arm report that is not JSON, or not an object: the records alone
-        run = {}
+    """(arm, seed, lr scale) of a run found on disk: its arm report's run section, then its records. An arm report
+    that is not an object with a ``run`` object raises ValueError."""
+    report = read_arm_report(path) or {}
+    run = report.get("run") or {} if isinstance(report, dict) else None
+    if not isinstance(run, dict):
+        raise ValueError(f"{os.path.join(path, ARM_REPORT_FILENAME)} is not an arm report: its 'run' is no object")
     arm, seed, scale = run.get("arm"), run.get("seed"), run.get("lr_scale")
     for r in records:  # the records win, as in the report
         arm = r["arm"] if r.get("arm") is not None else arm
@@ -219,13 +220,15 @@ def _run_dirs(root: str) -> List[str]:
 
 def _read(status: RunStatus, now: float, stale_after: float) -> RunStatus:
     """Fill ``status`` from its run directory; a run in no plan takes its identity and stage from its own files. A
-    results file that cannot be read makes it ``"unreadable"``, with why (the other runs are still shown)."""
+    results file or arm report that cannot be read makes it ``"unreadable"``, with why (the other runs are shown)."""
+    records = []
     try:
         records = ResultsFile(status.path).records()
+        if not status.planned:
+            status.arm, status.seed, status.lr_scale = _identity(status.path, records)
     except ValueError as e:
-        records, status.state, status.problem = [], "unreadable", str(e)
+        status.state, status.problem = "unreadable", str(e)
     if not status.planned:
-        status.arm, status.seed, status.lr_scale = _identity(status.path, records)
         status.descriptor = stage_of(next((r["stage"] for r in reversed(records) if r.get("stage")), None))
     return status if status.problem else _read_run(status, records, now, stale_after)
 

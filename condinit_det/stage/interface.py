@@ -147,9 +147,10 @@ class Stage(abc.ABC):
     def evaluate(self, options: RunOptions, cfg, run_dir: str) -> None:
         """``--eval-only``: evaluate a checkpoint of the run and record it; called in every process."""
 
-    def waits_for(self, cfg) -> Optional[str]:
-        """The earlier run (or checkpoint) a configured run starts from, when its weights do not exist yet; None when
-        they exist or the run starts from none. A dry run plans such a run and names what it waits for."""
+    def waits_for(self, cfg, upstream: Optional[str] = None) -> Optional[str]:
+        """The earlier run a configured run starts from (under ``upstream``, an earlier stage's experiment, or
+        planned there), when its weights do not exist yet; None when they exist, the run starts from none, or the
+        path names no run. A dry run plans such a run and names what it waits for."""
         return None
 
     def loader_workers(self, cfg) -> Optional[int]:
