@@ -63,10 +63,14 @@ HOLDER = textwrap.dedent("""
                 os._exit(0)
             os.waitpid(child, 0)
         if mode == "children":  # a forked child and an executed one, both outliving this process
+            ready = os.path.join(run_dir, "child_ready")
             child = os.fork()
-            if child == 0:
+            if child == 0:  # the lock's fork hook has run by now: say so, so the owner is killed after it
+                open(ready, "w").close()
                 time.sleep(60)
                 os._exit(0)
+            while not os.path.exists(ready):
+                time.sleep(0.01)
             sleeper = subprocess.Popen(["sleep", "60"])
             say("held", os.getpid(), child, sleeper.pid)
         else:
@@ -455,7 +459,7 @@ def test_foreign_running_slurm_job_is_refused_even_when_the_flock_is_free(tmp_pa
     assert str(refused.value).startswith(f"{run_dir} is in use by pid 4321 on host node-b (Slurm job 805_7) since ")
     assert calls.read_text().split() == squeue_command(["805_7"])[1:]
     assert read_owner(str(run_dir)) == record  # untouched
-    for state in ("PENDING", "REQUEUED", "COMPLETING", "SUSPENDED"):
+    for state in ("PENDING|Dependency", "REQUEUED", "COMPLETING", "SUSPENDED"):
         fake_squeue(out=f"805_7|{state}\n")
         with pytest.raises(RunInUse):
             RunLock(str(run_dir)).acquire()
@@ -467,10 +471,11 @@ def test_foreign_running_slurm_job_is_refused_even_when_the_flock_is_free(tmp_pa
         dict(out=""),
         dict(out="805_7|COMPLETED\n"),
         dict(out="805_7|CANCELLED\n"),
+        dict(out="805_7|PENDING|DependencyNeverSatisfied\n"),  # waits on a job that failed: never starts
         dict(out="", rc=1, err="slurm_load_jobs error: Invalid job id specified"),
         None,  # no squeue on PATH
     ],
-    ids=["empty", "completed", "cancelled", "unknown-job", "no-squeue"],
+    ids=["empty", "completed", "cancelled", "never-starts", "unknown-job", "no-squeue"],
 )
 def test_foreign_slurm_job_that_is_gone_is_taken_over(tmp_path, log, caplog, fake_squeue, monkeypatch, answer):
     if answer is None:

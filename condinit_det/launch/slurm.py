@@ -31,10 +31,10 @@ from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJobEnvironment
 
 from .. import __version__
 from ..records.failures import failure_of
-from ..records.jobs import read_report_jobs, record_jobs
+from ..records.jobs import read_jobs, read_report_jobs, record_jobs
 from ..records.layout import REPORT_DIRNAME, RunSpec
 from ..utils.preemption import PREEMPTED_FILENAME, PREEMPTIBLE_ENV, Preempted
-from ..utils.squeue import is_pending, query_jobs, squeue_command
+from ..utils.squeue import NEVER_STARTS, is_pending, query_jobs, squeue_command
 from .plan import Experiment, in_flight, plan_experiment, run_actions
 from .run import ReportJob, execute
 
@@ -253,6 +253,11 @@ class RunElement(Checkpointable):
 def _runs_to_submit(experiment: Experiment, log) -> Tuple[List[RunSpec], Dict[RunSpec, str]]:
     """The runs that need a job (:func:`condinit_det.launch.plan.run_actions`) and the runs in flight, with their
     pending or running job; says what is left out (in flight; finished, or diverged and not ``--retry-failed``)."""
+    current = list(read_jobs(experiment.base).values())
+    stuck = [job for job, state in query_jobs(current).states.items() if state == NEVER_STARTS]
+    if stuck:  # their runs are submitted again below, after the run they waited on
+        subprocess.run(["scancel", *stuck], capture_output=True, timeout=60)
+        log(f"  cancelled job(s) {', '.join(stuck)} of {experiment.base}: they waited on a job that failed")
     flying = in_flight(experiment)
     actions = run_actions(experiment, flying)
     todo = [spec for spec, _, trains in actions if trains]

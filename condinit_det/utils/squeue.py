@@ -9,11 +9,15 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["ENDED_STATES", "JobStates", "is_pending", "query_jobs", "squeue_command", "still_runs"]
+__all__ = ["ENDED_STATES", "NEVER_STARTS", "JobStates", "is_pending", "query_jobs", "squeue_command", "still_runs"]
 
+# A pending job that waits on one that failed or was cancelled (squeue's reason DependencyNeverSatisfied): it never
+# starts, so it counts as ended.
+NEVER_STARTS = "DEPENDENCY_NEVER_SATISFIED"
 # squeue's final states; a job in any other state (pending, running, suspended, requeued, held, ...) may still run.
 ENDED_STATES = frozenset(
     {
+        NEVER_STARTS,
         "BOOT_FAIL",
         "CANCELLED",
         "COMPLETED",
@@ -51,7 +55,7 @@ def is_pending(state: Optional[str]) -> bool:
     return state in _PENDING_STATES
 
 
-def squeue_command(job_ids: Optional[Sequence[str]] = None, fields: str = "%i|%T") -> List[str]:
+def squeue_command(job_ids: Optional[Sequence[str]] = None, fields: str = "%i|%T|%r") -> List[str]:
     """The squeue command line: every state, array elements one per line, no header, ``fields`` (squeue's
     ``--format``); the given jobs (default: this user's)."""
     command = ["squeue", "--noheader", "--array", "--states=all", f"--format={fields}"]
@@ -75,7 +79,9 @@ def query_jobs(job_ids: Sequence[str]) -> JobStates:
         return JobStates(error=f"squeue: {message}")
     states = {}
     for line in done.stdout.splitlines():
-        job, _, state = line.strip().partition("|")
+        job, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
         if job and state:
-            states[job] = state.strip().upper()
+            never = state.strip().upper() == "PENDING" and reason.strip() == "DependencyNeverSatisfied"
+            states[job] = NEVER_STARTS if never else state.strip().upper()
     return JobStates(states)
