@@ -419,6 +419,12 @@ def test_hook_writes_storage_and_records(tmp_path):
     assert rec["kappa"] == pytest.approx(rec["sigma_max"] / rec["sigma_min"])
     hist = storage.history("conditioning/net.blocks.1.attn/kappa")
     assert len(hist.values()) == 3
+    # A run resumed at iteration 1 measures what the uninterrupted run measures: nothing at its start.
+    hook._last_measured, trainer.iter, count = None, 1, len(results.records)
+    with EventStorage(1) as storage:
+        trainer.storage = storage
+        hook.before_train()
+    assert len(results.records) == count
 
 
 def test_hook_results_file_and_builder(tmp_path):

@@ -25,6 +25,7 @@ SCHEDULE = [
     "train.checkpointer.period=4",
     "train.log_period=1",
     "model.backbone.net.drop_path_rate=0.2",
+    "condinit_analysis.period=8",  # kappa at 0, 8 and 16: a resumed run measures no more
 ]
 WALL_TIMES = {"time", "data_time", "rank_data_time", "eta_seconds"}
 
@@ -134,5 +135,6 @@ def test_a_run_stopped_at_a_checkpoint_ends_as_the_uninterrupted_run(tmp_path, p
         [r for r in ResultsFile(run).records() if r["kind"] != "environment"] for run in (run_whole, run_stopped)
     ]
     assert records[0] == records[1] and [r["iteration"] for r in records[0] if r["kind"] == "ap"] == [8, 16]
+    assert sorted({r["iteration"] for r in records[0] if r["kind"] == "conditioning"}) == [0, 8, 16]
     environment = [r["iteration"] for r in ResultsFile(run_stopped).records("environment")]
     assert environment == [0, at + 1]  # each start records the machine it ran on

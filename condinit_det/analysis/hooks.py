@@ -21,9 +21,9 @@ _logger = logging.getLogger(__name__)
 
 
 class ConditioningHook(HookBase):
-    """Measure kappa(J) of attention sites on a fixed batch at the start (the initialization, or the resumed
-    iteration), every ``period`` iterations and after the last one, into the event storage and ``"conditioning"``
-    records (:func:`.training.measure_conditioning`); main process only.
+    """Measure kappa(J) of attention sites on a fixed batch at the initialization, every ``period`` iterations and
+    after the last one (a resumed run: what the uninterrupted one would), into the event storage and
+    ``"conditioning"`` records (:func:`.training.measure_conditioning`); main process only.
 
     Args:
         batch: detectron2 input dicts (what the model's forward takes), kept fixed.
@@ -68,7 +68,8 @@ class ConditioningHook(HookBase):
         return records
 
     def before_train(self):
-        self.measure(self.trainer.iter)
+        if self.trainer.iter == 0:
+            self.measure(0)
 
     def after_step(self):
         # The last iteration too, whether or not it is a multiple of the period.

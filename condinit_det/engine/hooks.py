@@ -96,7 +96,6 @@ class APHook(hooks.EvalHook):
         self._metadata = dict(metadata)
         self._predictions_file = predictions_file
         self._ground_truth = ground_truth
-        self._iteration = None
         self._durations = []  # seconds of each evaluation so far
         self.last_results: Mapping[str, Any] = {}  # of the last evaluation
         super().__init__(eval_period, self._evaluate_and_record)
@@ -119,7 +118,7 @@ class APHook(hooks.EvalHook):
         self.last_results = results or {}
         if results and comm.is_main_process():
             # Completed iterations: trainer.iter is the last finished one in after_step, max_iter in after_train.
-            iteration = self._iteration or min(self.trainer.iter + 1, self.trainer.max_iter)
+            iteration = min(self.trainer.iter + 1, self.trainer.max_iter)
             record = ap_record(results, iteration=iteration, **self._metadata)
             pred = self._predictions_file
             if pred and self._ground_truth and os.path.isfile(pred) and os.path.getmtime(pred) >= started - 1:
