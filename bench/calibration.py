@@ -1,6 +1,6 @@
-"""Calibration of the report's intervals on simulated experiments with a known effect (docs/statistics.md).
+"""Calibration of the report's intervals and verdicts on simulated experiments with a known effect (docs/statistics.md).
 
-    python bench/calibration.py --sims 2000     # the tables of docs/statistics.md, then the contrasts
+    python bench/calibration.py --sims 2000     # the tables of docs/statistics.md
 
 A simulated experiment has n seeds, two arms (default and one other) and N evaluation images; image i of seed s
 scores ``y[a, s, i] = b_i + c_s + effect[a] + seed_part[a, s] + image_part[a, i] + noise[a, s, i]``, every part
@@ -8,6 +8,8 @@ normal, a scenario giving their sizes as standard deviations of the difference a
 interval is scored against: ``population`` (the effect), ``evaluation set`` (effect + the mean image effect of
 these N images) and ``images`` (effect + seed 0's seed part). Every interval comes from the report's own
 functions, on arrays of simulated experiments at once; tests/test_calibration.py runs its cells with fewer.
+:func:`families_calibration` runs the report's families of verdicts (one per question) on the structure x scale
+design's four arms.
 """
 
 from __future__ import annotations
@@ -15,31 +17,55 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tabulate import tabulate
 
 from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
-from condinit_det.report.factorial import EFFECTS, carried_by
+from condinit_det.report.factorial import JOINT_EFFECTS, carried_by
+from condinit_det.report.paired import AGAINST_DEFAULT, ALPHA, BETWEEN_ARMS, DEFAULT_CONTRASTS, STRUCTURE_SCALE
 from condinit_det.report.statistics import (
     BETTER,
     IMAGE_BOOTSTRAP,
-    METHOD_TRUTH,
     NO_DIFFERENCE,
     PAIRED_T,
-    TWO_LEVEL_PERCENTILE,
     TWO_LEVEL_T,
     WORSE,
-    holm_adjust,
+    Interval,
     paired_t,
     probability_of_improvement,
     report_method,
     two_level_bootstrap,
+    verdict,
 )
 
-# The two-level interval with Welch–Satterthwaite degrees of freedom: calibrated for comparison only.
-SATTERTHWAITE = "two-level Satterthwaite"
+# The two-level percentile interval (shown beside the verdict's, never its own) and the two-level interval with
+# Welch–Satterthwaite degrees of freedom (calibrated for comparison only).
+TWO_LEVEL_PERCENTILE, SATTERTHWAITE = "two-level percentile", "two-level Satterthwaite"
+# The truth each interval's 95% covers: what its calibration scores it against.
+METHOD_TRUTH = {IMAGE_BOOTSTRAP: "images", PAIRED_T: "evaluation set", TWO_LEVEL_T: "population"}
+
+
+def satterthwaite_half_width(two, num_images: int) -> np.ndarray:
+    """t(0.975, ν) sqrt(s^2 / n + v), ν = (s^2 / n + v)^2 / ((s^2 / n)^2 / (n - 1) + v^2 / (N - 1))."""
+    from scipy import stats
+
+    var, n = two.var_seeds + two.var_images, two.num_seeds
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = var**2 / (two.var_seeds**2 / (n - 1) + two.var_images**2 / max(num_images - 1, 1))
+    return stats.t.ppf(0.975, np.where(var > 0, df, n - 1.0)) * np.sqrt(var)
+
+
+def holm_adjust(p_values) -> np.ndarray:
+    """Holm-adjusted p-values of families [..., m] (the report's verdicts before each question had its family: the
+    power table compares them): the i-th smallest p becomes max over j <= i of min(1, (m - j + 1) p_(j))."""
+    p = np.asarray(p_values, dtype=np.float64)
+    m = p.shape[-1]
+    order = np.argsort(p, axis=-1, kind="stable")
+    ranked = np.take_along_axis(p, order, axis=-1) * (m - np.arange(m))
+    adjusted = np.minimum(np.maximum.accumulate(ranked, axis=-1), 1.0)
+    return np.take_along_axis(adjusted, np.argsort(order, axis=-1), axis=-1)
 
 
 @dataclass(frozen=True)
@@ -176,14 +202,16 @@ def coverage(
             _, low, high, _, _ = paired_t(per_seed)
             found[key(PAIRED_T, "evaluation set")] = _covered(low, high, sim.evaluation_set)
             found[key(PAIRED_T, "population")] = _covered(low, high, sim.population)
-            two = two_level_bootstrap(per_seed, rep, rng, num_images=scenario.num_images)
+            two = two_level_bootstrap(per_seed, rep, rng)
             found[key(TWO_LEVEL_PERCENTILE, "population")] = _covered(
                 two.percentile_low, two.percentile_high, sim.population
             )
+            welch = satterthwaite_half_width(two, scenario.num_images)
             found[key(SATTERTHWAITE, "population")] = _covered(
-                two.satterthwaite_low, two.satterthwaite_high, sim.population
+                two.estimate - welch, two.estimate + welch, sim.population
             )
-            found[key(TWO_LEVEL_T, "population")] = _covered(two.low, two.high, sim.population)
+            half = two.half_width()
+            found[key(TWO_LEVEL_T, "population")] = _covered(two.estimate - half, two.estimate + half, sim.population)
         for k, v in found.items():
             hits[k] = hits.get(k, 0.0) + v * size
     return {k: v / num_sims for k, v in hits.items()}
@@ -218,68 +246,16 @@ def contrast_coverage(
         contrast_rep = rep[0] - rep[1]  # A minus B: the default's scores cancel
         per_seed = sim.arms[0].mean(axis=-1) - sim.arms[1].mean(axis=-1)  # [S, n]
         _, low, high, _, _ = paired_t(per_seed)
-        two = two_level_bootstrap(per_seed, contrast_rep, rng, num_images=scenario.num_images)
+        two = two_level_bootstrap(per_seed, contrast_rep, rng)
+        half = two.half_width()
         found = {
             key(PAIRED_T, "population"): _covered(low, high, truth),
             key(TWO_LEVEL_PERCENTILE, "population"): _covered(two.percentile_low, two.percentile_high, truth),
-            key(TWO_LEVEL_T, "population"): _covered(two.low, two.high, truth),
+            key(TWO_LEVEL_T, "population"): _covered(two.estimate - half, two.estimate + half, truth),
         }
         for k, v in found.items():
             hits[k] = hits.get(k, 0.0) + v * size
     return {k: v / num_sims for k, v in hits.items()}
-
-
-def family_wise_error(
-    num_seeds: int,
-    *,
-    num_arms: int = 2,
-    num_metrics: int = 2,
-    num_sims: int = 1000,
-    bootstrap: int = 400,
-    scenario: Scenario = SCENARIOS[0],
-    correlation: float = 0.7,
-    rng: Optional[np.random.Generator] = None,
-    alpha: float = 0.05,
-    chunk: int = 100,
-) -> Dict[str, float]:
-    """
-    Probability of at least one false verdict when no arm differs from default (every effect 0), with and
-    without Holm, over a family of ``num_arms`` x ``num_metrics`` comparisons. The arms share the default
-    runs; a metric after the first is ``correlation`` x the first + sqrt(1 - correlation^2) x an independent
-    experiment, as box and mask AP share the detections. p-values: the two-level t-scaled interval's (the
-    report's method at n >= 2).
-    """
-    rng = np.random.default_rng(1) if rng is None else rng
-    null = Scenario(
-        scenario.name, 0.0, scenario.seed_std, scenario.image_shared_se, scenario.image_seed_se, scenario.num_images
-    )
-    chunks = []
-    for done in range(0, num_sims, chunk):
-        size = min(chunk, num_sims - done)
-        first = simulate(null, num_seeds, size, rng, num_arms)
-        p = []
-        for m in range(num_metrics):
-            if m == 0:
-                sim = first
-            else:
-                other = simulate(null, num_seeds, size, rng, num_arms)
-                w = np.sqrt(1.0 - correlation**2)
-                sim = Simulated(
-                    correlation * first.default + w * other.default,
-                    correlation * first.arms + w * other.arms,
-                    0.0,
-                    first.evaluation_set,
-                    first.images,
-                )
-            rep = _replicates(sim, rng, bootstrap)  # [A, S, n, B]
-            per_seed = sim.arms.mean(axis=-1) - sim.default.mean(axis=-1)  # [A, S, n]
-            p.append(two_level_bootstrap(per_seed, rep, rng, num_images=null.num_images).p_value)  # [A, S]
-        chunks.append(np.concatenate(p, axis=0).T)  # [S, family]
-    p_values = np.concatenate(chunks)
-    return {
-        "raw": float(np.mean((p_values <= alpha).any(axis=-1))),
-        "holm": float(np.mean((holm_adjust(p_values) <= alpha).any(axis=-1))),
-    }
 
 
 # Planted structure x scale designs: name -> the effects of scale_matched, structured and conditioned over default.
@@ -292,6 +268,28 @@ DESIGNS = {
 _DESIGN_ARMS = ("scale_matched", "structured", "conditioned")  # the order of a design's effects
 
 
+def _weights(terms) -> np.ndarray:
+    """A row's weights on the differences of scale_matched, structured and conditioned to default (a row's weights
+    sum to zero over the four arms, so the default's drops out)."""
+    terms = dict(terms)
+    return np.asarray([terms.get(arm, 0.0) for arm in _DESIGN_ARMS])
+
+
+# The report's rows on the design's four arms, by question: (family, label, weights).
+ROWS = (
+    [(AGAINST_DEFAULT, arm, _weights({arm: 1.0})) for arm in _DESIGN_ARMS]
+    + [(BETWEEN_ARMS, f"{a} vs {b}", _weights({a: 1.0, b: -1.0})) for a, b in DEFAULT_CONTRASTS if b in _DESIGN_ARMS]
+    + [(STRUCTURE_SCALE, e.name, _weights(e.weights)) for e in JOINT_EFFECTS]
+)
+# The experiments the families are calibrated on, and the rows each compares: default and conditioned; the four arms
+# of --arm factorial without the design's section (no structure x scale family); the four arms with it.
+SETUPS = {
+    "2 arms": [r for r in ROWS if r[1] == "conditioned"],
+    "4 arms": [r for r in ROWS if r[0] != STRUCTURE_SCALE],
+    "4 arms, factorial": list(ROWS),
+}
+
+
 def _expected_reading(truths: Dict[str, float]) -> str:
     """What the sentence should say when every non-zero effect is shown (:func:`carried_by`'s words)."""
     if truths["interaction"] != 0:
@@ -300,74 +298,112 @@ def _expected_reading(truths: Dict[str, float]) -> str:
     return {0: "neither", 2: "both"}.get(len(shown)) or shown[0]
 
 
-def factorial_calibration(
+def families_calibration(
     scenario: Scenario,
     num_seeds: int,
     cells: Tuple[float, float, float],
     *,
+    num_metrics: int = 2,
+    correlation: float = 0.7,
     num_sims: int = 1000,
     bootstrap: int = 400,
     rng: Optional[np.random.Generator] = None,
-    alpha: float = 0.05,
     chunk: int = 100,
 ) -> Dict[str, float]:
     """
-    The structure x scale design on simulated experiments whose scale_matched, structured and conditioned arms have
-    the effects ``cells`` over default (n >= 2 seeds; the four arms share the default's image difficulties and seed
-    shifts). Per effect of :data:`EFFECTS`, the coverage of the report's interval (two-level t-scaled, from the
-    effect's per-seed sums and their image resamples) of its known value (``"coverage/<effect>"``). Then the
-    section's sentence (:func:`carried_by` on the Holm verdicts of the design's seven effects, the family's part the
-    sentence reads): ``"sentence wrong"``, how often it names a factor or an interaction whose effect is zero, or
-    gives one the wrong sign; ``"sentence right"``, how often it says exactly what the planted effects are made of.
+    The report's verdicts, one family per question, on simulated experiments of the structure x scale design's four
+    arms with the effects ``cells`` of scale_matched, structured and conditioned over default (n >= 2 seeds; the
+    arms share the default's image difficulties and seed shifts; a metric after the first is ``correlation`` x the
+    first + sqrt(1 - correlation^2) x an independent experiment, as box and mask AP share the detections). Every
+    family holds its rows x metrics, its intervals at 1 - ALPHA / that many; a row's verdict is the report's
+    (:func:`verdict` on that interval). Keys ``"<setup>/<family>/<measure>"`` for each setup of :data:`SETUPS`:
+
+    - ``false claims``: P(a verdict better or worse on a row whose effect is 0, or of the wrong sign), the family-wise
+      error;
+    - ``coverage``: P(every interval of the family covers its row's effect), the simultaneous coverage;
+    - ``disagreements``: the rows whose verdict and adjusted p (min(1, m p) <= ALPHA) disagree, a count;
+    - ``power`` (rows with an effect): the mean P(a verdict of the right sign); ``power, Holm``: Holm over the
+      family instead; ``power, one Holm family``: Holm over every row of the setup (the report before each question
+      had its own family).
+
+    Then ``coverage/<row>``: each row's 95% interval covering its effect (first metric); ``sentence wrong`` and
+    ``sentence right``: the design's sentence on the first metric (:func:`carried_by` on the structure x scale
+    family's verdicts), naming a factor or interaction whose effect is 0 (or with the wrong sign), or saying exactly
+    what the planted effects are made of.
     """
     if num_seeds < 2:
-        raise ValueError(f"the design's calibration needs >= 2 seeds; got {num_seeds}")
+        raise ValueError(f"the families' calibration needs >= 2 seeds; got {num_seeds}")
     rng = np.random.default_rng(5) if rng is None else rng
-    value = dict(zip(_DESIGN_ARMS, map(float, cells)), default=0.0)
-    truths = {e.name: sum(w * value[arm] for arm, w in e.weights) for e in EFFECTS}
-    expected = _expected_reading(truths)
-    names = [e.name for e in EFFECTS]
-    weights = np.asarray([[dict(e.weights).get(arm, 0.0) for arm in _DESIGN_ARMS] for e in EFFECTS])  # [7, 3]
+    weights = np.stack([w for _, _, w in ROWS])  # [R, 3]
+    mix = np.sqrt(1.0 - correlation**2)
+    scale = np.asarray([1.0] + [correlation + mix] * (num_metrics - 1))  # a later metric's effect
+    truth = (weights @ np.asarray(cells, dtype=np.float64))[:, None, None] * scale[None, :, None]  # [R, M, 1]
+    effect = {label: float(truth[r, 0, 0]) for r, (_, label, _) in enumerate(ROWS)}
+    expected = _expected_reading(effect)
     hits: Dict[str, float] = {}
     for done in range(0, num_sims, chunk):
         size = min(chunk, num_sims - done)
-        sim = simulate(scenario, num_seeds, size, rng, num_arms=3, effects=cells)
-        # every effect's weights sum to zero: its value is the weighted sum of the arms' differences to default
-        per_seed = np.einsum("ea,asn->esn", weights, sim.arms.mean(axis=-1) - sim.default.mean(axis=-1))
-        rep = np.einsum("ea,asnb->esnb", weights, _replicates(sim, rng, bootstrap))
-        two = two_level_bootstrap(per_seed, rep, rng, num_images=scenario.num_images)  # [7, S]
-        found = {f"coverage/{n}": _covered(two.low[i], two.high[i], truths[n]) for i, n in enumerate(names)}
-        p_holm = holm_adjust(two.p_value.T)  # [S, 7]
-        shown = np.where(p_holm <= alpha, np.where(two.estimate.T > 0, BETTER, WORSE), NO_DIFFERENCE)
-        wrong = right = 0
-        for verdicts in shown:
-            by_name = dict(zip(names, verdicts))
-            said = carried_by(by_name["structure"], by_name["scale"], by_name["interaction"])
-            claims = {"both": ["structure", "scale"], "neither": []}.get(said, [said])
-            wrong += any(truths[c] == 0 or (truths[c] > 0) != (by_name[c] == BETTER) for c in claims)
-            right += said == expected and not any((truths[c] > 0) != (by_name[c] == BETTER) for c in claims)
-        found["sentence wrong"], found["sentence right"] = wrong / size, right / size
+        first = simulate(scenario, num_seeds, size, rng, num_arms=3, effects=cells)
+        est, reps = [], []
+        for m in range(num_metrics):
+            sim = first
+            if m:
+                other = simulate(scenario, num_seeds, size, rng, num_arms=3, effects=cells)
+                sim = Simulated(
+                    correlation * first.default + mix * other.default,
+                    correlation * first.arms + mix * other.arms,
+                    0.0,
+                    first.evaluation_set,
+                    first.images,
+                )
+            est.append(np.einsum("ra,asn->rsn", weights, sim.arms.mean(axis=-1) - sim.default.mean(axis=-1)))
+            reps.append(np.einsum("ra,asnb->rsnb", weights, _replicates(sim, rng, bootstrap)))
+        two = two_level_bootstrap(np.stack(est, axis=1), np.stack(reps, axis=1), rng)  # [R, M, S]
+        half, halves = two.half_width(), {}
+        found = {
+            f"coverage/{label}": _covered(two.estimate[r, 0] - half[r, 0], two.estimate[r, 0] + half[r, 0], truth[r, 0])
+            for r, (_, label, _) in enumerate(ROWS)
+        }
+        for setup, rows in SETUPS.items():
+            every = [ROWS.index(row) for row in rows]
+            for family in dict.fromkeys(f for f, _, _ in rows):
+                idx = [i for i in every if ROWS[i][0] == family]
+                m = len(idx) * num_metrics
+                halves[m] = halves[m] if m in halves else two.half_width(1.0 - ALPHA / m)
+                est_f, h, t, p = two.estimate[idx], halves[m][idx], truth[idx], two.p_value[idx]
+                said = np.vectorize(lambda e, w: verdict(Interval(e, e - w, e + w, "", num_seeds=num_seeds)))(est_f, h)
+                claim, right = said != NO_DIFFERENCE, said == np.where(t > 0, BETTER, WORSE)
+                name = f"{setup}/{family}"
+                found[f"{name}/false claims"] = float(np.mean((claim & ((t == 0) | ~right)).any(axis=(0, 1))))
+                found[f"{name}/coverage"] = float(np.mean((np.abs(est_f - t) <= h).all(axis=(0, 1))))
+                # a count, not a rate: it is multiplied by the chunk's size below
+                found[f"{name}/disagreements"] = np.sum(claim != (np.minimum(1.0, m * p) <= ALPHA)) / size
+                real = np.broadcast_to(t != 0, est_f.shape)
+                if family == AGAINST_DEFAULT and real.any():
+                    right_sign = np.sign(est_f) == np.sign(t)
+                    stage = _holm_over(two.p_value[every])[[every.index(i) for i in idx]]
+                    found[f"{name}/power"] = float(np.mean(right[real]))
+                    found[f"{name}/power, Holm"] = float(np.mean(((_holm_over(p) <= ALPHA) & right_sign)[real]))
+                    found[f"{name}/power, one Holm family"] = float(np.mean(((stage <= ALPHA) & right_sign)[real]))
+                if family == STRUCTURE_SCALE:
+                    by_name = {ROWS[i][1]: said[k, 0] for k, i in enumerate(idx)}
+                    wrong = right_hit = 0
+                    for s in range(size):
+                        shown = {name: v[s] for name, v in by_name.items()}
+                        reading = carried_by(shown["structure"], shown["scale"], shown["interaction"])
+                        claims = {"both": ["structure", "scale"], "neither": []}.get(reading, [reading])
+                        bad = any(effect[c] == 0 or (effect[c] > 0) != (shown[c] == BETTER) for c in claims)
+                        wrong, right_hit = wrong + bad, right_hit + (reading == expected and not bad)
+                    found["sentence wrong"], found["sentence right"] = wrong / size, right_hit / size
         for k, v in found.items():
-            hits[k] = hits.get(k, 0.0) + v * size
-    return {k: v / num_sims for k, v in hits.items()}
+            hits[k] = hits.get(k, 0.0) + float(v) * size
+    return {k: v if k.endswith("disagreements") else v / num_sims for k, v in hits.items()}
 
 
-def format_factorial_table(results: Dict[Tuple[str, str, int], Dict[str, float]]) -> str:
-    """Markdown: one row per scenario, design and n: each effect's coverage, then the sentence's error and hit rates."""
-    effects = [e.name for e in EFFECTS]
-    rows = [
-        [scenario, design, str(n)]
-        + [f"{row[f'coverage/{e}']:.3f}" for e in effects]
-        + [f"{row['sentence wrong']:.3f}", f"{row['sentence right']:.3f}"]
-        for (scenario, design, n), row in results.items()
-    ]
-    return tabulate(
-        rows,
-        ["scenario", "design", "n", *effects, "sentence wrong", "sentence right"],
-        tablefmt="pipe",
-        disable_numparse=True,
-        colalign=["left", "left"] + ["right"] * (len(effects) + 3),
-    )
+def _holm_over(p: np.ndarray) -> np.ndarray:
+    """Holm over the rows x metrics [r, M, S] of each simulated experiment."""
+    flat = np.moveaxis(p, -1, 0)  # [S, r, M]
+    return np.moveaxis(holm_adjust(flat.reshape(len(flat), -1)).reshape(flat.shape), 0, -1)
 
 
 def poi_coverage(
@@ -409,6 +445,12 @@ COLUMNS = (
 )
 
 
+def _pipe(rows: List[List[str]], header: List[str], left: int) -> str:
+    """A Markdown table, its first ``left`` columns left-aligned."""
+    align = ["left"] * left + ["right"] * (len(header) - left)
+    return tabulate(rows, header, tablefmt="pipe", disable_numparse=True, colalign=align)
+
+
 def format_table(results: Dict[str, Dict[int, Dict[str, float]]], seeds: Sequence[int]) -> str:
     """Markdown: one row per scenario and n, one column per method/truth; the report's interval in bold."""
     rows = []
@@ -420,13 +462,50 @@ def format_table(results: Dict[str, Dict[int, Dict[str, float]]], seeds: Sequenc
                 text = f"{row[k]:.3f}" if k in row else ""
                 cells.append(f"**{text}**" if used and k == key(used, METHOD_TRUTH[used]) else text)
             rows.append([name, str(n), *cells])
-    return tabulate(
-        rows,
-        ["scenario", "n", *COLUMNS],
-        tablefmt="pipe",
-        disable_numparse=True,
-        colalign=["left"] + ["right"] * (len(COLUMNS) + 1),
-    )
+    return _pipe(rows, ["scenario", "n", *COLUMNS], 1)
+
+
+# The families of the families' table (those of "4 arms" are the same with or without the design's section).
+FAMILY_COLUMNS = (
+    ("2 arms", AGAINST_DEFAULT),
+    ("4 arms", AGAINST_DEFAULT),
+    ("4 arms", BETWEEN_ARMS),
+    ("4 arms, factorial", STRUCTURE_SCALE),
+)
+
+
+def format_families_tables(results: Dict[Tuple[str, str, int], Dict[str, float]]) -> str:
+    """Markdown, one row per scenario, design and n: per family its false-claim rate (family-wise error) and
+    simultaneous coverage, and the rows whose verdict and adjusted p disagree; then the power of the 4 arms'
+    against-default family, and the design's sentence and each row's 95% coverage."""
+    families, power, design = [], [], []
+    for (scenario, name, n), r in results.items():
+        head = [scenario, name, str(n)]
+        cells = [f"{r[f'{s}/{f}/false claims']:.3f} / {r[f'{s}/{f}/coverage']:.3f}" for s, f in FAMILY_COLUMNS]
+        count = sum(v for k, v in r.items() if k.endswith("/disagreements"))
+        families.append(head + cells + [f"{count:.0f}"])
+        if f"4 arms/{AGAINST_DEFAULT}/power" in r:
+            with_, without = (f"4 arms, factorial/{AGAINST_DEFAULT}/", f"4 arms/{AGAINST_DEFAULT}/")
+            power.append(
+                head
+                + [f"{r[without + 'power']:.3f}", f"{r[with_ + 'power']:.3f}", f"{r[without + 'power, Holm']:.3f}"]
+                + [f"{r[without + 'power, one Holm family']:.3f}", f"{r[with_ + 'power, one Holm family']:.3f}"]
+            )
+        design.append(head + [f"{r[f'coverage/{label}']:.3f}" for _, label, _ in ROWS])
+        design[-1] += [f"{r['sentence wrong']:.3f}", f"{r['sentence right']:.3f}"]
+    header = ["scenario", "design", "n"]
+    tables = [
+        _pipe(families, header + [f"{s}: {f}" for s, f in FAMILY_COLUMNS] + ["rows disagreeing"], 2),
+        _pipe(
+            power,
+            header
+            + ["per question (the report)", "with the design's section", "Holm per question"]
+            + ["one Holm family", "one Holm family, with the design's section"],
+            2,
+        ),
+        _pipe(design, header + [label for _, label, _ in ROWS] + ["sentence wrong", "sentence right"], 2),
+    ]
+    return "\n\n".join(tables)
 
 
 def calibrate(
@@ -458,7 +537,7 @@ def calibrate(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Coverage of the report's 95% intervals on simulated experiments.")
+    parser = argparse.ArgumentParser(description="The report's intervals and verdicts on simulated experiments.")
     parser.add_argument("--sims", type=int, default=2000, help="simulated experiments per cell (default 2000)")
     parser.add_argument(
         "--bootstrap", type=int, default=400, help="resamples per interval, two or more seeds (default 400)"
@@ -478,13 +557,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     print(format_table(results, seeds))
     print()
-    for n in (2, 3, 5, 10):
-        fwe = family_wise_error(n, num_sims=args.sims, rng=np.random.default_rng([7, n]))
-        print(f"family-wise error, 2 arms x 2 metrics, n = {n}: without Holm {fwe['raw']:.3f}, Holm {fwe['holm']:.3f}")
-    print()
     for k, sc in enumerate(SCENARIOS[:2]):
         for n in (3, 10):
-            con = contrast_coverage(sc, n, num_sims=args.sims, rng=np.random.default_rng([11, k, n]))
+            con = contrast_coverage(
+                sc, n, num_sims=args.sims, bootstrap=args.bootstrap, rng=np.random.default_rng([11, k, n])
+            )
             print(
                 f"contrast A - B (effects 0.5, 0.2), {sc.name}, n = {n}: two-level t "
                 f"{con[key(TWO_LEVEL_T, 'population')]:.3f}, two-level percentile "
@@ -492,16 +569,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"paired t {con[key(PAIRED_T, 'population')]:.3f}"
             )
     print()
-    factorial = {
-        (sc.name, design, n): factorial_calibration(
-            sc, n, cells, num_sims=args.sims, rng=np.random.default_rng([13, k, d, n])
+    families = {
+        (sc.name, design, n): families_calibration(
+            sc, n, cells, num_sims=args.sims, bootstrap=args.bootstrap, rng=np.random.default_rng([13, k, d, n])
         )
         for k, sc in enumerate(SCENARIOS[:2])
         for d, (design, cells) in enumerate(DESIGNS.items())
         for n in (3, 5, 10)
     }
-    print("structure x scale design (effects 0.5 where planted):")
-    print(format_factorial_table(factorial))
+    print("families of verdicts (false claims / simultaneous coverage), power, the design (effects 0.5 where planted):")
+    print(format_families_tables(families))
     print()
     for n in (3, 5, 10):
         poi = poi_coverage(n, num_sims=args.sims, rng=np.random.default_rng([9, n]))

@@ -19,7 +19,7 @@ from condinit_det.records.layout import plan_runs, write_plan
 from condinit_det.records.per_image import write_classification_eval
 from condinit_det.records.results import ResultsFile
 from condinit_det.report import compare_arms, find_runs, summarize_runs
-from condinit_det.report.statistics import seeds_needed
+from condinit_det.report.statistics import seeds_needed, t_interval
 from condinit_det.stage import DETECTION, PRETRAIN
 
 T_975_2 = 4.302652729911275  # Student t quantile 0.975, 2 degrees of freedom
@@ -272,26 +272,34 @@ def test_report_opens_with_one_table_of_every_stage(tmp_path):
         lines[0] == "# Initialization arms: classification pretraining on embedded:digits-cls; detection on "
         "embedded:digits-det"
     )
-    assert lines[2].startswith("| stage ")
+    # the question each verdict answers, then the table
+    assert lines[2].startswith("Each verdict answers one question, at family-wise error 0.05 over that question's")
+    assert "is the arm better or worse than default" in lines[2] and "is A better or worse than B" not in lines[2]
+    assert lines[4].startswith("| stage ")
     header, *rows = _first_table(text)
     assert header == [
         "stage",
         "arm",
         "metric",
-        "Δ vs default, 95% interval",
+        "Δ, interval at the family's level",
+        "level",
         "verdict",
+        "95% interval, unadjusted",
         "seeds",
-        "unit of the interval",
+        "unit of the intervals",
     ]
     top1, box, mask = rows
     assert top1[:3] == ["Classification pretraining on embedded:digits-cls", "conditioned", "top-1"]
-    assert top1[3].startswith("+11.0 [") and top1[4:] == ["better", "3", "training runs"]
+    # a family of one (top-1 against default): its interval is the 95% one
+    assert top1[3].startswith("+11.0 [") and top1[3].endswith(top1[6]) and top1[4:6] == ["95%", "better"]
     assert box[:3] == ["Detection on embedded:digits-det", "conditioned", "AP^b"]
     d = np.array([-1.0, -0.7, -0.4])
     half = T_975_2 * d.std(ddof=1) / math.sqrt(3)
-    assert box[3] == f"{d.mean():+.1f} [{d.mean() - half:+.1f}, {d.mean() + half:+.1f}]"
-    assert box[4] in ("worse", "no difference shown") and box[5:] == ["3", "training runs"]
-    # the method, Holm and the seed plan come after it; no section is titled with COCO on these data
+    wide = t_interval(d, 1 - 0.05 / 2)  # AP^b and AP^m against default
+    assert box[3] == f"{d.mean():+.1f} [{wide.low:+.1f}, {wide.high:+.1f}]" and box[4] == "97.5%"
+    assert box[6] == f"[{d.mean() - half:+.1f}, {d.mean() + half:+.1f}]"
+    assert box[5] in ("worse", "no difference shown") and box[7:] == ["3", "training runs"]
+    # the method, the families and the seed plan come after it; no section is titled with COCO on these data
     order = [
         text.index(h)
         for h in (
@@ -304,7 +312,7 @@ def test_report_opens_with_one_table_of_every_stage(tmp_path):
         )
     ]
     assert order == sorted(order)
-    assert "COCO" not in text and "Holm family of Detection on embedded:digits-det" in text
+    assert "COCO" not in text and "Families of Detection on embedded:digits-det" in text
 
 
 def test_forest_plot_has_a_panel_per_stage_and_a_line_at_zero(tmp_path, monkeypatch):
@@ -389,7 +397,16 @@ def test_words_a_reader_expects(tmp_path):
     _, text = compare_arms([str(exp)], output_dir=str(tmp_path / "r"), bootstrap=0)
     assert text.startswith("# Initialization arms: detection on condinit_shapes_train\n")
     _, box, _ = _first_table(text)
-    assert box == ["conditioned", "AP^b", "+20.0", "too few seeds", "1", "one seed: no interval over training runs"]
+    assert box == [
+        "conditioned",
+        "AP^b",
+        "+20.0",
+        "",
+        "too few seeds",
+        "",
+        "1",
+        "one seed: no interval over training runs",
+    ]
     assert "## Detection on condinit_shapes_train" in text and "COCO" not in text
     assert "1 seeds" not in text and re.search(r"\[([-+]?[\d.]+), \1\]", text) is None  # no degenerate interval
     assert "| conditioned | 40.0 | 60.0 | 45.0 | 30.0 | 50.0 | 35.0 | 1 | 400 |" in unpadded(text)  # a count
@@ -430,7 +447,7 @@ def test_seed_plan_uses_the_coco_spread_on_coco_only(tmp_path):
                 per_image="matches.npz",
             )
         report, text = compare_arms([str(exp)], bootstrap=50)
-        box = next(s for s in report.primary.family if s.metric == "AP^b")
+        box = next(s for s in report.primary.comparisons if s.metric == "AP^b")
         plan = _section(text, "## Seed plan")
         if dataset.startswith("coco"):
             assert box.plan.std == 0.14 and box.plan.needed == seeds_needed(0.6, 0.14, comparisons=2)
@@ -618,10 +635,10 @@ def test_paired_t_interval_known_answer(tmp_path):
     m = stats[("mimetic", "AP^b")]
     mhalf = T_975_2 * np.std([7, 5, 5], ddof=1) / math.sqrt(3)
     assert (m.interval.low, m.interval.high) == pytest.approx((17 / 3 - mhalf, 17 / 3 + mhalf))
-    # the raw interval excludes 0 (p = 0.014), but the family holds 6 comparisons (2 arms x AP^b, AP^m against
-    # default, and the contrast conditioned vs mimetic x AP^b, AP^m): Holm's first threshold is 0.05 / 6
+    # the raw interval excludes 0 (p = 0.014), but the family against default holds 4 comparisons (2 arms x AP^b,
+    # AP^m; the contrast conditioned vs mimetic is a family of its own): its interval at 98.75% covers 0, 4 p > 0.05
     assert m.interval.low > 0 and m.interval.p_value == pytest.approx(0.01356, abs=1e-4)
-    assert [f.label + " " + f.metric for f in report.primary.family] == [
+    assert [f.label + " " + f.metric for f in report.primary.comparisons] == [
         "mimetic AP^b",
         "mimetic AP^m",
         "conditioned AP^b",
@@ -629,17 +646,31 @@ def test_paired_t_interval_known_answer(tmp_path):
         "conditioned vs mimetic AP^b",
         "conditioned vs mimetic AP^m",
     ]
-    assert m.p_holm == pytest.approx(6 * m.interval.p_value) and m.verdict == "no difference shown"
+    assert m.p_adjusted == pytest.approx(4 * m.interval.p_value) and m.verdict == "no difference shown"
+    wide = t_interval([7, 5, 5], 0.9875)
+    assert (m.adjusted.low, m.adjusted.high) == pytest.approx((wide.low, wide.high)) and wide.low < 0
     assert f"[{2 - half:+.1f}, {2 + half:+.1f}]" in text  # [-0.5, +4.5]
-    assert ["mimetic", "AP^b", "+5.7 [+2.8, +8.5]", "no difference shown", "3", "training runs"] in _first_table(text)
+    assert [
+        "mimetic",
+        "AP^b",
+        f"+5.7 [{wide.low:+.1f}, {wide.high:+.1f}]",
+        "98.75%",
+        "no difference shown",
+        "[+2.8, +8.5]",
+        "3",
+        "training runs",
+    ] in _first_table(text)
     assert (
-        "- Holm family of Detection (dataset not recorded): mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m}; "
-        "conditioned vs mimetic × {AP^b, AP^m} (6 comparisons: 4 against default, 2 between two other arms)" in text
+        "- Families of Detection (dataset not recorded), each at family-wise error 0.05 (Bonferroni: p times the "
+        "family's comparisons, intervals at 1 − 0.05 / them; the 95% intervals beside them are unadjusted):\n"
+        "  - against default: mimetic × {AP^b, AP^m}; conditioned × {AP^b, AP^m} (4 comparisons, intervals at "
+        "98.75%)\n  - between two arms: conditioned vs mimetic × {AP^b, AP^m} (2 comparisons, intervals at 97.5%)"
+        in text
     )
     # every seed won: P(improvement) 1, its exact interval [0.025^(1/3), 1]
     assert float(m.improvement.estimate) == 1.0 and float(m.improvement.exact_low) == pytest.approx(0.025 ** (1 / 3))
-    # the seeds the question needs: the measured spread of mimetic's differences, 6 comparisons
-    assert m.plan.needed == seeds_needed(0.6, float(np.std([7, 5, 5], ddof=1)), comparisons=6)
+    # the seeds the question needs: the measured spread of mimetic's differences, the 4 comparisons of its family
+    assert m.plan.needed == seeds_needed(0.6, float(np.std([7, 5, 5], ddof=1)), comparisons=4)
     assert m.plan.delta_source == "the paper's claimed gain" and m.plan.std_source == "observed over 3 seeds"
     # convergence per seed: mimetic reaches each default's final value at 400, the default's final iteration
     sp = stats[("mimetic", "speed-up AP^b (%)")]
@@ -860,7 +891,7 @@ def test_combined_report_pretraining_and_detection(tmp_path):
     assert box.interval.low == pytest.approx(box.interval.high) and box.differences[0] > 0
     assert box.interval.low <= box.differences[0] <= box.interval.high  # the zero-width interval holds the estimate
     assert box.interval.p_value == pytest.approx(2 / 26) and box.verdict == "too few seeds"
-    assert {row[-3] for row in _first_table(text)[1:]} == {"too few seeds"}
+    assert {row[-4] for row in _first_table(text)[1:]} == {"too few seeds"}
     # speed-ups of one seed: its value, no interval
     for key in ("speed-up loss (%)", "speed-up AP^b (%)"):
         assert det_rows[key].n == 1 and det_rows[key].speedup.low is None

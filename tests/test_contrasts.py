@@ -1,5 +1,5 @@
-"""Contrasts between two arms other than default (A vs B, paired by seed, in the stage's Holm family), and how the
-report shows them, speed-ups no seed reached and the seeds each question needs."""
+"""Contrasts between two arms other than default (A vs B, paired by seed, a family of their own), and how the report
+shows them, speed-ups no seed reached and the seeds each question needs."""
 
 import csv
 import importlib.util
@@ -17,7 +17,7 @@ from condinit_det.records.per_image import write_classification_eval
 from condinit_det.records.results import ResultsFile
 from condinit_det.report import DEFAULT_CONTRASTS, compare_arms, find_runs, summarize_runs
 from condinit_det.report.paired import parse_contrast, resolve_contrasts
-from condinit_det.report.statistics import holm_adjust, two_level_bootstrap
+from condinit_det.report.statistics import seeds_needed, t_interval, two_level_bootstrap
 
 T_975_2 = 4.302652729911275  # Student t quantile 0.975, 2 degrees of freedom
 ITERS = (100, 200, 300, 400)
@@ -74,10 +74,10 @@ def _row(report, arm, metric, reference="default"):
     return next(s for s in report.primary.stats if (s.arm, s.metric, s.reference) == (arm, metric, reference))
 
 
-def test_contrast_interval_p_and_holm_family_known_answer(tmp_path):
+def test_contrast_interval_p_and_family_known_answer(tmp_path):
     report, text = compare_arms([str(_experiment(tmp_path / "exp"))], bootstrap=0)
     det = report.primary
-    assert list(dict.fromkeys(s.label for s in det.family if s.reference != "default")) == [
+    assert list(dict.fromkeys(s.label for s in det.comparisons if s.reference != "default")) == [
         "conditioned vs scale_matched",
         "conditioned vs mimetic",
     ]
@@ -92,21 +92,21 @@ def test_contrast_interval_p_and_holm_family_known_answer(tmp_path):
     # P(conditioned run > scale_matched run, same seed): 2 of 3 seeds
     assert float(c.improvement.estimate) == pytest.approx(2 / 3)
 
-    # the family: 3 arms x {AP^b, AP^m} against default, then 2 contrasts x {AP^b, AP^m}; Holm over all 10
-    assert [(f.label, f.metric) for f in det.family] == [
-        ("mimetic", "AP^b"),
-        ("mimetic", "AP^m"),
-        ("conditioned", "AP^b"),
-        ("conditioned", "AP^m"),
-        ("scale_matched", "AP^b"),
-        ("scale_matched", "AP^m"),
-        ("conditioned vs scale_matched", "AP^b"),
-        ("conditioned vs scale_matched", "AP^m"),
-        ("conditioned vs mimetic", "AP^b"),
-        ("conditioned vs mimetic", "AP^m"),
+    # two families: 3 arms x {AP^b, AP^m} against default (6), then 2 contrasts x {AP^b, AP^m} between two arms (4)
+    assert [(f.label, f.metric, f.family, f.family_size) for f in det.comparisons] == [
+        ("mimetic", "AP^b", "against default", 6),
+        ("mimetic", "AP^m", "against default", 6),
+        ("conditioned", "AP^b", "against default", 6),
+        ("conditioned", "AP^m", "against default", 6),
+        ("scale_matched", "AP^b", "against default", 6),
+        ("scale_matched", "AP^m", "against default", 6),
+        ("conditioned vs scale_matched", "AP^b", "between two arms", 4),
+        ("conditioned vs scale_matched", "AP^m", "between two arms", 4),
+        ("conditioned vs mimetic", "AP^b", "between two arms", 4),
+        ("conditioned vs mimetic", "AP^m", "between two arms", 4),
     ]
     by_hand = []
-    for f in det.family:
+    for f in det.comparisons:
         ref = f.reference
         a = BOX[f.arm] if f.metric == "AP^b" else _mask(f.arm)
         b = BOX[ref] if f.metric == "AP^b" else _mask(ref)
@@ -117,22 +117,24 @@ def test_contrast_interval_p_and_holm_family_known_answer(tmp_path):
             if np.all(diffs == diffs[0]) and diffs[0] == 0
             else (0.0 if np.all(diffs == diffs[0]) else scipy_stats.ttest_1samp(diffs, 0.0).pvalue)
         )
-    assert [f.p_holm for f in det.family] == pytest.approx(list(holm_adjust(by_hand)))
-    # p = 0.371 is the 9th smallest of 10: Holm multiplies it by 10 - 9 + 1 = 2
-    assert sorted(by_hand).index(c.interval.p_value) == 8 and c.p_holm == pytest.approx(2 * c.interval.p_value)
-    assert c.p_holm > 0.05 and c.verdict == "no difference shown"
-    # conditioned vs mimetic: +3, +3.5, +3 box AP, p = 0.0028: the 3rd smallest, 8 x p <= 0.05
+    for f, p in zip(det.comparisons, by_hand):
+        # Bonferroni within the row's family: p times its size, the interval at 1 - 0.05 / its size, which the
+        # verdict reads and which excludes 0 exactly where the adjusted p is at most 0.05
+        assert f.p_adjusted == pytest.approx(min(1.0, f.family_size * p))
+        wide = t_interval(f.differences, 1 - 0.05 / f.family_size)
+        assert (f.adjusted.low, f.adjusted.high) == pytest.approx((wide.low, wide.high)), f.label
+        assert (f.verdict in ("better", "worse")) == (f.p_adjusted <= 0.05) == (wide.low > 0 or wide.high < 0)
+    assert c.p_adjusted == 1.0 and c.verdict == "no difference shown"
+    # conditioned vs mimetic: +3, +3.5, +3 box AP, p = 0.0028: 4 p <= 0.05, its 98.75% interval clear of 0
     cm = _row(report, "conditioned", "AP^b", "mimetic")
-    assert cm.differences == pytest.approx([3.0, 3.5, 3.0]) and cm.interval.low > 0
-    assert sorted(by_hand).index(cm.interval.p_value) == 2
-    assert cm.p_holm == pytest.approx(holm_adjust(by_hand)[8]) and cm.p_holm <= 0.05
-    assert cm.verdict == "better"
+    assert cm.differences == pytest.approx([3.0, 3.5, 3.0]) and cm.adjusted.low > 0 and cm.adjusted.level == 0.9875
+    assert cm.p_adjusted == pytest.approx(4 * cm.interval.p_value) and cm.verdict == "better"
 
-    # the plans count the whole family
-    assert c.plan.comparisons == 10 and c.plan.delta_source == "the paper's claimed gain"
+    # each plan counts its own family
+    assert c.plan.comparisons == 4 and c.plan.delta_source == "the paper's claimed gain"
     assert (
-        "conditioned vs scale_matched × {AP^b, AP^m}; conditioned vs mimetic × {AP^b, AP^m} (10 comparisons: 6 "
-        "against default, 4 between two other arms)" in text
+        "  - between two arms: conditioned vs scale_matched × {AP^b, AP^m}; conditioned vs mimetic × {AP^b, AP^m} (4 "
+        "comparisons, intervals at 98.75%)" in text
     )
 
     # the censored speed-up of conditioned to scale_matched's final value: seeds 0 and 1 reach it at the last
@@ -155,20 +157,24 @@ def _first_table(text):
 def test_contrasts_in_the_first_table_and_their_question(tmp_path):
     _, text = compare_arms([str(_experiment(tmp_path / "nd"))], bootstrap=0)
     rows = {(r[0], r[1]): r[2:] for r in _first_table(text)[1:]}
-    # the same rows as the comparisons with default, A minus B
+    # the same rows as the comparisons with default, A minus B: the interval at the family's level (4 comparisons),
+    # then the unadjusted one
+    wide = t_interval([0.5, 0.5, -0.2], 0.9875)
     assert rows[("conditioned vs scale_matched", "AP^b")] == [
-        "+0.3 [-0.7, +1.3]",
+        f"+0.3 [{wide.low:+.1f}, {wide.high:+.1f}]",
+        "98.75%",
         "no difference shown",
+        "[-0.7, +1.3]",
         "3",
         "training runs",
     ]
-    assert rows[("conditioned vs mimetic", "AP^b")] == ["+3.2 [+2.4, +3.9]", "better", "3", "training runs"]
+    assert rows[("conditioned vs mimetic", "AP^b")][1:] == ["98.75%", "better", "[+2.4, +3.9]", "3", "training runs"]
     assert "conditioned vs scale_matched asks whether the conditioning adds anything to the weights' scale" in text
-    # the detail table: p, Holm p and P(A run > B run) beside the interval
+    # the detail table: p, the adjusted p and P(A run > B run) beside the interval
     table = unpadded(text.split("### Paired statistics")[1].split("\n### ")[0])
-    p = scipy_stats.ttest_1samp([0.5, 0.5, -0.2], 0.0).pvalue  # 0.371, Holm x 2 (module test above)
+    p = scipy_stats.ttest_1samp([0.5, 0.5, -0.2], 0.0).pvalue  # 0.371, x 4 (module test above)
     assert (
-        f"| conditioned vs scale_matched | AP^b | 43.2 ± 1.0 | {p:.3f} | {2 * p:.3f} | [-0.7, +1.3] | | 0.67 "
+        f"| conditioned vs scale_matched | AP^b | 43.2 ± 1.0 | {p:.3f} | 1.000 | [-0.7, +1.3] | | 0.67 "
         "(bootstrap off; exact [" in table
     )
 
@@ -179,13 +185,12 @@ def test_contrasts_in_the_first_table_and_their_question(tmp_path):
     )
     r = _row(report, "scale_matched", "AP^b", "conditioned")
     assert r.differences == pytest.approx([-3.0, -3.1, -2.9]) and r.verdict == "worse"
-    assert [s.label for s in report.primary.family if s.reference != "default"][::2] == [
+    assert [s.label for s in report.primary.comparisons if s.reference != "default"][::2] == [
         "conditioned vs mimetic",
         "scale_matched vs conditioned",
     ]
-    assert ["scale_matched vs conditioned", "AP^b", "-3.0 [-3.2, -2.8]", "worse", "3", "training runs"] in _first_table(
-        text
-    )
+    row = ["scale_matched vs conditioned", "AP^b", "98.75%", "worse", "[-3.2, -2.8]", "3", "training runs"]
+    assert [r[:2] + r[3:] for r in _first_table(text)].count(row) == 1
 
 
 def test_contrast_with_per_image_data_gets_the_two_level_interval(tmp_path):
@@ -217,7 +222,7 @@ def test_contrast_with_per_image_data_gets_the_two_level_interval(tmp_path):
     report, text = compare_arms([str(tmp_path / "pre")], bootstrap=bootstrap, seed=seed)
     sr = report.stage("pretrain")
     # no mimetic runs: that default contrast is left out
-    assert [s.label for s in sr.family if s.reference != "default"] == ["conditioned vs scale_matched"]
+    assert [s.label for s in sr.comparisons if s.reference != "default"] == ["conditioned vs scale_matched"]
     row = next(s for s in sr.stats if s.reference != "default" and s.metric == "top-1")
     diffs = [100 * (correct[("conditioned", s)].mean() - correct[("scale_matched", s)].mean()) for s in range(3)]
     assert row.differences == pytest.approx(diffs)
@@ -231,23 +236,28 @@ def test_contrast_with_per_image_data_gets_the_two_level_interval(tmp_path):
             for s in range(3)
         ]
     )
-    two = two_level_bootstrap(
-        np.asarray(diffs), reps, np.random.default_rng([seed, 1, sr.stats.index(row)]), num_images=num_images
-    )
-    assert (row.interval.low, row.interval.high) == pytest.approx((float(two.low), float(two.high)))
+    two = two_level_bootstrap(np.asarray(diffs), reps, np.random.default_rng([seed, 1, sr.stats.index(row)]))
+    assert (row.interval.low, row.interval.high) == pytest.approx((two.interval().low, two.interval().high))
     assert row.interval.p_value == pytest.approx(float(two.p_value))
-    # family: 2 arms against default + 1 contrast, top-1 each
-    assert [(f.label, f.metric) for f in sr.family] == [
-        ("conditioned", "top-1"),
-        ("scale_matched", "top-1"),
-        ("conditioned vs scale_matched", "top-1"),
+    # families: 2 arms against default, top-1 each; the contrast alone in its own, at 95%
+    assert [(f.label, f.metric, f.family_size) for f in sr.comparisons] == [
+        ("conditioned", "top-1", 2),
+        ("scale_matched", "top-1", 2),
+        ("conditioned vs scale_matched", "top-1", 1),
     ]
-    assert "(3 comparisons: 2 against default, 1 between two other arms)" in text
-    assert [
+    assert (
+        "  - against default: conditioned × {top-1}; scale_matched × {top-1} (2 comparisons, intervals at 97.5%)"
+        in text
+    )
+    assert "  - between two arms: conditioned vs scale_matched × {top-1} (1 comparison, intervals at 95%)" in text
+    iv = two.interval()
+    assert row.adjusted == row.interval and [
         "conditioned vs scale_matched",
         "top-1",
-        f"{row.mean_difference:+.1f} [{two.low:+.1f}, {two.high:+.1f}]",
+        f"{row.mean_difference:+.1f} [{iv.low:+.1f}, {iv.high:+.1f}]",
+        "95%",
         row.verdict,
+        f"[{iv.low:+.1f}, {iv.high:+.1f}]",
         "3",
         "training runs and evaluation images",
     ] in _first_table(text)
@@ -274,17 +284,18 @@ def test_seeds_needed_is_one_table(tmp_path):
     report, text = compare_arms([str(_experiment(tmp_path / "exp"))], bootstrap=0)
     summary = unpadded(text.split("## Seed plan")[1].split("## Method")[0])
     assert (
-        "seeds per arm for 80% power (two-sided paired t-test over seeds, level 0.05 Holm-adjusted over 10 "
-        "comparisons):" in summary
+        "seeds per arm for 80% power (two-sided paired t-test over seeds at level 0.05 / the comparisons of the "
+        "row's family, the level its verdict needs):" in summary
     )
-    assert "| arm | metric | effect Δ | std of the paired differences | seeds needed | seeds now |" in summary
+    assert "| arm | metric | family | effect Δ | std of the paired differences | seeds needed | seeds now |" in summary
     c = _row(report, "conditioned", "AP^b", "scale_matched")
     std = np.std([0.5, 0.5, -0.2], ddof=1)
-    assert c.plan.std == pytest.approx(std) and c.plan.needed is not None
+    assert c.plan.std == pytest.approx(std) and c.plan.needed == seeds_needed(0.6, std, comparisons=4)
     assert (
-        f"| conditioned vs scale_matched | AP^b | 0.6 (the paper's claimed gain) | {std:.3g} (observed over 3 "
-        f"seeds) | {c.plan.needed} | 3 |"
+        f"| conditioned vs scale_matched | AP^b | between two arms (4) | 0.6 (the paper's claimed gain) | {std:.3g} "
+        f"(observed over 3 seeds) | {c.plan.needed} | 3 |"
     ) in summary
+    assert "| mimetic | AP^b | against default (6) | 0.6 (the paper's claimed gain) |" in summary
 
 
 def test_stats_csv_names_the_reference(tmp_path):
@@ -296,13 +307,15 @@ def test_stats_csv_names_the_reference(tmp_path):
     with open(out / "stats.csv") as f:
         rows = list(csv.DictReader(f))
     row = next(r for r in rows if (r["arm"], r["metric"], r["reference"]) == ("conditioned", "AP^b", "scale_matched"))
-    assert row["kind"] == "metric" and row["in_family"] == "1" and row["paired_seeds"] == "0 1 2"
+    assert row["kind"] == "metric" and row["family"] == "between two arms" and row["paired_seeds"] == "0 1 2"
     assert float(row["mean_difference"]) == pytest.approx(0.8 / 3)
     assert row["verdict"] == "no difference shown" and row["unit"] == "training runs"
     assert row["replication"] == "runs" and float(row["poi"]) == pytest.approx(2 / 3)
     p = scipy_stats.ttest_1samp([0.5, 0.5, -0.2], 0.0).pvalue
-    assert float(row["p_value"]) == pytest.approx(p) and float(row["p_holm"]) == pytest.approx(2 * p)
+    assert float(row["p_value"]) == pytest.approx(p) and float(row["p_adjusted"]) == 1.0  # 4 p > 1
+    assert (row["family_size"], float(row["level"])) == ("4", 0.9875)
     assert float(row["ci_low"]) == pytest.approx(0.8 / 3 - T_975_2 * np.std([0.5, 0.5, -0.2], ddof=1) / math.sqrt(3))
+    assert float(row["adjusted_low"]) == pytest.approx(t_interval([0.5, 0.5, -0.2], 0.9875).low)
     assert {r["reference"] for r in rows if r["arm"] == "conditioned" and r["metric"] == "AP^b"} == {
         "default",
         "scale_matched",
@@ -313,7 +326,7 @@ def test_stats_csv_names_the_reference(tmp_path):
         for r in rows
         if (r["arm"], r["metric"], r["reference"]) == ("conditioned", "speed-up AP^b (%)", "scale_matched")
     )
-    assert sp["speedup_reached"] == "2" and sp["in_family"] == "0"
+    assert sp["speedup_reached"] == "2" and sp["family"] == sp["family_size"] == sp["p_adjusted"] == ""
 
 
 def _load_cli():
@@ -345,7 +358,11 @@ def test_contrast_option(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "| mimetic vs scale_matched | AP^b |" in unpadded(out)
-    assert "(12 comparisons: 6 against default, 6 between two other arms)" in out
+    assert (
+        "  - between two arms: conditioned vs scale_matched × {AP^b, AP^m}; conditioned vs mimetic × {AP^b, AP^m}; "
+        in out
+    )
+    assert "mimetic vs scale_matched × {AP^b, AP^m} (6 comparisons, intervals at 99.17%)" in out
     note = (
         "- contrast conditioned vs xcit not made: no finished xcit run in this stage (arms here: conditioned, "
         "default, mimetic, scale_matched)"
@@ -364,7 +381,7 @@ def test_contrast_option(tmp_path, capsys):
         assert e.value.code == 2 and message in err and "argument --contrast" in err
     with pytest.raises(SystemExit) as e:
         cli.main(["--plan-seeds", "--delta", "0.6", "--std", "0.1", "--contrast", "conditioned:scale_matched"])
-    assert e.value.code == 2 and "count each contrast as one more arm in --arms" in capsys.readouterr().err
+    assert e.value.code == 2 and "contrasts are a family of their own: --arms C" in capsys.readouterr().err
 
 
 def test_contrasts_from_python():
@@ -391,5 +408,6 @@ def test_summarize_runs_rejects_a_bad_contrast_and_keeps_reports_without_contras
         summarize_runs(find_runs([str(exp)]).runs, bootstrap=0, contrasts=[("conditioned", "default")])
     report, text = compare_arms([str(exp)], bootstrap=0)
     assert not any(s.reference != "default" for s in report.primary.stats)
-    assert "(2 comparisons: 2 against default, 0 between two other arms)" in text
+    assert "  - against default: conditioned × {AP^b, AP^m} (2 comparisons, intervals at 97.5%)" in text
+    assert "between two arms" not in text
     assert "vs scale_matched" not in text and "vs mimetic" not in text

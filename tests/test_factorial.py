@@ -1,9 +1,11 @@
 """The structure x scale design in the report: the four arms' cells, the effects paired by seed (main effects and
-interaction in the stage's Holm family), the sentence per metric, the interaction figure, on experiments with planted
-cell values."""
+interaction a family of their own), the sentence per metric, the interaction figure, on experiments with planted cell
+values; and the families of verdicts of the four arms: asking more takes no answer away."""
 
 import csv
+import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,9 +18,10 @@ from table_text import unpadded
 from condinit_det.evaluation.bootstrap import image_draws, resampled_mean
 from condinit_det.records.per_image import write_classification_eval
 from condinit_det.records.results import ResultsFile
-from condinit_det.report import compare_arms
+from condinit_det.report import Comparison, compare_arms
 from condinit_det.report.factorial import EFFECTS, carried_by, design_problem
-from condinit_det.report.statistics import BETTER, NO_DIFFERENCE, TOO_FEW_SEEDS, WORSE, holm_adjust, two_level_bootstrap
+from condinit_det.report.paired import compare_stage
+from condinit_det.report.statistics import BETTER, NO_DIFFERENCE, TOO_FEW_SEEDS, WORSE, two_level_bootstrap
 
 ITERS = (100, 200, 300, 400)
 OPTIONS = {"gain_qk": 1.0, "gain_v": 1.0, "value_mode": "identity"}
@@ -77,7 +80,7 @@ def test_effects_are_the_planted_cell_sums_with_their_paired_intervals_in_the_ho
     # the simple effects are the rows of two arms; the main effects and the interaction rows of their own
     assert effects["structure_at_conditioned_scale"].label == "conditioned vs scale_matched"
     assert effects["scale_at_random_structure"].label == "scale_matched"
-    joint = [s for s in sr.family if s.reference == "factorial"]
+    joint = [s for s in sr.comparisons if s.reference == "factorial"]
     assert [(s.label, s.metric) for s in joint] == [
         ("structure (main effect)", "AP^b"),
         ("scale (main effect)", "AP^b"),
@@ -86,12 +89,18 @@ def test_effects_are_the_planted_cell_sums_with_their_paired_intervals_in_the_ho
         ("scale (main effect)", "AP^m"),
         ("structure × scale (interaction)", "AP^m"),
     ]
-    # one Holm family: 3 arms against default, 2 contrasts (conditioned vs scale_matched / structured), 3 effects
-    p_holm = holm_adjust([s.interval.p_value for s in sr.family])
-    assert [s.p_holm for s in sr.family] == pytest.approx(list(p_holm))
+    # a family per question: 3 arms against default, 2 contrasts (conditioned vs scale_matched / structured), the
+    # 3 effects, x {AP^b, AP^m}; each row's p times its family's size
+    assert {f: len(rows) for f, rows in sr.families.items()} == {
+        "against default": 6,
+        "between two arms": 4,
+        "structure × scale": 6,
+    }
+    for s in sr.comparisons:
+        assert s.p_adjusted == pytest.approx(min(1.0, s.family_size * s.interval.p_value))
     assert (
-        "(16 comparisons: 6 against default, 4 between two other arms, 6 effects of the structure × scale design)"
-        in text
+        "  - structure × scale: structure (main effect) × {AP^b, AP^m}; scale (main effect) × {AP^b, AP^m}; "
+        "structure × scale (interaction) × {AP^b, AP^m} (6 comparisons, intervals at 99.17%)" in text
     )
     assert effects["scale"].verdict == BETTER and effects["structure"].verdict == NO_DIFFERENCE
     assert effects["interaction"].verdict == NO_DIFFERENCE
@@ -107,10 +116,10 @@ def test_effects_are_the_planted_cell_sums_with_their_paired_intervals_in_the_ho
     assert os.path.getsize(tmp_path / "report" / "interaction.png") > 10_000
     with open(tmp_path / "report" / "stats.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["reference"] == "factorial"]
-    assert [(r["arm"], r["metric"], r["in_family"]) for r in rows[:3]] == [
-        ("structure", "AP^b", "1"),
-        ("scale", "AP^b", "1"),
-        ("interaction", "AP^b", "1"),
+    assert [(r["arm"], r["metric"], r["family"], r["family_size"]) for r in rows[:3]] == [
+        ("structure", "AP^b", "structure × scale", "6"),
+        ("scale", "AP^b", "structure × scale", "6"),
+        ("interaction", "AP^b", "structure × scale", "6"),
     ]
     assert float(rows[1]["mean_difference"]) == pytest.approx(np.mean(_per_seed(SCALE_ONLY, EFFECTS[5])))
 
@@ -135,25 +144,34 @@ def test_an_interaction_is_said_as_such_and_a_reversed_contrast_still_reads_as_t
     assert "read the simple effects, not the main effects" in text
 
 
-def test_with_per_image_data_an_effect_resamples_the_same_images_in_every_cell(tmp_path):
+NUM_IMAGES = 600
+TOP1 = {"default": 0.45, "scale_matched": 0.65, "structured": 0.47, "conditioned": 0.67}  # each image's chance
+
+
+def _cls_experiment(root, arms=tuple(TOP1)):
+    """Pretraining runs of ``arms`` on 3 seeds with per-image top-1 data; returns (image, run) -> correct."""
     rng = np.random.default_rng(3)
-    num_images, bootstrap, seed = 150, 200, 2
-    labels = rng.integers(0, 5, size=num_images)
-    p = {"default": 0.5, "scale_matched": 0.6, "structured": 0.52, "conditioned": 0.62}
+    labels = rng.integers(0, 5, size=NUM_IMAGES)
     correct = {}
-    for arm in p:
+    for arm in arms:
         for s in range(3):
-            hit = rng.uniform(size=num_images) < p[arm]
+            hit = rng.uniform(size=NUM_IMAGES) < TOP1[arm]
             correct[(arm, s)] = hit
-            run = tmp_path / "pre" / arm / f"seed{s}"
+            run = root / arm / f"seed{s}"
             path = write_classification_eval(
-                str(run), 4, labels=labels, top1=np.where(hit, labels, (labels + 1) % 5), top5_hit=np.ones(num_images)
+                str(run), 4, labels=labels, top1=np.where(hit, labels, (labels + 1) % 5), top5_hit=np.ones(NUM_IMAGES)
             )
             with open(run / "condinit_arm_report.json", "w") as f:
                 json.dump({"run": {"arm": arm, "seed": s, "options": ARM_OPTIONS[arm]}}, f)
             record = {"kind": "cls", "stage": "pretrain", "iteration": 40, "epoch": 4, "top1": 100 * hit.mean()}
             record.update(top5=100.0, arm=arm, seed=s, per_image=os.path.relpath(path, str(run)))
             ResultsFile(str(run)).add(record)
+    return correct
+
+
+def test_with_per_image_data_an_effect_resamples_the_same_images_in_every_cell(tmp_path):
+    num_images, bootstrap, seed = NUM_IMAGES, 200, 2
+    correct = _cls_experiment(tmp_path / "pre")
     report, _ = compare_arms([str(tmp_path / "pre")], bootstrap=bootstrap, seed=seed)
     sr = report.stage("pretrain")
     row = sr.effects("top1")["interaction"]
@@ -164,10 +182,50 @@ def test_with_per_image_data_an_effect_resamples_the_same_images_in_every_cell(t
         [sum(w * resampled_mean(100.0 * correct[(a, s)], draws) for a, w in effect.weights) for s in range(3)]
     )
     assert row.differences == pytest.approx(per_seed)
-    two = two_level_bootstrap(np.asarray(per_seed), reps, np.random.default_rng(0), num_images=num_images)
-    # the t-scaled interval depends on the variances only, not on the seed resamples' generator
-    assert (row.interval.low, row.interval.high) == pytest.approx((float(two.low), float(two.high)))
+    two = two_level_bootstrap(np.asarray(per_seed), reps, np.random.default_rng(0))
+    # the t-scaled interval depends on the variances only, not on the seed resamples' generator; the verdict reads it
+    # at the family's level (3 effects x top-1)
+    assert (row.interval.low, row.interval.high) == pytest.approx((two.interval().low, two.interval().high))
+    assert (row.adjusted.low, row.adjusted.high) == pytest.approx(
+        (two.interval(1 - 0.05 / 3).low, two.interval(1 - 0.05 / 3).high)
+    )
     assert row.interval.unit == "training runs and evaluation images"
+
+
+def test_asking_more_takes_no_answer_away(tmp_path):
+    # the arms against default of the four arms, with the contrasts' and the design's families and without: the same
+    # adjusted p-values, intervals and verdicts
+    _cls_experiment(tmp_path / "pre")
+    sr = compare_arms([str(tmp_path / "pre")], bootstrap=200, seed=2)[0].stage("pretrain")
+    assert list(sr.families) == ["against default", "between two arms", "structure × scale"]
+    alone = [s for s in compare_stage(sr.stage, sr.arms, [], bootstrap=200, seed=2) if s.kind == "metric"]
+    asked = sr.families["against default"]
+    assert [(s.label, s.family, s.family_size) for s in alone] == [(s.label, s.family, s.family_size) for s in asked]
+    assert [(s.p_adjusted, s.adjusted, s.verdict) for s in alone] == [
+        (s.p_adjusted, s.adjusted, s.verdict) for s in asked
+    ]
+    assert {s.verdict for s in asked} == {"better", "no difference shown"}
+
+
+def test_a_reversed_comparison_turns_every_field_it_carries(tmp_path):
+    # conditioned vs scale_matched read backwards against scale_matched vs conditioned asked for (the same generators)
+    _cls_experiment(tmp_path / "pre", arms=("default", "scale_matched", "conditioned"))
+    forward = compare_arms([str(tmp_path / "pre")], bootstrap=200, seed=2)[0].stage("pretrain")
+    backward = compare_arms(
+        [str(tmp_path / "pre")], bootstrap=200, seed=2, contrasts=[("scale_matched", "conditioned")]
+    )[0].stage("pretrain")
+    turned = next(s for s in forward.comparisons if s.reference == "scale_matched").reversed()
+    asked = next(s for s in backward.comparisons if s.reference == "conditioned")
+    assert turned.percentile is not None and turned.improvement is not None and turned.interval.low < 0
+    for f in dataclasses.fields(Comparison):
+        mine, theirs = getattr(turned, f.name), getattr(asked, f.name)
+        if f.name in ("values", "mean", "std", "n", "speedup"):  # the arm's own, which do not turn: left out
+            assert mine in ({}, 0, None) or math.isnan(mine), f.name
+        elif dataclasses.is_dataclass(mine):  # every interval, P(improvement)
+            for g in dataclasses.fields(mine):
+                assert getattr(mine, g.name) == pytest.approx(getattr(theirs, g.name), nan_ok=True), (f.name, g.name)
+        else:
+            assert mine == pytest.approx(theirs) if isinstance(mine, (float, list)) else mine == theirs, f.name
 
 
 def test_arms_that_differ_in_more_than_their_factors_give_no_effects(tmp_path):
@@ -288,29 +346,29 @@ def test_the_factorial_end_to_end_on_the_tiny_digits_demo_in_both_stages(tmp_pat
     assert "holds runs of another setup (condinit.options.conditioned.gain_v" in proc.stderr
 
 
-def test_the_sentence_says_why_an_interval_clear_of_zero_is_no_claim():
+def test_the_sentence_quotes_the_intervals_its_verdicts_read():
     from types import SimpleNamespace
 
     from condinit_det.report.factorial import reading
     from condinit_det.report.statistics import Interval
 
-    def row(estimate, low, high, p_holm):
-        interval = Interval(estimate, low, high, "two-level t", "both", 3)
-        return SimpleNamespace(mean_difference=estimate, interval=interval, verdict=NO_DIFFERENCE, p_holm=p_holm)
+    def row(estimate, low, high, verdict=NO_DIFFERENCE):
+        interval = Interval(estimate, low, high, "two-level t", "both", 3, level=1 - 0.05 / 3)
+        return SimpleNamespace(mean_difference=estimate, adjusted=interval, verdict=verdict)
 
-    rows = {"structure": row(-0.6, -4.2, 3.0, 1.0), "scale": row(29.5, 17.8, 41.2, 0.052)}
-    rows["interaction"] = row(-4.0, -35.5, 27.5, 1.0)
-    rows.update({e.name: row(0.5, -1.0, 2.0, 1.0) for e in EFFECTS if e.pair})
+    rows = {"structure": row(-0.6, -4.2, 3.0), "scale": row(29.5, -1.8, 60.8), "interaction": row(-4.0, -35.5, 27.5)}
+    rows.update({e.name: row(0.5, -1.0, 2.0) for e in EFFECTS if e.pair})
     text = reading("top-1", rows, 3)
-    assert text.startswith("neither factor is shown to change it over 3 seeds (structure -0.6 [-4.2, +3.0], scale")
-    assert "the scale's 95% interval excludes zero, but its Holm-adjusted p (0.052)" in text
-    assert "structure's 95% interval" not in text and "interaction's 95% interval" not in text
+    assert text == (
+        "neither factor is shown to change it over 3 seeds (structure -0.6 [-4.2, +3.0], scale +29.5 [-1.8, +60.8], "
+        "interaction -4.0 [-35.5, +27.5])."
+    )
     # a simple effect shown where no main effect is: the sentence names it rather than saying "neither"
-    rows["scale_at_random_structure"] = SimpleNamespace(**{**vars(row(2.0, 1.9, 2.1, 0.003)), "verdict": BETTER})
+    rows["scale_at_random_structure"] = row(2.0, 1.9, 2.1, BETTER)
     text = reading("top-1", rows, 3)
     assert text.startswith("no main effect or interaction is shown over 3 seeds (structure -0.6 [-4.2, +3.0], scale")
-    assert "), only simple effects: scale at the random structure +2.0 [+1.9, +2.1]; the scale's 95%" in text
-    unpaired = SimpleNamespace(mean_difference=float("nan"), interval=None, verdict=TOO_FEW_SEEDS, p_holm=1.0)
+    assert text.endswith("), only simple effects: scale at the random structure +2.0 [+1.9, +2.1].")
+    unpaired = SimpleNamespace(mean_difference=float("nan"), adjusted=None, verdict=TOO_FEW_SEEDS)
     assert reading("top-1", dict.fromkeys(rows, unpaired), 0).startswith("no seed is common to the four cells")
 
 

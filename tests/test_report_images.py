@@ -104,10 +104,10 @@ def test_several_seeds_with_per_image_data_get_the_two_level_interval(cls_experi
     assert percentile.replication == "both" and "percentile" in percentile.method
     # the t-scaled interval is at least as wide as the t over seeds (it adds the image part)
     assert iv.high - iv.low >= t.high - t.low - 1e-9
-    assert row.p_holm == pytest.approx(iv.p_value)  # a family of one
+    assert row.p_adjusted == pytest.approx(iv.p_value) and row.adjusted == iv  # a family of one: at 95%
     assert float(row.improvement.estimate) == pytest.approx(2 / 3)
     assert (
-        f"| conditioned | top-1 | 54.3 ± 8.1 | {iv.p_value:.3f} | {row.p_holm:.3f} | [{t.low:+.1f}, "
+        f"| conditioned | top-1 | 54.3 ± 8.1 | {iv.p_value:.3f} | {row.p_adjusted:.3f} | [{t.low:+.1f}, "
         f"{t.high:+.1f}] |" in unpadded(text)
     )
 
@@ -243,7 +243,7 @@ def test_detection_runs_with_per_evaluation_matches(tmp_path):
     stats = {s.metric: s for s in det.stats if s.arm == "scale_matched"}
     box = stats["AP^b"]
     assert box.interval.replication == "images" and box.interval.method.startswith("image bootstrap over 12 ")
-    assert [f.arm for f in det.family] == ["scale_matched", "scale_matched"]
+    assert [f.arm for f in det.comparisons] == ["scale_matched", "scale_matched"]
     # one seed on data not known to be COCO: no plan from COCO's seed spread
     assert box.plan is None and "run ≥ 3 seeds per arm to measure it" in text
     assert stats["speed-up AP^b (%)"].speedup.n == 1 and stats["speed-up AP^b (%)"].speedup.low is None
@@ -277,7 +277,7 @@ def test_plan_seeds_command(capsys):
     out = capsys.readouterr().out
     needed = seeds_needed(0.6, 0.1, comparisons=4)
     assert out.startswith("2 arms x 2 metrics compared with default: to detect Δ = 0.6 (given) with std 0.1")
-    assert f"Holm-adjusted over 4 comparisons: n ≥ {needed} seeds per arm." in out
+    assert f"two-sided level 0.05 / 4 (a family of 4 comparisons): n ≥ {needed} seeds per arm." in out
     assert f"{needed} | " in out and f"{needed - 1} | " in out
     # a shared image variance no number of seeds can average away
     assert compare_main(["--plan-seeds", "--delta", "0.6", "--std", "0.1", "--shared-variance", "1"]) == 0
@@ -297,8 +297,9 @@ def test_delta_and_std_options_reach_the_report(cls_experiment, capsys):
     out_dir = cls_experiment.parent / "r"
     assert compare_main([str(cls_experiment), "--bootstrap", "0", "--delta", "top1=2", "--output", str(out_dir)]) == 0
     needed = seeds_needed(2.0, float(np.std([8, 8, -3], ddof=1)))
-    assert f"| conditioned | top-1 | 2 (given) | 6.35 (observed over 3 seeds) | {needed} | 3 |" in unpadded(
-        capsys.readouterr().out
+    assert (
+        f"| conditioned | top-1 | against default (1) | 2 (given) | 6.35 (observed over 3 seeds) | {needed} | 3 |"
+        in unpadded(capsys.readouterr().out)
     )
     stats = (out_dir / "stats.csv").read_text().splitlines()
     header = stats[0].split(",")
@@ -308,7 +309,9 @@ def test_delta_and_std_options_reach_the_report(cls_experiment, capsys):
     assert row[header.index("plan_seeds_needed")] == str(seeds_needed(2.0, float(np.std([8, 8, -3], ddof=1))))
     # a std given for planning replaces the observed one; without --delta the plan is for the observed difference
     assert compare_main([str(cls_experiment), "--bootstrap", "0", "--std", "1.5", "--output", str(out_dir)]) == 0
-    assert "| conditioned | top-1 | 4.33 (the observed difference) | 1.5 (given) |" in unpadded(capsys.readouterr().out)
+    assert "| conditioned | top-1 | against default (1) | 4.33 (the observed difference) | 1.5 (given) |" in unpadded(
+        capsys.readouterr().out
+    )
 
 
 def test_a_compare_into_the_same_folder_reuses_resamples_and_figures_while_their_inputs_hold(

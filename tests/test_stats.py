@@ -17,7 +17,6 @@ from condinit_det.report.statistics import (
     Interval,
     Reach,
     bootstrap_p_value,
-    holm_adjust,
     mean_std,
     median_interval_rank,
     paired_t,
@@ -53,7 +52,7 @@ def test_t_interval_known_answer():
     assert iv.replication == RUNS and iv.unit == "training runs" and iv.num_seeds == 3
     # p of t = 2 / (1 / sqrt 3) with 2 degrees of freedom
     assert iv.p_value == pytest.approx(2 * stats.t.sf(2 * math.sqrt(3), 2))
-    assert verdict(iv, iv.p_value) == NO_DIFFERENCE  # [-0.48, 4.48] contains 0
+    assert verdict(iv) == NO_DIFFERENCE  # [-0.48, 4.48] contains 0
 
 
 def test_paired_t_is_vectorized():
@@ -64,25 +63,29 @@ def test_paired_t_is_vectorized():
         assert (mean[row], low[row], high[row], p[row]) == pytest.approx((iv.estimate, iv.low, iv.high, iv.p_value))
 
 
-def test_verdicts_follow_the_holm_p_and_need_two_seeds():
+def test_verdicts_read_the_interval_at_the_family_level_and_need_two_seeds():
     clear = t_interval([3.0, 3.5, 4.0, 3.2])
-    assert clear.low > 0 and verdict(clear, clear.p_value) == BETTER
+    assert clear.low > 0 and verdict(clear) == BETTER
     worse = t_interval([-3.0, -3.5, -4.0])
-    assert verdict(worse, worse.p_value) == WORSE
+    assert verdict(worse) == WORSE
     # lower is better (e.g. iterations): a positive difference is worse
-    assert verdict(clear, clear.p_value, higher_is_better=False) == WORSE
-    assert verdict(None, 0.01) == TOO_FEW_SEEDS
+    assert verdict(clear, higher_is_better=False) == WORSE
+    assert verdict(None) == TOO_FEW_SEEDS
     # identical differences: a zero-width interval away from 0, p = 0
     two = t_interval([2.0, 2.0])
-    assert verdict(two, two.p_value) == BETTER and two.p_value == 0.0
+    assert verdict(two) == BETTER and two.p_value == 0.0 and verdict(t_interval([0.0, 0.0])) == NO_DIFFERENCE
     with pytest.raises(ValueError, match="at least 2"):
         t_interval([1.0])
-    # the verdict follows the Holm-adjusted p, not the raw interval
-    assert verdict(clear, 0.2) == NO_DIFFERENCE and verdict(clear, 0.05) == BETTER
-    # one trained model per arm: never a verdict on the initialization, however small its p
-    images = percentile_interval(2.0, np.linspace(1.0, 3.0, 101), replication=IMAGES)
+    # p = 0.0136: its 95% interval excludes 0, the interval at a family of 6's level (1 - 0.05 / 6) covers it, as
+    # 6 p > 0.05 says
+    d = [7.0, 5.0, 5.0]
+    assert t_interval(d).low > 0 and 6 * t_interval(d).p_value > 0.05
+    wide = t_interval(d, 1 - 0.05 / 6)
+    assert wide.level == pytest.approx(1 - 0.05 / 6) and wide.low < 0 < wide.high and verdict(wide) == NO_DIFFERENCE
+    # one trained model per arm: never a verdict on the initialization, however clear its interval
+    images = percentile_interval(2.0, np.linspace(1.0, 3.0, 101))
     assert images.unit == UNITS[IMAGES] == "evaluation images (one trained model per arm)"
-    assert verdict(images, 0.001) == TOO_FEW_SEEDS
+    assert images.low > 0 and verdict(images) == TOO_FEW_SEEDS
     assert UNITS[BOTH] == "training runs and evaluation images"
 
 
@@ -112,11 +115,11 @@ def test_two_level_without_shared_image_variance_is_the_t_interval():
     # per-seed image replicates uncorrelated across seeds: no shared image variance, the interval is Student's
     est = np.array([1.0, 2.0, 3.0])
     reps = est[:, None] + 0.3 * _orthogonal(3, 64)
-    two = two_level_bootstrap(est, reps, np.random.default_rng(0), num_images=500)
+    two = two_level_bootstrap(est, reps, np.random.default_rng(0))
     assert float(two.var_images) == pytest.approx(0.0, abs=1e-12) and float(two.var_seeds) == pytest.approx(1 / 3)
-    iv = two.interval()
-    t = t_interval(est)
-    assert (iv.low, iv.high) == pytest.approx((t.low, t.high), rel=2e-3)
+    for level in (0.95, 1 - 0.05 / 6):
+        iv, t = two.interval(level), t_interval(est, level)
+        assert (iv.low, iv.high) == pytest.approx((t.low, t.high), rel=2e-3) and iv.level == level
     assert iv.p_value == pytest.approx(t.p_value, rel=2e-3)
     assert iv.replication == BOTH and iv.unit == "training runs and evaluation images" and iv.num_seeds == 3
 
@@ -125,43 +128,47 @@ def test_two_level_shared_image_variance_known_answer():
     # every seed moves the same way on every image resample: all of it is shared, var = var(u)
     u = _orthogonal(1, 64)[0] * 0.5
     est = np.array([1.0, 1.0, 1.0, 1.0])  # no seed spread: the normal interval with the image variance
-    two = two_level_bootstrap(est, est[:, None] + u[None], np.random.default_rng(0), num_images=500)
+    two = two_level_bootstrap(est, est[:, None] + u[None], np.random.default_rng(0))
     assert float(two.var_images) == pytest.approx(0.25) and float(two.var_seeds) == 0.0
-    assert (float(two.low), float(two.high)) == pytest.approx((1 - 1.959964 * 0.5, 1 + 1.959964 * 0.5), rel=1e-5)
+    assert (two.interval().low, two.interval().high) == pytest.approx(
+        (1 - 1.959964 * 0.5, 1 + 1.959964 * 0.5), rel=1e-5
+    )
     assert float(two.p_value) == pytest.approx(2 * stats.norm.sf(1.0 / 0.5), rel=1e-4)
     # replicates: every seed resample of a constant mean is that mean, shifted by the image part of resample b
     assert two.replicates == pytest.approx(1.0 + u)
     # both parts: between the t-interval of the seeds alone and the sum of the two half-widths
     est2 = np.array([0.5, 1.0, 1.5, 1.0])
-    two2 = two_level_bootstrap(est2, est2[:, None] + u[None], np.random.default_rng(0), num_images=500)
+    two2 = two_level_bootstrap(est2, est2[:, None] + u[None], np.random.default_rng(0))
     t = t_interval(est2)
-    half = float(two2.high - two2.estimate)
+    half = float(two2.half_width())
     assert t.high - t.estimate < half < (t.high - t.estimate) + 1.959964 * 0.5
     with pytest.raises(ValueError, match="n >= 2 seeds"):
-        two_level_bootstrap(est[:1], u[None], np.random.default_rng(0), num_images=10)
+        two_level_bootstrap(est[:1], u[None], np.random.default_rng(0))
 
 
 def test_two_level_is_vectorized_and_seeded():
     rng = np.random.default_rng(3)
     est, reps = rng.normal(size=(4, 3)), rng.normal(size=(4, 3, 50))
-    batch = two_level_bootstrap(est, reps, np.random.default_rng(1), num_images=100)
-    assert batch.low.shape == (4,) and batch.replicates.shape == (4, 50)
-    again = two_level_bootstrap(est, reps, np.random.default_rng(1), num_images=100)
+    batch = two_level_bootstrap(est, reps, np.random.default_rng(1))
+    assert batch.half_width().shape == (4,) and batch.replicates.shape == (4, 50)
+    again = two_level_bootstrap(est, reps, np.random.default_rng(1))
     assert np.array_equal(batch.replicates, again.replicates)
     for k in range(4):
-        one = two_level_bootstrap(est[k], reps[k], np.random.default_rng(9), num_images=100)
-        assert (float(one.low), float(one.high)) == pytest.approx((batch.low[k], batch.high[k]))
+        one = two_level_bootstrap(est[k], reps[k], np.random.default_rng(9))
+        assert float(one.half_width(0.99)) == pytest.approx(batch.half_width(0.99)[k])
+        assert float(one.p_value) == pytest.approx(batch.p_value[k])
 
 
-def test_holm_known_answer():
-    # sorted p 0.01, 0.02, 0.03, 0.5 -> 0.04, 0.06, 0.06, 0.5 (step-down, monotone)
-    adjusted = holm_adjust([0.03, 0.5, 0.01, 0.02])
-    assert adjusted == pytest.approx([0.06, 0.5, 0.04, 0.06])
-    assert holm_adjust([0.2, 0.9]) == pytest.approx([0.4, 0.9])
-    assert holm_adjust([np.nan, 0.01]) == pytest.approx([1.0, 0.02])  # no interval: p = 1, still in the family
-    assert np.allclose(holm_adjust([[0.01, 0.04], [0.3, 0.6]]), [[0.02, 0.04], [0.6, 0.6]])  # one family per row
-    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
-        holm_adjust([1.5])
+def test_the_two_level_interval_at_level_1_minus_a_excludes_zero_exactly_when_p_is_below_a():
+    # the verdict reads the interval and the adjusted p is m p: they must agree at every family size m
+    rng = np.random.default_rng(4)
+    est = rng.normal(2.0, 1.0, size=(2000, 3))
+    reps = est[..., None] + rng.normal(0.0, 0.5, size=(2000, 1, 40)) + rng.normal(0.0, 0.5, size=(2000, 3, 40))
+    two = two_level_bootstrap(est, reps, np.random.default_rng(0))
+    for m in (1, 3, 6, 16):
+        excludes = np.abs(two.estimate) > two.half_width(1 - 0.05 / m)
+        assert np.array_equal(excludes, m * two.p_value < 0.05), m
+        assert 0 < excludes.sum() < excludes.size  # both outcomes occur
 
 
 def test_probability_of_improvement():

@@ -67,7 +67,7 @@ def get_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="A:B",
-        help="also compare arm A with arm B (A minus B, in the Holm family); repeatable",
+        help="also compare arm A with arm B (A minus B, in the family of contrasts); repeatable",
     )
     parser.add_argument(
         "--group-by-config",
@@ -82,7 +82,7 @@ def get_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="std of the per-seed paired differences (in a report: replaces the measured one)",
     )
-    plan.add_argument("--arms", type=int, default=1, metavar="A", help="arms against default (+1 per contrast)")
+    plan.add_argument("--arms", type=int, default=1, metavar="A", help="arms against default, or contrasts")
     plan.add_argument("--metrics", type=int, default=1, metavar="M", help="headline metrics per arm (detection: 2)")
     plan.add_argument("--power", type=float, default=0.8, metavar="P", help="power (default 0.8)")
     plan.add_argument("--level", type=float, default=0.05, metavar="L", help="family-wise level (default 0.05)")
@@ -109,7 +109,7 @@ def _plan(parser: argparse.ArgumentParser, args) -> int:
         parser.error("--plan-seeds takes one number each for --delta and --std (e.g. --delta 0.6 --std 0.1)")
     if args.dirs or args.contrast:
         parser.error(
-            "--plan-seeds takes no run directories and no --contrast (count each contrast as one more arm in --arms)"
+            "--plan-seeds takes no run directories and no --contrast (contrasts are a family of their own: --arms C)"
         )
     common = dict(comparisons=args.arms * args.metrics, level=args.level, shared_variance=args.shared_variance)
     try:

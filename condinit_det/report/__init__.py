@@ -1,6 +1,7 @@
 """Comparison of initialization arms across training runs of either stage, from their results files only (no
-detectron2): every arm against default and contrasts between two other arms, paired by training seed, each interval
-naming its unit of replication, verdicts under Holm–Bonferroni (docs/comparing_arms.md, docs/statistics.md)::
+detectron2): every arm against default, contrasts between two other arms and the structure x scale design's effects,
+paired by training seed, each interval naming its unit of replication, one family of verdicts per question
+(docs/comparing_arms.md, docs/statistics.md)::
 
     from condinit_det.report import compare_arms
     report, markdown = compare_arms(["output/pretrain", "output/finetune"], output_dir="output/report")

@@ -39,8 +39,12 @@ _STATS = [
     "replication",
     "unit",
     "p_value",
-    "p_holm",
-    "in_family",
+    "family",
+    "family_size",
+    "level",
+    "adjusted_low",
+    "adjusted_high",
+    "p_adjusted",
     "verdict",
     "t_low",
     "t_high",
@@ -116,16 +120,9 @@ def format_summary_csv(report: ArmsReport) -> str:
 
 
 def format_stats_csv(report: ArmsReport) -> str:
-    """stats.csv: one row per section x comparison x metric (headline metrics, then speed-ups).
-
-    A row is ``arm`` minus ``reference``: default, the other arm of a contrast, or ``factorial`` for an effect of the
-    structure x scale design (``arm``: ``structure``, ``scale`` or ``interaction``). Headline rows (``in_family``
-    1): the arm's spread over seeds, the paired difference, the verdict's interval and its unit (``replication``:
-    runs, images or both), p-values (raw, and Holm over the section's family), the t-interval over seeds and the
-    two-level percentile interval beside it, P(arm > reference) with both intervals, and the seed plan. Speed-up
-    rows: the seeds that reached the reference's final value, the estimate and its interval (``*_below`` = 1: a
-    censored bound, the value lies below it) and the interval's coverage.
-    """
+    """stats.csv: one row per section x comparison x metric, ``arm`` minus ``reference`` (default, B of a contrast, or
+    ``factorial`` for an effect of the structure x scale design): headline metrics, then speed-ups (their columns:
+    docs/comparing_arms.md, "The other files")."""
     rows = []
     for sr in report.stages:
         for s in sr.stats:
@@ -144,13 +141,15 @@ def format_stats_csv(report: ArmsReport) -> str:
                 "dropped": "; ".join(s.dropped),
                 "mean_difference": s.mean_difference if s.differences else None,
                 "method": s.method,
-                "p_holm": s.p_holm,
-                "in_family": int(s.kind == "metric"),
+                "family": s.family,
+                "family_size": s.family_size or None,
+                "level": s.level if s.family_size else None,
+                "p_adjusted": s.p_adjusted,
                 "verdict": s.verdict,
                 "note": s.note,
                 "setup": sr.label,
             }
-            for prefix, iv in (("ci", s.interval), ("t", s.t), ("percentile", s.percentile)):
+            for prefix, iv in (("ci", s.interval), ("adjusted", s.adjusted), ("t", s.t), ("percentile", s.percentile)):
                 if iv is not None:
                     row.update({f"{prefix}_low": iv.low, f"{prefix}_high": iv.high})
             if s.interval is not None:

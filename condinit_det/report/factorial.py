@@ -1,10 +1,6 @@
-"""The structure x scale design of one section: four arms, one per cell, and the effects that say what the
-conditioned arm's difference from default is made of (docs/comparing_arms.md, "What the gain is made of").
-
-A cell is (structure, scale): structure random (as the constructor draws it) or conditioned, scale the default
-init's or the conditioned arm's. Every effect is a weighted sum of the four arms' values of one seed; the report
-computes its interval from those per-seed sums (and their image resamples) as it does for two arms.
-"""
+"""The structure x scale design of one section: four arms, one per cell (structure random or conditioned, scale the
+default init's or the conditioned arm's), and its effects, each a weighted sum of the four arms' values of one seed
+(docs/comparing_arms.md, "What the gain is made of")."""
 
 from __future__ import annotations
 
@@ -12,20 +8,6 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .statistics import BETTER, TOO_FEW_SEEDS, WORSE
-
-__all__ = [
-    "CELLS",
-    "EFFECTS",
-    "EFFECT_LABELS",
-    "FACTORIAL",
-    "JOINT_EFFECTS",
-    "SCALES",
-    "STRUCTURES",
-    "Effect",
-    "carried_by",
-    "design_problem",
-    "reading",
-]
 
 FACTORIAL = "factorial"  # the reference of an effect row in the report's tables
 STRUCTURES = ("random", "conditioned")
@@ -52,9 +34,7 @@ class Effect:
     @property
     def pair(self) -> Optional[Tuple[str, str]]:
         """(A, B) when the effect is the difference A - B of two arms (a simple effect), else None."""
-        plus = [arm for arm, w in self.weights if w == 1.0]
-        minus = [arm for arm, w in self.weights if w == -1.0]
-        return (plus[0], minus[0]) if len(self.weights) == 2 and plus and minus else None
+        return (self.weights[0][0], self.weights[1][0]) if len(self.weights) == 2 else None
 
     @property
     def formula(self) -> str:
@@ -95,7 +75,7 @@ EFFECTS = (
         (("conditioned", 1.0), ("scale_matched", -1.0), ("structured", -1.0), ("default", 1.0)),
     ),
 )
-JOINT_EFFECTS = tuple(e for e in EFFECTS if e.pair is None)  # the rows the design adds to the family
+JOINT_EFFECTS = tuple(e for e in EFFECTS if e.pair is None)  # the rows of the design's own family
 EFFECT_LABELS = {e.name: e.label for e in EFFECTS}
 
 
@@ -134,13 +114,11 @@ def carried_by(structure: str, scale: str, interaction: str) -> str:
 
 def reading(metric: str, rows: Dict[str, object], seeds: int) -> str:
     """The section's sentence on ``metric`` (after its name): which factor carries the difference, or that neither
-    is shown. ``rows``: effect name -> its row (``mean_difference``, ``interval``, ``verdict``)."""
+    is shown. ``rows``: effect name -> its row (``mean_difference``, ``adjusted``, ``verdict``)."""
 
-    def quote(name: str) -> str:
-        row = rows[name]
-        iv = row.interval
-        span = f" [{iv.low:+.1f}, {iv.high:+.1f}]" if iv is not None and iv.num_seeds >= 2 else ""
-        return f"{row.mean_difference:+.1f}{span}"
+    def quote(name: str) -> str:  # Δ with the interval its verdict reads
+        iv = rows[name].adjusted
+        return f"{rows[name].mean_difference:+.1f}" + (f" [{iv.low:+.1f}, {iv.high:+.1f}]" if iv is not None else "")
 
     verdicts = [rows[name].verdict for name in ("structure", "scale", "interaction")]
     carried = carried_by(*verdicts)
@@ -160,20 +138,12 @@ def reading(metric: str, rows: Dict[str, object], seeds: int) -> str:
             "main effects."
         )
     if carried == "neither":
-        # an unadjusted interval clear of zero would read as a claim: say why it is not one
-        near = [
-            f"the {name}'s 95% interval excludes zero, but its Holm-adjusted p ({rows[name].p_holm:.3f}) over the "
-            "stage's comparisons does not reach the family-wise level: more seeds would tell"
-            for name in ("structure", "scale", "interaction")
-            if rows[name].interval is not None and (rows[name].interval.low > 0 or rows[name].interval.high < 0)
-        ]
         # a simple effect can be shown where neither main effect is: then the factors' effect is not "none"
         simple = [f"{e.label} {quote(e.name)}" for e in EFFECTS if e.pair and rows[e.name].verdict in (BETTER, WORSE)]
         over = f"{seeds} seeds ({main}, interaction {quote('interaction')})"
-        opening = f"neither factor is shown to change it over {over}"
         if simple:
-            opening = f"no main effect or interaction is shown over {over}, only simple effects: {', '.join(simple)}"
-        return opening + "".join(f"; {t}" for t in near) + "."
+            return f"no main effect or interaction is shown over {over}, only simple effects: {', '.join(simple)}."
+        return f"neither factor is shown to change it over {over}."
     if carried == "both":
         return f"both factors change it ({main}); their interaction is not shown."
     other = "scale" if carried == "structure" else "structure"

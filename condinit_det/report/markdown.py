@@ -10,11 +10,18 @@ from typing import List, Mapping, Optional
 from tabulate import tabulate
 
 from .discovery import SMOOTHING_WINDOW
-from .factorial import CELLS, EFFECTS, FACTORIAL, SCALES, STRUCTURES, reading
-from .paired import ALPHA, DEFAULT, Comparison
-from .plots import EFFECTS_FIGURE, INTERACTION_FIGURE
+from .factorial import CELLS, EFFECTS, SCALES, STRUCTURES, reading
+from .paired import AGAINST_DEFAULT, ALPHA, BETWEEN_ARMS, STRUCTURE_SCALE, Comparison
+from .plots import EFFECTS_FIGURE, INTERACTION_FIGURE, plural
 from .summary import LOSS, ArmsReport, StageReport, arm_sort_key, environment
 
+# The question each family's verdicts answer, and the rows that ask it.
+_ASKS = {
+    AGAINST_DEFAULT: "is the arm better or worse than default (a row named by its arm: the arm minus default)",
+    BETWEEN_ARMS: 'is A better or worse than B (an "A vs B" row: A minus B)',
+    STRUCTURE_SCALE: "does the structure, the scale or their interaction change the metric (a main effect or "
+    "interaction of the structure × scale design)",
+}
 # What a contrast answers, for the contrasts whose arms isolate a question.
 _QUESTIONS = {
     ("conditioned", "scale_matched"): "whether the conditioning adds anything to the weights' scale (better: "
@@ -22,10 +29,6 @@ _QUESTIONS = {
     ("conditioned", "structured"): "whether the conditioned arm's scale adds anything to its structure (better: it "
     "does; worse: the structure does better at the default init's scale)",
 }
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _value(mean: float, std: float = float("nan"), n: int = 1) -> str:
@@ -42,6 +45,20 @@ def _span(low: float, high: float, spec: str = "+.1f") -> str:
 
 def _p(p: float) -> str:
     return "" if not math.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def _cells(s: Comparison) -> List[str]:
+    """Δ with the interval at its family's level, that level, the unadjusted 95% interval, what they cover."""
+    iv, n = s.adjusted, len(s.differences)
+    delta = f"{s.mean_difference:+.1f}" if math.isfinite(s.mean_difference) else "n/a"
+    if iv is None:
+        return [delta, "", "", "one seed: no interval over training runs" if n else "no paired seeds"]
+    return [
+        f"{delta} {_span(iv.low, iv.high)}",
+        f"{100 * iv.level:.4g}%",
+        _span(s.interval.low, s.interval.high),
+        iv.unit,
+    ]
 
 
 def _table(out: List[str], header: List[str], rows: List[List[str]], align: Optional[str] = None) -> None:
@@ -65,35 +82,28 @@ def _figure(out: List[str], name: str, figures: Mapping[str, str]) -> None:
 
 
 def _headline(out: List[str], report: ArmsReport, figures: Mapping[str, str]) -> None:
-    sections = [sr for sr in report.stages if sr.family]
+    sections = [sr for sr in report.stages if sr.comparisons]
     several = len(report.stages) > 1
-    rows = []
-    for sr in sections:
-        for s in sr.family:  # Δ with its interval when it is over training runs, verdict, seeds, unit
-            iv, n = s.interval, len(s.differences)
-            delta = f"{s.mean_difference:+.1f}" if math.isfinite(s.mean_difference) else "n/a"
-            unit = "one seed: no interval over training runs" if n else "no paired seeds"
-            if iv is not None and iv.num_seeds >= 2:
-                delta, unit = f"{delta} {_span(iv.low, iv.high)}", iv.unit
-            rows.append(([sr.title] if several else []) + [s.label, s.metric, delta, s.verdict, str(n), unit])
-    if rows:
-        _table(
-            out,
-            (["stage"] if several else [])
-            + ["arm", "metric", "Δ vs default, 95% interval", "verdict", "seeds", "unit of the interval"],
-            rows,
-            ("l" if several else "") + "llrlrl",
-        )
-        effects = any(s.reference == FACTORIAL for sr in sections for s in sr.family)
-        design = (
-            '; in a "main effect" or "interaction" row, an effect of the structure × scale design' if effects else ""
-        )
+    if sections:
+        asked = {s.family for sr in sections for s in sr.comparisons}
         out.append(
-            f"Δ: the arm minus default at the final {'/'.join(sorted({sr.stage.unit for sr in sections}))} "
-            f'(A minus B in an "A vs B" row{design}), paired by training seed. Verdict: better or worse when the '
-            f"Holm-adjusted p over the stage's comparisons is at most {ALPHA:g} with two or more seeds per arm; "
-            "too few seeds with one.\n"
+            f"Each verdict answers one question, at family-wise error {ALPHA:g} over that question's comparisons: "
+            + "; ".join(question for family, question in _ASKS.items() if family in asked)
+            + f". Its interval is at its family's level, 1 − {ALPHA:g} / the family's comparisons: better or worse "
+            "where it excludes zero, no difference shown where it covers zero; too few seeds with one seed per arm. "
+            f"Δ at the final {'/'.join(sorted({sr.stage.unit for sr in sections}))}, paired by training seed.\n"
         )
+        rows = []
+        for sr in sections:
+            for s in sr.comparisons:
+                delta, level, raw, unit = _cells(s)
+                seeds = str(len(s.differences))
+                rows.append(
+                    ([sr.title] if several else []) + [s.label, s.metric, delta, level, s.verdict, raw, seeds, unit]
+                )
+        header = ["arm", "metric", "Δ, interval at the family's level", "level", "verdict", "95% interval, unadjusted"]
+        header += ["seeds", "unit of the intervals"]
+        _table(out, (["stage"] if several else []) + header, rows, ("l" if several else "") + "llrrlrrl")
     else:
         out.append("No comparison: no stage has runs of the default arm and another arm, or two arms to contrast.\n")
     _figure(out, EFFECTS_FIGURE, figures)
@@ -101,7 +111,7 @@ def _headline(out: List[str], report: ArmsReport, figures: Mapping[str, str]) ->
         f"{a} vs {b} asks {question}.\n"
         for sr in sections
         for (a, b), question in _QUESTIONS.items()
-        if any(s.arm == a and s.reference == b for s in sr.family)
+        if any(s.arm == a and s.reference == b for s in sr.comparisons)
     ]
     for sr in report.stages:
         differ = [f for f, values in environment(sr.runs).items() if len(values) > 1]
@@ -199,38 +209,25 @@ def _improvement(s: Comparison) -> str:
 
 def _paired(out: List[str], sr: StageReport) -> None:
     out.append("### Paired statistics\n")
-    if not sr.family:
+    if not sr.comparisons:
         out.append("No runs of the default arm and no two arms to contrast: mean ± std over seeds only.\n")
     else:
         out.append(
             "The comparisons of the first table, paired by training seed (same data order and non-attention "
-            "weights, same evaluation images): the arm's mean ± std over seeds, the p of the verdict's interval "
-            "and its Holm-adjusted p, the paired t over seeds (evaluation set held fixed) and the two-level "
-            "percentile interval beside it, and P(arm run > reference run with the same seed).\n"
+            "weights, same evaluation images): the arm's mean ± std over seeds, the p of the 95% interval and the "
+            "adjusted p (times the comparisons of its family), the paired t over seeds (evaluation set held fixed) and "
+            "the two-level percentile interval (both 95%), and P(arm run > reference run with the same seed).\n"
         )
         rows = [
-            [s.label, s.metric, _value(s.mean, s.std, s.n), _p(s.interval.p_value) if s.interval else "", _p(s.p_holm)]
+            [s.label, s.metric, _value(s.mean, s.std, s.n), _p(s.interval.p_value) if s.interval else ""]
+            + [_p(s.p_adjusted)]
             + [_span(iv.low, iv.high) if iv else "" for iv in (s.t, s.percentile)]
             + [_improvement(s), s.method]
-            for s in sr.family
+            for s in sr.comparisons
         ]
-        _table(
-            out,
-            [
-                "arm",
-                "metric",
-                "mean ± std",
-                "p",
-                "Holm p",
-                "t over seeds",
-                "two-level percentile",
-                "P(arm > reference)",
-                "method",
-            ],
-            rows,
-            "llrrrrrll",
-        )
-    notes = [f"{s.label}, {s.metric}: {s.note}" for s in sr.family if s.note]
+        header = ["arm", "metric", "mean ± std", "p", "adjusted p", "t over seeds", "two-level percentile"]
+        _table(out, header + ["P(arm > reference)", "method"], rows, "llrrrrrll")
+    notes = [f"{s.label}, {s.metric}: {s.note}" for s in sr.comparisons if s.note]
     dropped = {s.label: s.dropped for s in sr.stats if s.dropped}
     notes += [f"{label}: dropped from the pairing: {', '.join(d)}" for label, d in dropped.items()]
     notes += [
@@ -255,7 +252,8 @@ def _factorial(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> N
         "The four arms of the design (docs/arms.md): the structure of the attention weights is random (as the "
         "constructor draws it) or conditioned (flat Q/K spectra, V on the identity); their per-head scale is the "
         "default init's or the conditioned arm's. Each effect is paired by training seed; the main effects and the "
-        "interaction join the stage's Holm family, the four simple effects are rows of the table above.\n"
+        "interaction are a family of their own, the four simple effects rows of the first table in theirs (against "
+        "default, or between two arms).\n"
     )
     groups = {g.arm: g for g in sr.arms}
     for metric in sr.stage.headline:
@@ -272,18 +270,12 @@ def _factorial(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> N
                 row.append(f"{_value(*g.final[metric.header], len(g.runs))} ({g.arm})")
             cells.append(row)
         _table(out, [f"{metric.header}: structure \\ scale", *SCALES], cells, "lrr")
-        rows = []
-        for effect in EFFECTS:
-            s, iv = effects[effect.name], effects[effect.name].interval
-            delta = f"{s.mean_difference:+.1f}" + (f" {_span(iv.low, iv.high)}" if iv is not None else "")
-            unit = iv.unit if iv is not None else s.method
-            rows.append([effect.label, effect.formula, delta, unit, _p(s.p_holm), s.verdict, str(len(s.differences))])
-        _table(
-            out,
-            ["effect", "of the arms", "Δ, 95% interval", "unit of the interval", "Holm p", "verdict", "seeds"],
-            rows,
-            "llrlrlr",
-        )
+        rows = [
+            [e.label, e.formula, *_cells(s), _p(s.p_adjusted), s.verdict, str(len(s.differences))]
+            for e, s in ((e, effects[e.name]) for e in EFFECTS)
+        ]
+        header = ["effect", "of the arms", "Δ, interval at its family's level", "level", "95% interval, unadjusted"]
+        _table(out, header + ["unit of the intervals", "adjusted p", "verdict", "seeds"], rows, "llrrrlrlr")
     _figure(out, sr.prefix + INTERACTION_FIGURE, figures)
 
 
@@ -294,7 +286,7 @@ def _kappa(out: List[str], sr: StageReport, figures: Mapping[str, str]) -> None:
     out += [
         f"- {arm}: median κ over sites {med[0]:.3g} at {sr.stage.unit} {xs[0]}"
         + (f", {med[-1]:.3g} at {sr.stage.unit} {xs[-1]}" if len(xs) > 1 else "")
-        + f" ({_plural(len(xs), 'measured point')})"
+        + f" ({plural(len(xs), 'measured point')})"
         for arm, (xs, med, _, _) in sr.kappa.items()
     ] + [""]
     _figure(out, sr.prefix + sr.stage.kappa_plot, figures)
@@ -331,22 +323,22 @@ def _missing(out: List[str], sr: StageReport) -> None:
 
 
 def _seed_plan(out: List[str], report: ArmsReport) -> None:
-    sections = [sr for sr in report.stages if sr.family]
+    sections = [sr for sr in report.stages if sr.comparisons]
     out += ["## Seed plan\n"] if sections else []
     for sr in sections:
-        planned = [s for s in sr.family if s.plan is not None]
+        planned = [s for s in sr.comparisons if s.plan is not None]
         if planned:
             first = planned[0].plan
-            holm = f" Holm-adjusted over {first.comparisons} comparisons" if first.comparisons > 1 else ""
             out.append(
-                f"**{sr.title}**: seeds per arm for {first.power:.0%} power (two-sided paired t-test over "
-                f"seeds, level {first.level:g}{holm}):\n"
+                f"**{sr.title}**: seeds per arm for {first.power:.0%} power (two-sided paired t-test over seeds at "
+                f"level {first.level:g} / the comparisons of the row's family, the level its verdict needs):\n"
             )
             none = "none suffices (the image variance every run shares: more evaluation images needed)"
             rows = [
                 [
                     s.label,
                     s.metric,
+                    f"{s.family} ({s.family_size})",
                     f"{s.plan.delta:.3g} ({s.plan.delta_source})",
                     f"{s.plan.std:.3g} ({s.plan.std_source})",
                     none if s.plan.needed is None else str(s.plan.needed),
@@ -356,11 +348,11 @@ def _seed_plan(out: List[str], report: ArmsReport) -> None:
             ]
             _table(
                 out,
-                ["arm", "metric", "effect Δ", "std of the paired differences", "seeds needed", "seeds now"],
+                ["arm", "metric", "family", "effect Δ", "std of the paired differences", "seeds needed", "seeds now"],
                 rows,
-                "llllrr",
+                "lllllrr",
             )
-        for s in sr.family:
+        for s in sr.comparisons:
             if s.plan is None and len(s.differences) == 1:
                 half = None if s.interval is None else (s.interval.high - s.interval.low) / 2
                 images = (
@@ -385,18 +377,17 @@ def _method(out: List[str], report: ArmsReport) -> None:
         else "off (--bootstrap 0): intervals over seeds only"
     )
     out.append("## Method\n")
-    for sr in report.stages:
-        by_label = {k: [s.metric for s in sr.family if s.label == k] for k in dict.fromkeys(s.label for s in sr.family)}
-        if by_label:
-            against = sum(s.reference == DEFAULT for s in sr.family)
-            effects = sum(s.reference == FACTORIAL for s in sr.family)
-            design = f", {effects} effects of the structure × scale design" if effects else ""
+    for sr in (sr for sr in report.stages if sr.comparisons):
+        out.append(
+            f"- Families of {sr.title}, each at family-wise error {ALPHA:g} (Bonferroni: p times the family's "
+            f"comparisons, intervals at 1 − {ALPHA:g} / them; the 95% intervals beside them are unadjusted):"
+        )
+        for family, rows in sr.families.items():
+            by_label = {k: [s.metric for s in rows if s.label == k] for k in dict.fromkeys(s.label for s in rows)}
             out.append(
-                f"- Holm family of {sr.title}: "
+                f"  - {family}: "
                 + "; ".join(f"{k} × {{{', '.join(v)}}}" for k, v in by_label.items())
-                + f" ({_plural(len(sr.family), 'comparison')}: {against} against default, "
-                f"{len(sr.family) - against - effects} between two other arms{design}); family-wise error {ALPHA:g}, "
-                "the 95% intervals shown are unadjusted."
+                + f" ({plural(len(rows), 'comparison')}, intervals at {100 * rows[0].level:.4g}%)"
             )
     out.append(
         f"- Image resampling: {images}.\n"
@@ -410,7 +401,7 @@ def _method(out: List[str], report: ArmsReport) -> None:
     out.append(
         "### Environment\n\n"
         + (
-            f"{_plural(unrecorded, 'run')} without an environment record (written before runs recorded it)."
+            f"{plural(unrecorded, 'run')} without an environment record (written before runs recorded it)."
             if unrecorded
             else "Every run recorded its environment."
         )

@@ -1,6 +1,7 @@
-"""The comparisons of one section, paired by training seed: every arm against default, and contrasts A vs B (those
-asked for, and :data:`DEFAULT_CONTRASTS` wherever both ran). Per headline metric an interval, P(arm run > reference
-run), Holm over the section's family and a seed plan; per headline metric and the loss, the censored speed-up."""
+"""The comparisons of one section, paired by training seed: every arm against default, contrasts A vs B (those asked
+for, and :data:`DEFAULT_CONTRASTS` wherever both ran) and the structure x scale design's effects. Per headline metric
+an interval, the verdict within its question's family, P(arm run > reference run) and a seed plan; per headline metric
+and the loss, the censored speed-up (docs/statistics.md, "Verdicts and their families")."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from . import statistics
 from .discovery import Run
 from .factorial import CELLS, EFFECT_LABELS, FACTORIAL, JOINT_EFFECTS
 
-ALPHA = 0.05  # family-wise error of the verdicts
+ALPHA = 0.05  # family-wise error of each family of verdicts
+# The questions, each with its own family of comparisons: arms against default, contrasts, the design's main effects
+# and interaction (its simple effects are rows of the first two).
+AGAINST_DEFAULT, BETWEEN_ARMS, STRUCTURE_SCALE = "against default", "between two arms", "structure × scale"
 DEFAULT = "default"  # the arm every other arm is compared with
 METRIC, SPEEDUP = "metric", "speedup"
 DEFAULT_CONTRASTS: Tuple[Tuple[str, str], ...] = (
@@ -40,8 +44,8 @@ _ACCEPTED = (
 
 @dataclass
 class Comparison:
-    """``arm`` minus ``reference`` on one metric (``kind`` :data:`METRIC`, in the Holm family) or the speed-up to the
-    reference's final value (:data:`SPEEDUP`), paired by training seed."""
+    """``arm`` minus ``reference`` on one metric (``kind`` :data:`METRIC`, in its question's family) or the speed-up to
+    the reference's final value (:data:`SPEEDUP`), paired by training seed."""
 
     arm: str
     reference: str
@@ -56,12 +60,15 @@ class Comparison:
     paired_seeds: List[int] = field(default_factory=list)
     dropped: List[str] = field(default_factory=list)  # "seed 2 (no default run)"
     differences: List[float] = field(default_factory=list)
-    interval: Optional[statistics.Interval] = None  # the verdict's
-    t: Optional[statistics.Interval] = None  # beside it: the paired t over seeds (the evaluation set held fixed)
+    family: str = ""  # the question whose family holds a metric row: AGAINST_DEFAULT, BETWEEN_ARMS, STRUCTURE_SCALE
+    family_size: int = 0  # the comparisons in that family
+    interval: Optional[statistics.Interval] = None  # 95%, unadjusted
+    adjusted: Optional[statistics.Interval] = None  # the verdict's: the same method at the family's level
+    t: Optional[statistics.Interval] = None  # beside them: the paired t over seeds (the evaluation set held fixed)
     percentile: Optional[statistics.Interval] = None  # and the two-level percentile interval
     method: str = ""
     note: str = ""  # why an interval or a source of variance is missing
-    p_holm: float = float("nan")
+    p_adjusted: float = float("nan")  # min(1, family_size x p)
     verdict: str = ""
     improvement: Optional[statistics.Improvement] = None
     plan: Optional[statistics.SeedPlan] = None
@@ -79,17 +86,36 @@ class Comparison:
     def mean_difference(self) -> float:
         return float(np.mean(self.differences)) if self.differences else float("nan")
 
+    @property
+    def level(self) -> float:
+        """The confidence level of the adjusted interval: 1 - ALPHA / the family's comparisons (Bonferroni)."""
+        return 1.0 - ALPHA / self.family_size
+
     def reversed(self) -> "Comparison":
-        """The same comparison read as ``reference`` minus ``arm``: the differences, interval and verdict turned."""
-        turned = {statistics.BETTER: statistics.WORSE, statistics.WORSE: statistics.BETTER}
-        iv = self.interval
+        """The same comparison read as ``reference`` minus ``arm``: the differences, every interval, P(improvement) and
+        the verdict turned; the arm's own values, spread and speed-up, which do not turn, left out."""
+
+        def turn(iv):
+            return None if iv is None else dataclasses.replace(iv, estimate=-iv.estimate, low=-iv.high, high=-iv.low)
+
+        imp, turned = self.improvement, {statistics.BETTER: statistics.WORSE, statistics.WORSE: statistics.BETTER}
+        if imp is not None:  # P(B > A) = 1 - P(A > B), ties counting half: both intervals turn with it
+            imp = statistics.Improvement(
+                1.0 - imp.estimate, 1.0 - imp.boot_high, 1.0 - imp.boot_low, 1.0 - imp.exact_high, 1.0 - imp.exact_low
+            )
         return dataclasses.replace(
             self,
             arm=self.reference,
             reference=self.arm,
+            values={},
+            mean=float("nan"),
+            std=float("nan"),
+            n=0,
             differences=[-d for d in self.differences],
-            interval=None if iv is None else dataclasses.replace(iv, estimate=-iv.estimate, low=-iv.high, high=-iv.low),
+            **{name: turn(getattr(self, name)) for name in ("interval", "adjusted", "t", "percentile")},
+            improvement=imp,
             verdict=turned.get(self.verdict, self.verdict),
+            speedup=None,
         )
 
 
@@ -155,13 +181,13 @@ def _bootstrap():
 
 
 class _Context:
-    """What every comparison of one section shares: the image resamples, and the per-image data of each run's final
-    evaluation (read once from the file its record names, :mod:`condinit_det.records.per_image`): COCO matches by iou
-    type for detection (the stage's ``per_image`` is ``"coco"``), per-image top-1 / top-5 correctness otherwise.
-    With ``cache_dir``, a run's resamples are kept there, named by what they are computed from."""
+    """What every comparison of one section shares: :func:`compare_stage`'s settings, the image resamples, and each
+    run's per-image data of its final evaluation (COCO matches by iou type, or top-1 / top-5 correctness), read once;
+    with ``cache_dir``, a run's resamples are kept there, named by what they are computed from."""
 
-    def __init__(self, bootstrap: int, seed: int, cache_dir: Optional[str] = None):
+    def __init__(self, bootstrap: int, seed: int, cache_dir: Optional[str], delta, std, dataset: Optional[str]):
         self.bootstrap, self.seed, self.cache_dir = int(bootstrap), int(seed), cache_dir
+        self.delta, self.std, self.dataset = delta, std, dataset
         self._images, self._draws, self._resampled = {}, {}, {}  # by run; by number of images; by (run, metric)
 
     def images(self, run: Run) -> Tuple[dict, str, int, str]:
@@ -223,8 +249,9 @@ class _Context:
 def _fill_metric(
     row: Comparison, ctx: _Context, terms: List[List[Tuple[float, Run]]], metric: Metric, key: int
 ) -> None:
-    """The row's interval, by the method its seeds and per-image data allow; ``terms``: per paired seed, the
-    (weight, run) pairs whose weighted sum is the row's difference (``[(1, run), (-1, reference)]`` for two arms)."""
+    """The row's intervals by the method its seeds and per-image data allow, its verdict within its family and its
+    seed plan; ``terms``: per paired seed, the (weight, run) pairs whose weighted sum is the row's difference
+    (``[(1, run), (-1, reference)]`` for two arms)."""
     reps, image_reason = None, "bootstrap off" if ctx.bootstrap <= 0 else None
     runs = [run for seed in terms for _, run in seed]
     if image_reason is None and terms:
@@ -238,25 +265,26 @@ def _fill_metric(
     method = statistics.report_method(len(terms), per_image=reps is not None)
     if method is None:
         row.method, row.note = "one paired seed: " + image_reason if terms else "no paired seeds", image_reason or ""
-        return
-    if method == statistics.IMAGE_BOOTSTRAP:
+    elif method == statistics.IMAGE_BOOTSTRAP:
         row.interval = statistics.percentile_interval(
             row.differences[0],
             reps[0],
             f"image bootstrap over {num_images} evaluation images, B={ctx.bootstrap}, percentile",
-            replication=statistics.IMAGES,
-            num_seeds=1,
         )
     elif method == statistics.PAIRED_T:
         row.interval = row.t = statistics.t_interval(row.differences)
+        row.adjusted = statistics.t_interval(row.differences, row.level)
         row.note = f"evaluation-image variance not included: {image_reason}"
     else:
-        rng = np.random.default_rng([ctx.seed, 1, key])  # the row's own generator
-        two = statistics.two_level_bootstrap(np.asarray(row.differences), reps, rng, num_images=num_images)
-        row.interval, row.percentile = two.interval(t_scaled=True), two.interval(t_scaled=False)
+        two = statistics.two_level_bootstrap(row.differences, reps, np.random.default_rng([ctx.seed, 1, key]))
+        row.interval, row.adjusted, row.percentile = two.interval(), two.interval(row.level), two.percentile()
         row.t = statistics.t_interval(row.differences)
         row.note = f"shared image variance {float(two.var_images):.3g}, seed variance / n {float(two.var_seeds):.3g}"
-    row.method = row.interval.method + (f", B={ctx.bootstrap}" if method == statistics.TWO_LEVEL_T else "")
+    if row.interval is not None:
+        row.method = row.interval.method + (f", B={ctx.bootstrap}" if method == statistics.TWO_LEVEL_T else "")
+        row.p_adjusted = min(1.0, row.family_size * row.interval.p_value)
+    row.verdict = statistics.verdict(row.adjusted)
+    row.plan = _plan(row, metric, ctx)
 
 
 def _given(value, metric: Metric) -> Optional[float]:
@@ -266,27 +294,27 @@ def _given(value, metric: Metric) -> Optional[float]:
     return None if value is None else float(value)
 
 
-def _plan(
-    row: Comparison, metric: Metric, delta, std, comparisons: int, dataset: Optional[str]
-) -> Optional[statistics.SeedPlan]:
-    """The seeds the row's question needs: for ``delta`` (default: the paper's gain, else the observed difference),
-    with the given std, else the measured one, else (one seed on COCO only) detectron2's COCO seed spread."""
-    if _given(delta, metric) is not None:
-        value, delta_source = _given(delta, metric), "given"
-    elif metric.key in statistics.PAPER_DELTA:
+def _plan(row: Comparison, metric: Metric, ctx: _Context) -> Optional[statistics.SeedPlan]:
+    """The seeds the row's question needs at its family's level: for the given Δ, else the paper's gain (not for an
+    effect of the structure x scale design: it is no figure for one), else the observed difference; with the given
+    std, else the measured one, else (one seed on COCO only) detectron2's COCO seed spread."""
+    observed = abs(row.mean_difference) if math.isfinite(row.mean_difference) else 0.0
+    if _given(ctx.delta, metric) is not None:
+        value, delta_source = _given(ctx.delta, metric), "given"
+    elif metric.key in statistics.PAPER_DELTA and row.reference != FACTORIAL:
         value, delta_source = statistics.PAPER_DELTA[metric.key], "the paper's claimed gain"
-    elif math.isfinite(row.mean_difference) and row.mean_difference != 0:
-        value, delta_source = abs(row.mean_difference), "the observed difference"
+    elif observed > 0:
+        value, delta_source = observed, f"the observed {'effect' if row.reference == FACTORIAL else 'difference'}"
     else:
         return None
     n, shared = len(row.differences), 0.0
-    if _given(std, metric) is not None:
-        spread, std_source = _given(std, metric), "given"
+    if _given(ctx.std, metric) is not None:
+        spread, std_source = _given(ctx.std, metric), "given"
     elif n >= 2:
         spread, std_source = float(np.std(row.differences, ddof=1)), f"observed over {n} seeds"
         if row.interval is not None and row.interval.replication == statistics.BOTH:
             shared = max(row.interval.se**2 - spread**2 / n, 0.0)
-    elif metric.key in statistics.COCO_DIFFERENCE_STD and dataset and _COCO.search(dataset.lower()):
+    elif metric.key in statistics.COCO_DIFFERENCE_STD and ctx.dataset and _COCO.search(ctx.dataset.lower()):
         spread = statistics.COCO_DIFFERENCE_STD[metric.key]
         std_source = "assumed: sqrt(2) x the 0.10 AP seed std detectron2 reports for ViTDet on COCO"
     else:
@@ -296,7 +324,7 @@ def _plan(
         spread,
         delta_source=delta_source,
         std_source=std_source,
-        comparisons=comparisons,
+        comparisons=row.family_size,
         level=ALPHA,
         shared_variance=shared,
     )
@@ -348,10 +376,11 @@ def _speedup_rows(
 
 
 def _comparisons(
-    ctx: _Context, g, ref, why: Dict[Tuple[str, int], str], metrics: List[Metric], start: int
+    ctx: _Context, g, ref, why: Dict[Tuple[str, int], str], metrics: List[Metric], start: int, family: Tuple[str, int]
 ) -> List[Comparison]:
     """Group ``g`` against the reference group ``ref``: a row per headline metric, then the speed-up rows.
-    ``why``: (arm, seed) -> what became of a failed run; ``start``: the first row's generator key."""
+    ``why``: (arm, seed) -> what became of a failed run; ``start``: the first row's generator key; ``family``: the
+    metric rows' question and its number of comparisons."""
     runs = {r.seed: r for r in g.runs if r.seed is not None}
     refs = {r.seed: r for r in ref.runs if r.seed is not None}
     pairs = {s: (runs[s], refs[s]) for s in sorted(set(runs) & set(refs))}
@@ -376,6 +405,7 @@ def _comparisons(
             list(pairs),
             dropped,
             [values[s] - m.value(refs[s].final) for s in pairs],
+            *family,
         )
         key = start + len(rows)
         _fill_metric(row, ctx, [[(1.0, run), (-1.0, ref)] for run, ref in pairs.values()], m, key)
@@ -412,6 +442,8 @@ def _effect_rows(ctx: _Context, by_arm: Dict[str, object], metrics: List[Metric]
                 seeds,
                 dropped,
                 list(values.values()),
+                STRUCTURE_SCALE,
+                len(JOINT_EFFECTS) * len(metrics),
             )
             _fill_metric(row, ctx, terms, m, start + len(rows))
             rows.append(row)
@@ -432,48 +464,31 @@ def compare_stage(
     cache_dir: Optional[str] = None,
     factorial: bool = False,
 ) -> List[Comparison]:
-    """Every comparison of one section at its main lr scale: per arm against default, then per contrast (A minus B),
-    then the design's effects, with Holm's verdicts over the family of headline-metric rows and their seed plans.
-
-    Args:
-        groups: the section's :class:`~condinit_det.report.summary.ArmSummary` at that scale, in arm order.
-        failed: its failed runs there (:class:`~condinit_det.report.summary.Missing`), named when a seed is dropped.
-        delta, std, bootstrap, seed: :func:`~condinit_det.report.compare_arms`'.
-        dataset: the runs' dataset (a prior seed spread is assumed for one seed on COCO only).
-        cache_dir: where the image resamples are kept between calls (none: computed each time).
-        factorial: whether the groups hold the four arms of the structure x scale design, sharing their options
-            (:func:`~.factorial.design_problem`): their main effects and interaction join the family.
-    """
+    """Every comparison of the section's ``groups`` (:class:`~.summary.ArmSummary` at its main lr scale, in arm order;
+    ``failed``: its failed runs there): per arm against default, per contrast (A minus B), then with ``factorial`` the
+    structure x scale design's effects; each metric row with its verdict in its question's family and its seed plan.
+    ``dataset``: the runs' (one seed on COCO assumes COCO's seed spread); ``cache_dir``: where image resamples are kept;
+    the rest: :func:`~condinit_det.report.compare_arms`'."""
     default = next((g for g in groups if g.arm == DEFAULT), None)
-    why = {(m.arm, m.seed): m.reason for m in failed}
-    ctx = _Context(bootstrap, seed, cache_dir)
-    rows: List[Comparison] = []
-    key = 0  # a row's generator key: its position in the list the earlier versions made (default's rows first)
-    for g in groups:
-        metrics = [m for m in stage.headline if math.isfinite(g.value(m.header))]
-        if default is None or g is default:
-            key += len(metrics)
-            continue
-        new = _comparisons(ctx, g, default, why, metrics, key)
-        rows, key = rows + new, key + len(new)
     by_arm = {g.arm: g for g in groups}
-    for a, b in contrasts:
-        if a in by_arm and b in by_arm and a != b:
-            metrics = [
-                m
-                for m in stage.headline
-                if math.isfinite(by_arm[a].value(m.header)) and math.isfinite(by_arm[b].value(m.header))
-            ]
-            new = _comparisons(ctx, by_arm[a], by_arm[b], why, metrics, key)
+    why = {(m.arm, m.seed): m.reason for m in failed}
+    ctx = _Context(bootstrap, seed, cache_dir, delta, std, dataset)
+
+    def metrics(*arms) -> List[Metric]:
+        return [m for m in stage.headline if all(math.isfinite(g.value(m.header)) for g in arms)]
+
+    questions = {
+        AGAINST_DEFAULT: [(g, default) for g in groups if default is not None and g is not default],
+        BETWEEN_ARMS: [(by_arm[a], by_arm[b]) for a, b in contrasts],  # both ran: resolve_contrasts
+    }
+    rows: List[Comparison] = []
+    # a row's generator key: its position in the list the earlier versions made (default's rows first)
+    key = len(metrics(default)) if default is not None else sum(len(metrics(g)) for g in groups)
+    for family, pairs in questions.items():
+        size = sum(len(metrics(*pair)) for pair in pairs)
+        for g, ref in pairs:
+            new = _comparisons(ctx, g, ref, why, metrics(g, ref), key, (family, size))
             rows, key = rows + new, key + len(new)
     if factorial:
-        metrics = [m for m in stage.headline if all(math.isfinite(by_arm[a].value(m.header)) for a in CELLS.values())]
-        rows += _effect_rows(ctx, by_arm, metrics, key)
-    family = [r for r in rows if r.kind == METRIC]
-    p_values = [r.interval.p_value if r.interval is not None else float("nan") for r in family]
-    for row, p_holm in zip(family, statistics.holm_adjust(p_values) if family else []):
-        metric = next(m for m in stage.headline if m.key == row.key)
-        row.p_holm = float(p_holm)
-        row.verdict = statistics.verdict(row.interval, row.p_holm, alpha=ALPHA)
-        row.plan = _plan(row, metric, delta, std, len(family), dataset)
+        rows += _effect_rows(ctx, by_arm, metrics(*(by_arm[a] for a in CELLS.values())), key)
     return rows

@@ -18,7 +18,6 @@ from condinit_det.utils.fileio import atomic_write
 
 from .discovery import SMOOTHING_WINDOW
 from .factorial import CELLS, FACTORIAL, SCALES, STRUCTURES
-from .statistics import IMAGES
 from .summary import ArmsReport, StageReport
 
 # Fixed mapping (colour-blind safe): the same arm has the same colour in every plot.
@@ -33,6 +32,10 @@ _EXTRA_COLORS = ("#E69F00", "#56B4E9", "#F0E442")
 EFFECTS_FIGURE = "effects.png"
 INTERACTION_FIGURE = "interaction.png"  # a section's structure x scale design
 PREDICTIONS_FIGURE = "predictions.png"  # a detection run's predictions on a few images, drawn at its end
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def arm_color(arm: str) -> str:
@@ -73,14 +76,7 @@ def _metric_plot(path: str, sr: StageReport, metric: Metric) -> Optional[str]:
     def draw(ax):
         for g in groups:
             c, color = g.curves[metric.key], arm_color(g.arm)
-            ax.plot(
-                c.x,
-                c.mean,
-                marker="o",
-                ms=3,
-                color=color,
-                label=f"{g.arm} ({len(g.runs)} seed{'s' * (len(g.runs) > 1)})",
-            )
+            ax.plot(c.x, c.mean, marker="o", ms=3, color=color, label=f"{g.arm} ({plural(len(g.runs), 'seed')})")
             ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=color, alpha=0.2, lw=0)  # std 0 for one seed
         for m, x, y in failed:  # each stopped run on its own, ending where it stopped
             ax.plot(x, y, ls=":", marker="x", ms=4, color=arm_color(m.arm), label=f"{m.arm} seed {m.seed}: {m.reason}")
@@ -135,14 +131,8 @@ def _kappa_plot(path: str, sr) -> Optional[str]:
     def draw(ax):
         for arm, (xs, med, lo, hi) in sr.kappa.items():
             # the count in the label: two measured points joined by a line are not a trajectory
-            ax.plot(
-                xs,
-                med,
-                marker="o",
-                ms=4,
-                color=arm_color(arm),
-                label=f"{arm} (median over sites, {len(xs)} measured point{'s' * (len(xs) != 1)})",
-            )
+            label = f"{arm} (median over sites, {plural(len(xs), 'measured point')})"
+            ax.plot(xs, med, marker="o", ms=4, color=arm_color(arm), label=label)
             ax.fill_between(xs, lo, hi, color=arm_color(arm), alpha=0.15, lw=0)
         ax.set_yscale("log")
 
@@ -161,20 +151,20 @@ def _kappa_plot(path: str, sr) -> Optional[str]:
 
 
 def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
-    """One panel per section: every comparison of its family, Δ with its 95% interval, a line at zero."""
-    panels = [sr for sr in sections if sr.family]
+    """One panel per section: every comparison of its first table, Δ with its verdict's interval, a line at zero."""
+    panels = [sr for sr in sections if sr.comparisons]
     if not panels:
         return None
     from matplotlib.figure import Figure
 
-    heights = [len(sr.family) + 1 for sr in panels]
+    heights = [len(sr.comparisons) + 1 for sr in panels]
     fig = Figure(figsize=(7.6, 0.9 + 0.38 * sum(heights)), dpi=100)
     axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})
     for ax, sr in zip(axes[:, 0], panels):
-        rows = sr.family[::-1]  # the table's first row on top
+        rows = sr.comparisons[::-1]  # the table's first row on top
         for y, s in enumerate(rows):
-            iv, color = s.interval, "black" if s.reference == FACTORIAL else arm_color(s.arm)
-            one_seed = iv is None or iv.replication == IMAGES
+            iv, color = s.adjusted or s.interval, "black" if s.reference == FACTORIAL else arm_color(s.arm)
+            one_seed = s.adjusted is None
             if iv is not None:
                 ax.plot(
                     [iv.low, iv.high], [y, y], color=color, lw=1.2 if one_seed else 2.2, ls=":" if one_seed else "-"
@@ -187,16 +177,16 @@ def _effects_plot(path: str, sections: List[StageReport]) -> Optional[str]:
         ax.set_title(sr.title, fontsize=10, loc="left")
         ax.grid(True, axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel(
-        "Δ vs reference (points; filled: interval over training runs; hollow, dotted: one seed, "
-        "evaluation images only)",
+        "Δ vs reference (points; filled: interval over training runs at its family's level; hollow, dotted: one "
+        "seed, 95% over evaluation images only)",
         fontsize=8,
     )
     fig.tight_layout()
     _write(path, fig)
     return (
-        "every comparison of the table, Δ with its 95% interval, one panel per stage: a filled point whose bar "
-        "stays clear of the zero line is a difference over training runs; a hollow point is one seed per arm, "
-        "its dotted bar covering only the evaluation images."
+        "every comparison of the table, Δ with the interval its verdict reads (at its family's level), one panel per "
+        "stage: a filled point whose bar stays clear of the zero line is a difference over training runs; a hollow "
+        "point is one seed per arm, its dotted bar covering only the evaluation images."
     )
 
 

@@ -1,4 +1,4 @@
-"""Every statistic of the report: intervals naming their unit of replication, the verdict, Holm's correction, the
+"""Every statistic of the report: intervals naming their unit of replication, the verdict read from an interval, the
 probability of improvement, the censored speed-up and seed planning (docs/statistics.md defines each one and gives
 its measured coverage). Functions of arrays take leading batch dimensions (``bench/calibration.py`` runs them on many
 simulated experiments at once). scipy is imported where used: a one-seed report never needs its 0.9 s import."""
@@ -19,11 +19,7 @@ UNITS = {
     BOTH: "training runs and evaluation images",
 }  # what an interval replicates, as the tables print it
 BETTER, WORSE, NO_DIFFERENCE, TOO_FEW_SEEDS = "better", "worse", "no difference shown", "too few seeds"
-
-# The interval methods, and the truth each one's 95% covers (what its calibration scores it against).
-IMAGE_BOOTSTRAP, PAIRED_T, TWO_LEVEL_T = "image bootstrap", "paired t", "two-level t"
-TWO_LEVEL_PERCENTILE = "two-level percentile"  # shown beside the verdict's interval, never its own
-METHOD_TRUTH = {IMAGE_BOOTSTRAP: "images", PAIRED_T: "evaluation set", TWO_LEVEL_T: "population"}
+IMAGE_BOOTSTRAP, PAIRED_T, TWO_LEVEL_T = "image bootstrap", "paired t", "two-level t"  # the intervals' methods
 
 
 def report_method(num_seeds: int, per_image: bool) -> Optional[str]:
@@ -36,12 +32,10 @@ def report_method(num_seeds: int, per_image: bool) -> Optional[str]:
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate with its two-sided 95% interval, how it was obtained and what it covers.
+    """A point estimate with its two-sided interval at ``level``, how it was obtained and what it covers.
 
-    ``method``: how it was computed, as the report prints it; ``replication``: what it replicates, :data:`RUNS`,
-    :data:`IMAGES` or :data:`BOTH` (``unit`` words it); ``num_seeds``: the paired seeds it uses; ``p_value``: the
-    two-sided p of "no difference" by the same method (NaN when it has none); ``se``: a t-type interval's standard
-    error (NaN otherwise).
+    ``replication``: :data:`RUNS`, :data:`IMAGES` or :data:`BOTH` (``unit`` words it); ``p_value``: the two-sided p
+    of "no difference" by the same method (NaN when it has none); ``se``: a t-type interval's standard error.
     """
 
     estimate: float
@@ -52,6 +46,7 @@ class Interval:
     num_seeds: int = 0
     p_value: float = float("nan")
     se: float = float("nan")
+    level: float = 0.95
 
     @property
     def unit(self) -> str:
@@ -85,11 +80,11 @@ def paired_t(differences, level: float = 0.95):
     return mean, interval.low, interval.high, p, se
 
 
-def t_interval(differences: Sequence[float]) -> Interval:
+def t_interval(differences: Sequence[float], level: float = 0.95) -> Interval:
     """Paired t-interval over seeds (:func:`paired_t`): training-run variance, the evaluation set held fixed."""
     d = np.asarray(differences, dtype=np.float64)
-    mean, low, high, p, se = (float(v) for v in paired_t(d))
-    return Interval(mean, low, high, f"paired t-interval over {d.size} seeds", RUNS, int(d.size), p, se)
+    mean, low, high, p, se = (float(v) for v in paired_t(d, level))
+    return Interval(mean, low, high, f"paired t-interval over {d.size} seeds", RUNS, int(d.size), p, se, level)
 
 
 def bootstrap_p_value(replicates) -> np.ndarray:
@@ -100,25 +95,14 @@ def bootstrap_p_value(replicates) -> np.ndarray:
     return np.minimum(1.0, 2.0 * (1.0 + tail) / (finite.sum(axis=-1) + 1.0))
 
 
-def percentile_interval(
-    estimate: float,
-    resampled: Sequence[float],
-    method: str = "paired bootstrap",
-    *,
-    replication: str = IMAGES,
-    num_seeds: int = 1,
-    level: float = 0.95,
-) -> Interval:
-    """Percentile interval of bootstrap replicates around ``estimate``, with its :func:`bootstrap_p_value`."""
+def percentile_interval(estimate: float, resampled: Sequence[float], method: str = "image bootstrap") -> Interval:
+    """95% percentile interval of one seed's image-bootstrap replicates around ``estimate``, with their p-value."""
     r = np.asarray(resampled, dtype=np.float64)
     r = r[np.isfinite(r)]
     if r.size == 0:
         raise ValueError("a percentile interval needs at least one finite bootstrap replicate")
-    alpha = (1.0 - level) / 2
-    low, high = np.quantile(r, [alpha, 1.0 - alpha])
-    return Interval(
-        float(estimate), float(low), float(high), method, replication, int(num_seeds), float(bootstrap_p_value(r))
-    )
+    low, high = np.quantile(r, [0.025, 0.975])
+    return Interval(float(estimate), float(low), float(high), method, IMAGES, 1, float(bootstrap_p_value(r)))
 
 
 @dataclass(frozen=True)
@@ -132,88 +116,83 @@ class TwoLevel:
     percentile_p_value: np.ndarray
     var_seeds: np.ndarray  # s^2 / n
     var_images: np.ndarray  # evaluation-image variance shared by the seeds (>= 0)
-    se: np.ndarray  # sqrt(var_seeds + var_images)
-    low: np.ndarray  # t-scaled interval (generalized pivot)
-    high: np.ndarray
-    p_value: np.ndarray
-    satterthwaite_low: np.ndarray  # Welch-Satterthwaite's interval, for comparison
-    satterthwaite_high: np.ndarray
+    p_value: np.ndarray  # of the t-scaled interval
     num_seeds: int
 
-    def interval(self, t_scaled: bool = True) -> Interval:
-        """The scalar result as an :class:`Interval`: t-scaled, or the plain percentile interval."""
-        kind, low, high, p, se = (
-            ("t-scaled", self.low, self.high, self.p_value, self.se)
-            if t_scaled
-            else ("percentile", self.percentile_low, self.percentile_high, self.percentile_p_value, np.nan)
-        )
+    @property
+    def se(self) -> np.ndarray:
+        return np.sqrt(self.var_seeds + self.var_images)
+
+    def half_width(self, level: float = 0.95) -> np.ndarray:
+        """h of the t-scaled interval estimate ± h at ``level``."""
+        return _pivot_half_width(self.var_seeds, self.var_images, self.num_seeds, level)
+
+    def interval(self, level: float = 0.95) -> Interval:
+        """The scalar t-scaled interval at ``level``."""
+        est, h = float(self.estimate), float(self.half_width(level))
+        method = f"two-level bootstrap (seeds x images), t-scaled, {self.num_seeds} seeds"
+        return Interval(est, est - h, est + h, method, BOTH, self.num_seeds, float(self.p_value), float(self.se), level)
+
+    def percentile(self) -> Interval:
+        """The scalar 95% percentile interval of the replicates."""
         return Interval(
             float(self.estimate),
-            float(low),
-            float(high),
-            f"two-level bootstrap (seeds x images), {kind}, {self.num_seeds} seeds",
+            float(self.percentile_low),
+            float(self.percentile_high),
+            f"two-level bootstrap (seeds x images), percentile, {self.num_seeds} seeds",
             BOTH,
             self.num_seeds,
-            float(p),
-            float(se),
+            float(self.percentile_p_value),
         )
 
 
-_PIVOT_POINTS = 400  # chi-square quantiles the generalized pivot averages over (midpoint rule in probability)
+# The generalized pivot integrates over X by the midpoint rule in t at the probabilities u = t^3 of X (weights du,
+# summing to 1): dense where X is small, the heavy tail that a family's level (e.g. 99.7%) reaches.
+_T = (np.arange(100) + 0.5) / 100
+_PIVOT_U, _PIVOT_WEIGHTS = _T**3, _T**2 / (_T**2).sum()
+
+
+def _pivot_scales(var_seeds: np.ndarray, var_images: np.ndarray, n: int) -> np.ndarray:
+    """[..., K] sqrt(s^2 / n (n - 1) / X + v) at K quantiles of X, chi-square with n - 1 degrees of freedom."""
+    from scipy import stats
+
+    chi2 = stats.chi2.ppf(_PIVOT_U, n - 1)
+    return np.sqrt(var_seeds[..., None] * (n - 1) / chi2 + var_images[..., None])
 
 
 def _pivot_tail(value: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """P(|Z| scale > value) averaged over the scales [..., K]; Z standard normal."""
+    """P(|Z| scale > value) integrated over the scales [..., K]; Z standard normal."""
     from scipy.special import ndtr
 
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(scales > 0, value[..., None] / scales, np.inf)
-    return (2.0 * ndtr(-np.abs(z))).mean(axis=-1)
+    return (2.0 * ndtr(-np.abs(z))) @ _PIVOT_WEIGHTS
 
 
-def _pivot_half_width(
-    var_seeds: np.ndarray, var_images: np.ndarray, scales: np.ndarray, n: int, level: float
-) -> np.ndarray:
-    """h with P(|Z| scale <= h) = level, by bisection from z sqrt(images) to t' sqrt(seeds) + z' sqrt(images)."""
+def _pivot_half_width(var_seeds: np.ndarray, var_images: np.ndarray, n: int, level: float) -> np.ndarray:
+    """h with P(|Z| scale > h) = 1 - level, by Newton's method from max(t sqrt(seeds), z sqrt(images)), which is at
+    most h: the tail is convex and decreasing in h, so every step stays below h and converges to it."""
     from scipy import stats
 
-    tail = (3.0 + level) / 4
-    low = stats.norm.ppf(0.5 + level / 2) * np.sqrt(var_images)
-    high = stats.t.ppf(tail, n - 1) * np.sqrt(var_seeds) + stats.norm.ppf(tail) * np.sqrt(var_images)
-    for _ in range(32):
-        mid = 0.5 * (low + high)
-        inside = _pivot_tail(mid, scales) > 1.0 - level
-        low, high = np.where(inside, mid, low), np.where(inside, high, mid)
-    return 0.5 * (low + high)
+    scales = _pivot_scales(var_seeds, var_images, n)
+    h = np.maximum(
+        stats.t.ppf(0.5 + level / 2, n - 1) * np.sqrt(var_seeds), stats.norm.ppf(0.5 + level / 2) * np.sqrt(var_images)
+    )
+    for _ in range(10):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = h[..., None] / scales
+            slope = -(np.sqrt(2 / np.pi) * np.exp(-0.5 * z**2) / scales) @ _PIVOT_WEIGHTS
+            h = np.where(slope < 0, h - (_pivot_tail(h, scales) - (1.0 - level)) / slope, h)
+    return h
 
 
-def two_level_bootstrap(
-    estimates, replicates, rng: np.random.Generator, *, num_images: int, level: float = 0.95
-) -> TwoLevel:
-    """Two-level paired bootstrap of the mean difference over n >= 2 seeds (docs/statistics.md, "Intervals").
-
-    Args:
-        estimates: [..., n] per-seed differences (arm minus reference, same seed; or any fixed weighted sum of the
-            same seed's arms) on the full evaluation set.
-        replicates: [..., n, B] the same differences on B image resamples; resample b must hold the same images for
-            every seed and arm (seeds and images are crossed: every run is evaluated on the same images).
-        rng: draws the seed resamples ([..., B, n] seed indices, with replacement) of the percentile interval.
-        num_images: the evaluation images (the image part's degrees of freedom, for Satterthwaite's interval).
-        level: the intervals' confidence level.
-
-    Returns:
-        :class:`TwoLevel`. Its replicate b is the mean over a seed resample of the differences on image resample b,
-        and the percentile interval their quantiles: with few seeds that undercovers (3 seeds have 10 distinct
-        resamples). The t-scaled interval is built from two variance components instead: the seeds', s^2 / n
-        (s: the sample std of the per-seed differences, n - 1 degrees of freedom; it already holds the image noise
-        that differs between runs), and the images' shared by every run (the mean covariance of two seeds'
-        replicates over the resamples, taken as known). It is estimate ± h, h the ``level`` point of
-        |Z| sqrt(s^2 / n (n - 1) / X + v), Z standard normal, X chi-square(n - 1): a generalized pivot (the
-        fiducial Behrens–Fisher solution), Student's t(n - 1) interval when v = 0 and the normal one when s = 0.
-        At 2-3 seeds it errs wide, Welch–Satterthwaite's (also returned) narrow.
-    """
-    from scipy import stats
-
+def two_level_bootstrap(estimates, replicates, rng: np.random.Generator) -> TwoLevel:
+    """Two-level paired bootstrap of the mean difference over n >= 2 seeds (docs/statistics.md, "Intervals") from
+    ``estimates`` [..., n], the per-seed differences (or any fixed weighted sum of a seed's arms), and ``replicates``
+    [..., n, B], the same on B image resamples, each the same images for every seed and arm; ``rng`` draws the seed
+    resamples of the percentile interval. The t-scaled interval is the generalized pivot of the seeds' variance
+    s^2 / n and the evaluation-image variance every run shares; its p is the pivot's tail at |estimate|, so its
+    interval at level 1 - a excludes 0 exactly when p < a."""
     est = np.asarray(estimates, dtype=np.float64)
     rep = np.asarray(replicates, dtype=np.float64)
     n, num_b = est.shape[-1], rep.shape[-1]
@@ -224,88 +203,31 @@ def two_level_bootstrap(
         )
     seeds = rng.integers(0, n, size=est.shape[:-1] + (num_b, n))
     boot = np.take_along_axis(np.swapaxes(rep, -1, -2), seeds, axis=-1).mean(axis=-1)  # [..., B]
-    alpha = (1.0 - level) / 2
-    p_low, p_high = np.quantile(boot, [alpha, 1.0 - alpha], axis=-1)
+    p_low, p_high = np.quantile(boot, [0.025, 0.975], axis=-1)
     estimate = est.mean(axis=-1)
     var_seeds = est.var(axis=-1, ddof=1) / n
     centred = rep - rep.mean(axis=-1, keepdims=True)
     per_seed = (centred**2).sum(axis=-1) / (num_b - 1)  # [..., n]
     of_sum = (centred.sum(axis=-2) ** 2).sum(axis=-1) / (num_b - 1)  # variance of the sum over seeds
     var_images = np.maximum((of_sum - per_seed.sum(axis=-1)) / (n * (n - 1)), 0.0)
-    var = var_seeds + var_images
-    se = np.sqrt(var)
-    chi2 = stats.chi2.ppf((np.arange(_PIVOT_POINTS) + 0.5) / _PIVOT_POINTS, n - 1)  # quantiles of X
-    scales = np.sqrt(var_seeds[..., None] * (n - 1) / chi2 + var_images[..., None])  # [..., K]
-    half = _pivot_half_width(var_seeds, var_images, scales, n, level)
+    scales = _pivot_scales(var_seeds, var_images, n)
     p_value = np.where(
         scales.max(axis=-1) > 0,
         np.minimum(_pivot_tail(np.abs(estimate), scales), 1.0),
         np.where(estimate == 0, 1.0, 0.0),
     )
-    with np.errstate(divide="ignore", invalid="ignore"):
-        df = var**2 / (var_seeds**2 / (n - 1) + var_images**2 / max(num_images - 1, 1))
-    df = np.where(var > 0, df, n - 1.0)
-    welch = stats.t.ppf(0.5 + level / 2, df) * se
-    return TwoLevel(
-        estimate,
-        boot,
-        p_low,
-        p_high,
-        bootstrap_p_value(boot),
-        var_seeds,
-        var_images,
-        se,
-        estimate - half,
-        estimate + half,
-        p_value,
-        estimate - welch,
-        estimate + welch,
-        n,
-    )
+    return TwoLevel(estimate, boot, p_low, p_high, bootstrap_p_value(boot), var_seeds, var_images, p_value, n)
 
 
-def verdict(interval: Optional[Interval], p_holm: float, higher_is_better: bool = True, alpha: float = 0.05) -> str:
-    """The verdict on an interval of an arm minus its reference (or an effect of the structure x scale design).
-
-    Args:
-        interval: the comparison's interval (None: none could be computed).
-        p_holm: its p-value, Holm-adjusted over the section's family.
-        higher_is_better: whether a positive difference is an improvement.
-        alpha: the family-wise error.
-
-    Returns:
-        :data:`TOO_FEW_SEEDS` without an interval over two or more seeds (one trained model per arm says nothing
-        about the initialization), else :data:`BETTER` or :data:`WORSE` when ``p_holm`` <= ``alpha``, by the sign of
-        the estimate, else :data:`NO_DIFFERENCE`.
-    """
+def verdict(interval: Optional[Interval], higher_is_better: bool = True) -> str:
+    """The verdict read from the interval at its family's level (of an arm minus its reference, or an effect):
+    :data:`TOO_FEW_SEEDS` without one over two or more seeds, :data:`BETTER` or :data:`WORSE` where it excludes zero,
+    else :data:`NO_DIFFERENCE`."""
     if interval is None or interval.num_seeds < 2:
         return TOO_FEW_SEEDS
-    if not (math.isfinite(p_holm) and p_holm <= alpha):
+    if not (interval.low > 0 or interval.high < 0):
         return NO_DIFFERENCE
-    return BETTER if (interval.estimate > 0) == higher_is_better else WORSE
-
-
-def holm_adjust(p_values) -> np.ndarray:
-    """Holm-adjusted p-values of a family of m hypotheses, in the family's order.
-
-    Args:
-        p_values: [..., m] p-values in [0, 1]; NaN (no test) counts as 1. Leading dimensions are separate families.
-
-    Returns:
-        [..., m]: the i-th smallest p becomes max over j <= i of min(1, (m - j + 1) p_(j)). Rejecting where the
-        adjusted p is at most alpha bounds the probability of any false rejection in the family by alpha.
-    """
-    p = np.asarray(p_values, dtype=np.float64)
-    if p.ndim == 0:
-        raise ValueError("holm_adjust needs a family of p-values [..., m]; got a scalar")
-    p = np.where(np.isnan(p), 1.0, p)
-    if ((p < 0) | (p > 1)).any():
-        raise ValueError(f"p-values must lie in [0, 1]; got values in [{p.min()}, {p.max()}]")
-    m = p.shape[-1]
-    order = np.argsort(p, axis=-1, kind="stable")
-    ranked = np.take_along_axis(p, order, axis=-1) * (m - np.arange(m))
-    adjusted = np.minimum(np.maximum.accumulate(ranked, axis=-1), 1.0)
-    return np.take_along_axis(adjusted, np.argsort(order, axis=-1), axis=-1)  # back to the family's order
+    return BETTER if (interval.low > 0) == higher_is_better else WORSE
 
 
 @dataclass(frozen=True)
@@ -463,7 +385,7 @@ def _check(delta: float, std: float, level: float, comparisons: int, target: flo
 def power(
     n: int, delta: float, std: float, *, level: float = 0.05, comparisons: int = 1, shared_variance: float = 0.0
 ) -> float:
-    """Power of the two-sided paired t-test over n >= 2 seeds at level / comparisons (Holm's strictest threshold),
+    """Power of the two-sided paired t-test over n >= 2 seeds at level / comparisons (the family's Bonferroni level),
     noncentrality delta / sqrt(std^2 / n + shared_variance)."""
     _check(delta, std, level, comparisons, 0.5, shared_variance)
     if n < 2:
@@ -525,10 +447,10 @@ class SeedPlan:
 
     def text(self) -> str:
         """``"to detect Δ = 0.6 (given) with std 0.1 ...: n ≥ 4 seeds per arm"``."""
-        holm = f" Holm-adjusted over {self.comparisons} comparisons" if self.comparisons > 1 else ""
+        family = f" / {self.comparisons} (a family of {self.comparisons} comparisons)" if self.comparisons > 1 else ""
         head = (
             f"to detect Δ = {self.delta:.3g} ({self.delta_source}) with std {self.std:.3g} of the paired "
-            f"differences ({self.std_source}) at {self.power:.0%} power, two-sided level {self.level:g}{holm}"
+            f"differences ({self.std_source}) at {self.power:.0%} power, two-sided level {self.level:g}{family}"
         )
         if self.needed is None:
             return (

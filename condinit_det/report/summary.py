@@ -153,10 +153,17 @@ class StageReport:
         return f"{self.stage.title.split(':')[0]} {data}" + (f", {self.label}" if self.label else "")
 
     @property
-    def family(self) -> List[Comparison]:
-        """The comparisons of the section's Holm family: arm x headline metric against default, then the contrasts,
-        then the structure x scale design's main effects and interaction."""
+    def comparisons(self) -> List[Comparison]:
+        """The rows with a verdict: arm x headline metric against default, then the contrasts, then the structure x
+        scale design's main effects and interaction."""
         return [s for s in self.stats if s.kind == METRIC]
+
+    @property
+    def families(self) -> Dict[str, List[Comparison]]:
+        """:attr:`comparisons` by the question whose family holds them."""
+        return {
+            f: [s for s in self.comparisons if s.family == f] for f in dict.fromkeys(s.family for s in self.comparisons)
+        }
 
     @property
     def has_factorial(self) -> bool:
@@ -168,7 +175,7 @@ class StageReport:
         the section's rows of two arms (read as the effect's A - B), the others rows of their own."""
         rows = {}
         for effect in EFFECTS:
-            for s in self.family:
+            for s in self.comparisons:
                 if s.key != metric_key:
                     continue
                 if (s.arm, s.reference) == (effect.pair or (effect.name, FACTORIAL)):
@@ -410,6 +417,7 @@ def summarize_runs(
         raise ValueError("No runs to compare" + (": " + "; ".join(skipped) if skipped else "."))
     contrasts = list(contrasts)
     resolve_contrasts((), contrasts)  # a malformed pair fails before any work
+    options = dict(bootstrap=bootstrap, seed=seed, delta=delta, std=std, contrasts=contrasts, cache_dir=cache_dir)
     missing = _collect_missing(expected, runs)
     bad = {os.path.realpath(m.path) for m in missing}
     finished = [r for r in runs if r.final_x is not None and os.path.realpath(r.path) not in bad]
@@ -423,18 +431,7 @@ def summarize_runs(
                 group_by_config,
             )
         ):
-            sr = _section(
-                stage,
-                section_runs,
-                section_missing,
-                bootstrap=bootstrap,
-                seed=seed,
-                delta=delta,
-                std=std,
-                contrasts=contrasts,
-                dataset=dataset,
-                cache_dir=cache_dir,
-            )
+            sr = _section(stage, section_runs, section_missing, dataset=dataset, **options)
             sr.dataset, sr.label, sr.prefix = dataset, label, f"setup{k + 1}_" if k else ""
             plans = [item.plan for item in [*section_runs, *section_missing] if item.plan is not None]
             sr.has_plan = bool(plans)
