@@ -29,7 +29,6 @@ import submitit
 from submitit.helpers import Checkpointable, DelayedSubmission
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJobEnvironment
 
-from .. import __version__
 from ..records.failures import failure_of
 from ..records.jobs import read_jobs, read_report_jobs, record_jobs
 from ..records.layout import REPORT_DIRNAME, RunSpec
@@ -159,6 +158,8 @@ def element_description(experiment: Experiment, spec: RunSpec) -> Dict[str, Any]
     """What a Slurm element carries of its run: plain data (the command's flags, the stage, the experiment and run
     directories), never a pickled object of the package's classes, so that an element queued by one version of the
     package starts under the next."""
+    from .. import __version__  # at use: this module also loads without the package's __init__ (slurm_rendezvous)
+
     stage = type(experiment.stage)
     return {
         "format": ELEMENT_FORMAT,
@@ -216,6 +217,8 @@ class RunElement(Checkpointable):
         return self.description["run_dir"]
 
     def _check_format(self) -> None:
+        from .. import __version__
+
         found = self.description.get("format")
         if found != ELEMENT_FORMAT:
             command = self.description.get("flags", {}).get("command") or "the command that submitted it"
