@@ -6,8 +6,6 @@ tool runs before any worker starts), the rest, and the one-line CLI form, throug
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,25 +19,22 @@ from condinit_det.utils.errors import UsageError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
 PRETRAIN_CONFIG = os.path.join(ROOT, "configs", "demo", "pretrain_vit_tiny.py")
-TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")
 
 
 def _check(*argv):
     return plan_experiment(DetectionStage(), build_parser().parse_args(["--config-file", CONFIG, *argv]))
 
 
-def _cli(tmp_path, *argv):
-    proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", CONFIG, *argv],
-        cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 2 and last.startswith("train_net.py: error: "), proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
+def _cli(tmp_path, monkeypatch, capsys, *argv):
+    """The training command's exit status 2 and last error line, from ``tmp_path`` (run here: a process would spend
+    its seconds importing torch)."""
+    from condinit_det.launch.command import run_command
+
+    monkeypatch.chdir(tmp_path)
+    status = run_command(DetectionStage, ["--config-file", CONFIG, *argv])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert status == 2 and ": error: " in last and "Traceback" not in err, err[-3000:]
     return last
 
 
@@ -213,8 +208,10 @@ def test_a_value_of_the_wrong_type_names_the_override_and_the_type_it_takes():
         ("train.max_iter=abc", "train.max_iter=abc: expected an integer (the config's value is "),
     ],
 )
-def test_cli_names_a_misspelt_key_or_a_bad_value_before_anything_is_built(tmp_path, override, message):
-    last = _cli(tmp_path, f"train.output_dir={tmp_path / 'exp'}", override)
+def test_cli_names_a_misspelt_key_or_a_bad_value_before_anything_is_built(
+    tmp_path, monkeypatch, capsys, override, message
+):
+    last = _cli(tmp_path, monkeypatch, capsys, f"train.output_dir={tmp_path / 'exp'}", override)
     assert message in last
     assert os.listdir(tmp_path) == []
 
@@ -383,12 +380,12 @@ def test_bad_seed_and_scale_lists(tmp_path, seeds, lr, message):
         ("model.backbone.net.num_heads=3", "num_heads=3 does not divide the query/key width 32"),
     ],
 )
-def test_cli_prints_one_error_line(tmp_path, override, message):
+def test_cli_prints_one_error_line(tmp_path, monkeypatch, capsys, override, message):
     exp = tmp_path / "exp"
     run = exp / "mimetic" / "seed0"
     run.mkdir(parents=True)
     (run / "results.json").write_text('{"version": 1, "records": []}')  # an earlier run's results
-    last = _cli(tmp_path, "--arm", "mimetic", f"train.output_dir={exp}", override)
+    last = _cli(tmp_path, monkeypatch, capsys, "--arm", "mimetic", f"train.output_dir={exp}", override)
     assert message in last
     # Nothing was written, launched or moved aside: the earlier results are where they were.
     assert sorted(os.listdir(run)) == ["results.json"] and os.listdir(exp) == ["mimetic"]

@@ -580,10 +580,11 @@ def test_experiment_with_a_diverging_lr(tmp_path, stage, unit, total, evaluation
 @pytest.mark.slurm
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["detection", "pretrain"])
-def test_an_experiment_as_a_slurm_array_then_its_status(slurm_env, stage):
+def test_an_experiment_as_a_slurm_array_then_its_status(slurm_env):
+    """One stage's command with --slurm (both commands share the code: the pretraining stage's elements run in the
+    protocol of tests/test_slurm_faults.py)."""
     exp = slurm_env / "exp"
-    tool, argv = _command(stage, slurm_env, exp)
+    tool, argv = _command("detection", slurm_env, exp)
     flags = ["--arm", "default,conditioned", "--slurm", "--time", "30", "--cpus-per-task", "1", "--bootstrap", "0"]
     config, overrides = argv[:2], argv[2:]
     rc, out, err = _tool(tool, [*config, *flags, "--dry-run", *overrides], slurm_env)
@@ -594,7 +595,7 @@ def test_an_experiment_as_a_slurm_array_then_its_status(slurm_env, stage):
     array = re.search(r"Submitted 2 run\(s\) of \S+ as job array (\d+)", out).group(1)
     report = re.search(r"Report job (\d+)", out).group(1)
     plan = json.loads((exp / PLAN_FILENAME).read_text())
-    assert plan["stage"] == stage and [r["dir"] for r in plan["runs"]] == ["default/seed0", "conditioned/seed0"]
+    assert plan["stage"] == "detection" and [r["dir"] for r in plan["runs"]] == ["default/seed0", "conditioned/seed0"]
     jobs = json.loads((exp / "slurm.json").read_text())
     assert jobs["runs"] == {"default/seed0": [f"{array}_0"], "conditioned/seed0": [f"{array}_1"]}
     deadline = time.time() + 900

@@ -198,22 +198,12 @@ def test_seed_and_lr_scan_layout_resumes_after_a_kill_between_runs(tmp_path):
     assert "lr: 0.0001" in _read(exp / "default" / "seed1" / "config.yaml")
 
 
-def test_ddp_two_processes_match_one_process(tmp_path):
+def test_ddp_two_processes_train_every_arm_from_identical_weights(tmp_path):
+    """``--arm all`` in two processes: each arm passes the replica check before and after training, and rank 0 alone
+    writes its records (a 2-process evaluation equals a 1-process one: tests/test_multiprocess.py)."""
     exp = tmp_path / "ddp"
-    # Score threshold 0: even a model 3 iterations old then keeps detections, so the evaluations compared
-    # below have predictions to agree on.
-    every_detection = "model.roi_heads.box_predictor.test_score_thresh=0.0"
-    _run(
-        tmp_path,
-        "--num-gpus",
-        "2",
-        "--arm",
-        "all",
-        f"train.output_dir={exp}",
-        "train.max_iter=3",
-        "train.eval_period=3",
-        every_detection,
-    )
+    argv = ["--num-gpus", "2", "--arm", "all", f"train.output_dir={exp}", "train.max_iter=3", "train.eval_period=3"]
+    _run(tmp_path, *argv)
     for arm in ARMS:
         run = exp / arm / "seed0"
         log = _read(run / "log.txt")
@@ -225,25 +215,3 @@ def test_ddp_two_processes_match_one_process(tmp_path):
         assert all(bool(s["changed"]) == (arm != "default") for s in report["sites"])
         assert _read(run / "last_checkpoint") == "model_final.pth"
         check_checkpoint_file(str(run / "model_final.pth"))
-    # The 2-process evaluation equals a 1-process evaluation of the same checkpoint.
-    run = exp / "conditioned" / "seed0"
-    _run(
-        tmp_path,
-        "--eval-only",
-        f"train.init_checkpoint={run / 'model_final.pth'}",
-        f"train.output_dir={tmp_path / 'eval'}",
-        every_detection,
-    )
-    evaluated = tmp_path / "eval" / "default" / "seed0"  # the config's arm: the record names the checkpoint
-    (ddp,), (single,) = ResultsFile(run).records("ap"), ResultsFile(evaluated).records("eval")
-    for task in ("bbox", "segm"):
-        for metric in ("AP", "AP50", "AP75"):
-            a, b = ddp[task][metric], single[task][metric]
-            assert (a is None and b is None) or a == pytest.approx(b, abs=1e-6), (task, metric)
-    predictions = [json.loads(_read(d / "inference" / "coco_instances_results.json")) for d in (run, evaluated)]
-    assert len(predictions[0]) > 0 and len(predictions[0]) == len(predictions[1])
-    key = lambda p: (p["image_id"], p["category_id"], -p["score"])  # noqa: E731
-    for p, q in zip(sorted(predictions[0], key=key), sorted(predictions[1], key=key)):
-        assert (p["image_id"], p["category_id"]) == (q["image_id"], q["category_id"])
-        assert p["score"] == pytest.approx(q["score"], abs=1e-5)
-        assert p["bbox"] == pytest.approx(q["bbox"], abs=1e-3)
