@@ -125,7 +125,7 @@ def image_folder_root(tmp_path_factory):
 # config test, the docs' demo pair, the digits demo) join the every config test's group, so the runs are made once;
 # the tests that share the one-node Slurm (a test there counts the node's free CPUs) are one group, and so are the two
 # wheelhouse builds, which share the wheel cache (one reads what the other writes). `make test-e2e` hands out its groups
-# longest first (FIRST, in this order: about 550, 330, 260, 170, 100, 95, 80 and 80 s on the 2-core machine): a worker
+# longest first (FIRST, in this order: about 500, 330, 260, 170, 100, 95, 80 and 70 s on the 2-core machine): a worker
 # takes its next group before its current one ends, so the groups handed out last must be short for both to end
 # together.
 EVERY_CONFIG = "tests/test_configs_end_to_end.py"

@@ -9,7 +9,6 @@ import csv
 import importlib
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -575,41 +574,3 @@ def test_experiment_with_a_diverging_lr(tmp_path, stage, unit, total, evaluation
     for s in diverged:
         assert Path(s.path(str(exp)) + ".failed0").is_dir() and failure_of(s.path(str(exp))) is not None
     assert ".failed0" not in (exp / "report" / "report.md").read_text()
-
-
-@pytest.mark.slurm
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_an_experiment_as_a_slurm_array_then_its_status(slurm_env):
-    """One stage's command with --slurm (both commands share the code: the pretraining stage's elements run in the
-    protocol of tests/test_slurm_faults.py)."""
-    exp = slurm_env / "exp"
-    tool, argv = _command("detection", slurm_env, exp)
-    flags = ["--arm", "default,conditioned", "--slurm", "--time", "30", "--cpus-per-task", "1", "--bootstrap", "0"]
-    config, overrides = argv[:2], argv[2:]
-    rc, out, err = _tool(tool, [*config, *flags, "--dry-run", *overrides], slurm_env)
-    assert rc == 0 and "2 of 2 run(s) would train; nothing was written or submitted" in out, err[-2000:]
-    assert not exp.exists()
-    rc, out, err = _tool(tool, [*config, *flags, *overrides], slurm_env)
-    assert rc == 0, err[-3000:]
-    array = re.search(r"Submitted 2 run\(s\) of \S+ as job array (\d+)", out).group(1)
-    report = re.search(r"Report job (\d+)", out).group(1)
-    plan = json.loads((exp / PLAN_FILENAME).read_text())
-    assert plan["stage"] == "detection" and [r["dir"] for r in plan["runs"]] == ["default/seed0", "conditioned/seed0"]
-    jobs = json.loads((exp / "slurm.json").read_text())
-    assert jobs["runs"] == {"default/seed0": [f"{array}_0"], "conditioned/seed0": [f"{array}_1"]}
-    deadline = time.time() + 900
-    while time.time() < deadline and not (exp / "report" / "report.md").is_file():
-        time.sleep(2)
-    status = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "experiment_status.py"), str(exp), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    runs = {r["arm"]: r for r in json.loads(status.stdout)["runs"]}
-    assert {a: r["state"] for a, r in runs.items()} == {"default": "finished", "conditioned": "finished"}
-    assert runs["conditioned"]["job"]["id"] == f"{array}_1" and report
-    # Submitting again: nothing left to train, nothing submitted.
-    rc, out, err = _tool(tool, [*config, *flags, *overrides], slurm_env)
-    assert rc == 0 and "Nothing new to submit" in out and "Submitted" not in out, out + err[-2000:]

@@ -384,12 +384,11 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize("config", [DEMO, XCIT_DEMO], ids=["vit", "xcit_batchnorm"])
-def test_two_process_cpu_run_matches_single_process_evaluation(tiny_data, tmp_path, config):
-    # XCiT has BatchNorm (patch embedding, LPI): each process keeps its own running statistics; the
-    # parameters must still agree, and the evaluation and model_final.pth use rank 0's statistics.
+def test_two_process_cpu_run_matches_single_process_evaluation(tiny_data, tmp_path):
+    # XCiT, the harder case of the demo backbones: it has BatchNorm (patch embedding, LPI), and each process keeps its
+    # own running statistics; the parameters must still agree, and the evaluation and model_final.pth use rank 0's.
     out = str(tmp_path / "ddp")
-    argv = ["--config-file", config, "--arm", "conditioned", *tiny(tiny_data, out, epochs=1)]
+    argv = ["--config-file", XCIT_DEMO, "--arm", "conditioned", *tiny(tiny_data, out, epochs=1)]
     ddp = _run(["--num-gpus", "2", "--dist-url", "auto", *argv])
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     run_dir = RunSpec("conditioned", 0).path(out)

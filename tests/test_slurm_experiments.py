@@ -1,6 +1,6 @@
-"""Experiments on a real (one-node) Slurm: job arrays of runs, the report job, cancel and resubmit, extending a running
-experiment (requeue, preemption and the two-stage protocol: tests/test_slurm_faults.py). Skipped without a cluster
-(tools/slurm_local.sh start; .ci/run starts one)."""
+"""Experiments on a real (one-node) Slurm: a dry run, job arrays of runs, the report job, status, cancel and resubmit,
+extending a running experiment (requeue, preemption and the two-stage protocol: tests/test_slurm_faults.py). Skipped
+without a cluster (tools/slurm_local.sh start; .ci/run starts one)."""
 
 import json
 import os
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from condinit_det.init import PAPER_ARMS as ARMS
-from condinit_det.records.layout import RunSpec
+from condinit_det.records.layout import PLAN_FILENAME, RunSpec
 from condinit_det.records.results import ResultsFile
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
@@ -95,9 +95,13 @@ def test_arm_all_two_seeds_as_an_array_then_cancel_and_resubmit(slurm_env):
         "train.eval_period=1",
         f"train.output_dir={exp}",
     ]
+    log = _tool(TRAIN_NET, *argv[:4], "--dry-run", *argv[4:], cwd=slurm_env)
+    assert "6 of 6 run(s) would train; nothing was written or submitted" in log and not exp.exists()
     log = _tool(TRAIN_NET, *argv, cwd=slurm_env)
     array, report = _ids(log)
     assert f"Submitted 6 run(s) of {exp} as job array {array}" in log
+    plan = json.loads((exp / PLAN_FILENAME).read_text())
+    assert plan["stage"] == "detection" and [r["dir"] for r in plan["runs"]][:2] == ["default/seed0", "mimetic/seed0"]
     jobs = json.loads((exp / "slurm.json").read_text())
     assert sorted(jobs["runs"].values()) == [[f"{array}_{i}"] for i in range(6)] and jobs["report"] == [report]
     # The first element (default, seed 0) is cancelled while it runs (Slurm forgets a pending element
@@ -133,6 +137,9 @@ def test_arm_all_two_seeds_as_an_array_then_cancel_and_resubmit(slurm_env):
     assert _iterations(RunSpec("default", 0).path(str(exp))) == [1, 2]
     md = (exp / "report" / "report.md").read_text()
     assert "None: every planned run has finished." in md
+    # Once more: nothing left to train, nothing submitted.
+    log = _tool(TRAIN_NET, *argv, cwd=slurm_env)
+    assert "Nothing new to submit" in log and "Submitted" not in log, log
 
 
 def test_extending_a_running_experiment_submits_only_the_new_runs(slurm_env):
