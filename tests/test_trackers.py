@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -127,9 +128,19 @@ def _wandb_records(path):
     return [pb.Record.FromString(p) for p in payloads]
 
 
-def wandb_sessions(run_dir):
+def wandb_sessions(run_dir, timeout=30.0):
     """Each offline W&B session of ``run_dir`` (oldest first): its run record, history rows, config, saved files and
-    exit code."""
+    exit code. W&B's service process writes a session's log after the run's ``finish()`` returns: read again until
+    every session has its exit record, for at most ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while True:
+        sessions = _read_wandb_sessions(run_dir)
+        if all(s["exit"] is not None for s in sessions) or time.time() > deadline:
+            return sessions
+        time.sleep(0.2)
+
+
+def _read_wandb_sessions(run_dir):
     sessions = []
     for folder in sorted(glob.glob(os.path.join(run_dir, "wandb", "offline-run-*"))):
         logs = glob.glob(os.path.join(folder, "run-*.wandb"))  # none: killed before W&B opened it
