@@ -6,6 +6,7 @@ tool runs before any worker starts), the rest, and the one-line CLI form, throug
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -31,10 +32,11 @@ def _cli(tmp_path, monkeypatch, capsys, *argv):
     from condinit_det.launch.command import run_command
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [os.path.join(ROOT, "tools", "train_net.py")])  # the command's name, as run
     status = run_command(DetectionStage, ["--config-file", CONFIG, *argv])
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
-    assert status == 2 and ": error: " in last and "Traceback" not in err, err[-3000:]
+    assert status == 2 and last.startswith("train_net.py: error: ") and "Traceback" not in err, err[-3000:]
     return last
 
 
