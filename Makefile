@@ -29,7 +29,7 @@ test: lint
 
 # The whole-system runs (marker e2e): every config end to end, the installed wheel, the offline install, Slurm jobs,
 # several processes, kills, the documented demo commands. CI (.ci/run) runs them after `make test`. Their groups go
-# out longest first, in the order tests/conftest.py gives them (pytest-xdist would order them by their number of tests).
+# out in the order tests/conftest.py gives them (pytest-xdist would order them by their number of tests).
 test-e2e: venv
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m e2e $(XDIST) $(if $(XDIST),--no-loadscope-reorder) \
 		$(PYTEST_ARGS)

@@ -125,9 +125,10 @@ def image_folder_root(tmp_path_factory):
 # config test, the docs' demo pair, the digits demo) join the every config test's group, so the runs are made once;
 # the tests that share the one-node Slurm (a test there counts the node's free CPUs) are one group, and so are the two
 # wheelhouse builds, which share the wheel cache (one reads what the other writes). `make test-e2e` hands out its groups
-# longest first (FIRST, in this order: about 500, 330, 260, 170, 100, 95, 80 and 70 s on the 2-core machine): a worker
-# takes its next group before its current one ends, so the groups handed out last must be short for both to end
-# together.
+# in the order of FIRST: the every config runs (two training processes) beside the wheelhouse builds (mostly waiting
+# on the package index), then the Slurm tests (up to two jobs at once, the test itself waiting), then the others
+# longest first (about 170, 100, 95, 80 and 70 s on the 2-core machine): a worker takes its next group before its
+# current one ends, so the groups handed out last must be short for both to end together.
 EVERY_CONFIG = "tests/test_configs_end_to_end.py"
 SHARED_GROUPS = {
     "tests/test_docs.py::test_the_documented_demo_pair_fine_tunes_each_arm_from_its_own_pretraining": EVERY_CONFIG,
@@ -137,9 +138,9 @@ SHARED_GROUPS = {
     "tests/test_gpu_check.py::test_the_machine_wheelhouse_is_for_python_3_12_and_fits_what_travels": "wheelhouse",
 }
 FIRST = (
-    "slurm",
     EVERY_CONFIG,
     "wheelhouse",
+    "slurm",
     "tests/test_robustness.py",
     "tests/test_exact_resume.py",
     "tests/test_factorial.py",

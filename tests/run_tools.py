@@ -4,11 +4,12 @@ Run several ``tools/*.py`` command lines one after another in one process, as ``
 
     python tests/run_tools.py PLAN.json STATUS.json
 
-PLAN is a list of steps ``{"name", "tool", "argv", "cwd", "drop_checkpoints"}``: ``tool`` is the
-path of a script under ``tools/``, run with ``sys.argv = [tool, *argv]`` in ``cwd``, exactly as a
+PLAN is a list of steps ``{"name", "tool", "argv", "cwd", "drop_checkpoints", "keep_final"}``: ``tool`` is
+the path of a script under ``tools/``, run with ``sys.argv = [tool, *argv]`` in ``cwd``, exactly as a
 user's command line would run it, but with torch, detectron2 and timm imported once for all steps
 (each import costs seconds on a small CPU machine). ``drop_checkpoints`` names a folder (relative
-to ``cwd``) whose ``*.pth`` files are deleted after the step, once their names are recorded.
+to ``cwd``) whose ``*.pth`` and ``*.safetensors`` files are deleted after the step, once their names
+are recorded; with ``keep_final``, the ``model_final.*`` files stay (a later step reads them).
 
 STATUS is rewritten after every step: ``{name: {"ok", "exit", "error", "seconds", "checkpoints"}}``.
 Every step runs even when an earlier one failed; a line ``=== step <name>`` on stdout and stderr
@@ -52,10 +53,15 @@ def main(plan_file, status_file):
         record["seconds"] = round(time.perf_counter() - start, 1)
         drop = step.get("drop_checkpoints")
         if drop:
-            files = sorted(glob.glob(os.path.join(step["cwd"], drop, "**", "*.pth"), recursive=True))
+            files = sorted(
+                path
+                for pattern in ("*.pth", "*.safetensors")
+                for path in glob.glob(os.path.join(step["cwd"], drop, "**", pattern), recursive=True)
+            )
             record["checkpoints"] = [os.path.relpath(p, step["cwd"]) for p in files]
             for path in files:  # large models: keep the disk use of a whole plan small
-                os.remove(path)
+                if not (step.get("keep_final") and os.path.basename(path).startswith("model_final.")):
+                    os.remove(path)
         status[step["name"]] = record
         gc.collect()
         with open(status_file + ".tmp", "w") as f:

@@ -41,7 +41,6 @@ from ..records.layout import REPORT_DIRNAME, RunSpec, set_aside
 from ..records.lock import RunInUse, RunLock
 from ..records.results import FAILED_KIND, ResultsFile
 from ..utils.distributed import launch, rank
-from ..utils.logs import run_logging
 from ..utils.preemption import PREEMPTED_FILENAME, Preempted
 from ..utils.threads import allocated_cpus, apply_thread_settings
 from .plan import Experiment
@@ -51,6 +50,14 @@ __all__ = ["Outcome", "ReportJob", "execute", "failure_summary", "run_worker"]
 logger = logging.getLogger("condinit_det.launch")
 
 
+def _logging(run_dir: Optional[str], *, process_rank: int = 0) -> None:
+    """:func:`condinit_det.utils.logs.run_logging` into ``run_dir`` (None: the launcher's console), imported here:
+    a report job and the supervising process of a Slurm element load this module, and neither needs torch."""
+    from ..utils.logs import run_logging
+
+    run_logging(run_dir, rank=process_rank)
+
+
 def run_worker(experiment: Experiment, spec: RunSpec) -> None:
     """Per-process entry point of one planned run (what ``detectron2.engine.launch`` calls in every process):
     train it, or with ``--eval-only`` evaluate it. A failure leaves a note in the run directory for the launching
@@ -58,7 +65,7 @@ def run_worker(experiment: Experiment, spec: RunSpec) -> None:
     args, stage = experiment.args, experiment.stage
     cfg = experiment.config(spec)
     run_dir = experiment.run_dir(spec)
-    run_logging(run_dir, rank=rank())
+    _logging(run_dir, process_rank=rank())
     allocated = allocated_cpus() or args.cpus_per_task
     if allocated is not None:  # a Slurm job, a CPU affinity or --cpus-per-task: this process's share of the CPUs
         plan = apply_thread_settings(
@@ -95,7 +102,7 @@ def _launch(experiment: Experiment, spec: RunSpec) -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        run_logging(None, rank=0)
+        _logging(None)
 
 
 class ReportJob:
@@ -108,12 +115,13 @@ class ReportJob:
         self.paths, self.output_dir, self.bootstrap, self.trackers = list(paths), output_dir, int(bootstrap), trackers
 
     def __call__(self) -> str:
+        from .. import tracking
         from ..report import compare_arms
-        from ..tracking import attach_report
 
         _, text = compare_arms(self.paths, output_dir=self.output_dir, bootstrap=self.bootstrap)
         print(text, flush=True)
-        attach_report(self.trackers, self.paths[-1], self.output_dir)
+        if tracking.enabled_trackers(self.trackers):  # the writers load detectron2 and torch
+            tracking.attach_report(self.trackers, self.paths[-1], self.output_dir)
         return text
 
 
@@ -202,7 +210,7 @@ def execute(experiment: Experiment) -> int:
     when the config's trackers enable one). Returns the exit status: 1 when a run failed, diverged or was not
     touched (named on the last lines), else 0. Call :func:`condinit_det.launch.plan.plan_experiment` first."""
     args = experiment.args
-    run_logging(None, rank=0)
+    _logging(None)
     main = int(args.machine_rank) == 0
     if args.eval_only:
         for spec in experiment.runs:

@@ -1,7 +1,13 @@
 """Experiment trackers beside TensorBoard, for both stages, offline by default: the ``trackers`` config node
-(:mod:`.settings`) and Weights & Biases and MLflow as detectron2 event writers (:mod:`.writers`)."""
+(:mod:`.settings`) and Weights & Biases and MLflow as detectron2 event writers (:mod:`.writers`, loaded on first use:
+a report job without trackers never imports detectron2)."""
 
-from .settings import check_trackers, tracker_settings
-from .writers import attach_report, tracker_writers
+from ..utils.lazy import lazy_exports
 
-__all__ = ["attach_report", "check_trackers", "tracker_settings", "tracker_writers"]
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "settings": ("check_trackers", "enabled_trackers", "tracker_settings"),
+        "writers": ("attach_report", "tracker_writers"),
+    },
+)

@@ -1,9 +1,9 @@
-"""Bipartite matching between predictions and ground-truth objects (DETR, Sec. 3.1)."""
+"""Bipartite matching between predictions and ground-truth objects (DETR, Sec. 3.1). scipy is imported where used:
+every process that imports the package registers this model, and few train it (scipy.optimize takes 0.6 s)."""
 
 from typing import Dict, List, Tuple
 
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
@@ -49,6 +49,8 @@ class HungarianMatcher(nn.Module):
             per image (query_idx, target_idx), int64 tensors of length min(Q, T), sorted by
             query index; empty for an image without objects.
         """
+        from scipy.optimize import linear_sum_assignment
+
         sizes = [len(t["labels"]) for t in targets]
         b, q = pred_logits.shape[:2]
         # One cost matrix for the whole batch (every query against every target), cut per image.
