@@ -909,11 +909,17 @@ def test_combined_report_pretraining_and_detection(tmp_path):
 
 
 def test_report_runs_without_detectron2(experiment, tmp_path):
+    """The report needs neither detectron2 nor torch: neither the report job of a Slurm experiment (without trackers)
+    nor the supervising process of an element loads them."""
     code = (
         "import sys; sys.modules['detectron2'] = None\n"
+        "from condinit_det.launch.run import ReportJob\n"
+        "from condinit_det.launch.slurm import RunElement\n"
         "from condinit_det.report import compare_arms\n"
-        f"r, t = compare_arms([{str(experiment)!r}], output_dir={str(tmp_path / 'r')!r})\n"
-        "assert 'detectron2' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+        f"r, t = compare_arms([{str(experiment)!r}], output_dir={str(tmp_path / 'r')!r}, bootstrap=0)\n"
+        f"assert ReportJob([{str(experiment)!r}], {str(tmp_path / 'r')!r}, bootstrap=0)() == t\n"
+        "loaded = {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}\n"
+        "assert not loaded & {'detectron2', 'torch'}, loaded & {'detectron2', 'torch'}\n"
         "print(r.arm('conditioned').final['AP^b'][0])\n"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1")
