@@ -40,7 +40,6 @@ from ..records.identity import check_resume_identity
 from ..records.layout import REPORT_DIRNAME, RunSpec, set_aside
 from ..records.lock import RunInUse, RunLock
 from ..records.results import FAILED_KIND, ResultsFile
-from ..utils.distributed import launch, rank
 from ..utils.preemption import PREEMPTED_FILENAME, Preempted
 from ..utils.threads import allocated_cpus, apply_thread_settings
 from .plan import Experiment
@@ -51,8 +50,9 @@ logger = logging.getLogger("condinit_det.launch")
 
 
 def _logging(run_dir: Optional[str], *, process_rank: int = 0) -> None:
-    """:func:`condinit_det.utils.logs.run_logging` into ``run_dir`` (None: the launcher's console), imported here:
-    a report job and the supervising process of a Slurm element load this module, and neither needs torch."""
+    """:func:`condinit_det.utils.logs.run_logging` into ``run_dir`` (None: the launcher's console). It, and the
+    distributed helpers, are imported where used: a report job and the supervising process of a Slurm element load
+    this module, and neither needs torch."""
     from ..utils.logs import run_logging
 
     run_logging(run_dir, rank=process_rank)
@@ -62,6 +62,8 @@ def run_worker(experiment: Experiment, spec: RunSpec) -> None:
     """Per-process entry point of one planned run (what ``detectron2.engine.launch`` calls in every process):
     train it, or with ``--eval-only`` evaluate it. A failure leaves a note in the run directory for the launching
     process and is re-raised."""
+    from ..utils.distributed import rank
+
     args, stage = experiment.args, experiment.stage
     cfg = experiment.config(spec)
     run_dir = experiment.run_dir(spec)
@@ -86,6 +88,8 @@ def run_worker(experiment: Experiment, spec: RunSpec) -> None:
 def _launch(experiment: Experiment, spec: RunSpec) -> None:
     """All processes of one run (this machine's share of them), then the launcher's console logging again."""
     import torch
+
+    from ..utils.distributed import launch
 
     args = experiment.args
     try:

@@ -1,6 +1,5 @@
 """Several processes, for both stages: launching on the CPU or on GPUs, checking that replicas hold bitwise equal
-weights (not an unsynchronized BatchNorm's statistics, :func:`local_buffers`), broadcasting rank 0's buffers. torch
-is imported where used: the supervising process of a Slurm element and the report job never load it.
+weights (not an unsynchronized BatchNorm's statistics, :func:`local_buffers`), broadcasting rank 0's buffers.
 """
 
 from __future__ import annotations
@@ -10,10 +9,12 @@ import hashlib
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Set
+from typing import Set
 
-if TYPE_CHECKING:
-    from torch import nn
+import torch
+import torch.distributed as dist
+from detectron2.utils import comm
+from torch import nn
 
 __all__ = ["check_replicas", "launch", "local_buffers", "rank", "replica_fingerprint", "sync_buffers"]
 
@@ -47,8 +48,6 @@ def _leaving_group(main_func, *args):
     # A spawned worker can abort while the interpreter tears down ("terminate called without an active exception"
     # from a C++ thread of the process group), failing a finished run. So after a run every worker waits for the
     # others, leaves the group, flushes its logs and exits at once; a failing one leaves the group and raises.
-    import torch.distributed as dist
-
     grouped = dist.is_available() and dist.is_initialized()
     try:
         result = main_func(*args)
@@ -69,7 +68,6 @@ def _leaving_group(main_func, *args):
 def local_buffers(module: nn.Module) -> Set[str]:
     """State-dict names of the buffers each process updates on its own (unsynchronized BatchNorm statistics)."""
     from detectron2.layers import NaiveSyncBatchNorm
-    from torch import nn
 
     synced = (nn.SyncBatchNorm, NaiveSyncBatchNorm)
     names = set()
@@ -83,8 +81,6 @@ def local_buffers(module: nn.Module) -> Set[str]:
 
 def replica_fingerprint(module: nn.Module) -> str:
     """SHA-1 of the state dict without :func:`local_buffers` (names, dtypes, bytes): what replicas share."""
-    import torch
-
     skip = local_buffers(module)
     digest = hashlib.sha1()
     for name, value in sorted(module.state_dict().items()):
@@ -97,18 +93,13 @@ def replica_fingerprint(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def rank() -> int:
-    """This process's rank in the process group; 0 without one."""
-    from detectron2.utils import comm
-
-    return comm.get_rank()
+# This process's rank in the process group; 0 without one.
+rank = comm.get_rank
 
 
 def check_replicas(module: nn.Module, when: str) -> str:
     """Raise RuntimeError unless every process holds the same :func:`replica_fingerprint` of ``module``;
     returns it. No-op (beyond the fingerprint) in one process. ``when`` names the moment in the messages."""
-    from detectron2.utils import comm
-
     fingerprint = replica_fingerprint(module)
     if comm.get_world_size() == 1:
         return fingerprint
@@ -125,9 +116,6 @@ def check_replicas(module: nn.Module, when: str) -> str:
 
 def sync_buffers(module: nn.Module) -> None:
     """Copy rank 0's buffers (BatchNorm statistics among them) to every process; no-op on one process."""
-    import torch.distributed as dist
-    from detectron2.utils import comm
-
     if comm.get_world_size() == 1:
         return
     for buf in module.buffers():
