@@ -1,7 +1,8 @@
 """The detection stage's keyed training data (condinit_det.engine.data): batch b depends on (seed, rank, b) alone,
 whatever the start and the number of loader workers; the step's draws depend on the iteration; the writers' history
-travels in the checkpoint."""
+travels in the checkpoint, so that a resumed run writes the uninterrupted run's metrics.json."""
 
+import json
 import logging
 import random
 
@@ -9,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 from detectron2.config import CfgNode, get_cfg
-from detectron2.engine import TrainerBase
-from detectron2.utils.events import EventStorage
+from detectron2.engine import TrainerBase, hooks
+from detectron2.utils.events import EventStorage, JSONWriter
 
 from condinit_det.engine.data import KeyedBatches, StepSeeds, build_train_loader
-from condinit_det.engine.hooks import WriterHistory
+from condinit_det.engine.hooks import WriterHistory, continue_writers
+from condinit_det.records.results import METRICS_FILENAME, truncate_metrics
 
 # Ten images, three of them landscape; the mapper returns what the global RNGs draw for it.
 DATASET = [{"image_id": i, "width": 64 + 32 * (i % 3 == 0), "height": 64} for i in range(10)]
@@ -120,3 +122,60 @@ def test_step_draws_and_smoothed_history_continue_across_a_resume(caplog):
     with caplog.at_level(logging.WARNING):
         _train(4, 5)  # a checkpoint without the history: an earlier version's
     assert "written by an earlier version" in caplog.text
+
+
+class _Sporadic(hooks.HookBase):
+    """Scalars not put at every step: "kappa" before the step, from the first one on (so before the loss in the
+    storage's order), every 5 iterations; "ap" after the step every 4."""
+
+    def before_step(self):
+        if self.trainer.iter % 5 == 0:
+            self.trainer.storage.put_scalar("kappa", self.trainer.iter / 10, smoothing_hint=False)
+
+    def after_step(self):
+        if self.trainer.iter % 4 == 2:
+            self.trainer.storage.put_scalar("ap", self.trainer.iter * 1.5, smoothing_hint=False)
+
+
+class _Stop(hooks.HookBase):
+    """Keeps the checkpoint state after iteration ``checkpoint``, then fails after iteration ``stop``."""
+
+    def __init__(self, checkpoint, stop):
+        self.checkpoint, self.stop, self.state = checkpoint, stop, None
+
+    def after_step(self):
+        if self.trainer.iter == self.checkpoint:
+            self.state = self.trainer.state_dict()["hooks"]["WriterHistory"]
+        if self.trainer.iter == self.stop:
+            raise KeyboardInterrupt  # detectron2 still runs after_train: the writers flush
+
+
+def _write_metrics(run_dir, start, *, state=None, stop=None):
+    """A 16-iteration run writing metrics.json every 3 iterations, from ``start`` with a checkpoint's ``state``."""
+    trainer = _Trainer()
+    history = WriterHistory(str(run_dir / METRICS_FILENAME))
+    trainer.register_hooks([StepSeeds(5), history])
+    if state is not None:
+        history.load_state_dict(state)
+    written = truncate_metrics(str(run_dir), max_iteration=start - 1, size=history.metrics_size)
+    writers = [JSONWriter(str(run_dir / METRICS_FILENAME))]
+    continue_writers(writers, written)
+    stopper = _Stop(*stop) if stop else None
+    trainer.register_hooks([_Sporadic(), hooks.PeriodicWriter(writers, period=3), stopper])
+    try:
+        trainer.train(start, 16)
+    except KeyboardInterrupt:
+        pass
+    return (run_dir / METRICS_FILENAME).read_text(), stopper and stopper.state
+
+
+@pytest.mark.parametrize("checkpoint, stop", [(6, 6), (6, 9), (7, 12), (10, 10), (11, 13)])
+def test_a_run_stopped_after_any_checkpoint_writes_the_uninterrupted_metrics(tmp_path, checkpoint, stop):
+    (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
+    whole, _ = _write_metrics(tmp_path / "whole", 0)
+    # a write's lines in the storage's order: "kappa" came first; "ap" of 6 waits for the write of 8
+    assert [json.loads(line)["iteration"] for line in whole.splitlines()] == [0, 2, 5, 8, 6, 10, 11, 14, 15]
+    stopped, state = _write_metrics(tmp_path / "stopped", 0, stop=(checkpoint, stop))
+    assert stopped != whole[: len(stopped)]  # the stop wrote a line the whole run does not (or not there)
+    resumed, _ = _write_metrics(tmp_path / "stopped", checkpoint + 1, state=state)
+    assert resumed == whole

@@ -97,8 +97,13 @@ def _state_at_first_step(root, out, arm, monkeypatch, seed=0):
     run = RunSpec(arm, seed)
     cfg = configure_run(load_config(DEMO, tiny(root, out)), run, out)
     run_dir = run.path(out)
+    os.makedirs(run_dir)  # what a start killed before its first checkpoint wrote: a fresh start keeps none of it
+    with open(os.path.join(run_dir, "metrics.json"), "w") as f:
+        f.write('{"iteration": 0, "conditioning/blocks.0.attn/kappa": 2.0}\n')
     with pytest.raises(_Stop):
         train_run(cfg, run_dir=run_dir, config_file=DEMO, resume=False)
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+        assert f.read() == ""
     with open(os.path.join(run_dir, "condinit_arm_report.json")) as f:
         report = json.load(f)
     (environment,) = ResultsFile(run_dir).records("environment")  # what the run started on, before its first step
@@ -366,6 +371,13 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     with open(os.path.join(run_b, "metrics.json")) as f:
         its = [json.loads(line)["iteration"] for line in f]
     assert its == sorted(set(its)) and its[-1] == epochs * 12
+    lines = []  # the smoothed losses too: the checkpoint carries the history the writers smooth over
+    for run in (run_a, run_b):
+        with open(os.path.join(run, "metrics.json")) as f:
+            lines.append(
+                [{k: v for k, v in json.loads(line).items() if "time" not in k and k != "eta_seconds"} for line in f]
+            )
+    assert lines[0] == lines[1]
     with open(os.path.join(run_b, "eval_predictions.json")) as f:
         pred = json.load(f)
     assert pred["epoch"] == epochs and len(pred["labels"]) == len(pred["top1"]) == len(pred["top5_hit"]) == 16

@@ -125,5 +125,11 @@ def test_truncate_metrics_keeps_the_lines_up_to_the_checkpoint(tmp_path):
     truncate_metrics(str(tmp_path), max_iteration=5)
     assert (tmp_path / METRICS_FILENAME).read_text() == "\n".join(lines[:3]) + "\n"  # the torn last line goes too
     assert sorted(os.listdir(tmp_path)) == [METRICS_FILENAME]  # replaced through a temporary file, none left
-    truncate_metrics(str(tmp_path), max_iteration=4)
+    assert truncate_metrics(str(tmp_path), max_iteration=4) == 4  # the writers continue after it
     assert (tmp_path / METRICS_FILENAME).read_text() == "\n".join(lines[:2]) + "\n"
+    # With the file's length at the checkpoint: what was written later goes, whatever its iteration.
+    (tmp_path / METRICS_FILENAME).write_text("\n".join(lines[:2] + lines[3:4] + lines[1:2]) + "\n")
+    assert truncate_metrics(str(tmp_path), max_iteration=0, size=len(lines[0]) + len(lines[1]) + 2) == 4
+    assert (tmp_path / METRICS_FILENAME).read_text() == "\n".join(lines[:2]) + "\n"
+    assert truncate_metrics(str(tmp_path), max_iteration=0, size=0) == -1
+    assert (tmp_path / METRICS_FILENAME).read_text() == ""

@@ -5,18 +5,29 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from detectron2.engine import hooks
 from detectron2.utils import comm
+from detectron2.utils.events import EventWriter, JSONWriter, TensorboardXWriter
 
 from condinit_det.records.per_image import detection_eval_path
 from condinit_det.records.results import ResultsFile
 from condinit_det.stage import DETECTION
+from condinit_det.tracking.writers import TrackerWriter
 from condinit_det.utils.fileio import read_json
+from condinit_det.utils.logs import restore_scalar_history, scalar_history
 from condinit_det.utils.preemption import PreemptionWatch
 
-__all__ = ["AP_RECORD_METRICS", "APHook", "PreemptionHook", "WriterHistory", "ap_record", "build_best_checkpointer"]
+__all__ = [
+    "AP_RECORD_METRICS",
+    "APHook",
+    "PreemptionHook",
+    "WriterHistory",
+    "ap_record",
+    "build_best_checkpointer",
+    "continue_writers",
+]
 
 AP_RECORD_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")  # what an "ap" record holds per task
 _TASKS = ("bbox", "segm")
@@ -199,19 +210,32 @@ class PreemptionHook(hooks.HookBase):
 
 
 class WriterHistory(hooks.HookBase):
-    """The last ``window`` values of every scalar, which detectron2's writers smooth over (the median of 20), kept in
-    the checkpoint: a resumed run writes the ``metrics.json`` lines of the uninterrupted one. Resuming a checkpoint
-    without them (an earlier version's) says in one line that the run does not continue as it would have."""
+    """What the metric writers continue from, kept in the checkpoint so that a resumed run writes the
+    ``metrics.json`` lines of the uninterrupted one: the last ``window`` values of every scalar (the writers smooth
+    over the median of 20), the latest value of each in the storage's order (a write sends those not sent yet, in
+    that order) and the length of ``metrics_file`` (:attr:`metrics_size`: what was written after the checkpoint is
+    cut on resume). Resuming a checkpoint without them (an earlier version's) says in one line that the run does not
+    continue as it would have."""
 
-    def __init__(self, window: int = 20):
-        self._window, self._loaded = window, None
+    def __init__(self, metrics_file: Optional[str] = None, *, window: int = 20):
+        self._metrics_file, self._window, self._loaded = metrics_file, window, None
+
+    @property
+    def metrics_size(self) -> Optional[int]:
+        """Bytes of ``metrics.json`` when the loaded checkpoint was written (None: not known)."""
+        return (self._loaded or {}).get("metrics_size")
 
     def state_dict(self):
-        histories = self.trainer.storage.histories().items()
-        return {"history": {name: buffer.values()[-self._window :] for name, buffer in histories}}
+        storage, path = self.trainer.storage, self._metrics_file
+        hints = storage.smoothing_hints()
+        return {
+            "history": scalar_history(storage, self._window),
+            "latest": [(name, value, iteration, hints[name]) for name, (value, iteration) in storage.latest().items()],
+            "metrics_size": (os.path.getsize(path) if os.path.isfile(path) else 0) if path else None,
+        }
 
     def load_state_dict(self, state):
-        self._loaded = state["history"]
+        self._loaded = state
 
     def before_train(self):
         if self._loaded is None and self.trainer.start_iter > 0:
@@ -219,6 +243,20 @@ class WriterHistory(hooks.HookBase):
                 f"The checkpoint of iteration {self.trainer.start_iter} was written by an earlier version: training "
                 "continues, but with another data order and other random draws than the interrupted run's"
             )
-        for name, values in (self._loaded or {}).items():
-            for value, iteration in values:  # histories() is the storage's own table: it creates the buffer
-                self.trainer.storage.histories()[name].update(value, iteration)
+        storage, state = self.trainer.storage, self._loaded or {}
+        # Not "time": detectron2's IterationTimer puts it from a process's fourth step on, so the interrupted run's
+        # last one would be written as a line of its own.
+        latest = {name: entry for name, *entry in state.get("latest", ()) if name != "time"}
+        history = state.get("history", {})  # each latest value is the last of its history: put below
+        restore_scalar_history(storage, {name: v[:-1] if name in latest else v for name, v in history.items()})
+        for name, (value, iteration, hint) in latest.items():
+            storage.put_scalar(name, value, smoothing_hint=hint, cur_iter=iteration)
+
+
+def continue_writers(writers: Sequence[EventWriter], written: int) -> None:
+    """Make a resumed run's fresh ``writers`` continue after iteration ``written``, the last one their
+    predecessors wrote: a write sends the storage's values of later iterations only (detectron2's writers keep that
+    mark in ``_last_write``, without a setter; the trackers' writers too)."""
+    for writer in writers:
+        if isinstance(writer, (JSONWriter, TensorboardXWriter, TrackerWriter)):
+            writer._last_write = written

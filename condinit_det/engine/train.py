@@ -41,7 +41,7 @@ from ..utils.preemption import Preempted
 from .checkpoint import RunCheckpointer, pretrain_checkpoint_file
 from .config import arm_spec, dataset_names, run_identity
 from .data import StepSeeds, instantiate_train_loader
-from .hooks import APHook, PreemptionHook, WriterHistory, ap_record, build_best_checkpointer
+from .hooks import APHook, PreemptionHook, WriterHistory, ap_record, build_best_checkpointer, continue_writers
 
 __all__ = ["PREDICTIONS_FIGURE", "do_test", "final_recorded", "run", "save_predictions_figure", "weights_from"]
 
@@ -199,12 +199,13 @@ def do_train(options: RunOptions, cfg, environment: dict):
         metadata={**metadata, "stage": DETECTION.name},
     )
     # The hooks whose state the checkpoint holds, registered before it loads.
+    writer_history = WriterHistory(os.path.join(output_dir, METRICS_FILENAME))
     trainer.register_hooks(
         [
             hooks.IterationTimer(),
             hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
             StepSeeds(int(cfg.train.seed)),
-            WriterHistory(),
+            writer_history,
         ]
     )
 
@@ -246,7 +247,8 @@ def do_train(options: RunOptions, cfg, environment: dict):
     )
     writer = None
     if main_process:  # detectron2's default writers, with an ETA that counts the evaluations to come
-        truncate_metrics(output_dir, max_iteration=start_iter - 1)  # what a killed run wrote after its checkpoint
+        # what a stopped run wrote after its checkpoint goes; the new writers continue after what stays
+        written = truncate_metrics(output_dir, max_iteration=start_iter - 1, size=writer_history.metrics_size)
         params = {**metadata, "identity": identity}
         writers = [
             ETAPrinter(max_iter, ap_hook.seconds_left),
@@ -255,6 +257,7 @@ def do_train(options: RunOptions, cfg, environment: dict):
             # + W&B / MLflow (the storage counts from iteration 0)
             *tracker_writers(cfg, output_dir, stage=DETECTION.name, params=params, step_offset=1, max_step=max_iter),
         ]
+        continue_writers(writers, written)
         writer = hooks.PeriodicWriter(writers, period=cfg.train.log_period)
     # An iteration's evaluation and metrics are written before its checkpoint, which thus covers them.
     trainer.register_hooks(

@@ -55,13 +55,9 @@ class EpochConditioning:
         return epoch != self.last_epoch and (epoch % self.period == 0 or epoch == self.num_epochs)
 
     def start(self, model: nn.Module, *, epoch: int, step: int, storage=None, results=None) -> List[dict]:
-        """The first measurement, unless ``results`` holds one of this epoch and step (a resumed run's predecessor)."""
-        if results is not None and any(
-            r.get("epoch") == epoch and r["iteration"] == step for r in results.records("conditioning")
-        ):
-            self.last_epoch = epoch
-            return []
-        return self.measure(model, epoch=epoch, step=step, storage=storage if step == 0 else None, results=results)
+        """The measurement of the initialization (epoch 0): a resumed run's predecessor made it, and every due one up
+        to the checkpoint it resumes from, so a resumed run measures where the uninterrupted run does."""
+        return self.measure(model, epoch=epoch, step=step, storage=storage, results=results) if epoch == 0 else []
 
     def measure(self, model: nn.Module, *, epoch: int, step: int, storage=None, results=None) -> List[dict]:
         """Measure now; add the records to ``results`` (a ``ResultsFile``) and the scalars to ``storage``."""

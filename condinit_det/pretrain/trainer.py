@@ -31,7 +31,7 @@ from ..utils.checkpoint_io import PRETRAIN_FORMAT, load_checkpoint
 from ..utils.distributed import check_replicas
 from ..utils.errors import UsageError
 from ..utils.fileio import atomic_write, remove_stale_temp_files
-from ..utils.logs import ETAPrinter, run_logging
+from ..utils.logs import ETAPrinter, restore_scalar_history, run_logging, scalar_history
 from ..utils.preemption import Preempted, PreemptionWatch
 from .checkpoint import (
     FINAL_FILENAME,
@@ -104,6 +104,7 @@ class PretrainRun:
         )
         self.analysis = conditioning_options(cfg)  # checked on every process; the main one measures
         self.epoch, self.step = 0, 0  # completed epochs and optimizer steps
+        self.history = {}  # what the writers smooth over, from the checkpoint resumed
         self.eval_seconds = []  # how long each evaluation took
 
     def setup(self) -> None:
@@ -175,7 +176,8 @@ class PretrainRun:
         )
 
     def resume(self, path: str) -> None:
-        """Continue from an epoch checkpoint: weights, EMA, optimizer, scheduler, scaler, epoch and step."""
+        """Continue from an epoch checkpoint: weights, EMA, optimizer, scheduler, scaler, epoch, step and the history
+        the writers smooth over."""
         state = self.checkpointer.load(path, checkpointables=list(self.checkpointer.checkpointables))
         if state.get("steps_per_epoch") != self.steps_per_epoch or state.get("num_epochs") != self.num_epochs:
             raise UsageError(
@@ -184,6 +186,7 @@ class PretrainRun:
                 f"{self.steps_per_epoch}; resume with the same data, batch size and schedule"
             )
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.history = state.get("history", {})
         logger.info(f"Resumed from {path}: {self.epoch} epoch(s), {self.step} step(s) done")
 
     def train(self) -> None:
@@ -198,7 +201,8 @@ class PretrainRun:
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.writers, self.trackers = [], []
         if self.main:
-            truncate_metrics(self.run_dir, max_iteration=self.step)
+            # the lines after the epoch checkpoint resumed; a fresh start keeps none (its step 0 line is its own)
+            truncate_metrics(self.run_dir, max_iteration=self.step if self.epoch else -1)
             self.writers = [
                 ETAPrinter(self.num_epochs * self.steps_per_epoch + 1, self._evaluations_left),
                 JSONWriter(os.path.join(self.run_dir, METRICS_FILENAME)),
@@ -221,6 +225,7 @@ class PretrainRun:
         self.watch = PreemptionWatch()
         try:
             with EventStorage(start_iter=self.step) as self.storage:
+                restore_scalar_history(self.storage, self.history)
                 if self.conditioning is not None:
                     self.conditioning.start(
                         self.model, epoch=self.epoch, step=self.step, storage=self.storage, results=self.results
@@ -243,6 +248,7 @@ class PretrainRun:
                             num_epochs=self.num_epochs,
                             steps_per_epoch=self.steps_per_epoch,
                             rng=rng_state(),
+                            history=scalar_history(self.storage),
                             identity=self.identity,
                         )
                     comm.synchronize()

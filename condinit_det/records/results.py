@@ -18,25 +18,33 @@ METRICS_FILENAME = "metrics.json"  # detectron2's JSONWriter: both stages' train
 FAILED_KIND = "failed"
 
 
-def truncate_metrics(run_dir: str, *, max_iteration: int) -> None:
-    """Drop the ``metrics.json`` lines past ``max_iteration`` (what a killed run wrote after its last checkpoint) and
-    those torn by a kill, replacing the file atomically; nothing happens without one.
+def truncate_metrics(run_dir: str, *, max_iteration: int, size: Optional[int] = None) -> int:
+    """Cut ``metrics.json`` back to a checkpoint, replacing the file atomically; nothing happens without one.
 
     Args:
-        max_iteration: the last ``"iteration"`` kept.
+        max_iteration: the last ``"iteration"`` kept (what a killed run wrote after its checkpoint goes).
+        size: the file's length in bytes when the checkpoint was written: when given, exactly those bytes' lines are
+            kept (what was written after the checkpoint goes, whatever its iteration).
+
+    Returns:
+        The largest iteration kept (-1 for none): where the writers of a resumed run continue.
     """
     path = os.path.join(run_dir, METRICS_FILENAME)
     if not os.path.isfile(path):
-        return
-    kept = []
-    with open(path) as f:
-        for line in f:
-            try:
-                if json.loads(line).get("iteration", 0) <= max_iteration:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill
+        return -1
+    with open(path, "rb") as f:
+        lines = f.read()[:size].decode().splitlines()
+    kept, last = [], -1
+    for line in lines:
+        try:
+            iteration = json.loads(line).get("iteration", 0)
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill
+        if size is not None or iteration <= max_iteration:
+            kept.append(line + "\n")
+            last = max(last, iteration)
     atomic_write(path, "".join(kept))
+    return last
 
 
 def _is_main_process() -> bool:

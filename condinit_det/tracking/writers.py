@@ -88,7 +88,7 @@ class TrackerWriter(EventWriter):
             elif value is not None:
                 self.params[key] = value
         self._offset, self._max, self._exclude = int(step_offset), max_step, tuple(exclude)
-        self._last: Optional[int] = None
+        self._last_write = -1  # the last iteration sent, as detectron2's writers keep it
         self.state = "new"  # then "open", and "closed" or "dropped"
 
     def _send(self, what: str, call, *, ending: bool = False) -> None:
@@ -116,13 +116,13 @@ class TrackerWriter(EventWriter):
         """Send the storage's scalars not sent yet, smoothed as ``metrics.json`` has them, at their iteration."""
         by_iteration: Dict[int, Dict[str, float]] = defaultdict(dict)
         for key, (value, iteration) in get_event_storage().latest_with_smoothing_hint(20).items():
-            if (self._last is None or iteration > self._last) and not key.startswith(self._exclude):
+            if iteration > self._last_write and not key.startswith(self._exclude):
                 by_iteration[iteration][key] = value
         for iteration in sorted(by_iteration):
             step = iteration + self._offset
             self.log(by_iteration[iteration], step=step if self._max is None else min(step, self._max))
         if by_iteration:
-            self._last = max(by_iteration)
+            self._last_write = max(by_iteration)
 
     def close(self) -> None:
         """End the tracker run: failed when the training is raising, killed when it stops for a requeue or an

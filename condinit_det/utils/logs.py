@@ -1,5 +1,6 @@
 """Logging of the training processes: detectron2's logger setup into each run's own ``log.txt`` (colours on a
-terminal only), and the console line's ETA of both stages, which counts the evaluations to come."""
+terminal only), the console line's ETA of both stages, which counts the evaluations to come, and the scalar history
+a checkpoint carries so that a resumed run's writers smooth as the uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import datetime
 import logging
 import sys
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from detectron2.utils.events import CommonMetricPrinter
 
-__all__ = ["ETAPrinter", "LOGGER_NAMES", "run_logging"]
+__all__ = ["ETAPrinter", "LOGGER_NAMES", "restore_scalar_history", "run_logging", "scalar_history"]
 
 # Loggers whose handlers a run sets up: detectron2's own, fvcore's (checkpointers) and the project's.
 LOGGER_NAMES = ("detectron2", "fvcore", "condinit_det")
@@ -61,3 +62,16 @@ class ETAPrinter(CommonMetricPrinter):
         eta = step * (self._max_iter - storage.iter - 1) + self._seconds_left(storage.iter)
         storage.put_scalar("eta_seconds", eta, smoothing_hint=False)
         return str(datetime.timedelta(seconds=int(eta)))
+
+
+def scalar_history(storage, window: int = 20) -> Dict[str, List[Tuple[float, int]]]:
+    """The last ``window`` ``(value, iteration)`` of each scalar of a detectron2 ``EventStorage``: what its writers
+    smooth over (the median of 20)."""
+    return {name: buffer.values()[-window:] for name, buffer in storage.histories().items()}
+
+
+def restore_scalar_history(storage, history: Mapping[str, Sequence[Tuple[float, int]]]) -> None:
+    """Put :func:`scalar_history`'s values back into a new ``storage``, not as its latest values (nothing to write)."""
+    for name, values in history.items():
+        for value, iteration in values:  # histories() is the storage's own table: it creates the buffer
+            storage.histories()[name].update(value, iteration)
