@@ -436,3 +436,13 @@ def test_an_arm_set_in_two_disagreeing_places_is_refused(tmp_path):
     ):
         _check("--arm", "conditioned", "model.condinit={arm:mimetic}", f"train.output_dir={tmp_path}")
     _check("--arm", "mimetic", "model.condinit={arm:mimetic}", f"train.output_dir={tmp_path}")  # they agree
+
+
+def test_several_machines_need_the_first_ones_address(tmp_path):
+    argv = ["--config-file", CONFIG, f"train.output_dir={tmp_path}", "--num-machines", "2", "--machine-rank", "1"]
+    with pytest.raises(UsageError, match="--num-machines 2 needs --dist-url tcp://HOST:PORT, the first machine's"):
+        plan_experiment(DetectionStage(), build_parser().parse_args(argv))
+    assert not os.listdir(tmp_path)
+    experiment = plan_experiment(DetectionStage(), build_parser().parse_args([*argv, "--dist-url", "tcp://h0:29500"]))
+    assert experiment.args.dist_url == "tcp://h0:29500"
+    assert build_parser().parse_args(argv[:3]).dist_url == "auto"  # one machine: a free port of its own

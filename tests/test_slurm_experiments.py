@@ -151,10 +151,14 @@ def test_extending_a_running_experiment_submits_only_the_new_runs(slurm_env):
     deadline = time.time() + 300
     while "RUNNING" not in _states(first).values() and time.time() < deadline:
         time.sleep(0.5)
+    # What has not started waits until the second command has run: two CPUs run two of the three elements at once,
+    # so the first report job is still pending then, however busy the machine.
+    subprocess.run(["scontrol", "hold", first], capture_output=True, timeout=60)
     in_flight = {job: state for job, state in _states(first).items() if state in ("PENDING", "RUNNING")}
-    assert in_flight, "the first array ended before it could be extended"
+    assert "PENDING" in in_flight.values(), "the first array started every element before it could be extended"
     # The same command with a second seed, while seed 0 is queued or running.
     log = _tool(TRAIN_NET, *argv, "--seeds", "0,1", *overrides, cwd=slurm_env)
+    subprocess.run(["scontrol", "release", first], check=True, capture_output=True, timeout=60)
     second, report = _ids(log)
     after = _states(first)
     for i, arm in enumerate(ARMS):

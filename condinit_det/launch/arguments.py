@@ -7,7 +7,6 @@ default. Building a parser imports neither torch nor detectron2: ``--help`` answ
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from typing import Callable, Tuple
@@ -277,9 +276,13 @@ def build_parser(*, description: str = "", examples: str = "", config_help: str 
     )
     parser.add_argument("--num-machines", type=int, default=1, help="total number of machines")
     parser.add_argument("--machine-rank", type=int, default=0, help="the rank of this machine (unique per machine)")
-    # detectron2's default: a port derived from the user id, so that an orphaned run's port is recognisable.
-    port = 2**15 + 2**14 + hash(os.getuid()) % 2**14
-    parser.add_argument("--dist-url", default=f"tcp://127.0.0.1:{port}", help="initialization URL of torch.distributed")
+    # Not detectron2's default, one port per user: two runs of one user on one machine would both take it.
+    parser.add_argument(
+        "--dist-url",
+        default="auto",
+        help="initialization URL of torch.distributed: with several machines the first one's tcp://HOST:PORT, the "
+        "same on every machine; default: auto (a free port of this machine)",
+    )
     parser.add_argument(
         "opts",
         default=None,

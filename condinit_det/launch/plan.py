@@ -179,6 +179,11 @@ def _plan(stage: Stage, args, *, output_dir, upstream) -> Experiment:
         raise UsageError(
             "--slurm: sbatch/srun are not on PATH; run on a Slurm login node (or start tools/slurm_local.sh)"
         )
+    if args.num_machines > 1 and args.dist_url == "auto" and not args.slurm:
+        raise UsageError(
+            f"--num-machines {args.num_machines} needs --dist-url tcp://HOST:PORT, the first machine's address, the "
+            "same on every machine (auto picks a port of this machine only)"
+        )
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap {args.bootstrap}: expected a number of resamples >= 0 (0: no intervals)")
     cfg = stage.load_config(args.config_file, args.opts)
