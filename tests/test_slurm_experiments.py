@@ -158,7 +158,7 @@ def test_extending_a_running_experiment_submits_only_the_new_runs(slurm_env):
     assert "PENDING" in in_flight.values(), "the first array started every element before it could be extended"
     # The same command with a second seed, while seed 0 is queued or running.
     log = _tool(TRAIN_NET, *argv, "--seeds", "0,1", *overrides, cwd=slurm_env)
-    subprocess.run(["scontrol", "release", first], check=True, capture_output=True, timeout=60)
+    subprocess.run(["scontrol", "release", first], capture_output=True, timeout=60)
     second, report = _ids(log)
     after = _states(first)
     for i, arm in enumerate(ARMS):
