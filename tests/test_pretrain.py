@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from detectron2.utils.env import seed_all_rng
+from test_exact_resume import untimed_metrics  # tests/ is on sys.path (pytest, rootdir mode)
 
 from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
 from condinit_det.init import find_attention
@@ -371,13 +372,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     with open(os.path.join(run_b, "metrics.json")) as f:
         its = [json.loads(line)["iteration"] for line in f]
     assert its == sorted(set(its)) and its[-1] == epochs * 12
-    lines = []  # the smoothed losses too: the checkpoint carries the history the writers smooth over
-    for run in (run_a, run_b):
-        with open(os.path.join(run, "metrics.json")) as f:
-            lines.append(
-                [{k: v for k, v in json.loads(line).items() if "time" not in k and k != "eta_seconds"} for line in f]
-            )
-    assert lines[0] == lines[1]
+    assert untimed_metrics(run_a) == untimed_metrics(run_b)  # the smoothed losses too: the checkpoint carries them
     with open(os.path.join(run_b, "eval_predictions.json")) as f:
         pred = json.load(f)
     assert pred["epoch"] == epochs and len(pred["labels"]) == len(pred["top1"]) == len(pred["top5_hit"]) == 16

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from test_exact_resume import untimed_metrics
 from test_pretrain import DEMO, SPEC, XCIT_DEMO, configure_run, run_cli, tiny
 
 from condinit_det.analysis import ANALYSIS_DEFAULTS
@@ -150,11 +151,7 @@ def test_resumed_runs_never_measure_an_epoch_twice(data, runs, tmp_path, monkeyp
     its = [line["iteration"] for line in _metrics(run_dir)]
     assert its == sorted(set(its))  # no second metrics.json line for a step
     assert records == ResultsFile(runs["on"]).records("conditioning")
-    untimed = [
-        [{k: v for k, v in m.items() if "time" not in k and k != "eta_seconds"} for m in _metrics(r)]
-        for r in (run_dir, runs["on"])
-    ]
-    assert untimed[0] == untimed[1]
+    assert untimed_metrics(run_dir) == untimed_metrics(runs["on"])
 
 
 def test_the_options_are_the_detection_ones(data, tmp_path, capsys):

@@ -3,7 +3,6 @@ fine-tuning from its own pretraining run, then the report), disturbed at random 
 element, ``scontrol requeue`` and the time-limit signal USR2, ends as the same protocol undisturbed. Skipped without a
 cluster (tools/slurm_local.sh start; .ci/run starts one)."""
 
-import json
 import os
 import random
 import subprocess
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_exact_resume import untimed_metrics  # tests/ is on sys.path (pytest, rootdir mode)
 
 from condinit_det.launch.status import experiment_status
 from condinit_det.records.jobs import read_jobs, read_report_jobs
@@ -25,7 +25,6 @@ PROTOCOL = str(ROOT / "tools" / "submit_protocol.py")
 ARMS = ("default", "conditioned")
 EPOCHS, ITERATIONS = 3, 24
 FAULTS = ("kill", "requeue", "usr2")
-WALL_TIMES = {"time", "data_time", "rank_data_time", "eta_seconds"}
 PRETRAIN = {"train.epochs": EPOCHS, "train.batch_size": 8, "train.workers": 0, "train.eval_batch_size": 8}
 FINETUNE = {
     "train.max_iter": ITERATIONS,
@@ -112,13 +111,6 @@ def _comparable(run_dir):
     return [r for r in ResultsFile(str(run_dir)).records() if r["kind"] != "environment"]
 
 
-def _metric_lines(run_dir):
-    """``metrics.json`` but the wall times, as JSON text (NaN equals NaN)."""
-    with open(run_dir / "metrics.json") as f:
-        lines = [json.loads(line) for line in f]
-    return [json.dumps({k: v for k, v in line.items() if k not in WALL_TIMES}, sort_keys=True) for line in lines]
-
-
 def test_faults_at_random_moments_change_no_number(slurm_env):
     from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
 
@@ -142,7 +134,7 @@ def test_faults_at_random_moments_change_no_number(slurm_env):
         assert [r["iteration"] for r in _comparable(faulty / finetune) if r["kind"] == "ap"] == [8, 16, 24]
         for run in (pretrain, finetune):
             assert _comparable(faulty / run) == _comparable(quiet / run), run  # every metric, bitwise
-            assert _metric_lines(faulty / run) == _metric_lines(quiet / run), run  # every logged loss
+            assert untimed_metrics(faulty / run) == untimed_metrics(quiet / run), run  # every logged loss
             files = sorted(p.name for p in (quiet / run / "per_image").iterdir())
             assert files and files == sorted(p.name for p in (faulty / run / "per_image").iterdir())
             for name in files:
