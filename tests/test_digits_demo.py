@@ -5,11 +5,11 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from coco_layout import small_digits_cls
+from forked_tool import run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = "configs/demo/pretrain_vit_tiny_digits.py"
@@ -140,12 +140,8 @@ def run_demo_digits(work: Path) -> Path:
     env = dict(os.environ, CONDINIT_DATA=str(data_dir), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     for words in make_commands():
         tool = words[1]
-        argv = (
-            [sys.executable, str(ROOT / tool)]
-            + [str(ROOT / w) if w.startswith("configs/") else w for w in words[2:]]
-            + extra[tool]
-        )
-        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        argv = [str(ROOT / w) if w.startswith("configs/") else w for w in words[2:]] + extra[tool]
+        proc = run_tool(ROOT / tool, *argv, cwd=work, env=env, timeout=900)
         assert proc.returncode == 0, f"{' '.join(words)}\n{proc.stderr[-5000:]}"
     return work
 

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from forked_tool import run_tool, start_tool
 
 from condinit_det.records.results import ResultsFile
 
@@ -56,7 +57,7 @@ def _env(images):
 
 def _train(out, images, *, resume=False, **kwargs):
     argv = _command(out, **kwargs) + (["--resume"] if resume else [])
-    proc = subprocess.run(argv, env=_env(images), capture_output=True, text=True, timeout=900)
+    proc = run_tool(*argv[1:], cwd=os.getcwd(), env=_env(images), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 
@@ -79,8 +80,13 @@ def _trained_images(path):
 def _stop_after_a_checkpoint(argv, images, run, at_least):
     """Start ``argv`` and SIGKILL its processes two iterations after a checkpoint of iteration >= ``at_least``;
     returns that checkpoint's iteration."""
-    proc = subprocess.Popen(
-        argv, env=_env(images), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    proc = start_tool(
+        *argv[1:],
+        cwd=os.getcwd(),
+        env=_env(images),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.time() + 600
     while True:

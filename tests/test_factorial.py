@@ -7,11 +7,10 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from forked_tool import run_tool
 from scipy import stats as scipy_stats
 from table_text import unpadded
 
@@ -279,14 +278,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _tool(name, argv, work, data_dir, expect=0):
     env = dict(os.environ, CONDINIT_DATA=str(data_dir), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", name), *argv],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = run_tool(os.path.join(ROOT, "tools", name), *argv, cwd=work, env=env, timeout=900)
     assert proc.returncode == expect, proc.stderr[-5000:]
     return proc
 

@@ -3,12 +3,11 @@ loader raises is recorded and resumed, and the processes of a run stop together 
 launcher's rules for failures, resume and retry, for both stages: tests/test_launcher.py.)"""
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from forked_tool import run_tool
 from table_text import unpadded
 
 from condinit_det.init import PAPER_ARMS as ARMS
@@ -29,9 +28,7 @@ def _env(**extra):
 
 
 def _tool(tool, *argv, cwd, **env):
-    proc = subprocess.run(
-        [sys.executable, tool, *argv], cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=1200
-    )
+    proc = run_tool(tool, *argv, cwd=cwd, env=_env(**env))
     return proc.returncode, proc.stdout, proc.stderr
 
 

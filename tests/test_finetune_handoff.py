@@ -2,12 +2,11 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import timm
 import torch
+from forked_tool import run_tool
 
 from condinit_det.init import ARMS, apply_init
 
@@ -52,25 +51,20 @@ def test_each_arm_fine_tunes_from_its_own_pretraining(tmp_path):
     pretrained = _pretrain_checkpoints(tmp_path / "pretrain")
     exp = tmp_path / "finetune"
     # lr 0: the weights after one step are the weights the run started from.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            TRAIN_NET,
-            "--config-file",
-            CONFIG,
-            "--arm",
-            ",".join(ARMS),
-            f"train.output_dir={exp}",
-            f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'",
-            "train.max_iter=1",
-            "train.eval_period=1",
-            "optimizer.lr=0.0",
-            "optimizer.weight_decay=0.0",
-        ],
+    proc = run_tool(
+        TRAIN_NET,
+        "--config-file",
+        CONFIG,
+        "--arm",
+        ",".join(ARMS),
+        f"train.output_dir={exp}",
+        f"train.init_checkpoint='{tmp_path / 'pretrain' / '{arm}' / 'seed{seed}'}'",
+        "train.max_iter=1",
+        "train.eval_period=1",
+        "optimizer.lr=0.0",
+        "optimizer.weight_decay=0.0",
         cwd=tmp_path,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-5000:]

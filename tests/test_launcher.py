@@ -28,6 +28,7 @@ from condinit_det.utils.errors import UsageError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from fake_stage import FAKE, FakeStage, score  # noqa: E402
+from forked_tool import run_tool  # noqa: E402
 from table_text import unpadded  # noqa: E402
 
 HUGE = "100000000"  # x the config's learning rate: the tiny models diverge within a few steps
@@ -529,9 +530,7 @@ def _command(stage, tmp_path, exp):
 
 def _tool(tool, argv, cwd):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [sys.executable, str(tool), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=1200
-    )
+    proc = run_tool(tool, *argv, cwd=cwd, env=env)
     return proc.returncode, proc.stdout, proc.stderr
 
 

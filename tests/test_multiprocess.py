@@ -3,11 +3,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from forked_tool import run_tool
 from torch import nn
 
 from condinit_det.records.results import ResultsFile
@@ -76,14 +75,7 @@ def test_replica_fingerprint_leaves_out_only_unsynchronized_statistics():
 
 def _run(cwd, *argv):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", XCIT_DEMO, *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = run_tool(TRAIN_NET, "--config-file", XCIT_DEMO, *argv, cwd=cwd, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 

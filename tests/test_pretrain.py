@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from detectron2.utils.env import seed_all_rng
+from forked_tool import run_tool, start_tool
 from test_exact_resume import untimed_metrics  # tests/ is on sys.path (pytest, rootdir mode)
 
 from condinit_det.data.classification import ShapesClsSpec, generate_classification_dataset
@@ -303,10 +304,8 @@ def test_cli_refuses_to_resume_another_arm_or_seed(tiny_data, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # End to end, in subprocesses
 # ---------------------------------------------------------------------------------------------
-def _run(argv, **kw):
-    return subprocess.run(
-        [sys.executable, TOOL, *argv], env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300, **kw
-    )
+def _run(argv):
+    return run_tool(TOOL, *argv, cwd=REPO, env=_env(), timeout=300)
 
 
 @pytest.mark.slow
@@ -319,10 +318,12 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_data, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
     run_b = RunSpec("mimetic", 0).path(b)
-    proc = subprocess.Popen(
-        [sys.executable, TOOL, *argv, *tiny(tiny_data, b, epochs=epochs)],
-        env=_env(),
+    proc = start_tool(
+        TOOL,
+        *argv,
+        *tiny(tiny_data, b, epochs=epochs),
         cwd=REPO,
+        env=_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

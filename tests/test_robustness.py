@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from forked_tool import run_tool, start_tool
 
 from condinit_det.engine.checkpoint import check_checkpoint_file
 from condinit_det.init import PAPER_ARMS as ARMS
@@ -31,24 +32,13 @@ def _env(**extra):
 
 def _popen(tmp_path, *argv, config=CONFIG, **env):
     log = open(tmp_path / f"stdout.{time.time_ns()}.txt", "w")
-    return subprocess.Popen(
-        [sys.executable, TRAIN_NET, "--config-file", config, *argv],
-        cwd=tmp_path,
-        env=_env(**env),
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    return start_tool(
+        TRAIN_NET, "--config-file", config, *argv, cwd=tmp_path, env=_env(**env), stdout=log, stderr=subprocess.STDOUT
     )
 
 
 def _run(tmp_path, *argv, config=CONFIG, **env):
-    proc = subprocess.run(
-        [sys.executable, TRAIN_NET, "--config-file", config, *argv],
-        cwd=tmp_path,
-        env=_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = run_tool(TRAIN_NET, "--config-file", config, *argv, cwd=tmp_path, env=_env(**env), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 

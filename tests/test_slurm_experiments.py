@@ -6,11 +6,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from forked_tool import run_tool
 
 from condinit_det.init import PAPER_ARMS as ARMS
 from condinit_det.records.layout import PLAN_FILENAME, RunSpec
@@ -41,9 +41,7 @@ def _env():
 
 
 def _tool(tool, *argv, cwd):
-    proc = subprocess.run(
-        [sys.executable, tool, *argv], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600
-    )
+    proc = run_tool(tool, *argv, cwd=cwd, env=_env(), timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 

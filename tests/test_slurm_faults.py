@@ -6,11 +6,11 @@ cluster (tools/slurm_local.sh start; .ci/run starts one)."""
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from forked_tool import run_tool
 from test_exact_resume import untimed_metrics  # tests/ is on sys.path (pytest, rootdir mode)
 
 from condinit_det.launch.status import experiment_status
@@ -46,9 +46,7 @@ def _argv(out, data):
 
 def _submit(out, data, cwd):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [sys.executable, PROTOCOL, *_argv(out, data)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = run_tool(PROTOCOL, *_argv(out, data), cwd=cwd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from forked_tool import run_tool
 
 from condinit_det.records.layout import RunSpec
 from condinit_det.records.results import ResultsFile
@@ -72,9 +73,7 @@ def tracker_env(tmp_path, monkeypatch):
 
 
 def _tool(tool, *argv, cwd, env, **extra):
-    proc = subprocess.run(
-        [sys.executable, tool, *argv], cwd=cwd, env={**env, **extra}, capture_output=True, text=True, timeout=1200
-    )
+    proc = run_tool(tool, *argv, cwd=cwd, env={**env, **extra})
     return proc.returncode, proc.stdout, proc.stderr
 
 

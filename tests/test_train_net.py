@@ -12,6 +12,7 @@ from detectron2.config import LazyConfig, instantiate
 from detectron2.data import DatasetCatalog
 from detectron2.structures import Boxes, Instances
 from detectron2.utils.env import seed_all_rng
+from forked_tool import run_tool
 from PIL import Image
 from table_text import unpadded
 
@@ -33,16 +34,14 @@ CONFIG = os.path.join(ROOT, "tests", "tiny_train_config.py")
 TRAIN_NET = os.path.join(ROOT, "tools", "train_net.py")
 
 
-def _train_net(tmp_path, *argv, python=(), config=CONFIG, both=True):
+def _train_net(tmp_path, *argv, python=None, config=CONFIG, both=True):
+    """``python``: the interpreter's options, for a test of what a fresh ``python`` prints (else a forked one)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, *python, TRAIN_NET, "--config-file", config, *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    if python is None:
+        proc = run_tool(TRAIN_NET, "--config-file", config, *argv, cwd=tmp_path, env=env, timeout=600)
+    else:
+        command = [sys.executable, *python, TRAIN_NET, "--config-file", config, *argv]
+        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr if both else proc
 
@@ -322,6 +321,7 @@ def test_demo_console_is_quiet_with_loader_workers(tmp_path, monkeypatch):
         "train.max_iter=2",
         "dataloader.train.num_workers=2",
         config=os.path.join(ROOT, "configs", "demo", "mask_rcnn_vit_tiny.py"),
+        python=(),
         both=False,
     )
     saved = LazyConfig.load(str(tmp_path / "demo" / "default" / "seed0" / "config.yaml"))
