@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -36,7 +35,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 def _command(out, *, processes, workers, device):
     return [
-        sys.executable,
         TRAIN_NET,
         "--config-file",
         CONFIG,
@@ -57,7 +55,7 @@ def _env(images):
 
 def _train(out, images, *, resume=False, **kwargs):
     argv = _command(out, **kwargs) + (["--resume"] if resume else [])
-    proc = run_tool(*argv[1:], cwd=os.getcwd(), env=_env(images), timeout=900)
+    proc = run_tool(*argv, cwd=os.getcwd(), env=_env(images), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 
@@ -81,7 +79,7 @@ def _stop_after_a_checkpoint(argv, images, run, at_least):
     """Start ``argv`` and SIGKILL its processes two iterations after a checkpoint of iteration >= ``at_least``;
     returns that checkpoint's iteration."""
     proc = start_tool(
-        *argv[1:],
+        *argv,
         cwd=os.getcwd(),
         env=_env(images),
         stdout=subprocess.DEVNULL,
