@@ -56,12 +56,10 @@ class ForkedTool:
         return self.returncode
 
     def wait(self, timeout=None):
-        """The exit status; past ``timeout`` seconds, the tool is killed and ``subprocess.TimeoutExpired`` raised."""
+        """The exit status; ``subprocess.TimeoutExpired`` past ``timeout`` seconds (the tool goes on, as Popen's)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                os.kill(self.pid, signal.SIGKILL)
-                self.wait()
                 raise subprocess.TimeoutExpired(self.args, timeout)
             time.sleep(0.05)
         return self.returncode
@@ -104,7 +102,12 @@ def run_tool(tool, *args, cwd, env=None, timeout: float = 1200) -> subprocess.Co
     ``subprocess.TimeoutExpired`` (the tool killed) past ``timeout`` seconds."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         tool = start_tool(tool, *args, cwd=cwd, env=env, stdout=out, stderr=err)
-        code = tool.wait(timeout)
+        try:
+            code = tool.wait(timeout)
+        except subprocess.TimeoutExpired:
+            tool.send_signal(signal.SIGKILL)  # a forked tool and a fresh interpreter alike
+            tool.wait()
+            raise
         streams = []
         for stream in (out, err):
             stream.seek(0)
